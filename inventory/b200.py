@@ -1,0 +1,18 @@
+"""2 x 8 B200: Qwen3.8-2.4T-A95B FP8 with trtllm-serve at TP16 (shared/seeds/000).
+
+An operator replaces: node names and IPs (documentation addresses), the NIC
+used for NCCL/GLOO/UCX, the model path, the curated profile if not low latency.
+"""
+
+from llmdeploy.inventory import Cluster, Model, make_nodes
+from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
+
+cluster = Cluster(
+    name="b200",
+    platform="b200",
+    nic="ens1f0",  # REPLACE
+    nodes=make_nodes("b200-node-", 2, "192.0.2.40"),  # REPLACE
+    model=Model(path="/root/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8"),  # REPLACE
+    image=image(IMAGE_TRTLLM),
+    profile=trtllm_qwen38_fp8("qwen3.8-low-latency.yaml"),
+)

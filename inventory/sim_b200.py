@@ -1,0 +1,16 @@
+"""The simulated twin of b200.py: 2 simulated 8-GPU B200 hosts, trtllm-serve TP16."""
+
+from llmdeploy.inventory import Cluster, Model
+from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
+from sim.paths import sim_nodes, sim_ssh
+
+cluster = Cluster(
+    name="sim-b200",
+    platform="b200",
+    nic="ens1f0",
+    ssh=sim_ssh("sim-b200"),
+    nodes=sim_nodes("sim-b200-", 2, "198.19.20.10"),
+    model=Model(path="/root/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8"),
+    image=image(IMAGE_TRTLLM),
+    profile=trtllm_qwen38_fp8("qwen3.8-low-latency.yaml"),
+)

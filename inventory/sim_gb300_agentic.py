@@ -1,0 +1,16 @@
+"""The simulated twin of gb300_agentic.py: one 4-GPU GB300 host, Dynamo 1P1D."""
+
+from llmdeploy.inventory import Cluster, Model
+from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300_1p1d, image
+from sim.paths import sim_nodes, sim_ssh
+
+cluster = Cluster(
+    name="sim-gb300-agentic",
+    platform="gb300",
+    nic="enP6p3s0f0np0",
+    ssh=sim_ssh("sim-gb300-agentic"),
+    nodes=sim_nodes("sim-gb300-", 1, "198.19.30.10"),
+    model=Model(path="/root/.cache/models/Qwen3.5-397B-A17B-NVFP4-V2"),
+    image=image(IMAGE_DYNAMO),
+    profile=dynamo_gb300_1p1d(node="sim-gb300-0"),
+)

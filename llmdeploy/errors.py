@@ -1,0 +1,25 @@
+"""Errors that end a task with a clear message and a defined exit status."""
+
+
+class LlmdeployError(Exception):
+    """Base class; ``exit_code`` is what the task exits with."""
+
+    exit_code = 1
+
+
+class InventoryError(LlmdeployError):
+    """The inventory could not be loaded or is invalid. No host was touched."""
+
+    exit_code = 2
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: {p}" for p in problems]
+        super().__init__("\n".join(lines))
+
+
+class SimError(LlmdeployError):
+    """The simulated cluster could not be brought up or torn down."""
+
+    exit_code = 3

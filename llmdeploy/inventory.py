@@ -1,0 +1,600 @@
+"""The inventory schema (pydantic) and its loader.
+
+A cluster is described by one Python module in ``inventory/`` that builds
+``cluster = Cluster(...)``. Everything is validated when the module loads,
+before any connection is opened: a broken inventory never touches a host.
+Every problem names the file, the field and, for per-node values, the node.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import ipaddress
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .errors import InventoryError
+
+# --- safe patterns: every value that reaches a remote shell is either quoted
+# or matches one of these ------------------------------------------------------
+NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+CLUSTER_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,30}[a-z0-9])?$")
+# Linux interface names: at most 15 characters, no '/', no whitespace.
+NIC_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$")
+PATH_RE = re.compile(r"^/[A-Za-z0-9._+@:/-]*$")
+IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?$")
+ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+def _safe_path(value: str) -> str:
+    if not PATH_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a safe absolute path (allowed: / letters digits . _ + @ : -)"
+        )
+    if any(part == ".." for part in value.split("/")):
+        raise ValueError(f"{value!r} must not contain '..'")
+    return value
+
+
+SafePath = Annotated[str, Field(min_length=1)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+# --- platforms ----------------------------------------------------------------
+class Platform(Strict):
+    name: str
+    vendor: Literal["ascend", "nvidia"]
+    devices: int
+    # How an NPU's own address is read: A2 ``-ip -g``, A3 ``-vnic -g``.
+    npu_ip_query: Literal["ip", "vnic", ""] = ""
+
+
+PLATFORMS: dict[str, Platform] = {
+    "a3": Platform(name="Atlas 800 A3", vendor="ascend", devices=16, npu_ip_query="vnic"),
+    "a2": Platform(name="Atlas 800 A2", vendor="ascend", devices=8, npu_ip_query="ip"),
+    "b200": Platform(name="B200", vendor="nvidia", devices=8),
+    "b300": Platform(name="B300", vendor="nvidia", devices=8),
+    "gb200": Platform(name="GB200", vendor="nvidia", devices=4),
+    "gb300": Platform(name="GB300", vendor="nvidia", devices=4),
+}
+PlatformName = Literal["a3", "a2", "b200", "b300", "gb200", "gb300"]
+
+
+# --- SSH ----------------------------------------------------------------------
+class Ssh(Strict):
+    """How to reach the nodes. Host keys are always checked."""
+
+    # Unset user/port fall back to the ssh_config entry, then to ssh's defaults.
+    user: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    port: Port | None = None
+    identity_file: SafePath | None = None
+    # known_hosts to check host keys against; default: the ssh_config's
+    # UserKnownHostsFile for the host, else ~/.ssh/known_hosts.
+    known_hosts: SafePath | None = None
+    # An ssh_config file; default ~/.ssh/config. Its Host, HostName, User,
+    # Port, IdentityFile and ProxyJump entries are honoured.
+    config_file: SafePath | None = None
+    # "[user@]host[:port]" of a bastion, like ssh -J.
+    jump_host: str | None = Field(default=None, pattern=r"^([a-z_][a-z0-9_-]*@)?[A-Za-z0-9.-]+(:\d{1,5})?$")
+    connect_timeout: float = Field(default=10.0, gt=0)
+    command_timeout: float = Field(default=120.0, gt=0)
+    forks: int = Field(default=32, ge=1, le=512)
+
+    @field_validator("identity_file", "known_hosts", "config_file")
+    @classmethod
+    def _expand(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = os.path.expanduser(v)
+        if not v.startswith("/"):
+            raise ValueError(f"{v!r} must be an absolute path (or start with ~)")
+        return v
+
+
+# --- nodes --------------------------------------------------------------------
+class Node(Strict):
+    """One serving host. Unset values are derived from the cluster."""
+
+    name: str = Field(pattern=NAME_RE.pattern)
+    # The node's serving/communication IP (HCCL_IF_IP, NCCL, DP address).
+    ip: ipaddress.IPv4Address
+    # The interface that owns ``ip``; default: the cluster's ``nic``.
+    nic: str | None = Field(default=None, pattern=NIC_RE.pattern)
+    # Where SSH connects; default: ``ip``. May be a name from ssh_config.
+    ssh_host: str | None = Field(default=None, pattern=r"^[A-Za-z0-9.:-]+$")
+    ssh_port: Port | None = None
+    devices: int | None = Field(default=None, ge=1, le=64)
+    # First global DP rank on this node; default index * DP-local size.
+    start_rank: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _name_the_node(cls, data, handler):
+        # A node built on its own (Node(...) in an inventory module) fails
+        # before the cluster knows its index: name it in every problem.
+        try:
+            return handler(data)
+        except ValidationError as err:
+            name = data.get("name") if isinstance(data, dict) else getattr(data, "name", None)
+            label = f"node {name}" if name else "node"
+            raise ClusterProblems(
+                [(f"{label}.{f}" if f != "cluster" else label, m) for f, m in _split(problems_from_validation(err))]
+            ) from None
+
+    @property
+    def address(self) -> str:
+        return self.ssh_host or str(self.ip)
+
+
+# --- model, image ---------------------------------------------------------------
+class Model(Strict):
+    path: SafePath
+    tokenizer_path: SafePath | None = None
+    # Files every node must have under ``path`` (names relative to it).
+    required_files: list[str] = Field(default_factory=lambda: ["config.json"])
+
+    _check_path = field_validator("path", "tokenizer_path")(
+        classmethod(lambda cls, v: v if v is None else _safe_path(v))
+    )
+
+    @model_validator(mode="after")
+    def _default_tokenizer(self) -> "Model":
+        if self.tokenizer_path is None:
+            self.tokenizer_path = self.path
+        return self
+
+
+class Image(Strict):
+    ref: str = Field(pattern=IMAGE_RE.pattern)
+    # Load the image with ``docker load -i`` from this file on each node
+    # instead of pulling it (clusters without registry access).
+    tarball: SafePath | None = None
+
+    _check_tar = field_validator("tarball")(
+        classmethod(lambda cls, v: v if v is None else _safe_path(v))
+    )
+
+
+# --- serving profiles -----------------------------------------------------------
+class VllmAscendProfile(Strict):
+    """``vllm serve`` on Ascend: node 0 plus headless data-parallel workers."""
+
+    kind: Literal["vllm-ascend"] = "vllm-ascend"
+    served_model_name: str = Field(default="qwen3.8", pattern=r"^[A-Za-z0-9._/-]+$")
+    dp: int = Field(ge=1)
+    tp: int = Field(ge=1)
+    ep: int = Field(ge=1)
+    dp_local: int = Field(default=1, ge=1)
+    host: str = "0.0.0.0"
+    port: Port = 8000
+    rpc_port: Port = 13389
+    quantization: str | None = "ascend"
+    safetensors_load_strategy: str | None = "lazy"
+    trust_remote_code: bool = True
+    enable_prefix_caching: bool = True
+    enable_expert_parallel: bool = True
+    max_model_len: int = Field(ge=1)
+    max_num_seqs: int = Field(ge=1)
+    max_num_batched_tokens: int = Field(ge=1)
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    speculative_config: dict | None = None
+    compilation_config: dict | None = None
+    additional_config: dict | None = None
+    # Static environment of the seed. Per-node values are added per node:
+    # ``ip_env`` get the node's IP, ``ifname_env`` the node's NIC.
+    env: dict[str, str] = Field(default_factory=dict)
+    ip_env: list[str] = Field(default_factory=lambda: ["HCCL_IF_IP"])
+    ifname_env: list[str] = Field(default_factory=lambda: ["HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"])
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not ENV_NAME_RE.match(k):
+                raise ValueError(f"environment variable name {k!r} is not valid")
+        return v
+
+    def ports(self) -> dict[str, int]:
+        return {"port": self.port, "rpc_port": self.rpc_port}
+
+
+class TrtllmProfile(Strict):
+    """``trtllm-serve`` as one MPI world across the nodes; HTTP on rank 0."""
+
+    kind: Literal["trtllm-serve"] = "trtllm-serve"
+    served_model_name: str = Field(pattern=r"^[A-Za-z0-9._/-]+$")
+    tp: int = Field(ge=1)
+    pp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1)
+    port: Port = 8000
+    config_dir: SafePath = "/app/tensorrt_llm/examples/configs/curated"
+    config: str = Field(pattern=r"^[A-Za-z0-9._-]+\.yaml$")
+    reasoning_parser: str = "qwen3_5"
+    tool_parser: str = "qwen3"
+    env: dict[str, str] = Field(default_factory=dict)
+
+    def ports(self) -> dict[str, int]:
+        return {"port": self.port}
+
+
+class DynamoWorker(Strict):
+    role: Literal["prefill", "decode"]
+    profile: str = Field(pattern=r"^[A-Za-z0-9-]+$")  # P1, P4-TEP, D2-B8, ...
+    node: str = Field(pattern=NAME_RE.pattern)
+    cuda_visible_devices: list[int]
+    system_port: Port
+    extra_engine_args: str = Field(pattern=r"^[A-Za-z0-9._-]+\.yaml$")
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class DynamoProfile(Strict):
+    """Dynamo disaggregated prefill/decode with etcd and NATS."""
+
+    kind: Literal["dynamo"] = "dynamo"
+    served_model_name: str = Field(pattern=r"^[A-Za-z0-9._/-]+$")
+    namespace: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    frontend_port: Port = 8000
+    etcd_port: Port = 2379
+    nats_port: Port = 4222
+    nats_monitor_port: Port = 8222
+    config_dir: SafePath = "/opt/trtllm-recipes/examples/configs/curated"
+    host_cache_bytes_per_rank: int = 137438953472
+    wheels: list[str] = Field(default_factory=list)
+    frontend_env: dict[str, str] = Field(default_factory=dict)
+    worker_env: dict[str, str] = Field(default_factory=dict)
+    workers: list[DynamoWorker]
+
+    def ports(self) -> dict[str, int]:
+        return {
+            "frontend_port": self.frontend_port,
+            "etcd_port": self.etcd_port,
+            "nats_port": self.nats_port,
+            "nats_monitor_port": self.nats_monitor_port,
+        }
+
+
+Profile = Annotated[
+    Union[VllmAscendProfile, TrtllmProfile, DynamoProfile], Field(discriminator="kind")
+]
+
+
+# --- the cluster ------------------------------------------------------------------
+class ClusterProblems(ValueError):
+    """Cross-field problems, each a (field path, message) pair."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{f}: {m}" for f, m in problems))
+
+
+class Cluster(Strict):
+    name: str = Field(pattern=CLUSTER_RE.pattern)
+    platform: PlatformName
+    # Default serving NIC for nodes that do not name their own.
+    nic: str | None = Field(default=None, pattern=NIC_RE.pattern)
+    ssh: Ssh = Field(default_factory=Ssh)
+    nodes: list[Node] = Field(min_length=1)
+    model: Model
+    image: Image
+    profile: Profile
+    # Where the tool keeps releases, the ledger and the lock on every node.
+    base_dir: SafePath = "/var/lib/llmdeploy"
+    # Where rendered environment files go on every node.
+    etc_dir: SafePath = "/etc/llmdeploy"
+    log_dir: SafePath = "/var/log/llmdeploy"
+
+    _check_dirs = field_validator("base_dir", "etc_dir", "log_dir")(
+        classmethod(lambda cls, v: _safe_path(v))
+    )
+
+    @property
+    def platform_info(self) -> Platform:
+        return PLATFORMS[self.platform]
+
+    @property
+    def node0(self) -> Node:
+        return self.nodes[0]
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def role_of(self, node: Node) -> str:
+        return "node0" if node is self.nodes[0] else "worker"
+
+    @model_validator(mode="after")
+    def _derive_and_check(self) -> "Cluster":
+        problems: list[tuple[str, str]] = []
+        plat = PLATFORMS[self.platform]
+
+        def where(i: int, field: str) -> str:
+            return f"nodes[{i}] ({self.nodes[i].name}).{field}"
+
+        dp_local = getattr(self.profile, "dp_local", 1)
+        for i, n in enumerate(self.nodes):
+            if n.nic is None:
+                n.nic = self.nic
+            if n.nic is None:
+                problems.append((where(i, "nic"), "no NIC: set it on the node or the cluster's 'nic'"))
+            if n.devices is None:
+                n.devices = plat.devices
+            if n.start_rank is None:
+                n.start_rank = i * dp_local
+
+        seen: dict[str, dict[str, int]] = {"name": {}, "ip": {}, "ssh": {}}
+        for i, n in enumerate(self.nodes):
+            for key, value, field in (
+                ("name", n.name, "name"),
+                ("ip", str(n.ip), "ip"),
+                ("ssh", f"{n.address}:{n.ssh_port or self.ssh.port or 22}", "ssh_host"),
+            ):
+                if value in seen[key]:
+                    j = seen[key][value]
+                    problems.append(
+                        (where(i, field), f"{value} is already used by nodes[{j}] ({self.nodes[j].name})")
+                    )
+                else:
+                    seen[key][value] = i
+
+        prof = self.profile
+        total_devices = sum(n.devices or 0 for n in self.nodes)
+        if isinstance(prof, VllmAscendProfile):
+            if plat.vendor != "ascend":
+                problems.append(("profile.kind", f"vllm-ascend needs an Ascend platform, not {self.platform}"))
+            if prof.dp != len(self.nodes) * prof.dp_local:
+                problems.append(
+                    ("profile.dp", f"DP {prof.dp} != {len(self.nodes)} nodes x dp_local {prof.dp_local}")
+                )
+            if prof.dp * prof.tp != total_devices:
+                problems.append(
+                    ("profile.tp", f"DP {prof.dp} x TP {prof.tp} = {prof.dp * prof.tp} but the nodes have {total_devices} devices")
+                )
+            for i, n in enumerate(self.nodes):
+                if prof.dp_local * prof.tp != n.devices:
+                    problems.append(
+                        (where(i, "devices"), f"dp_local {prof.dp_local} x TP {prof.tp} != {n.devices} devices on this node")
+                    )
+            if prof.enable_expert_parallel and prof.ep != prof.dp * prof.tp:
+                problems.append(("profile.ep", f"EP {prof.ep} != DP {prof.dp} x TP {prof.tp} (vLLM's expert-parallel size)"))
+            if not prof.enable_expert_parallel and prof.ep != 1:
+                problems.append(("profile.ep", "EP must be 1 when enable_expert_parallel is off"))
+            ranks: dict[int, int] = {}
+            for i, n in enumerate(self.nodes):
+                for r in range(n.start_rank, n.start_rank + prof.dp_local):
+                    if r in ranks:
+                        j = ranks[r]
+                        problems.append(
+                            (where(i, "start_rank"), f"DP rank {r} is also owned by nodes[{j}] ({self.nodes[j].name})")
+                        )
+                    elif r >= prof.dp:
+                        problems.append((where(i, "start_rank"), f"DP rank {r} is outside 0..{prof.dp - 1}"))
+                    else:
+                        ranks[r] = i
+            if self.nodes[0].start_rank != 0:
+                problems.append((where(0, "start_rank"), "node 0 must own DP rank 0"))
+            if prof.port == prof.rpc_port:
+                problems.append(("profile.rpc_port", f"port {prof.rpc_port} is also the serving port"))
+        elif isinstance(prof, TrtllmProfile):
+            if plat.vendor != "nvidia":
+                problems.append(("profile.kind", f"trtllm-serve needs an NVIDIA platform, not {self.platform}"))
+            if prof.tp * prof.pp != total_devices:
+                problems.append(
+                    ("profile.tp", f"TP {prof.tp} x PP {prof.pp} = {prof.tp * prof.pp} but the nodes have {total_devices} GPUs")
+                )
+            if prof.tp % prof.ep:
+                problems.append(("profile.ep", f"EP {prof.ep} must divide TP {prof.tp}"))
+        elif isinstance(prof, DynamoProfile):
+            if plat.vendor != "nvidia":
+                problems.append(("profile.kind", f"dynamo needs an NVIDIA platform, not {self.platform}"))
+            names = {n.name: n for n in self.nodes}
+            used: dict[tuple[str, int], int] = {}
+            host_ports: dict[tuple[str, int], str] = {}
+            for key, port in prof.ports().items():
+                host_ports[(self.nodes[0].name, port)] = f"profile.{key}"
+            for w_i, w in enumerate(prof.workers):
+                f = f"profile.workers[{w_i}]"
+                node = names.get(w.node)
+                if node is None:
+                    problems.append((f"{f}.node", f"no node named {w.node!r}"))
+                    continue
+                for d in w.cuda_visible_devices:
+                    if not 0 <= d < (node.devices or 0):
+                        problems.append((f"{f}.cuda_visible_devices", f"GPU {d} does not exist on {w.node}"))
+                    elif (w.node, d) in used:
+                        problems.append(
+                            (f"{f}.cuda_visible_devices", f"GPU {d} on {w.node} is also used by profile.workers[{used[(w.node, d)]}]")
+                        )
+                    else:
+                        used[(w.node, d)] = w_i
+                if (w.node, w.system_port) in host_ports:
+                    problems.append(
+                        (f"{f}.system_port", f"port {w.system_port} on {w.node} is also {host_ports[(w.node, w.system_port)]}")
+                    )
+                else:
+                    host_ports[(w.node, w.system_port)] = f"{f}.system_port"
+            if not any(w.role == "prefill" for w in prof.workers) or not any(
+                w.role == "decode" for w in prof.workers
+            ):
+                problems.append(("profile.workers", "needs at least one prefill and one decode worker"))
+
+        ports = getattr(prof, "ports")()
+        by_port: dict[int, str] = {}
+        for key, port in ports.items():
+            if port in by_port:
+                problems.append((f"profile.{key}", f"port {port} is also profile.{by_port[port]}"))
+            by_port[port] = key
+
+        if problems:
+            raise ClusterProblems(problems)
+        return self
+
+
+def make_nodes(prefix: str, count: int, first_ip: str, **common) -> list[Node]:
+    """``count`` nodes named ``<prefix>0..`` with consecutive IPs from ``first_ip``."""
+    base = ipaddress.IPv4Address(first_ip)
+    return [Node(name=f"{prefix}{i}", ip=base + i, **common) for i in range(count)]
+
+
+# --- loading ------------------------------------------------------------------------
+def inventory_dir() -> Path:
+    """``$LLMDEPLOY_INVENTORY`` or the repository's ``inventory/``."""
+    env = os.environ.get("LLMDEPLOY_INVENTORY")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "inventory"
+
+
+def cluster_module_path(name: str, directory: Path | None = None) -> Path:
+    if not CLUSTER_RE.match(name):
+        raise InventoryError("--cluster", [f"{name!r} is not a valid cluster name"])
+    directory = directory or inventory_dir()
+    return directory / f"{name.replace('-', '_')}.py"
+
+
+def list_clusters(directory: Path | None = None) -> list[str]:
+    directory = directory or inventory_dir()
+    return sorted(
+        p.stem.replace("_", "-") for p in directory.glob("*.py") if not p.name.startswith("_")
+    )
+
+
+def _describe_loc(loc: tuple, raw_nodes: list | None) -> str:
+    parts: list[str] = []
+    i = 0
+    while i < len(loc):
+        item = loc[i]
+        if isinstance(item, int):
+            label = f"[{item}]"
+            if parts and parts[-1] == "nodes" and raw_nodes is not None and item < len(raw_nodes):
+                name = getattr(raw_nodes[item], "name", None)
+                if name is None and isinstance(raw_nodes[item], dict):
+                    name = raw_nodes[item].get("name")
+                if name:
+                    label += f" ({name})"
+            parts[-1] = parts[-1] + label if parts else label
+        elif item in ("vllm-ascend", "trtllm-serve", "dynamo") and parts and parts[-1].startswith("profile"):
+            pass  # discriminator tag: not a field
+        else:
+            parts.append(str(item))
+        i += 1
+    return ".".join(parts) or "cluster"
+
+
+# Models built on their own in an inventory module report fields relative to
+# themselves; this names the cluster field they stand for.
+_TITLE_FIELD = {
+    "Model": "model",
+    "Image": "image",
+    "Ssh": "ssh",
+    "VllmAscendProfile": "profile",
+    "TrtllmProfile": "profile",
+    "DynamoProfile": "profile",
+    "DynamoWorker": "profile.workers[]",
+}
+
+
+def _split(problems: list[str]) -> list[tuple[str, str]]:
+    return [tuple(p.split(": ", 1)) if ": " in p else ("cluster", p) for p in problems]
+
+
+def problems_from_validation(err: ValidationError, raw_nodes: list | None = None) -> list[str]:
+    out: list[str] = []
+    prefix = _TITLE_FIELD.get(err.title, "")
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        where = _describe_loc(loc, raw_nodes) if loc else ""
+        if prefix:
+            where = f"{prefix}.{where}" if where else prefix
+        ctx_err = (e.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, ClusterProblems):
+            for f, m in ctx_err.problems:
+                out.append(f"{where + '.' if where else ''}{f}: {m}")
+            continue
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        elif "input" in e and not isinstance(e["input"], (dict, list, BaseModel)):
+            msg = f"{msg} (got {e['input']!r})"
+        out.append(f"{where or 'cluster'}: {msg}")
+    return out
+
+
+def load_cluster(name: str, directory: Path | None = None) -> Cluster:
+    """Load and validate ``inventory/<name>.py``; raise InventoryError on any problem."""
+    path = cluster_module_path(name, directory)
+    return load_cluster_file(path)
+
+
+def load_cluster_file(path: Path) -> Cluster:
+    shown = _shown(path)
+    if not path.is_file():
+        known = ", ".join(list_clusters(path.parent)) or "none"
+        raise InventoryError(shown, [f"no such inventory file (known clusters: {known})"])
+    mod_name = f"_llmdeploy_inventory_{path.stem}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    inv_parent = str(path.parent.parent)
+    added = inv_parent not in sys.path
+    if added:
+        sys.path.insert(0, inv_parent)
+    try:
+        spec.loader.exec_module(module)
+    except ValidationError as err:
+        raise InventoryError(shown, problems_from_validation(err, _raw_nodes(err))) from None
+    except InventoryError:
+        raise
+    except Exception as err:  # a syntax or name error in the module itself
+        raise InventoryError(shown, [f"{type(err).__name__}: {err}"]) from None
+    finally:
+        if added:
+            sys.path.remove(inv_parent)
+    cluster = getattr(module, "cluster", None)
+    if not isinstance(cluster, Cluster):
+        raise InventoryError(shown, ["cluster: the module must define cluster = Cluster(...)"])
+    expected = path.stem.replace("_", "-")
+    if cluster.name != expected:
+        raise InventoryError(shown, [f"name: {cluster.name!r} must match the file name ({expected!r})"])
+    return cluster
+
+
+def _raw_nodes(err: ValidationError) -> list | None:
+    # pydantic keeps no reference to the input of a nested list; the error's
+    # input for a node-level loc is the node itself, so collect those.
+    nodes: dict[int, object] = {}
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        if len(loc) >= 2 and loc[0] == "nodes" and isinstance(loc[1], int):
+            inp = e.get("input")
+            if len(loc) == 2:
+                nodes[loc[1]] = inp
+    if not nodes:
+        return None
+    size = max(nodes) + 1
+    return [nodes.get(i) for i in range(size)]
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

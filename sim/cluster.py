@@ -1,0 +1,339 @@
+"""Bring a simulated cluster up and down.
+
+One network namespace per host, joined by veth pairs to two bridges in the
+root namespace: a management network (SSH; the root namespace has an address
+on it) and a data network whose interface inside each host carries the
+inventory's NIC name and serving IP. Both use 198.18.0.0/15 and have no
+route out. Inside each namespace, ``unshare --mount --uts`` gives the host its
+own hostname and a private view of the paths the tool writes, and a real
+``sshd`` serves it. Everything made is recorded in ``state.json`` and removed
+by ``down``; ``up`` first removes what a crashed earlier run left.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from llmdeploy.errors import SimError
+from llmdeploy.inventory import Cluster
+
+from . import hardware
+from .paths import (
+    HOST_STATE_DIR,
+    PRIVATE_DIRS,
+    cluster_dir,
+    host_dir,
+    mgmt_ip,
+    netns_name,
+    short_id,
+    sim_root,
+)
+
+SSHD = "/usr/sbin/sshd"
+REPO = Path(__file__).resolve().parent.parent
+STANDINS_ASCEND = ["npu-smi", "hccn_tool", "lscpu", "numactl", "docker"]
+STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "docker"]
+
+
+def _sh(*args: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
+    res = subprocess.run(list(args), capture_output=True, text=True)
+    if check and res.returncode != 0:
+        raise SimError(f"{' '.join(shlex.quote(a) for a in args)} failed: {res.stderr.strip() or res.stdout.strip()}")
+    return res
+
+
+def preflight() -> None:
+    if os.geteuid() != 0:
+        raise SimError(
+            "the simulated cluster needs root (network namespaces, bind mounts); run as root"
+        )
+    for tool in (SSHD, "/usr/bin/unshare", shutil.which("ip") or "/usr/sbin/ip", "/usr/bin/ssh-keygen"):
+        if not os.path.exists(tool):
+            raise SimError(f"{tool} is missing: run scripts/setup.sh")
+    probe = f"lds-probe-{os.getpid()}"
+    res = _sh("ip", "netns", "add", probe, check=False)
+    if res.returncode != 0:
+        raise SimError(f"cannot create network namespaces here ({res.stderr.strip()})")
+    _sh("ip", "netns", "del", probe, check=False)
+
+
+def _links(cluster: Cluster) -> dict:
+    sid = short_id(cluster.name)
+    return {"mgmt_bridge": f"ld{sid}m", "data_bridge": f"ld{sid}d"}
+
+
+def _mgmt_gateway(cluster: Cluster) -> ipaddress.IPv4Interface:
+    first = ipaddress.IPv4Address(mgmt_ip(str(cluster.nodes[0].ip)))
+    net = ipaddress.IPv4Network(f"{first}/24", strict=False)
+    return ipaddress.IPv4Interface(f"{net.network_address + 1}/24")
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.chmod(path, mode)
+
+
+def _standin_wrapper(tool: str) -> str:
+    return (
+        "#!/bin/sh\n"
+        f"# simulated {tool}: see sim/standins\n"
+        f"PYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -m sim.standins {tool} \"$@\"\n"
+    )
+
+
+def _wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen, log: Path) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise SimError(f"sshd for {host} exited with {proc.returncode}: {log.read_text()[-500:] if log.exists() else ''}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SimError(f"sshd on {host}:{port} did not start within {timeout:g}s")
+
+
+def up(cluster: Cluster, echo=print) -> dict:
+    """Create the simulated hosts of ``cluster``; returns the recorded state."""
+    preflight()
+    down(cluster.name, echo=lambda *_: None)
+    cdir = cluster_dir(cluster.name)
+    cdir.mkdir(parents=True, exist_ok=True)
+    links = _links(cluster)
+    state: dict = {"cluster": cluster.name, "mode": "netns", "links": list(links.values()), "hosts": {}, "created_dirs": []}
+    _save_state(cdir, state)
+
+    # client key, the tool's known_hosts and ssh_config
+    key = cdir / "id_ed25519"
+    _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"llmdeploy-sim-{cluster.name}", "-f", str(key))
+    _write(cdir / "authorized_keys", (cdir / "id_ed25519.pub").read_text(), 0o600)
+    Path("/run/sshd").mkdir(exist_ok=True)
+    for d in PRIVATE_DIRS:
+        if not os.path.isdir(d):
+            os.makedirs(d, exist_ok=True)
+            state["created_dirs"].append(d)
+
+    gw = _mgmt_gateway(cluster)
+    mb, db = links["mgmt_bridge"], links["data_bridge"]
+    _sh("ip", "link", "add", mb, "type", "bridge")
+    _sh("ip", "addr", "add", str(gw), "dev", mb)
+    _sh("ip", "link", "set", mb, "up")
+    _sh("ip", "link", "add", db, "type", "bridge")
+    _sh("ip", "link", "set", db, "up")
+
+    known_hosts, ssh_config = [], []
+    sid = short_id(cluster.name)
+    procs = []
+    for i, node in enumerate(cluster.nodes):
+        ns = netns_name(cluster.name, node.name)
+        hdir = host_dir(cluster.name, node.name)
+        hdir.mkdir(parents=True, exist_ok=True)
+        state["hosts"][node.name] = {"netns": ns, "dir": str(hdir)}
+        _save_state(cdir, state)
+        m_ip = mgmt_ip(str(node.ip))
+        data_net = ipaddress.IPv4Network(f"{node.ip}/24", strict=False)
+
+        # network
+        _sh("ip", "netns", "add", ns)
+        _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        mv, dv = f"ld{sid}m{i}", f"ld{sid}d{i}"
+        _sh("ip", "link", "add", mv, "type", "veth", "peer", "name", "mgmt0", "netns", ns)
+        _sh("ip", "link", "set", mv, "master", mb, "up")
+        _sh("ip", "-n", ns, "addr", "add", f"{m_ip}/24", "dev", "mgmt0")
+        _sh("ip", "-n", ns, "link", "set", "mgmt0", "up")
+        _sh("ip", "link", "add", dv, "type", "veth", "peer", "name", node.nic, "netns", ns)
+        _sh("ip", "link", "set", dv, "master", db, "up")
+        _sh("ip", "-n", ns, "addr", "add", f"{node.ip}/{data_net.prefixlen}", "dev", node.nic)
+        _sh("ip", "-n", ns, "link", "set", node.nic, "mtu", "9000")
+        _sh("ip", "link", "set", dv, "mtu", "9000")
+        _sh("ip", "-n", ns, "link", "set", node.nic, "up")
+
+        # private filesystem view
+        root = hdir / "root"
+        for d in PRIVATE_DIRS:
+            (root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        hw = hardware.node_hardware(cluster, i, node)
+        hardware.save(root / HOST_STATE_DIR.lstrip("/"), hw)
+        _write(hdir / "meminfo", hardware.meminfo(hw))
+        bindir = hdir / "bin"
+        tools = STANDINS_ASCEND if cluster.platform_info.vendor == "ascend" else STANDINS_NVIDIA
+        for tool in tools:
+            _write(bindir / tool, _standin_wrapper(tool), 0o755)
+        # a small stand-in checkpoint at the model path
+        model_dir = root / cluster.model.path.lstrip("/")
+        if cluster.model.path.startswith("/root/.cache/"):
+            model_dir.mkdir(parents=True, exist_ok=True)
+            _write(model_dir / "config.json", json.dumps({"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text"}) + "\n")
+
+        # sshd
+        hostkey = hdir / "ssh_host_ed25519_key"
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", node.name, "-f", str(hostkey))
+        path = f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        _write(
+            hdir / "sshd_config",
+            "\n".join(
+                [
+                    f"ListenAddress {m_ip}:22",
+                    f"HostKey {hostkey}",
+                    f"PidFile {hdir / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {cdir / 'authorized_keys'}",
+                    "PermitRootLogin prohibit-password",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "MaxStartups 200:30:400",
+                    "MaxSessions 200",
+                    "UseDNS no",
+                    "PrintMotd no",
+                    f"SetEnv PATH={path} LLMDEPLOY_SIM_HOST={node.name}",
+                    "",
+                ]
+            ),
+        )
+        binds = [f"mount --bind {shlex.quote(str(root / d.lstrip('/')))} {shlex.quote(d)}" for d in PRIVATE_DIRS]
+        script = "; ".join(
+            [
+                "set -e",
+                f"hostname {shlex.quote(node.name)}",
+                *binds,
+                f"mount --bind {shlex.quote(str(hdir / 'meminfo'))} /proc/meminfo",
+                "mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm",
+                f"exec {SSHD} -D -f {shlex.quote(str(hdir / 'sshd_config'))} -E {shlex.quote(str(hdir / 'sshd.log'))}",
+            ]
+        )
+        log = hdir / "sshd.log"
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "--propagation", "private", "--", "/bin/sh", "-c", script],
+            stdin=subprocess.DEVNULL,
+            stdout=open(hdir / "start.log", "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        state["hosts"][node.name]["pid"] = proc.pid
+        state["hosts"][node.name]["mgmt_ip"] = m_ip
+        _save_state(cdir, state)
+        procs.append((node, m_ip, proc, log))
+
+        pub = (hdir / "ssh_host_ed25519_key.pub").read_text().split()
+        known_hosts.append(f"{node.name},{m_ip} {pub[0]} {pub[1]}")
+        ssh_config.append(
+            "\n".join(
+                [
+                    f"Host {node.name}",
+                    f"    HostName {m_ip}",
+                    "    User root",
+                    f"    IdentityFile {key}",
+                    f"    UserKnownHostsFile {cdir / 'known_hosts'}",
+                    "    StrictHostKeyChecking yes",
+                    "",
+                ]
+            )
+        )
+
+    _write(cdir / "known_hosts", "\n".join(known_hosts) + "\n")
+    _write(cdir / "ssh_config", "# written by llmdeploy sim.up; use with ssh -F\n" + "\n".join(ssh_config))
+    for node, m_ip, proc, log in procs:
+        _wait_port(m_ip, 22, 15, proc, log)
+    state["ready"] = True
+    _save_state(cdir, state)
+    echo(f"sim {cluster.name}: {len(cluster.nodes)} hosts up (network namespaces, real sshd); ssh -F {cdir / 'ssh_config'} {cluster.nodes[0].name}")
+    return state
+
+
+def _save_state(cdir: Path, state: dict) -> None:
+    tmp = cdir / "state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=1))
+    tmp.replace(cdir / "state.json")
+
+
+def _netns_pids(ns: str) -> list[int]:
+    res = _sh("ip", "netns", "pids", ns, check=False)
+    return [int(p) for p in res.stdout.split() if p.isdigit()]
+
+
+def _kill_netns(ns: str) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _netns_pids(ns)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + 3
+        while time.monotonic() < end and _netns_pids(ns):
+            time.sleep(0.05)
+
+
+def down(name: str, echo=print) -> bool:
+    """Remove everything the simulated cluster ``name`` made. Safe to call
+    on a cluster that is not up or only half made. Returns True if anything was removed."""
+    cdir = cluster_dir(name)
+    removed = False
+    state = {}
+    if (cdir / "state.json").exists():
+        try:
+            state = json.loads((cdir / "state.json").read_text())
+        except ValueError:
+            state = {}
+    # namespaces: from the state, and any left with our prefix (crashed runs)
+    prefix = f"lds-{name}-"
+    listed = _sh("ip", "netns", "list", check=False).stdout.split("\n")
+    namespaces = {line.split()[0] for line in listed if line.startswith(prefix)}
+    namespaces |= {h["netns"] for h in state.get("hosts", {}).values()}
+    for ns in sorted(namespaces):
+        _kill_netns(ns)
+        if _sh("ip", "netns", "del", ns, check=False).returncode == 0:
+            removed = True
+    for h in state.get("hosts", {}).values():
+        pid = h.get("pid")
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    sid = short_id(name)
+    for link in (f"ld{sid}m", f"ld{sid}d"):
+        if _sh("ip", "link", "del", link, check=False).returncode == 0:
+            removed = True
+    # host-side veths vanish with their namespace; remove any stragglers
+    out = _sh("ip", "-o", "link", "show", check=False).stdout
+    for line in out.splitlines():
+        ifname = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if ifname.startswith(f"ld{sid}m") or ifname.startswith(f"ld{sid}d"):
+            _sh("ip", "link", "del", ifname, check=False)
+    if cdir.exists():
+        shutil.rmtree(cdir, ignore_errors=True)
+        removed = True
+    # mount points made on this machine, once no simulated cluster is left
+    root = sim_root()
+    if not (root.exists() and any(root.iterdir())):
+        for d in state.get("created_dirs", []):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+    if removed:
+        echo(f"sim {name}: removed")
+    return removed
+
+
+def running() -> list[str]:
+    root = sim_root()
+    if not root.exists():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / "state.json").exists())

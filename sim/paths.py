@@ -1,0 +1,81 @@
+"""Where the simulated cluster keeps its state, and the SSH settings the
+sim inventories use (own key, own known_hosts, own ssh_config)."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+from pathlib import Path
+
+from llmdeploy.inventory import Ssh
+
+# Paths on a simulated host that are private to it (bind-mounted per host).
+PRIVATE_DIRS = [
+    "/var/lib/llmdeploy",
+    "/etc/llmdeploy",
+    "/var/log/llmdeploy",
+    "/root/.cache",
+    "/usr/local/Ascend",
+    "/etc/llmdeploy-sim",
+]
+# Inside a host, the stand-ins read their state here.
+HOST_STATE_DIR = "/etc/llmdeploy-sim"
+
+
+def sim_root() -> Path:
+    return Path(os.environ.get("LLMDEPLOY_SIM_ROOT", "/var/tmp/llmdeploy-sim"))
+
+
+def cluster_dir(cluster: str) -> Path:
+    return sim_root() / cluster
+
+
+def host_dir(cluster: str, node: str) -> Path:
+    return cluster_dir(cluster) / "hosts" / node
+
+
+def short_id(cluster: str) -> str:
+    return hashlib.sha1(cluster.encode()).hexdigest()[:4]
+
+
+def netns_name(cluster: str, node: str) -> str:
+    return f"lds-{cluster}-{node}"
+
+
+def mgmt_ip(data_ip: str) -> str:
+    """Simulated hosts have their serving IP in 198.19.0.0/16 and their SSH
+    (management) address at the same place in 198.18.0.0/16."""
+    ip = ipaddress.IPv4Address(data_ip)
+    if ip not in ipaddress.IPv4Network("198.19.0.0/16"):
+        raise ValueError(f"simulated node IP {ip} must be in 198.19.0.0/16")
+    return str(ip - (1 << 16))
+
+
+def sim_ssh(cluster: str, **overrides) -> Ssh:
+    """SSH settings for a simulated cluster: its own key, known_hosts and ssh_config."""
+    d = cluster_dir(cluster)
+    values = dict(
+        user="root",
+        identity_file=str(d / "id_ed25519"),
+        known_hosts=str(d / "known_hosts"),
+        config_file=str(d / "ssh_config"),
+        connect_timeout=5,
+        command_timeout=60,
+    )
+    values.update(overrides)
+    return Ssh(**values)
+
+
+def sim_nodes(prefix: str, count: int, first_ip: str, **per_node):
+    """Nodes named ``<prefix><i>`` whose SSH address is their name, resolved
+    by the simulator's ssh_config (so the ssh_config path is exercised).
+    ``per_node`` maps an index (as a string) to extra Node fields (e.g. **{"3": {"nic": "eth9"}})."""
+    from llmdeploy.inventory import Node
+
+    base = ipaddress.IPv4Address(first_ip)
+    nodes = []
+    for i in range(count):
+        extra = dict(per_node.get(str(i), {}))
+        nodes.append(Node(name=f"{prefix}{i}", ip=str(base + i), ssh_host=f"{prefix}{i}", **extra))
+    return nodes
