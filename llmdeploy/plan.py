@@ -1,0 +1,79 @@
+"""Plays: which role steps run on which hosts, in what order.
+
+A playbook (``playbooks/<name>.yaml``) is a list of plays::
+
+    - name: gather facts
+      hosts: all            # all | node0 | workers
+      steps: [facts.gather] # <role>.<step>; the role module's STEPS maps step -> factory
+      any_errors_fatal: false
+
+A step factory takes the cluster and returns a runner Step.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .errors import InventoryError, LlmdeployError
+from .inventory import Cluster, Node
+from .runner import Step
+
+PLAYBOOK_DIR = Path(__file__).resolve().parent.parent / "playbooks"
+
+
+@dataclass
+class Play:
+    name: str
+    hosts: str
+    steps: list[str]
+    any_errors_fatal: bool = False
+
+
+def select_nodes(cluster: Cluster, limit: str | None = None, hosts: str = "all") -> list[Node]:
+    """Nodes of ``hosts`` (all | node0 | workers), narrowed by ``--limit a,b``.
+    Unknown names in --limit are an error (exit 2) before anything runs."""
+    if hosts == "all":
+        nodes = list(cluster.nodes)
+    elif hosts == "node0":
+        nodes = [cluster.node0]
+    elif hosts == "workers":
+        nodes = list(cluster.nodes[1:])
+    else:
+        raise LlmdeployError(f"unknown host selection {hosts!r} (all, node0, workers)")
+    if limit:
+        wanted = [x.strip() for x in limit.split(",") if x.strip()]
+        known = {n.name for n in cluster.nodes}
+        unknown = [w for w in wanted if w not in known]
+        if unknown:
+            raise InventoryError("--limit", [f"no node named {u!r} in cluster {cluster.name} (nodes: {', '.join(sorted(known))})" for u in unknown])
+        nodes = [n for n in nodes if n.name in wanted]
+    return nodes
+
+
+def load_playbook(name: str, directory: Path | None = None) -> list[Play]:
+    path = (directory or PLAYBOOK_DIR) / f"{name}.yaml"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise LlmdeployError(f"{path}: no such playbook") from None
+    plays = []
+    for i, p in enumerate(data or []):
+        try:
+            plays.append(Play(name=p["name"], hosts=p.get("hosts", "all"), steps=list(p["steps"]), any_errors_fatal=bool(p.get("any_errors_fatal", False))))
+        except (KeyError, TypeError) as exc:
+            raise LlmdeployError(f"{path}: play {i}: missing or bad {exc}") from None
+    return plays
+
+
+def resolve_step(ref: str, cluster: Cluster) -> Step:
+    role, _, step = ref.partition(".")
+    try:
+        module = importlib.import_module(f"roles.{role}")
+        factory = module.STEPS[step]
+    except (ImportError, KeyError, AttributeError):
+        raise LlmdeployError(f"unknown step {ref!r} (expected <role>.<step> from roles/)") from None
+    return factory(cluster)

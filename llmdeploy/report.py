@@ -1,0 +1,79 @@
+"""What people and machines read: rich progress, tables, the recap, JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from typing import Iterable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .runner import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, HostResult
+
+STATUS_STYLE = {OK: "green", CHANGED: "yellow", FAILED: "bold red", UNREACHABLE: "bold red", SKIPPED: "cyan"}
+
+
+def console(json_mode: bool = False) -> Console:
+    # With --json, stdout is for the document only: people's output goes to stderr.
+    con = Console(stderr=json_mode, highlight=False, soft_wrap=False)
+    if not con.is_terminal:
+        # logs and pipes: wide enough that tables are not cut to 80 columns
+        con = Console(stderr=json_mode, highlight=False, soft_wrap=False, width=200)
+    return con
+
+
+@contextmanager
+def host_progress(con: Console, total_hosts: int, enabled: bool = True):
+    """A progress bar per step; yields the callback the Runner calls."""
+    if not enabled or not con.is_terminal:
+        def quiet(step, host, result):
+            if result is not None and result.failed:
+                con.print(f"[{STATUS_STYLE[result.status]}]{result.status}[/]: {host} ({step}): {result.msg}")
+        yield quiet
+        return
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=con, transient=True
+    )
+    tasks: dict[str, int] = {}
+    with progress:
+        def cb(step: str, host: str, result: HostResult | None) -> None:
+            if step not in tasks:
+                tasks[step] = progress.add_task(step, total=total_hosts)
+            if result is not None:
+                progress.advance(tasks[step])
+                if result.failed:
+                    progress.console.print(f"[{STATUS_STYLE[result.status]}]{result.status}[/]: {host} ({step}): {result.msg}")
+        yield cb
+
+
+def recap_table(recap: dict[str, dict[str, int]]) -> Table:
+    t = Table(title="RECAP", title_justify="left", show_edge=False)
+    t.add_column("host")
+    for s in (OK, CHANGED, FAILED, UNREACHABLE, SKIPPED):
+        t.add_column(s, justify="right")
+    for host, counts in recap.items():
+        cells = []
+        for s in (OK, CHANGED, FAILED, UNREACHABLE, SKIPPED):
+            n = counts.get(s, 0)
+            cells.append(f"[{STATUS_STYLE[s]}]{n}[/]" if n and s != OK else str(n))
+        name = f"[bold red]{host}[/]" if counts.get(FAILED) or counts.get(UNREACHABLE) else host
+        t.add_row(name, *cells)
+    return t
+
+
+def table(title: str, columns: Iterable[str], rows: Iterable[Iterable[str]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[str(x) if x is not None else "-" for x in r])
+    return t
+
+
+def emit_json(doc: dict) -> None:
+    json.dump(doc, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+    sys.stdout.flush()

@@ -1,0 +1,331 @@
+"""Facts: what a node is, read in one remote round trip.
+
+``build(cluster, node)`` returns one shell script that prints every section
+behind a marker line; ``parse(cluster, node, stdout)`` turns it into a dict.
+Neither opens a connection: the runner executes the script.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from llmdeploy.inventory import Cluster, Node
+
+MARK = "@@llmdeploy@@"
+
+
+def _section(name: str, command: str) -> str:
+    # every section ends with its exit status, so a missing tool is a fact too
+    return f"echo '{MARK} {name}'; {{ {command} ; }} 2>&1; echo \"{MARK}rc $?\""
+
+
+def build(cluster: Cluster, node: Node) -> str:
+    """The facts script for one node (POSIX sh, read-only)."""
+    model = shlex.quote(cluster.model.path)
+    parts = [
+        _section("hostname", "hostname"),
+        _section("os", "cat /etc/os-release"),
+        _section("kernel", "uname -r"),
+        _section("lscpu", "lscpu -e=CPU,NODE"),
+        _section("numactl", "numactl -H"),
+        _section("meminfo", "cat /proc/meminfo"),
+        # free disk where the model lives (nearest existing parent)
+        _section("df", f"p={model}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -Pk \"$p\""),
+        _section("addr", "ip -o -4 addr show"),
+        _section("link", "ip -o link show"),
+        _section("docker", "docker --version"),
+    ]
+    plat = cluster.platform_info
+    if plat.vendor == "ascend":
+        parts += [
+            _section("npusmi", "npu-smi info"),
+            _section("npusmi_topo", "npu-smi info -t topo"),
+        ]
+        hccn = "HCCN=$(command -v hccn_tool || echo /usr/local/Ascend/driver/tools/hccn_tool)"
+        query = "-vnic" if plat.npu_ip_query == "vnic" else "-ip"
+        devices = node.devices or plat.devices
+        parts.append(hccn)
+        for i in range(devices):
+            parts.append(_section(f"npu_ip {i}", f'"$HCCN" -i {i} {query} -g'))
+    else:
+        parts += [
+            _section(
+                "nvsmi",
+                "nvidia-smi --query-gpu=index,name,uuid,memory.total,pci.bus_id,"
+                "ecc.errors.uncorrected.volatile.total --format=csv,noheader,nounits",
+            ),
+            _section("nvtopo", "nvidia-smi topo -m"),
+        ]
+    return "\n".join(parts) + "\n"
+
+
+def split_sections(stdout: str) -> dict[str, tuple[str, int]]:
+    sections: dict[str, tuple[str, int]] = {}
+    name, buf = None, []
+    for line in stdout.splitlines():
+        if line.startswith(MARK + "rc "):
+            if name is not None:
+                sections[name] = ("\n".join(buf), int(line.split()[-1]))
+            name, buf = None, []
+        elif line.startswith(MARK + " "):
+            name, buf = line[len(MARK) + 1 :], []
+        elif name is not None:
+            buf.append(line)
+    return sections
+
+
+def _cpulist(text: str) -> list[int]:
+    cpus: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            cpus.extend(range(int(lo), int(hi) + 1))
+        elif part.isdigit():
+            cpus.append(int(part))
+    return cpus
+
+
+def parse_lscpu(text: str) -> dict[int, int]:
+    """``lscpu -e=CPU,NODE`` → {cpu: numa node}."""
+    out: dict[int, int] = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 2 and f[0].isdigit():
+            out[int(f[0])] = int(f[1]) if f[1].isdigit() else 0
+    return out
+
+
+def parse_numactl(text: str) -> list[dict]:
+    nodes: dict[int, dict] = {}
+    for line in text.splitlines():
+        m = re.match(r"node (\d+) (cpus|size|free):\s*(.*)$", line)
+        if not m:
+            continue
+        n = nodes.setdefault(int(m.group(1)), {"id": int(m.group(1)), "cpus": 0, "size_mb": 0, "free_mb": 0})
+        if m.group(2) == "cpus":
+            n["cpus"] = len(m.group(3).split())
+        else:
+            n[f"{m.group(2)}_mb"] = int(m.group(3).split()[0])
+    return [nodes[k] for k in sorted(nodes)]
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"(\w+):\s+(\d+)", line)
+        if m:
+            out[m.group(1)] = int(m.group(2))
+    return out
+
+
+def parse_npu_smi(text: str) -> list[dict]:
+    """``npu-smi info`` device table → one entry per logical device (chip).
+
+    Each device takes two rows: ``| NPU Name | Health | ...`` and
+    ``| Chip [Phy-ID] | Bus-Id | ...``.
+    """
+    devices: list[dict] = []
+    rows = [ln for ln in text.splitlines() if ln.startswith("|")]
+    i = 0
+    while i < len(rows) - 1:
+        a = [c.strip() for c in rows[i].strip("|").split("|")]
+        b = [c.strip() for c in rows[i + 1].strip("|").split("|")]
+        if len(a) >= 2 and len(b) >= 2 and re.match(r"^\d+\s+\S", a[0]) and re.match(r"^\d+", b[0]) and re.match(r"^[0-9A-Fa-f]{4}:", b[1]):
+            npu, name = a[0].split(None, 1)
+            devices.append(
+                {
+                    "id": len(devices),
+                    "npu": int(npu),
+                    "chip": int(b[0].split()[0]),
+                    "name": name.strip(),
+                    "health": a[1],
+                    "bus_id": b[1],
+                }
+            )
+            i += 2
+        else:
+            i += 1
+    return devices
+
+
+def parse_topo_affinity(text: str, prefix: str) -> dict[int, list[int]]:
+    """``npu-smi info -t topo`` / ``nvidia-smi topo -m`` → {device: [cpus]}."""
+    lines = text.splitlines()
+    header = next((ln for ln in lines if "CPU Affinity" in ln), None)
+    if header is None:
+        return {}
+    out: dict[int, list[int]] = {}
+    for ln in lines:
+        m = re.match(rf"^{prefix}(\d+)\s", ln)
+        if not m:
+            continue
+        cells = ln.split()
+        cpu = next((c for c in cells[1:] if re.match(r"^\d+(-\d+)?(,\d+(-\d+)?)*$", c)), None)
+        if cpu is not None:
+            out[int(m.group(1))] = _cpulist(cpu)
+    return out
+
+
+def parse_nvsmi(text: str) -> list[dict]:
+    gpus = []
+    for line in text.splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) >= 6 and f[0].isdigit():
+            ecc = f[5]
+            gpus.append(
+                {
+                    "id": int(f[0]),
+                    "name": f[1],
+                    "uuid": f[2],
+                    "mem_mib": int(f[3]) if f[3].isdigit() else None,
+                    "bus_id": f[4],
+                    "health": "OK" if ecc in ("0", "[N/A]", "N/A") else f"ECC errors: {ecc}",
+                }
+            )
+    return gpus
+
+
+def parse_addrs(addr_text: str, link_text: str) -> list[dict]:
+    nics: dict[str, dict] = {}
+    for line in link_text.splitlines():
+        m = re.match(r"^\d+:\s+([^:@]+)(?:@\S+)?:\s+<([^>]*)>.*?\bmtu (\d+).*?\bstate (\S+)", line)
+        if m:
+            flags = m.group(2).split(",")
+            nics[m.group(1)] = {
+                "name": m.group(1),
+                "up": "UP" in flags and "LOWER_UP" in flags,
+                "mtu": int(m.group(3)),
+                "state": m.group(4),
+                "ipv4": [],
+            }
+    for line in addr_text.splitlines():
+        m = re.match(r"^\d+:\s+(\S+)\s+inet\s+(\S+)", line)
+        if m:
+            nics.setdefault(m.group(1), {"name": m.group(1), "up": None, "mtu": None, "state": None, "ipv4": []})
+            nics[m.group(1)]["ipv4"].append(m.group(2))
+    return [n for n in nics.values() if n["name"] != "lo"]
+
+
+def parse(cluster: Cluster, node: Node, stdout: str) -> dict:
+    """Facts of one node from the script's output. Missing tools show as None."""
+    s = split_sections(stdout)
+
+    def text(name: str) -> str | None:
+        v = s.get(name)
+        return v[0] if v and v[1] == 0 else None
+
+    facts: dict = {"host": node.name, "ip": str(node.ip), "nic_configured": node.nic}
+    facts["hostname"] = (text("hostname") or "").strip() or None
+    os_text = text("os") or ""
+    m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', os_text, re.M)
+    facts["os"] = m.group(1) if m else None
+    facts["kernel"] = (text("kernel") or "").strip() or None
+    cpu_nodes = parse_lscpu(text("lscpu") or "")
+    numa = parse_numactl(text("numactl") or "")
+    facts["cpus"] = len(cpu_nodes) or None
+    facts["numa_nodes"] = len(numa) or (len(set(cpu_nodes.values())) or None)
+    facts["numa"] = numa
+    mem = parse_meminfo(text("meminfo") or "")
+    facts["mem_total_gib"] = round(mem["MemTotal"] / 1048576, 1) if "MemTotal" in mem else None
+    facts["mem_available_gib"] = round(mem["MemAvailable"] / 1048576, 1) if "MemAvailable" in mem else None
+    df_lines = (text("df") or "").splitlines()
+    if len(df_lines) >= 2:
+        f = df_lines[-1].split()
+        facts["model_disk_free_gib"] = round(int(f[3]) / 1048576, 1)
+        facts["model_disk_mount"] = f[5] if len(f) > 5 else None
+    else:
+        facts["model_disk_free_gib"] = None
+    facts["nics"] = parse_addrs(text("addr") or "", text("link") or "")
+    serving = next((n for n in facts["nics"] if n["name"] == node.nic), None)
+    facts["nic"] = serving
+    dv = text("docker") or ""
+    m = re.search(r"version ([^,\s]+)", dv)
+    facts["container_engine"] = f"docker {m.group(1)}" if m else None
+
+    accel: list[dict] = []
+    if cluster.platform_info.vendor == "ascend":
+        accel = parse_npu_smi(text("npusmi") or "")
+        affinity = parse_topo_affinity(text("npusmi_topo") or "", "NPU")
+        for d in accel:
+            d["cpu_affinity"] = affinity.get(d["id"])
+            d["numa"] = _numa_of(d["cpu_affinity"], cpu_nodes)
+            ip_out = s.get(f"npu_ip {d['id']}")
+            m = re.search(r"ipaddr:\s*(\S+)", ip_out[0]) if ip_out and ip_out[1] == 0 else None
+            d["ip"] = m.group(1) if m else None
+        facts["accelerator"] = "npu"
+    else:
+        accel = parse_nvsmi(text("nvsmi") or "")
+        affinity = parse_topo_affinity(text("nvtopo") or "", "GPU")
+        for d in accel:
+            d["cpu_affinity"] = affinity.get(d["id"])
+            d["numa"] = _numa_of(d["cpu_affinity"], cpu_nodes)
+        facts["accelerator"] = "gpu"
+    for d in accel:
+        if d.get("cpu_affinity"):
+            d["cpu_affinity"] = _compact(d["cpu_affinity"])
+    facts["devices"] = accel
+    facts["devices_healthy"] = sum(1 for d in accel if d.get("health") == "OK")
+    facts["devices_expected"] = node.devices
+    facts["problems"] = _problems(cluster, node, facts)
+    return facts
+
+
+def _numa_of(cpus: list[int] | None, cpu_nodes: dict[int, int]) -> int | None:
+    if not cpus:
+        return None
+    nodes = {cpu_nodes.get(c) for c in cpus} - {None}
+    return nodes.pop() if len(nodes) == 1 else None
+
+
+def _compact(cpus: list[int]) -> str:
+    if not cpus:
+        return ""
+    ranges, start, prev = [], cpus[0], cpus[0]
+    for c in cpus[1:]:
+        if c == prev + 1:
+            prev = c
+            continue
+        ranges.append(f"{start}-{prev}" if start != prev else str(start))
+        start = prev = c
+    ranges.append(f"{start}-{prev}" if start != prev else str(start))
+    return ",".join(ranges)
+
+
+def _problems(cluster: Cluster, node: Node, facts: dict) -> list[str]:
+    """What the facts say is wrong for serving; the facts task reports them."""
+    out = []
+    if node.devices and len(facts["devices"]) < node.devices:
+        out.append(f"{len(facts['devices'])} of {node.devices} {facts['accelerator'].upper()}s visible")
+    bad = [str(d["id"]) for d in facts["devices"] if d.get("health") != "OK"]
+    if bad:
+        out.append(f"{facts['accelerator'].upper()} {','.join(bad)} not healthy")
+    nic = facts["nic"]
+    if nic is None:
+        out.append(f"NIC {node.nic} not found")
+    else:
+        if not nic["up"]:
+            out.append(f"NIC {node.nic} is down")
+        if not any(a.split("/")[0] == str(node.ip) for a in nic["ipv4"]):
+            out.append(f"NIC {node.nic} does not own {node.ip}")
+    if facts["container_engine"] is None:
+        out.append("no container engine (docker --version failed)")
+    return out
+
+
+def gather_step(cluster: Cluster):
+    from llmdeploy.runner import FAILED, OK, HostResult, Step
+
+    def _parse(node: Node, out: str, err: str, code: int) -> HostResult:
+        facts = parse(cluster, node, out)
+        status = OK if facts["hostname"] else FAILED
+        msg = "" if status == OK else (err.strip() or "facts script printed nothing")
+        return HostResult(node.name, status, msg=msg, data=facts, exit_code=code)
+
+    return Step(name="facts", build=lambda node: build(cluster, node), parse=_parse)
+
+
+STEPS = {"gather": gather_step}

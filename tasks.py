@@ -1,0 +1,81 @@
+"""Invoke entry points: parse flags, call llmdeploy.app, set the exit status.
+
+`invoke --list` shows them; `invoke --help TASK` explains each flag.
+"""
+
+import functools
+import sys
+
+from invoke import Collection, Exit, task
+
+from llmdeploy import app
+from llmdeploy.errors import LlmdeployError
+
+
+def _guard(fn):
+    """Turn a LlmdeployError into its message on stderr and its exit status."""
+
+    @functools.wraps(fn)
+    def wrapper(c, *args, **kwargs):
+        try:
+            code = fn(c, *args, **kwargs)
+        except LlmdeployError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise Exit(code=exc.exit_code)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            raise Exit(code=130)
+        if code:
+            raise Exit(code=code)
+
+    return wrapper
+
+
+@task(
+    help={
+        "cluster": "cluster name: a module in inventory/ (e.g. a3, sim-a3)",
+        "json": "print the facts as JSON on stdout (people's output goes to stderr)",
+        "limit": "only these nodes, comma-separated names",
+    }
+)
+@_guard
+def facts(c, cluster, json=False, limit=None):
+    """Gather facts from every node (OS, CPUs/NUMA, memory, disk, NPUs/GPUs, NICs, engine)."""
+    return app.facts(cluster, json_out=json, limit=limit)
+
+
+@task(help={"cluster": "simulated cluster to bring up (an inventory named sim-*)"})
+@_guard
+def sim_up(c, cluster="sim-a3"):
+    """Bring up a simulated cluster: a network namespace and a real sshd per node."""
+    return app.sim_up(cluster)
+
+
+@task(help={"cluster": "only this simulated cluster (default: every one that is up)"})
+@_guard
+def sim_down(c, cluster=None):
+    """Remove simulated clusters: processes, namespaces, links and files."""
+    return app.sim_down(cluster)
+
+
+@task
+@_guard
+def sim_status(c):
+    """List the simulated clusters that are up."""
+    return app.sim_status()
+
+
+@task(help={"cluster": "simulated cluster to run the demo on"})
+@_guard
+def demo(c, cluster="sim-a3"):
+    """The main job on the built-in simulated cluster: bring it up, then gather facts."""
+    code = app.sim_up(cluster)
+    return code or app.facts(cluster)
+
+
+sim = Collection("sim")
+sim.add_task(sim_up, name="up")
+sim.add_task(sim_down, name="down")
+sim.add_task(sim_status, name="status")
+
+ns = Collection(facts, demo, sim)
