@@ -390,8 +390,6 @@ class Cluster(Strict):
                         ranks[r] = i
             if self.nodes[0].start_rank != 0:
                 problems.append((where(0, "start_rank"), "node 0 must own DP rank 0"))
-            if prof.port == prof.rpc_port:
-                problems.append(("profile.rpc_port", f"port {prof.rpc_port} is also the serving port"))
         elif isinstance(prof, TrtllmProfile):
             if plat.vendor != "nvidia":
                 problems.append(("profile.kind", f"trtllm-serve needs an NVIDIA platform, not {self.platform}"))
@@ -528,12 +526,12 @@ def problems_from_validation(err: ValidationError, raw_nodes: list | None = None
             for f, m in ctx_err.problems:
                 out.append(f"{where + '.' if where else ''}{f}: {m}")
             continue
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
         elif e["type"] == "missing":
             msg = "required field is missing"
-        elif "input" in e and not isinstance(e["input"], (dict, list, BaseModel)):
+        elif "input" in e and not isinstance(e["input"], (dict, list, BaseModel)) and repr(e["input"]) not in msg:
             msg = f"{msg} (got {e['input']!r})"
         out.append(f"{where or 'cluster'}: {msg}")
     return out

@@ -112,7 +112,7 @@ def up(cluster: Cluster, echo=print) -> dict:
     cdir = cluster_dir(cluster.name)
     cdir.mkdir(parents=True, exist_ok=True)
     links = _links(cluster)
-    state: dict = {"cluster": cluster.name, "mode": "netns", "links": list(links.values()), "hosts": {}, "created_dirs": []}
+    state: dict = {"cluster": cluster.name, "mode": "netns", "links": list(links.values()), "hosts": {}}
     _save_state(cdir, state)
 
     # client key, the tool's known_hosts and ssh_config
@@ -120,10 +120,15 @@ def up(cluster: Cluster, echo=print) -> dict:
     _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"llmdeploy-sim-{cluster.name}", "-f", str(key))
     _write(cdir / "authorized_keys", (cdir / "id_ed25519.pub").read_text(), 0o600)
     Path("/run/sshd").mkdir(exist_ok=True)
+    # mount points on this machine: remembered across clusters, removed (if
+    # still empty) when the last simulated cluster goes down
+    made_file = sim_root() / "created_dirs.json"
+    made = json.loads(made_file.read_text()) if made_file.exists() else []
     for d in PRIVATE_DIRS:
         if not os.path.isdir(d):
             os.makedirs(d, exist_ok=True)
-            state["created_dirs"].append(d)
+            made.append(d)
+    made_file.write_text(json.dumps(sorted(set(made))))
 
     gw = _mgmt_gateway(cluster)
     mb, db = links["mgmt_bridge"], links["data_bridge"]
@@ -321,12 +326,18 @@ def down(name: str, echo=print) -> bool:
         removed = True
     # mount points made on this machine, once no simulated cluster is left
     root = sim_root()
-    if not (root.exists() and any(root.iterdir())):
-        for d in state.get("created_dirs", []):
+    made_file = root / "created_dirs.json"
+    if not running() and made_file.exists():
+        for d in json.loads(made_file.read_text()):
             try:
                 os.rmdir(d)
             except OSError:
                 pass
+        made_file.unlink()
+        try:
+            root.rmdir()
+        except OSError:
+            pass
     if removed:
         echo(f"sim {name}: removed")
     return removed

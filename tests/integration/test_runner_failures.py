@@ -1,0 +1,70 @@
+"""A host that is down, and a host whose key changed: the others still finish,
+the recap names the host, the exit status is non-zero. Uses the NVIDIA path."""
+
+import os
+import signal
+import time
+
+from sim.paths import cluster_dir, host_dir
+
+from .conftest import facts_json
+
+SIM_CLUSTER = "sim-b200"
+
+
+def test_nvidia_facts(sim_cluster):
+    res, doc = facts_json(sim_cluster)
+    assert res.returncode == 0, res.stderr
+    for h in ("sim-b200-0", "sim-b200-1"):
+        f = doc["hosts"][h]["facts"]
+        assert f["accelerator"] == "gpu" and len(f["devices"]) == 8
+        assert f["devices"][0]["name"] == "NVIDIA B200" and {d["numa"] for d in f["devices"]} == {0, 1}
+
+
+def test_changed_host_key_is_refused(sim_cluster):
+    kh = cluster_dir(sim_cluster) / "known_hosts"
+    original = kh.read_text()
+    lines = original.splitlines()
+    # node 1's key replaced by node 0's: a man in the middle, as ssh sees it
+    key0 = lines[0].split(" ", 1)[1]
+    lines[1] = lines[1].split(" ", 1)[0] + " " + key0
+    kh.write_text("\n".join(lines) + "\n")
+    try:
+        res, doc = facts_json(sim_cluster)
+    finally:
+        kh.write_text(original)
+    assert res.returncode != 0
+    assert doc["hosts"]["sim-b200-0"]["status"] == "ok"
+    assert doc["hosts"]["sim-b200-1"]["status"] == "unreachable"
+    assert "host key" in doc["hosts"]["sim-b200-1"]["msg"].lower()
+
+
+def test_unknown_host_is_refused(sim_cluster):
+    kh = cluster_dir(sim_cluster) / "known_hosts"
+    original = kh.read_text()
+    kh.write_text(original.splitlines()[0] + "\n")
+    try:
+        res, doc = facts_json(sim_cluster)
+    finally:
+        kh.write_text(original)
+    assert doc["hosts"]["sim-b200-1"]["status"] == "unreachable"
+    assert "known_hosts" in doc["hosts"]["sim-b200-1"]["msg"]
+
+
+def test_host_down_is_unreachable_and_others_finish(sim_cluster):
+    pid = int((host_dir(sim_cluster, "sim-b200-1") / "sshd.pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+            time.sleep(0.05)
+        except ProcessLookupError:
+            break
+    res, doc = facts_json(sim_cluster)
+    assert res.returncode != 0
+    assert doc["ok"] is False
+    assert doc["hosts"]["sim-b200-0"]["status"] == "ok"
+    assert doc["hosts"]["sim-b200-1"]["status"] == "unreachable"
+    assert doc["recap"]["sim-b200-1"]["unreachable"] == 1
+    assert doc["recap"]["sim-b200-0"]["ok"] == 1
+    assert "unreachable: sim-b200-1" in res.stderr or "sim-b200-1" in res.stderr

@@ -1,0 +1,125 @@
+"""The facts role: the script it builds, and its parsers fed with the
+stand-ins' output (which follows the real tools' formats)."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+import roles.facts as facts
+from llmdeploy.inventory import load_cluster
+from sim import hardware
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def standin(state_dir, tool, *args):
+    env = dict(os.environ, LLMDEPLOY_SIM_STATE=str(state_dir), PYTHONPATH=REPO)
+    res = subprocess.run([sys.executable, "-m", "sim.standins", tool, *args], capture_output=True, text=True, env=env)
+    return res
+
+
+@pytest.fixture
+def a3_host(tmp_path):
+    c = load_cluster("sim-a3")
+    hardware.save(tmp_path, hardware.node_hardware(c, 1, c.nodes[1]))
+    return c, c.nodes[1], tmp_path
+
+
+def test_script_is_one_round_trip_and_quotes_the_model_path():
+    c = load_cluster("a3")
+    c.model.path = "/models/with space"  # not valid in an inventory; the builder still quotes
+    script = facts.build(c, c.nodes[0])
+    assert shlex.quote("/models/with space") in script
+    # A3 reads NPU addresses with -vnic, for all 16 devices
+    assert script.count("-vnic -g") == 16 and "-ip -g" not in script
+
+
+def test_a2_reads_npu_ip_with_ip_query():
+    c = load_cluster("a2")
+    script = facts.build(c, c.nodes[0])
+    assert script.count(" -ip -g") == 8
+
+
+def test_nvidia_script_queries_gpus_not_npus():
+    c = load_cluster("b200")
+    script = facts.build(c, c.nodes[0])
+    assert "nvidia-smi --query-gpu=" in script and "npu-smi" not in script
+
+
+def test_npu_smi_parser_reads_all_16_a3_devices(a3_host):
+    _, _, d = a3_host
+    devs = facts.parse_npu_smi(standin(d, "npu-smi", "info").stdout)
+    assert len(devs) == 16
+    assert [x["npu"] for x in devs[:4]] == [0, 0, 1, 1] and [x["chip"] for x in devs[:4]] == [0, 1, 0, 1]
+    assert all(x["health"] == "OK" for x in devs)
+
+
+def test_npu_smi_parser_sees_a_sick_device(a3_host):
+    _, _, d = a3_host
+    hw = hardware.load(d)
+    hw["npus"][5]["health"] = "Critical"
+    hardware.save(d, hw)
+    devs = facts.parse_npu_smi(standin(d, "npu-smi", "info").stdout)
+    assert [x["id"] for x in devs if x["health"] != "OK"] == [5]
+
+
+def test_topology_gives_numa_affinity(a3_host):
+    _, _, d = a3_host
+    aff = facts.parse_topo_affinity(standin(d, "npu-smi", "info", "-t", "topo").stdout, "NPU")
+    cpu_nodes = facts.parse_lscpu(standin(d, "lscpu", "-e=CPU,NODE").stdout)
+    assert len(cpu_nodes) == 320
+    assert facts._numa_of(aff[0], cpu_nodes) == 0 and facts._numa_of(aff[15], cpu_nodes) == 3
+
+
+def test_numactl_parser(a3_host):
+    _, _, d = a3_host
+    nodes = facts.parse_numactl(standin(d, "numactl", "-H").stdout)
+    assert [n["id"] for n in nodes] == [0, 1, 2, 3] and nodes[0]["cpus"] == 80
+
+
+def test_gb300_numa_shows_gpu_memory_nodes(tmp_path):
+    c = load_cluster("sim-gb300-agentic")
+    hardware.save(tmp_path, hardware.node_hardware(c, 0, c.nodes[0]))
+    nodes = facts.parse_numactl(standin(tmp_path, "numactl", "-H").stdout)
+    assert len(nodes) == 6 and [n["cpus"] for n in nodes[2:]] == [0, 0, 0, 0]
+
+
+def test_nvidia_parsers(tmp_path):
+    c = load_cluster("sim-b200")
+    hardware.save(tmp_path, hardware.node_hardware(c, 0, c.nodes[0]))
+    q = standin(tmp_path, "nvidia-smi", "--query-gpu=index,name,uuid,memory.total,pci.bus_id,ecc.errors.uncorrected.volatile.total", "--format=csv,noheader,nounits")
+    gpus = facts.parse_nvsmi(q.stdout)
+    assert len(gpus) == 8 and gpus[0]["name"] == "NVIDIA B200" and all(g["health"] == "OK" for g in gpus)
+    aff = facts.parse_topo_affinity(standin(tmp_path, "nvidia-smi", "topo", "-m").stdout, "GPU")
+    assert aff[0] == list(range(0, 112)) and aff[7] == list(range(112, 224))
+
+
+def test_hccn_tool_missing_ip_is_reported_like_the_real_tool(a3_host):
+    _, _, d = a3_host
+    hw = hardware.load(d)
+    hw["npus"][2]["ip"] = None
+    hardware.save(d, hw)
+    res = standin(d, "hccn_tool", "-i", "2", "-ip", "-g")
+    assert res.returncode != 0 and "no ip was preset" in res.stdout
+
+
+def test_parse_marks_problems():
+    c = load_cluster("a3")
+    node = c.nodes[0]
+    out = "\n".join(
+        [
+            f"{facts.MARK} hostname", "a3-node-0", f"{facts.MARK}rc 0",
+            f"{facts.MARK} addr", "3: enp189s0f0    inet 192.0.2.99/24 scope global enp189s0f0", f"{facts.MARK}rc 0",
+            f"{facts.MARK} link", "3: enp189s0f0: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN mode DEFAULT", f"{facts.MARK}rc 0",
+            f"{facts.MARK} docker", "sh: docker: not found", f"{facts.MARK}rc 127",
+        ]
+    )
+    f = facts.parse(c, node, out)
+    assert "NIC enp189s0f0 is down" in f["problems"]
+    assert "NIC enp189s0f0 does not own 192.0.2.10" in f["problems"]
+    assert "no container engine (docker --version failed)" in f["problems"]
+    assert "0 of 16 NPUs visible" in f["problems"]
