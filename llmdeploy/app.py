@@ -12,7 +12,7 @@ from .runner import FAILED, SKIPPED, HostResult, Runner
 
 
 def run_playbook(cluster: Cluster, name: str, limit: str | None, con: Console, show_progress: bool = True):
-    """Run every play of a playbook; returns (runner recap, {step: {host: HostResult}})."""
+    """Run every play of a playbook; returns (runner recap, {step: {host: HostResult}}, round trips per host)."""
     plays = load_playbook(name)
     targets = select_nodes(cluster, limit)
     results: dict[str, dict[str, HostResult]] = {}
@@ -25,9 +25,10 @@ def run_playbook(cluster: Cluster, name: str, limit: str | None, con: Console, s
                     res = runner.run(step, nodes)
                     results[step.name] = res
                     if play.any_errors_fatal and any(r.failed for r in res.values()):
-                        return runner.recap, results
+                        return runner.recap, results, dict(runner.round_trips)
             recap = runner.recap
-    return recap, results
+            trips = dict(runner.round_trips)
+    return recap, results, trips
 
 
 def _exit_status(recap: dict[str, dict[str, int]]) -> int:
@@ -37,7 +38,7 @@ def _exit_status(recap: dict[str, dict[str, int]]) -> int:
 def facts(cluster_name: str, json_out: bool = False, limit: str | None = None) -> int:
     con = report.console(json_out)
     cluster = load_cluster(cluster_name)
-    recap, results = run_playbook(cluster, "facts", limit, con)
+    recap, results, trips = run_playbook(cluster, "facts", limit, con)
     per_host = results["facts"]
     status = _exit_status(recap)
     if json_out:
@@ -51,6 +52,7 @@ def facts(cluster_name: str, json_out: bool = False, limit: str | None = None) -
                     for h, r in per_host.items()
                 },
                 "recap": recap,
+                "round_trips": trips,
             }
         )
     else:

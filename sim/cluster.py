@@ -191,6 +191,9 @@ def up(cluster: Cluster, echo=print) -> dict:
             "\n".join(
                 [
                     f"ListenAddress {m_ip}:22",
+                    # also on the data network, reachable only from the other
+                    # simulated hosts (jump-host paths)
+                    f"ListenAddress {node.ip}:22",
                     f"HostKey {hostkey}",
                     f"PidFile {hdir / 'sshd.pid'}",
                     f"AuthorizedKeysFile {cdir / 'authorized_keys'}",

@@ -26,6 +26,8 @@ def test_facts_json_has_every_node_with_its_own_ip_and_nic(sim_cluster):
     # NPU addresses differ per node
     ips = {doc["hosts"][h]["facts"]["devices"][0]["ip"] for h in doc["hosts"]}
     assert len(ips) == 4
+    # all of it in one remote command per host
+    assert doc["round_trips"] == {f"sim-a3-{i}": 1 for i in range(4)}
     assert doc["recap"]["sim-a3-0"] == {"ok": 1, "changed": 0, "failed": 0, "unreachable": 0, "skipped": 0}
 
 

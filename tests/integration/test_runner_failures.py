@@ -51,6 +51,40 @@ def test_unknown_host_is_refused(sim_cluster):
     assert "known_hosts" in doc["hosts"]["sim-b200-1"]["msg"]
 
 
+def test_jump_host_reaches_a_node_only_its_neighbour_can_see(sim_cluster, tmp_path):
+    """Node 1's data address is not routable from this machine; through
+    node 0 as a jump host (like ssh -J) it is."""
+    import roles.facts as facts
+    from llmdeploy.inventory import load_cluster
+    from llmdeploy.runner import Runner
+
+    base = load_cluster(sim_cluster)
+    cdir = cluster_dir(sim_cluster)
+    lines = (cdir / "known_hosts").read_text().splitlines()
+    key1 = lines[1].split(" ", 1)[1]
+    kh = tmp_path / "known_hosts"
+    kh.write_text("\n".join(lines) + f"\n198.19.20.11 {key1}\n")
+    data = base.model_dump()
+    data["ssh"].update(known_hosts=str(kh), config_file=None, jump_host="root@198.18.20.10")
+    data["nodes"][1]["ssh_host"] = "198.19.20.11"
+    data["nodes"] = data["nodes"][1:]
+    data["nodes"][0]["start_rank"] = None
+    data["profile"]["tp"] = 8
+    cluster = type(base).model_validate(data)
+
+    direct = dict(data)
+    direct["ssh"] = dict(data["ssh"], jump_host=None, connect_timeout=2)
+    with Runner(type(base).model_validate(direct)) as r:
+        res = r.run(facts.gather_step(cluster))
+    assert res["sim-b200-1"].status == "unreachable"
+
+    with Runner(cluster) as r:
+        res = r.run(facts.gather_step(cluster))
+    assert res["sim-b200-1"].status == "ok", res["sim-b200-1"].msg
+    assert res["sim-b200-1"].data["hostname"] == "sim-b200-1"
+
+
+# last: it stops node 1's sshd
 def test_host_down_is_unreachable_and_others_finish(sim_cluster):
     pid = int((host_dir(sim_cluster, "sim-b200-1") / "sshd.pid").read_text())
     os.kill(pid, signal.SIGTERM)
