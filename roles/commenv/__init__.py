@@ -1,0 +1,88 @@
+"""The communication environment of a node: HCCL (Ascend) or NCCL (NVIDIA)
+variables, with this node's own IP and NIC, rendered as an env file.
+
+Pure: (cluster, node) -> variables -> file content. The files role writes it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+
+from llmdeploy.inventory import Cluster, DynamoProfile, Node, TrtllmProfile, VllmAscendProfile
+
+TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True
+)
+
+
+class EnvValueError(ValueError):
+    pass
+
+
+def env_vars(cluster: Cluster, node: Node) -> dict[str, str]:
+    """Every variable the node's serving processes need, in a stable order."""
+    prof = cluster.profile
+    out: dict[str, str] = {}
+    if isinstance(prof, VllmAscendProfile):
+        out.update(prof.env)
+        for key in prof.ip_env:
+            out[key] = str(node.ip)
+        for key in prof.ifname_env:
+            out[key] = node.nic
+    elif isinstance(prof, TrtllmProfile):
+        out["NCCL_SOCKET_IFNAME"] = node.nic
+        out["GLOO_SOCKET_IFNAME"] = node.nic
+        out.update(prof.env)
+    elif isinstance(prof, DynamoProfile):
+        node0 = cluster.node0
+        out["NCCL_SOCKET_IFNAME"] = node.nic
+        out["GLOO_SOCKET_IFNAME"] = node.nic
+        # the seed's per-shell setup block
+        out["MODEL_PATH"] = cluster.model.path
+        out["CONFIG_DIR"] = prof.config_dir
+        out["ETCD_ENDPOINTS"] = f"http://{node0.ip}:{prof.etcd_port}"
+        out["NATS_SERVER"] = f"nats://{node0.ip}:{prof.nats_port}"
+        out["DYN_NAMESPACE"] = prof.namespace
+        out["DYN_DISCOVERY_BACKEND"] = "etcd"
+        out["DYN_REQUEST_PLANE"] = "tcp"
+        out.update(prof.worker_env)
+    for key, value in out.items():
+        if "\n" in value or "\r" in value:
+            raise EnvValueError(f"{key}: a value must be one line")
+    return out
+
+
+def env_path(cluster: Cluster, node: Node) -> str:
+    return f"{cluster.etc_dir}/{cluster.name}.env"
+
+
+def render(cluster: Cluster, node: Node) -> str:
+    return _env.get_template("comm.env.j2").render(
+        cluster=cluster.name, node=node.name, role=cluster.role_of(node), env=env_vars(cluster, node)
+    )
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k] = v
+    return out
+
+
+def render_step(cluster: Cluster, check: bool = False, diff: bool = False):
+    from roles.files import put_step
+
+    return put_step(
+        "communication environment",
+        lambda node: (env_path(cluster, node), render(cluster, node), 0o644),
+        check=check,
+        diff=diff,
+    )
+
+
+STEPS = {"render": render_step}
