@@ -19,7 +19,7 @@ def run_playbook(cluster: Cluster, name: str, limit: str | None, con: Console, s
     with report.host_progress(con, len(targets), enabled=show_progress) as cb:
         with Runner(cluster, nodes=targets, progress=cb) as runner:
             for play in plays:
-                nodes = [n for n in select_nodes(cluster, limit, play.hosts)]
+                nodes = select_nodes(cluster, limit, play.hosts)
                 for ref in play.steps:
                     step = resolve_step(ref, cluster)
                     res = runner.run(step, nodes)

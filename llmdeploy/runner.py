@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import paramiko
@@ -35,16 +35,10 @@ class HostResult:
     exit_code: int | None = None
     duration: float = 0.0
     data: Any = None
-    # per-host list of (step, status) for the recap
-    steps: list = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
         return self.status in (FAILED, UNREACHABLE)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        return d
 
 
 @dataclass
