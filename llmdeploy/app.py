@@ -19,16 +19,21 @@ def run_playbook(cluster: Cluster, name: str, limit: str | None, con: Console, s
     with report.host_progress(con, len(targets), enabled=show_progress) as cb:
         with Runner(cluster, nodes=targets, progress=cb) as runner:
             for play in plays:
-                nodes = select_nodes(cluster, limit, play.hosts)
-                for ref in play.steps:
-                    step = resolve_step(ref, cluster)
-                    res = runner.run(step, nodes)
-                    results[step.name] = res
-                    if play.any_errors_fatal and any(r.failed for r in res.values()):
-                        return runner.recap, results, dict(runner.round_trips)
-            recap = runner.recap
-            trips = dict(runner.round_trips)
-    return recap, results, trips
+                if not _run_play(runner, cluster, play, limit, results):
+                    break
+    return runner.recap, results, dict(runner.round_trips)
+
+
+def _run_play(runner: Runner, cluster: Cluster, play, limit: str | None, results: dict) -> bool:
+    """Run one play's steps; False when a failure must stop the playbook."""
+    nodes = select_nodes(cluster, limit, play.hosts)
+    for ref in play.steps:
+        step = resolve_step(ref, cluster)
+        res = runner.run(step, nodes)
+        results[step.name] = res
+        if play.any_errors_fatal and any(r.failed for r in res.values()):
+            return False
+    return True
 
 
 def _exit_status(recap: dict[str, dict[str, int]]) -> int:
@@ -48,7 +53,7 @@ def facts(cluster_name: str, json_out: bool = False, limit: str | None = None) -
                 "platform": cluster.platform,
                 "ok": status == 0,
                 "hosts": {
-                    h: {"status": r.status, "msg": r.msg, "facts": r.data if r.status not in (SKIPPED,) else None}
+                    h: {"status": r.status, "msg": r.msg, "facts": r.data if r.status != SKIPPED else None}
                     for h, r in per_host.items()
                 },
                 "recap": recap,
@@ -101,10 +106,11 @@ def sim_up(cluster_name: str) -> int:
     return 0
 
 
-def sim_down(cluster_name: str | None, all_: bool = False) -> int:
+def sim_down(cluster_name: str | None) -> int:
+    """Take down ``cluster_name``, or every simulated cluster that is up."""
     from sim import cluster as simc
 
-    names = simc.running() if all_ or not cluster_name else [cluster_name]
+    names = [cluster_name] if cluster_name else simc.running()
     if not names:
         print("sim: nothing is up")
     for name in names:

@@ -25,14 +25,17 @@ def console(json_mode: bool = False) -> Console:
     return con
 
 
+def _say_failure(con: Console, step: str, host: str, result: HostResult | None) -> None:
+    if result is not None and result.failed:
+        con.print(f"[{STATUS_STYLE[result.status]}]{result.status}[/]: {host} ({step}): {result.msg}")
+
+
 @contextmanager
 def host_progress(con: Console, total_hosts: int, enabled: bool = True):
-    """A progress bar per step; yields the callback the Runner calls."""
+    """A progress bar per step; yields the callback the Runner calls.
+    Failures are printed as they happen, with or without the bar."""
     if not enabled or not con.is_terminal:
-        def quiet(step, host, result):
-            if result is not None and result.failed:
-                con.print(f"[{STATUS_STYLE[result.status]}]{result.status}[/]: {host} ({step}): {result.msg}")
-        yield quiet
+        yield lambda step, host, result: _say_failure(con, step, host, result)
         return
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=con, transient=True
@@ -44,8 +47,7 @@ def host_progress(con: Console, total_hosts: int, enabled: bool = True):
                 tasks[step] = progress.add_task(step, total=total_hosts)
             if result is not None:
                 progress.advance(tasks[step])
-                if result.failed:
-                    progress.console.print(f"[{STATUS_STYLE[result.status]}]{result.status}[/]: {host} ({step}): {result.msg}")
+            _say_failure(progress.console, step, host, result)
         yield cb
 
 

@@ -67,8 +67,8 @@ def preflight() -> None:
     _sh("ip", "netns", "del", probe, check=False)
 
 
-def _links(cluster: Cluster) -> dict:
-    sid = short_id(cluster.name)
+def _links(name: str) -> dict:
+    sid = short_id(name)
     return {"mgmt_bridge": f"ld{sid}m", "data_bridge": f"ld{sid}d"}
 
 
@@ -111,7 +111,7 @@ def up(cluster: Cluster, echo=print) -> dict:
     down(cluster.name, echo=lambda *_: None)
     cdir = cluster_dir(cluster.name)
     cdir.mkdir(parents=True, exist_ok=True)
-    links = _links(cluster)
+    links = _links(cluster.name)
     state: dict = {"cluster": cluster.name, "mode": "netns", "links": list(links.values()), "hosts": {}}
     _save_state(cdir, state)
 
@@ -139,7 +139,6 @@ def up(cluster: Cluster, echo=print) -> dict:
     _sh("ip", "link", "set", db, "up")
 
     known_hosts, ssh_config = [], []
-    sid = short_id(cluster.name)
     procs = []
     for i, node in enumerate(cluster.nodes):
         ns = netns_name(cluster.name, node.name)
@@ -153,7 +152,7 @@ def up(cluster: Cluster, echo=print) -> dict:
         # network
         _sh("ip", "netns", "add", ns)
         _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        mv, dv = f"ld{sid}m{i}", f"ld{sid}d{i}"
+        mv, dv = f"{mb}{i}", f"{db}{i}"  # host-side veths: bridge name + index
         _sh("ip", "link", "add", mv, "type", "veth", "peer", "name", "mgmt0", "netns", ns)
         _sh("ip", "link", "set", mv, "master", mb, "up")
         _sh("ip", "-n", ns, "addr", "add", f"{m_ip}/24", "dev", "mgmt0")
@@ -314,15 +313,16 @@ def down(name: str, echo=print) -> bool:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-    sid = short_id(name)
-    for link in (f"ld{sid}m", f"ld{sid}d"):
+    bridges = tuple(_links(name).values())
+    for link in bridges:
         if _sh("ip", "link", "del", link, check=False).returncode == 0:
             removed = True
-    # host-side veths vanish with their namespace; remove any stragglers
+    # host-side veths (bridge name + node index) vanish with their namespace;
+    # remove any stragglers
     out = _sh("ip", "-o", "link", "show", check=False).stdout
     for line in out.splitlines():
         ifname = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        if ifname.startswith(f"ld{sid}m") or ifname.startswith(f"ld{sid}d"):
+        if ifname.startswith(bridges):
             _sh("ip", "link", "del", ifname, check=False)
     if cdir.exists():
         shutil.rmtree(cdir, ignore_errors=True)

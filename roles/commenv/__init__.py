@@ -11,6 +11,7 @@ from pathlib import Path
 import jinja2
 
 from llmdeploy.inventory import Cluster, DynamoProfile, Node, TrtllmProfile, VllmAscendProfile
+from roles.files import put_step
 
 TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
 _env = jinja2.Environment(
@@ -75,8 +76,6 @@ def parse_env_file(text: str) -> dict[str, str]:
 
 
 def render_step(cluster: Cluster, check: bool = False, diff: bool = False):
-    from roles.files import put_step
-
     return put_step(
         "communication environment",
         lambda node: (env_path(cluster, node), render(cluster, node), 0o644),

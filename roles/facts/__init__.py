@@ -11,6 +11,7 @@ import re
 import shlex
 
 from llmdeploy.inventory import Cluster, Node
+from llmdeploy.runner import FAILED, OK, HostResult, Step
 
 MARK = "@@llmdeploy@@"
 
@@ -316,9 +317,7 @@ def _problems(cluster: Cluster, node: Node, facts: dict) -> list[str]:
     return out
 
 
-def gather_step(cluster: Cluster):
-    from llmdeploy.runner import FAILED, OK, HostResult, Step
-
+def gather_step(cluster: Cluster) -> Step:
     def _parse(node: Node, out: str, err: str, code: int) -> HostResult:
         facts = parse(cluster, node, out)
         status = OK if facts["hostname"] else FAILED

@@ -15,6 +15,7 @@ import shlex
 from typing import Callable
 
 from llmdeploy.inventory import PATH_RE, Node
+from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
 
 RESULT = "@@llmdeploy-put@@"
 DIFF_MARK = "@@llmdeploy-diff@@"
@@ -26,13 +27,14 @@ def put_script(path: str, content: str, mode: int = 0o644, check: bool = False, 
     q = shlex.quote(path)
     b64 = base64.b64encode(content.encode()).decode()
     m = f"{mode:o}"
-    lines = [
-        "set -e",
-        f"f={q}",
-        'd=$(dirname "$f")',
-        # check mode changes nothing: not even the directory, and the staged copy lives in /tmp
-        *([] if check else ['mkdir -p "$d"']),
-        'tmp=$(mktemp "${TMPDIR:-/tmp}/.llmdeploy.XXXXXX")' if check else 'tmp=$(mktemp "$d/.llmdeploy.XXXXXX")',
+    lines = ["set -e", f"f={q}", 'd=$(dirname "$f")']
+    if check:
+        # check mode changes nothing, not even the directory: stage in /tmp
+        lines.append('tmp=$(mktemp "${TMPDIR:-/tmp}/.llmdeploy.XXXXXX")')
+    else:
+        # stage next to the target so that mv is a rename on one filesystem
+        lines += ['mkdir -p "$d"', 'tmp=$(mktemp "$d/.llmdeploy.XXXXXX")']
+    lines += [
         "trap 'rm -f \"$tmp\"' EXIT",
         f"printf %s {shlex.quote(b64)} | base64 -d > \"$tmp\"",
         f'chmod {m} "$tmp"',
@@ -47,9 +49,7 @@ def put_script(path: str, content: str, mode: int = 0o644, check: bool = False, 
     return "\n".join(lines) + "\n"
 
 
-def parse_put(node: Node, out: str, err: str, code: int, check: bool):
-    from llmdeploy.runner import CHANGED, FAILED, OK, HostResult
-
+def parse_put(node: Node, out: str, err: str, code: int, check: bool) -> HostResult:
     m = re.findall(rf"^{re.escape(RESULT)} (\S+)$", out, re.M)
     diff_text = ""
     parts = out.split(DIFF_MARK)
@@ -65,8 +65,6 @@ def parse_put(node: Node, out: str, err: str, code: int, check: bool):
 
 def put_step(name: str, spec: Callable[[Node], tuple[str, str, int]], check: bool = False, diff: bool = False):
     """A runner Step writing ``spec(node) -> (path, content, mode)`` on each node."""
-    from llmdeploy.runner import Step
-
     def build(node: Node) -> str:
         path, content, mode = spec(node)
         return put_script(path, content, mode, check=check, diff=diff)
