@@ -44,6 +44,36 @@ def facts(c, cluster, json=False, limit=None):
     return app.facts(cluster, json_out=json, limit=limit)
 
 
+@task(
+    help={
+        "cluster": "cluster name: a module in inventory/",
+        "check": "change nothing; say what would change",
+        "diff": "show the difference of every file it writes (or would write)",
+        "limit": "only these nodes, comma-separated names",
+        "json": "print the result as JSON on stdout",
+        "no_check": "do not run the node acceptance tests (invoke check) at the end",
+    }
+)
+@_guard
+def prepare(c, cluster, check=False, diff=False, limit=None, json=False, no_check=False):
+    """Make every node ready to serve: checks (NIC, model, budgets, NUMA), then image, wheels, environment file."""
+    return app.prepare(cluster, check=check, diff=diff, limit=limit, json_out=json, run_checks=not no_check)
+
+
+@task(
+    name="check",
+    help={
+        "cluster": "cluster name: a module in inventory/",
+        "limit": "only these nodes, comma-separated names",
+        "select": "only tests matching this pytest -k expression",
+    },
+)
+@_guard
+def check_nodes(c, cluster, limit=None, select=None):
+    """Node acceptance tests (tests/node, pytest-testinfra over the inventory's SSH settings)."""
+    return app.check(cluster, limit=limit, select=select)
+
+
 @task(help={"cluster": "simulated cluster to bring up (an inventory named sim-*)"})
 @_guard
 def sim_up(c, cluster="sim-a3"):
@@ -78,4 +108,4 @@ sim.add_task(sim_up, name="up")
 sim.add_task(sim_down, name="down")
 sim.add_task(sim_status, name="status")
 
-ns = Collection(facts, demo, sim)
+ns = Collection(facts, prepare, check_nodes, demo, sim)

@@ -7,32 +7,46 @@ from rich.console import Console
 from . import report
 from .errors import LlmdeployError
 from .inventory import Cluster, load_cluster
-from .plan import load_playbook, resolve_step, select_nodes
+from .plan import Context, load_playbook, resolve_step, select_nodes
 from .runner import FAILED, SKIPPED, HostResult, Runner
 
 
-def run_playbook(cluster: Cluster, name: str, limit: str | None, con: Console, show_progress: bool = True):
+def run_playbook(
+    cluster: Cluster,
+    name: str,
+    limit: str | None,
+    con: Console,
+    show_progress: bool = True,
+    ctx: Context | None = None,
+):
     """Run every play of a playbook; returns (runner recap, {step: {host: HostResult}}, round trips per host)."""
     plays = load_playbook(name)
     targets = select_nodes(cluster, limit)
-    results: dict[str, dict[str, HostResult]] = {}
+    ctx = ctx or Context(cluster)
     with report.host_progress(con, len(targets), enabled=show_progress) as cb:
         with Runner(cluster, nodes=targets, progress=cb) as runner:
             for play in plays:
-                if not _run_play(runner, cluster, play, limit, results):
+                if not _run_play(runner, ctx, play, limit):
                     break
-    return runner.recap, results, dict(runner.round_trips)
+    return runner.recap, ctx.results, dict(runner.round_trips)
 
 
-def _run_play(runner: Runner, cluster: Cluster, play, limit: str | None, results: dict) -> bool:
+def _run_play(runner: Runner, ctx: Context, play, limit: str | None) -> bool:
     """Run one play's steps; False when a failure must stop the playbook."""
-    nodes = select_nodes(cluster, limit, play.hosts)
+    nodes = select_nodes(ctx.cluster, limit, play.hosts)
+    failed_here: dict[str, str] = {}
     for ref in play.steps:
-        step = resolve_step(ref, cluster)
+        step = resolve_step(ref, ctx)
         res = runner.run(step, nodes)
-        results[step.name] = res
-        if play.any_errors_fatal and any(r.failed for r in res.values()):
+        ctx.results[step.name] = res
+        for host, r in res.items():
+            if r.failed and host not in failed_here:
+                failed_here[host] = f"not run: failed at {step.name!r}"
+                if not play.continue_after_failure:
+                    runner.excluded[host] = failed_here[host]
+        if play.any_errors_fatal and failed_here:
             return False
+    runner.excluded.update(failed_here)
     return True
 
 
@@ -94,6 +108,61 @@ def facts(cluster_name: str, json_out: bool = False, limit: str | None = None) -
         )
         con.print(report.recap_table(recap))
     return status
+
+
+def prepare(
+    cluster_name: str,
+    check: bool = False,
+    diff: bool = False,
+    limit: str | None = None,
+    json_out: bool = False,
+    run_checks: bool = True,
+) -> int:
+    """Make every node ready to serve; with ``check`` change nothing and say what would change."""
+    con = report.console(json_out)
+    cluster = load_cluster(cluster_name)
+    ctx = Context(cluster, check=check, diff=diff)
+    mode = " (check mode: nothing is changed)" if check else ""
+    if not json_out:
+        con.print(f"[bold]prepare {cluster.name}[/]: {len(select_nodes(cluster, limit))} nodes{mode}")
+    recap, results, trips = run_playbook(cluster, "prepare", limit, con, ctx=ctx)
+    status = _exit_status(recap)
+    changed = sum(c.get("changed", 0) for c in recap.values())
+    if json_out:
+        report.emit_json(
+            {
+                "cluster": cluster.name,
+                "check": check,
+                "ok": status == 0,
+                "changed": changed,
+                "steps": {
+                    step: {h: {"status": r.status, "msg": r.msg, **({"diff": r.data.get("diff")} if diff and isinstance(r.data, dict) and r.data.get("diff") else {})} for h, r in res.items()}
+                    for step, res in results.items()
+                },
+                "recap": recap,
+                "round_trips": trips,
+            }
+        )
+    else:
+        for step, res in results.items():
+            report.step_lines(con, step, res, diff=diff)
+        con.print(report.recap_table(recap))
+        verb = "would change" if check else "changed"
+        con.print(f"{changed} {verb}" + ("" if status == 0 else ", [bold red]FAILED[/] (see the failed lines above)"))
+    if status == 0 and run_checks and not check:
+        from . import check as node_check
+
+        if not json_out:
+            con.print("[bold]node acceptance tests[/] (invoke check)")
+        status = node_check.run(cluster, limit=limit, con=con, quiet=json_out)
+    return status
+
+
+def check(cluster_name: str, limit: str | None = None, select: str | None = None) -> int:
+    from . import check as node_check
+
+    cluster = load_cluster(cluster_name)
+    return node_check.run(cluster, limit=limit, select=select)
 
 
 def sim_up(cluster_name: str) -> int:

@@ -146,8 +146,16 @@ class Node(Strict):
 class Model(Strict):
     path: SafePath
     tokenizer_path: SafePath | None = None
-    # Files every node must have under ``path`` (names relative to it).
-    required_files: list[str] = Field(default_factory=lambda: ["config.json"])
+    # Files every node must have under ``path`` / ``tokenizer_path`` (relative names).
+    required_files: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._+-][A-Za-z0-9._+/-]*$")]] = Field(default_factory=lambda: ["config.json"])
+    tokenizer_files: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._+-][A-Za-z0-9._+/-]*$")]] = Field(
+        default_factory=lambda: ["tokenizer_config.json"]
+    )
+    # Files (shell globs in the model directory) whose sha256 must agree
+    # across nodes on top of names and sizes; [] compares names and sizes only.
+    checksum_files: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._*?+-]+$")]] = Field(
+        default_factory=lambda: ["*.index.json", "config.json"]
+    )
 
     _check_path = field_validator("path", "tokenizer_path")(
         classmethod(lambda cls, v: v if v is None else _safe_path(v))
@@ -169,6 +177,17 @@ class Image(Strict):
     _check_tar = field_validator("tarball")(
         classmethod(lambda cls, v: v if v is None else _safe_path(v))
     )
+
+
+class Budget(Strict):
+    """Host resources a node must have beyond what the profile reserves."""
+
+    # host memory left to the OS, the container runtime and everything else
+    os_margin_gib: float = Field(default=64, ge=0)
+    # host memory for loading and staging weights (on top of reserved caches)
+    weights_host_gib: float = Field(default=0, ge=0)
+    # free space under base_dir (releases, logs) and where the model lives
+    min_free_disk_gib: float = Field(default=20, ge=0)
 
 
 # --- serving profiles -----------------------------------------------------------
@@ -255,7 +274,19 @@ class DynamoProfile(Strict):
     nats_monitor_port: Port = 8222
     config_dir: SafePath = "/opt/trtllm-recipes/examples/configs/curated"
     host_cache_bytes_per_rank: int = 137438953472
-    wheels: list[str] = Field(default_factory=list)
+    # Pinned wheels installed into the image (name==version), from the seed's
+    # indexes or, on clusters without PyPI access, from ``wheel_dir`` on each node.
+    wheels: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+==[A-Za-z0-9._+!-]+$")]] = Field(default_factory=list)
+    wheel_index_url: str = Field(default="https://pypi.org/simple", pattern=r"^https?://[A-Za-z0-9._:/@%-]+$")
+    wheel_extra_index_urls: list[Annotated[str, Field(pattern=r"^https?://[A-Za-z0-9._:/@%-]+$")]] = Field(
+        default_factory=lambda: ["https://pypi.nvidia.com"]
+    )
+    wheel_dir: SafePath | None = None
+    # Bind worker host memory with ``numactl -m``: "auto" applies the seed's
+    # "0,1" only where the node has that Grace-Blackwell layout (CPU NUMA
+    # nodes 0 and 1, GPU memory as CPU-less nodes); "off" never; a list such
+    # as "0,1" demands it (prepare refuses a node that cannot give it).
+    numa_membind: str = Field(default="auto", pattern=r"^(auto|off|\d+(,\d+)*)$")
     frontend_env: dict[str, str] = Field(default_factory=dict)
     worker_env: dict[str, str] = Field(default_factory=dict)
     workers: list[DynamoWorker]
@@ -294,6 +325,14 @@ class Cluster(Strict):
     image: Image
     profile: Profile
     # Where the tool keeps releases, the ledger and the lock on every node.
+    budget: Budget = Field(default_factory=Budget)
+    # NVIDIA: the ibstat Rate every port must show (Gb/s; 400 = NDR); None
+    # skips the InfiniBand check (clusters on RoCE/Ethernet only).
+    ib_rate: int | None = Field(default=400, ge=1)
+    # Secrets by reference: {VARIABLE: name of the operator's environment
+    # variable that holds it}. Read at run time, written only into the 0600
+    # environment file, masked everywhere else.
+    secret_env: dict[str, str] = Field(default_factory=dict)
     base_dir: SafePath = "/var/lib/llmdeploy"
     # Where rendered environment files go on every node.
     etc_dir: SafePath = "/etc/llmdeploy"
@@ -302,6 +341,29 @@ class Cluster(Strict):
     _check_dirs = field_validator("base_dir", "etc_dir", "log_dir")(
         classmethod(lambda cls, v: _safe_path(v))
     )
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, src in v.items():
+            if not ENV_NAME_RE.match(k) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", src):
+                raise ValueError(f"{k!r}: {src!r} must map a variable name to an environment variable name")
+        return v
+
+    def secret_values(self) -> dict[str, str]:
+        """The secrets' values from the operator's environment (never logged)."""
+        out, missing = {}, []
+        for key, src in self.secret_env.items():
+            value = os.environ.get(src)
+            if value is None:
+                missing.append(f"secret_env.{key}: ${src} is not set in your environment")
+            elif "\n" in value:
+                missing.append(f"secret_env.{key}: ${src} must be one line")
+            else:
+                out[key] = value
+        if missing:
+            raise InventoryError(f"cluster {self.name}", missing)
+        return out
 
     @property
     def platform_info(self) -> Platform:
@@ -499,6 +561,7 @@ def _describe_loc(loc: tuple, raw_nodes: list | None) -> str:
 # Models built on their own in an inventory module report fields relative to
 # themselves; this names the cluster field they stand for.
 _TITLE_FIELD = {
+    "Budget": "budget",
     "Model": "model",
     "Image": "image",
     "Ssh": "ssh",

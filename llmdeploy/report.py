@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Iterable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -27,7 +28,7 @@ def console(json_mode: bool = False) -> Console:
 
 def _say_failure(con: Console, step: str, host: str, result: HostResult | None) -> None:
     if result is not None and result.failed:
-        con.print(f"[{STATUS_STYLE[result.status]}]{result.status}[/]: {host} ({step}): {result.msg}")
+        con.print(f"[{STATUS_STYLE[result.status]}]{result.status}[/]: {host} ({step}): {escape(result.msg)}")
 
 
 @contextmanager
@@ -49,6 +50,32 @@ def host_progress(con: Console, total_hosts: int, enabled: bool = True):
                 progress.advance(tasks[step])
             _say_failure(progress.console, step, host, result)
         yield cb
+
+
+def step_lines(con: Console, step: str, results: dict[str, HostResult], diff: bool = False) -> None:
+    """Ansible-style: the step, then one line per host that failed or changed
+    (with its diff when asked); hosts that were ok are counted on one line."""
+    con.print(f"[bold]STEP {escape(f'[{step}]')}[/]")
+    oks, skipped = [], {}
+    for host, r in results.items():
+        if r.status == OK:
+            oks.append(host)
+            continue
+        if r.status == SKIPPED:
+            skipped.setdefault(r.msg, []).append(host)
+            continue
+        con.print(f"  [{STATUS_STYLE[r.status]}]{r.status}[/]: {host}: {escape(r.msg)}")
+        d = (r.data or {}).get("diff") if isinstance(r.data, dict) else None
+        if diff and d:
+            for line in d.splitlines():
+                style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
+                con.print(f"    [{style}]{escape(line)}[/]")
+    for msg, hosts in skipped.items():
+        con.print(f"  [cyan]skipped[/]: {', '.join(hosts)}: {escape(msg)}")
+    if oks:
+        sample = results[oks[0]].msg
+        more = f" ({escape(sample)})" if sample and len({results[h].msg for h in oks}) == 1 else ""
+        con.print(f"  [green]ok[/]: {len(oks)} host{'s' if len(oks) != 1 else ''}{more}")
 
 
 def recap_table(recap: dict[str, dict[str, int]]) -> Table:

@@ -51,9 +51,14 @@ class Step:
     """
 
     name: str
-    build: Callable[[Node], str | None]
+    build: Callable[[Node], str | None] | None = None
     parse: Callable[[Node, str, str, int], HostResult] | None = None
     timeout: float | None = None
+    # A local step decides from what earlier steps read (no round trip).
+    local: Callable[[Node], HostResult] | None = None
+    # Called with every host's result once all are in, for checks that
+    # compare hosts (same image digest, same MTU); it may change results.
+    aggregate: Callable[[dict[str, HostResult]], None] | None = None
 
 
 def default_parse(node: Node, stdout: str, stderr: str, code: int) -> HostResult:
@@ -67,10 +72,12 @@ class UnreachableError(Exception):
     pass
 
 
-def _known_hosts_files(cluster: Cluster, conn: Connection) -> list[str]:
+def known_hosts_files(cluster: Cluster, ssh_config: dict) -> list[str]:
+    """Where host keys are checked: the inventory's known_hosts, else the
+    ssh_config's UserKnownHostsFile for the host, else ~/.ssh/known_hosts."""
     if cluster.ssh.known_hosts:
         return [cluster.ssh.known_hosts]
-    files = conn.ssh_config.get("userknownhostsfile")
+    files = ssh_config.get("userknownhostsfile")
     if files:
         if isinstance(files, str):
             files = files.split()
@@ -112,7 +119,7 @@ def make_connection(cluster: Cluster, node: Node) -> Connection:
     if ssh.jump_host:
         kwargs["gateway"] = Connection(ssh.jump_host, config=config.clone(), connect_kwargs=dict(connect_kwargs))
     conn = Connection(**kwargs)
-    _harden(conn, _known_hosts_files(cluster, conn))
+    _harden(conn, known_hosts_files(cluster, conn.ssh_config))
     return conn
 
 
@@ -147,6 +154,8 @@ class Runner:
         # Built in the main thread (see make_connection).
         self.connections: dict[str, Connection] = {n.name: make_connection(cluster, n) for n in self.nodes}
         self.unreachable: dict[str, str] = {}
+        # hosts left out of later steps (failed earlier), with the reason
+        self.excluded: dict[str, str] = {}
         self.recap: dict[str, dict[str, int]] = {n.name: {OK: 0, CHANGED: 0, FAILED: 0, UNREACHABLE: 0, SKIPPED: 0} for n in self.nodes}
         self.round_trips: dict[str, int] = {n.name: 0 for n in self.nodes}
         self._lock = threading.Lock()
@@ -195,11 +204,15 @@ class Runner:
         start = time.monotonic()
         if node.name in self.unreachable:
             res = HostResult(node.name, SKIPPED, msg=f"unreachable earlier: {self.unreachable[node.name]}")
+        elif node.name in self.excluded:
+            res = HostResult(node.name, SKIPPED, msg=self.excluded[node.name])
         else:
             try:
-                command = step.build(node)
-                if command is None:
-                    res = HostResult(node.name, SKIPPED, msg="nothing to do")
+                command = None if step.local else step.build(node)
+                if step.local:
+                    res = step.local(node)
+                elif command is None:
+                    res = HostResult(node.name, SKIPPED, msg="nothing to do here")
                 else:
                     out, err, code = self.exec(node, command, step.timeout)
                     res = (step.parse or default_parse)(node, out, err, code)
@@ -245,6 +258,13 @@ class Runner:
             fut.cancel()
             node = futures[fut]
             results[node.name] = HostResult(node.name, FAILED, msg=f"step deadline of {budget:g}s passed")
+        if step.aggregate:
+            try:
+                step.aggregate(results)
+            except Exception as exc:  # a bug in a comparison fails the step, visibly
+                for r in results.values():
+                    if not r.failed and r.status != SKIPPED:
+                        r.status, r.msg = FAILED, f"comparing hosts: {type(exc).__name__}: {exc}"
         for node in targets:
             r = results[node.name]
             with self._lock:

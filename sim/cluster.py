@@ -42,7 +42,9 @@ from .paths import (
 SSHD = "/usr/sbin/sshd"
 REPO = Path(__file__).resolve().parent.parent
 STANDINS_ASCEND = ["npu-smi", "hccn_tool", "lscpu", "numactl", "docker"]
-STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "docker"]
+STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "docker", "ibstat"]
+# on PATH inside simulated containers (before the host's own directories)
+CONTAINER_STANDINS = {"python3": "container-python3"}
 
 
 def _sh(*args: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
@@ -84,12 +86,30 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     os.chmod(path, mode)
 
 
-def _standin_wrapper(tool: str) -> str:
-    return (
-        "#!/bin/sh\n"
-        f"# simulated {tool}: see sim/standins\n"
-        f"PYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -m sim.standins {tool} \"$@\"\n"
-    )
+def _standin_wrapper(tool: str, keep_pythonpath: bool = False) -> str:
+    # inside containers PYTHONPATH is the container's site directory: keep it
+    # for the program and find the stand-ins through LLMDEPLOY_SIM_REPO
+    if keep_pythonpath:
+        run = f"LLMDEPLOY_SIM_REPO={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -c 'import os,sys; sys.path.insert(0, os.environ[\"LLMDEPLOY_SIM_REPO\"]); from sim.standins.__main__ import main; sys.exit(main())' {tool} \"$@\""
+    else:
+        run = f"PYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -m sim.standins {tool} \"$@\""
+    return f"#!/bin/sh\n# simulated {tool}: see sim/standins\n{run}\n"
+
+
+def write_model(model_dir: Path) -> None:
+    """A stand-in checkpoint: the files a real one has, tiny."""
+    shards = [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
+    files = {
+        "config.json": json.dumps({"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text"}) + "\n",
+        "generation_config.json": json.dumps({"do_sample": True, "temperature": 0.6}) + "\n",
+        "tokenizer.json": json.dumps({"version": "1.0", "model": {"type": "BPE"}}) + "\n",
+        "tokenizer_config.json": json.dumps({"chat_template": "{{ messages }}"}) + "\n",
+        "model.safetensors.index.json": json.dumps({"weight_map": {"lm_head.weight": shards[1], "embed.weight": shards[0]}}) + "\n",
+    }
+    for i, shard in enumerate(shards):
+        files[shard] = "\0" * (4096 * (i + 1))
+    for name, text in files.items():
+        _write(model_dir / name, text)
 
 
 def _wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen, log: Path) -> None:
@@ -175,11 +195,12 @@ def up(cluster: Cluster, echo=print) -> dict:
         tools = STANDINS_ASCEND if cluster.platform_info.vendor == "ascend" else STANDINS_NVIDIA
         for tool in tools:
             _write(bindir / tool, _standin_wrapper(tool), 0o755)
-        # a small stand-in checkpoint at the model path
-        model_dir = root / cluster.model.path.lstrip("/")
-        if cluster.model.path.startswith("/root/.cache/"):
-            model_dir.mkdir(parents=True, exist_ok=True)
-            _write(model_dir / "config.json", json.dumps({"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text"}) + "\n")
+        for name, tool in CONTAINER_STANDINS.items():
+            _write(hdir / "cbin" / name, _standin_wrapper(tool, keep_pythonpath=True), 0o755)
+        # a small stand-in checkpoint at the model (and tokenizer) path
+        for path in {cluster.model.path, cluster.model.tokenizer_path}:
+            if path.startswith("/root/.cache/"):
+                write_model(root / path.lstrip("/"))
 
         # sshd
         hostkey = hdir / "ssh_host_ed25519_key"
@@ -205,7 +226,7 @@ def up(cluster: Cluster, echo=print) -> dict:
                     "MaxSessions 200",
                     "UseDNS no",
                     "PrintMotd no",
-                    f"SetEnv PATH={path} LLMDEPLOY_SIM_HOST={node.name}",
+                    f"SetEnv PATH={path} LLMDEPLOY_SIM_HOST={node.name} LLMDEPLOY_SIM_HOSTDIR={hdir}",
                     "",
                 ]
             ),

@@ -81,6 +81,11 @@ def node_hardware(cluster: Cluster, index: int, node: Node) -> dict:
                     "ecc_uncorrected": 0,
                 }
             )
+        hw["ib_ports"] = [
+            {"ca": f"mlx5_{d}", "state": "Active", "phys": "LinkUp", "rate": 400, "lid": 100 * (index + 1) + d,
+             "guid": f"{0xb83fd20300000000 + (index << 8) + d:016x}"}
+            for d in range(plat.devices)
+        ]
         if cluster.platform in ("gb200", "gb300"):
             # Grace-Blackwell: each GPU's memory shows as a CPU-less NUMA node.
             for d in range(plat.devices):

@@ -29,3 +29,8 @@ def sim_possible() -> str | None:
 @pytest.fixture
 def invoke():
     return run_invoke
+
+
+# tests/node are the node acceptance tests that `invoke check` runs against a
+# cluster's hosts; they are collected only then (LLMDEPLOY_NODE_TESTS names the cluster).
+collect_ignore = [] if os.environ.get("LLMDEPLOY_NODE_TESTS") else ["node"]

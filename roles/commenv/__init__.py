@@ -50,6 +50,8 @@ def env_vars(cluster: Cluster, node: Node) -> dict[str, str]:
         out["DYN_DISCOVERY_BACKEND"] = "etcd"
         out["DYN_REQUEST_PLANE"] = "tcp"
         out.update(prof.worker_env)
+    # secrets last, so that no profile value can shadow them
+    out.update(cluster.secret_values())
     for key, value in out.items():
         if "\n" in value or "\r" in value:
             raise EnvValueError(f"{key}: a value must be one line")
@@ -75,13 +77,20 @@ def parse_env_file(text: str) -> dict[str, str]:
     return out
 
 
+def env_mode(cluster: Cluster) -> int:
+    """0600 when the file holds a secret, else 0644."""
+    return 0o600 if cluster.secret_env else 0o644
+
+
 def render_step(cluster: Cluster, check: bool = False, diff: bool = False):
+    secrets = list(cluster.secret_values().values())
     return put_step(
         "communication environment",
-        lambda node: (env_path(cluster, node), render(cluster, node), 0o644),
+        lambda node: (env_path(cluster, node), render(cluster, node), env_mode(cluster)),
         check=check,
         diff=diff,
+        secrets=secrets,
     )
 
 
-STEPS = {"render": render_step}
+STEPS = {"render": lambda ctx: render_step(ctx.cluster, check=ctx.check, diff=ctx.diff)}

@@ -36,6 +36,11 @@ def build(cluster: Cluster, node: Node) -> str:
         _section("addr", "ip -o -4 addr show"),
         _section("link", "ip -o link show"),
         _section("docker", "docker --version"),
+        # free space where the tool keeps releases and logs
+        _section("df_base", f"p={shlex.quote(cluster.base_dir)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -Pk \"$p\""),
+        # TCP listeners, and this cluster's serving containers (ports they hold are ours)
+        _section("listen", "ss -Htln"),
+        _section("ours", f"docker ps --filter label=llmdeploy.cluster={shlex.quote(cluster.name)} --format '{{{{.Names}}}}'"),
     ]
     plat = cluster.platform_info
     if plat.vendor == "ascend":
@@ -57,6 +62,7 @@ def build(cluster: Cluster, node: Node) -> str:
                 "ecc.errors.uncorrected.volatile.total --format=csv,noheader,nounits",
             ),
             _section("nvtopo", "nvidia-smi topo -m"),
+            _section("ibstat", "ibstat"),
         ]
     return "\n".join(parts) + "\n"
 
@@ -211,6 +217,47 @@ def parse_addrs(addr_text: str, link_text: str) -> list[dict]:
     return [n for n in nics.values() if n["name"] != "lo"]
 
 
+def parse_df(text: str) -> tuple[float | None, str | None]:
+    """``df -Pk`` → (free GiB, mount point)."""
+    lines = text.splitlines()
+    if len(lines) < 2:
+        return None, None
+    f = lines[-1].split()
+    return round(int(f[3]) / 1048576, 1), (f[5] if len(f) > 5 else None)
+
+
+def parse_listen(text: str) -> list[int]:
+    """``ss -Htln`` → the TCP ports something listens on."""
+    ports = set()
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[0] == "LISTEN":
+            port = f[3].rsplit(":", 1)[-1]
+            if port.isdigit():
+                ports.add(int(port))
+    return sorted(ports)
+
+
+def parse_ibstat(text: str) -> list[dict]:
+    """``ibstat`` → one entry per CA port: ca, port, state, phys, rate."""
+    ports: list[dict] = []
+    ca = None
+    for line in text.splitlines():
+        m = re.match(r"^CA '([^']+)'", line)
+        if m:
+            ca = m.group(1)
+            continue
+        m = re.match(r"^\s+Port (\d+):", line)
+        if m and ca:
+            ports.append({"ca": ca, "port": int(m.group(1)), "state": None, "phys": None, "rate": None})
+            continue
+        m = re.match(r"^\s+(State|Physical state|Rate):\s*(\S+)", line)
+        if m and ports and ports[-1]["ca"] == ca:
+            key = {"State": "state", "Physical state": "phys", "Rate": "rate"}[m.group(1)]
+            ports[-1][key] = int(m.group(2)) if key == "rate" and m.group(2).isdigit() else m.group(2)
+    return ports
+
+
 def parse(cluster: Cluster, node: Node, stdout: str) -> dict:
     """Facts of one node from the script's output. Missing tools show as None."""
     s = split_sections(stdout)
@@ -233,13 +280,12 @@ def parse(cluster: Cluster, node: Node, stdout: str) -> dict:
     mem = parse_meminfo(text("meminfo") or "")
     facts["mem_total_gib"] = round(mem["MemTotal"] / 1048576, 1) if "MemTotal" in mem else None
     facts["mem_available_gib"] = round(mem["MemAvailable"] / 1048576, 1) if "MemAvailable" in mem else None
-    df_lines = (text("df") or "").splitlines()
-    if len(df_lines) >= 2:
-        f = df_lines[-1].split()
-        facts["model_disk_free_gib"] = round(int(f[3]) / 1048576, 1)
-        facts["model_disk_mount"] = f[5] if len(f) > 5 else None
-    else:
-        facts["model_disk_free_gib"] = None
+    facts["mem_total_kib"] = mem.get("MemTotal")
+    facts["model_disk_free_gib"], facts["model_disk_mount"] = parse_df(text("df") or "")
+    facts["base_disk_free_gib"], facts["base_disk_mount"] = parse_df(text("df_base") or "")
+    facts["listening"] = parse_listen(text("listen") or "") if text("listen") is not None else None
+    facts["our_containers"] = (text("ours") or "").split()
+    facts["cpu_nodes"] = {str(c): n for c, n in cpu_nodes.items()}
     facts["nics"] = parse_addrs(text("addr") or "", text("link") or "")
     serving = next((n for n in facts["nics"] if n["name"] == node.nic), None)
     facts["nic"] = serving
@@ -265,8 +311,10 @@ def parse(cluster: Cluster, node: Node, stdout: str) -> dict:
             d["cpu_affinity"] = affinity.get(d["id"])
             d["numa"] = _numa_of(d["cpu_affinity"], cpu_nodes)
         facts["accelerator"] = "gpu"
+        facts["ib_ports"] = parse_ibstat(text("ibstat") or "") if text("ibstat") is not None else None
     for d in accel:
         if d.get("cpu_affinity"):
+            d["cpu_list"] = d["cpu_affinity"]
             d["cpu_affinity"] = _compact(d["cpu_affinity"])
     facts["devices"] = accel
     facts["devices_healthy"] = sum(1 for d in accel if d.get("health") == "OK")
@@ -296,6 +344,24 @@ def _compact(cpus: list[int]) -> str:
     return ",".join(ranges)
 
 
+def nic_problems(node: Node, facts: dict) -> list[str]:
+    """The serving NIC exists, is up and owns the node's IP (the seed's
+    "NIC_NAME must be the interface that owns LOCAL_IP")."""
+    nic = facts["nic"]
+    if nic is None:
+        others = [n["name"] for n in facts["nics"] if any(a.split("/")[0] == str(node.ip) for a in n["ipv4"])]
+        hint = f" ({node.ip} is on {others[0]})" if others else ""
+        return [f"NIC {node.nic} not found{hint}"]
+    out = []
+    if not nic["up"]:
+        out.append(f"NIC {node.nic} is down (state {nic['state']})")
+    if not any(a.split("/")[0] == str(node.ip) for a in nic["ipv4"]):
+        owner = next((n["name"] for n in facts["nics"] if any(a.split("/")[0] == str(node.ip) for a in n["ipv4"])), None)
+        where = f"{node.ip} is on {owner}" if owner else f"no interface has {node.ip}"
+        out.append(f"NIC {node.nic} does not own {node.ip} ({where}; it has {', '.join(nic['ipv4']) or 'no IPv4 address'})")
+    return out
+
+
 def _problems(cluster: Cluster, node: Node, facts: dict) -> list[str]:
     """What the facts say is wrong for serving; the facts task reports them."""
     out = []
@@ -304,14 +370,7 @@ def _problems(cluster: Cluster, node: Node, facts: dict) -> list[str]:
     bad = [str(d["id"]) for d in facts["devices"] if d.get("health") != "OK"]
     if bad:
         out.append(f"{facts['accelerator'].upper()} {','.join(bad)} not healthy")
-    nic = facts["nic"]
-    if nic is None:
-        out.append(f"NIC {node.nic} not found")
-    else:
-        if not nic["up"]:
-            out.append(f"NIC {node.nic} is down")
-        if not any(a.split("/")[0] == str(node.ip) for a in nic["ipv4"]):
-            out.append(f"NIC {node.nic} does not own {node.ip}")
+    out += nic_problems(node, facts)
     if facts["container_engine"] is None:
         out.append("no container engine (docker --version failed)")
     return out
@@ -327,4 +386,4 @@ def gather_step(cluster: Cluster) -> Step:
     return Step(name="facts", build=lambda node: build(cluster, node), parse=_parse)
 
 
-STEPS = {"gather": gather_step}
+STEPS = {"gather": lambda ctx: gather_step(ctx.cluster)}

@@ -1,10 +1,11 @@
 """Writing a file on a node: atomically, with its mode, and only when it changed.
 
-``put_script`` builds one shell script that stages the new content next to
-the target (base64, so no byte of it is interpreted by the shell), compares
-it with what is there (content and mode), and then replaces the file with
-``mv`` (atomic on one filesystem), or, in check mode, only reports. With
-``diff`` it prints a unified diff first.
+``put_script`` builds one shell script that carries the new content as
+base64 (so no byte of it is interpreted by the shell), compares it with what
+is there (content and mode), and then stages it next to the target and
+replaces the file with ``mv`` (atomic on one filesystem). In check mode it
+only compares and reports, writing nothing. With ``diff`` it prints a
+unified diff (and a mode change) first; secret values are masked.
 """
 
 from __future__ import annotations
@@ -25,48 +26,71 @@ def put_script(path: str, content: str, mode: int = 0o644, check: bool = False, 
     if not PATH_RE.match(path) or ".." in path.split("/"):
         raise ValueError(f"unsafe path {path!r}")
     q = shlex.quote(path)
-    b64 = base64.b64encode(content.encode()).decode()
+    b64 = shlex.quote(base64.b64encode(content.encode()).decode())
     m = f"{mode:o}"
-    lines = ["set -e", f"f={q}", 'd=$(dirname "$f")']
-    if check:
-        # check mode changes nothing, not even the directory: stage in /tmp
-        lines.append('tmp=$(mktemp "${TMPDIR:-/tmp}/.llmdeploy.XXXXXX")')
-    else:
-        # stage next to the target so that mv is a rename on one filesystem
-        lines += ['mkdir -p "$d"', 'tmp=$(mktemp "$d/.llmdeploy.XXXXXX")']
-    lines += [
-        "trap 'rm -f \"$tmp\"' EXIT",
-        f"printf %s {shlex.quote(b64)} | base64 -d > \"$tmp\"",
-        f'chmod {m} "$tmp"',
-        f'if [ -f "$f" ] && cmp -s "$tmp" "$f" && [ "$(stat -c %a "$f")" = {m} ]; then echo "{RESULT} unchanged"; exit 0; fi',
-    ]
+    lines = ["set -e", f"f={q}", 'd=$(dirname "$f")', f"new() {{ printf %s {b64} | base64 -d; }}"]
+    same = f'[ -f "$f" ] && new | cmp -s - "$f" && [ "$(stat -c %a "$f")" = {m} ]'
+    lines.append(f'if {same}; then echo "{RESULT} unchanged"; exit 0; fi')
     if diff:
-        lines.append(f'echo "{DIFF_MARK}"; diff -u --label "$f" --label "$f (new)" "$( [ -f "$f" ] && echo "$f" || echo /dev/null)" "$tmp" || true; echo "{DIFF_MARK}"')
+        old = '"$( [ -f "$f" ] && echo "$f" || echo /dev/null)"'
+        lines.append(
+            f'echo "{DIFF_MARK}"; new | diff -u --label "$f" --label "$f (new)" {old} - || true; '
+            f'[ -f "$f" ] && [ "$(stat -c %a "$f")" != {m} ] && echo "mode $(stat -c %a "$f") -> {m}"; echo "{DIFF_MARK}"'
+        )
     if check:
+        # check mode writes nothing at all, not even a temporary file
         lines.append(f'echo "{RESULT} would-change"')
     else:
-        lines.append(f'mv -f "$tmp" "$f"; trap - EXIT; echo "{RESULT} changed"')
+        # stage next to the target so that mv is a rename on one filesystem
+        lines += [
+            'mkdir -p "$d"',
+            'tmp=$(mktemp "$d/.llmdeploy.XXXXXX")',
+            "trap 'rm -f \"$tmp\"' EXIT",
+            'new > "$tmp"',
+            f'chmod {m} "$tmp"',
+            f'mv -f "$tmp" "$f"; trap - EXIT; echo "{RESULT} changed"',
+        ]
     return "\n".join(lines) + "\n"
 
 
-def parse_put(node: Node, out: str, err: str, code: int, check: bool) -> HostResult:
+def mask(text: str, secrets: list[str]) -> str:
+    """Replace every secret value in ``text`` with ***."""
+    for value in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(value, "***")
+    return text
+
+
+def parse_put(node: Node, out: str, err: str, code: int, check: bool, secrets: list[str] | None = None, path: str = "") -> HostResult:
+    secrets = secrets or []
+    out, err = mask(out, secrets), mask(err, secrets)
     m = re.findall(rf"^{re.escape(RESULT)} (\S+)$", out, re.M)
     diff_text = ""
     parts = out.split(DIFF_MARK)
     if len(parts) >= 3:
         diff_text = parts[1].strip("\n")
     if code != 0 or not m:
-        return HostResult(node.name, FAILED, msg=(err.strip() or out.strip() or f"exit {code}").splitlines()[-1], exit_code=code)
+        return HostResult(node.name, FAILED, msg=(err.strip() or out.strip() or f"exit {code}").splitlines()[-1], exit_code=code, stdout=out, stderr=err)
     state = m[-1]
     if state == "unchanged":
-        return HostResult(node.name, OK, msg="unchanged", data={"diff": ""})
-    return HostResult(node.name, CHANGED, msg="would change" if check else "changed", data={"diff": diff_text})
+        return HostResult(node.name, OK, msg=f"{path} unchanged".strip(), data={"diff": ""}, stdout=out, stderr=err)
+    verb = "would change" if check else "written"
+    return HostResult(node.name, CHANGED, msg=f"{path} {verb}".strip(), data={"diff": diff_text}, stdout=out, stderr=err)
 
 
-def put_step(name: str, spec: Callable[[Node], tuple[str, str, int]], check: bool = False, diff: bool = False):
-    """A runner Step writing ``spec(node) -> (path, content, mode)`` on each node."""
+def put_step(
+    name: str,
+    spec: Callable[[Node], tuple[str, str, int]],
+    check: bool = False,
+    diff: bool = False,
+    secrets: list[str] | None = None,
+):
+    """A runner Step writing ``spec(node) -> (path, content, mode)`` on each node.
+    ``secrets`` are values masked as *** in the diff and in the kept output."""
     def build(node: Node) -> str:
         path, content, mode = spec(node)
         return put_script(path, content, mode, check=check, diff=diff)
 
-    return Step(name=name, build=build, parse=lambda node, out, err, code: parse_put(node, out, err, code, check))
+    def parse(node: Node, out: str, err: str, code: int) -> HostResult:
+        return parse_put(node, out, err, code, check, secrets, path=spec(node)[0])
+
+    return Step(name=name, build=build, parse=parse)

@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+from . import docker as docker_sim
+
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
 
 
@@ -206,16 +208,23 @@ def numactl(argv: list[str]) -> int:
     return _fail("usage: numactl [--hardware] [-m nodes] command", 1)
 
 
-# --- docker (the parts the facts need; later steps add the rest) ----------------------------
-def docker(argv: list[str]) -> int:
+# --- ibstat ------------------------------------------------------------------------------
+def ibstat(argv: list[str]) -> int:
     hw = _hw()
-    if argv == ["--version"]:
-        print(f"Docker version {hw['docker_version']}, build sim0000")
-        return 0
-    if argv[:1] == ["version"] and "--format" in argv:
-        print(hw["docker_version"])
-        return 0
-    return _fail(f"docker: '{' '.join(argv[:1])}' is not a docker command (simulated).", 1)
+    ports = hw.get("ib_ports") or []
+    if not ports:
+        return _fail("ibpanic: [12] main: stat of IB device 'mthca0' failed: No such file or directory", 255)
+    for p in ports:
+        if argv and argv[0] != p["ca"]:
+            continue
+        print(f"CA '{p['ca']}'")
+        print("\tCA type: MT4129\n\tNumber of ports: 1\n\tFirmware version: 28.43.1014\n\tHardware version: 0")
+        print(f"\tNode GUID: 0x{p['guid']}\n\tSystem image GUID: 0x{p['guid']}")
+        print("\tPort 1:")
+        print(f"\t\tState: {p['state']}\n\t\tPhysical state: {p['phys']}\n\t\tRate: {p['rate']}")
+        print(f"\t\tBase lid: {p['lid']}\n\t\tLMC: 0\n\t\tSM lid: 1\n\t\tCapability mask: 0xa751e848")
+        print(f"\t\tPort GUID: 0x{p['guid']}\n\t\tLink layer: InfiniBand")
+    return 0
 
 
 TOOLS = {
@@ -224,7 +233,11 @@ TOOLS = {
     "nvidia-smi": nvidia_smi,
     "lscpu": lscpu,
     "numactl": numactl,
-    "docker": docker,
+    "docker": docker_sim.docker,
+    "ibstat": ibstat,
+    # inside simulated containers
+    "container-python3": docker_sim.container_python,
+    "container-init": docker_sim.container_init,
 }
 
 

@@ -119,7 +119,36 @@ def test_parse_marks_problems():
         ]
     )
     f = facts.parse(c, node, out)
-    assert "NIC enp189s0f0 is down" in f["problems"]
-    assert "NIC enp189s0f0 does not own 192.0.2.10" in f["problems"]
+    assert "NIC enp189s0f0 is down (state DOWN)" in f["problems"]
+    assert "NIC enp189s0f0 does not own 192.0.2.10 (no interface has 192.0.2.10; it has 192.0.2.99/24)" in f["problems"]
     assert "no container engine (docker --version failed)" in f["problems"]
     assert "0 of 16 NPUs visible" in f["problems"]
+
+
+def test_nic_problem_names_the_interface_that_owns_the_ip():
+    c = load_cluster("a3")
+    node = c.nodes[0]
+    out = "\n".join(
+        [
+            f"{facts.MARK} hostname", "a3-node-0", f"{facts.MARK}rc 0",
+            f"{facts.MARK} addr", "3: enp189s0f0    inet 192.0.2.99/24 scope global enp189s0f0",
+            "4: eth7    inet 192.0.2.10/24 scope global eth7", f"{facts.MARK}rc 0",
+            f"{facts.MARK} link", "3: enp189s0f0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000 qdisc mq state UP mode DEFAULT",
+            "4: eth7: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc mq state UP mode DEFAULT", f"{facts.MARK}rc 0",
+        ]
+    )
+    f = facts.parse(c, node, out)
+    assert facts.nic_problems(node, f) == ["NIC enp189s0f0 does not own 192.0.2.10 (192.0.2.10 is on eth7; it has 192.0.2.99/24)"]
+
+
+def test_parse_ibstat_listen_df():
+    ib = facts.parse_ibstat(
+        "CA 'mlx5_0'\n\tCA type: MT4129\n\tPort 1:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 400\n"
+        "CA 'mlx5_1'\n\tPort 1:\n\t\tState: Down\n\t\tPhysical state: Polling\n\t\tRate: 10\n"
+    )
+    assert ib == [
+        {"ca": "mlx5_0", "port": 1, "state": "Active", "phys": "LinkUp", "rate": 400},
+        {"ca": "mlx5_1", "port": 1, "state": "Down", "phys": "Polling", "rate": 10},
+    ]
+    assert facts.parse_listen("LISTEN 0 128 0.0.0.0:22 0.0.0.0:*\nLISTEN 0 4096 [::]:8000 [::]:*\n") == [22, 8000]
+    assert facts.parse_df("Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/sda1 100 50 2097152 50% /var\n") == (2.0, "/var")

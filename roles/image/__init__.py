@@ -1,0 +1,89 @@
+"""The container image: pulled from the registry, or ``docker load``-ed from
+a tarball on each node for clusters without registry access. Afterwards the
+image ID must be the same on every node; a node with another one fails and is
+named. The image ID (the config digest) is what is compared: it is the same
+for a pulled and a loaded copy of one image, where RepoDigests is not (a
+loaded image has none)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
+from roles import fail_odd_ones, hosts_text
+
+MARK = "@@llmdeploy-image@@"
+INSPECT = "{{.Id}} {{json .RepoDigests}}"
+
+
+def build(cluster: Cluster, check: bool = False) -> str:
+    ref = shlex.quote(cluster.image.ref)
+    tar = cluster.image.tarball
+    lines = [
+        f"ref={ref}",
+        f"inspect() {{ docker image inspect --format {shlex.quote(INSPECT)} \"$ref\" 2>/dev/null; }}",
+        'cur=$(inspect) || cur=""',
+        f'if [ -n "$cur" ]; then echo "{MARK} present $cur"; exit 0; fi',
+    ]
+    if tar:
+        qt = shlex.quote(tar)
+        lines.append(f'[ -f {qt} ] || {{ echo "image $ref is not here and its tarball {tar} is missing" >&2; exit 3; }}')
+    if check:
+        lines.append(f'echo "{MARK} {"would-load" if tar else "would-pull"}"')
+        return "\n".join(lines) + "\n"
+    if tar:
+        lines.append(f"docker load -i {shlex.quote(tar)} >&2 || exit $?")
+        lines.append(f'cur=$(inspect) || {{ echo "after docker load -i {tar}, image $ref is still missing: the archive holds another image" >&2; exit 4; }}')
+        lines.append(f'echo "{MARK} loaded $cur"')
+    else:
+        lines.append('docker pull "$ref" >&2 || exit $?')
+        lines.append('cur=$(inspect) || { echo "docker pull succeeded but $ref is not there" >&2; exit 4; }')
+        lines.append(f'echo "{MARK} pulled $cur"')
+    return "\n".join(lines) + "\n"
+
+
+def parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostResult:
+    m = re.search(rf"^{re.escape(MARK)} (\S+)(?: (sha256:[0-9a-f]+) (.*))?$", out, re.M)
+    if code != 0 or not m:
+        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+        return HostResult(node.name, FAILED, msg=f"image {cluster.image.ref}: {lines[-1] if lines else f'exit {code}'}")
+    state, image_id = m.group(1), m.group(2)
+    try:
+        digests = json.loads(m.group(3)) if m.group(3) else []
+    except ValueError:
+        digests = []
+    data = {"ref": cluster.image.ref, "id": image_id, "repo_digests": digests or [], "state": state}
+    if state == "present":
+        return HostResult(node.name, OK, msg=f"present {image_id[:19]}", data=data)
+    if state.startswith("would-"):
+        return HostResult(node.name, CHANGED, msg=f"would {state[6:]} {cluster.image.ref}", data=data)
+    return HostResult(node.name, CHANGED, msg=f"{state} {image_id[:19]}", data=data)
+
+
+def ensure_step(ctx) -> Step:
+    cluster = ctx.cluster
+
+    def same_id(results):
+        fail_odd_ones(
+            results,
+            key=lambda r: (r.data or {}).get("id"),
+            describe=lambda h, mine, ref, agreeing: (
+                f"image {cluster.image.ref} is {mine} here but {ref} on {hosts_text(agreeing)}: another build "
+                f"(remove it here with docker rmi and prepare again, or fix this node's registry mirror)"
+            ),
+        )
+
+    # pulls of a multi-GB image take long: a generous deadline of their own
+    return Step(
+        name="image",
+        build=lambda node: build(cluster, ctx.check),
+        parse=lambda node, out, err, code: parse(cluster, node, out, err, code),
+        aggregate=same_id,
+        timeout=max(cluster.ssh.command_timeout, 3600.0),
+    )
+
+
+STEPS = {"ensure": ensure_step}

@@ -1,0 +1,59 @@
+"""NIC checks from the facts (no round trip of their own): the serving NIC
+exists, is up and owns the node's IP; its MTU agrees across nodes; on NVIDIA,
+every InfiniBand port is Active/LinkUp at the expected rate."""
+
+from __future__ import annotations
+
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.runner import FAILED, OK, HostResult, Step
+from roles import fail_odd_ones, from_facts, hosts_text
+from roles.facts import nic_problems
+
+
+def ib_problems(cluster: Cluster, facts: dict) -> list[str]:
+    if cluster.platform_info.vendor != "nvidia" or cluster.ib_rate is None:
+        return []
+    ports = facts.get("ib_ports")
+    if ports is None:
+        return ["ibstat failed or is not installed (install infiniband-diags, or set ib_rate=None for clusters without InfiniBand)"]
+    if not ports:
+        return ["ibstat shows no InfiniBand port"]
+    out = []
+    for p in ports:
+        bad = []
+        if p["state"] != "Active":
+            bad.append(f"State {p['state']}")
+        if p["phys"] != "LinkUp":
+            bad.append(f"Physical state {p['phys']}")
+        if p["rate"] != cluster.ib_rate:
+            bad.append(f"Rate {p['rate']} (expected {cluster.ib_rate})")
+        if bad:
+            out.append(f"IB {p['ca']} port {p['port']}: {', '.join(bad)}")
+    return out
+
+
+def check(node: Node, facts: dict, cluster: Cluster) -> HostResult:
+    problems = nic_problems(node, facts) + ib_problems(cluster, facts)
+    nic = facts.get("nic") or {}
+    data = {"nic": node.nic, "mtu": nic.get("mtu"), "problems": problems}
+    if problems:
+        return HostResult(node.name, FAILED, msg="; ".join(problems), data=data)
+    ib = facts.get("ib_ports") or []
+    extra = f", {len(ib)} IB ports Active at {cluster.ib_rate}" if ib and cluster.ib_rate else ""
+    return HostResult(node.name, OK, msg=f"{node.nic} up, owns {node.ip}, MTU {nic.get('mtu')}{extra}", data=data)
+
+
+def check_step(ctx) -> Step:
+    cluster = ctx.cluster
+
+    def same_mtu(results):
+        fail_odd_ones(
+            results,
+            key=lambda r: (r.data or {}).get("mtu"),
+            describe=lambda h, mine, ref, agreeing: f"MTU {mine} on {cluster.node(h).nic}, but {ref} on {hosts_text(agreeing)}: the MTU must agree across nodes",
+        )
+
+    return Step(name="nic", local=from_facts(lambda n, f: check(n, f, cluster), ctx), aggregate=same_mtu)
+
+
+STEPS = {"check": check_step}

@@ -1,0 +1,77 @@
+"""NUMA binding: computed per node from its topology (the facts read
+``lscpu -e=CPU,NODE``, ``numactl -H``, ``npu-smi info -t topo`` /
+``nvidia-smi topo -m``), recorded for the start step, refused where the
+profile asks for a binding the node cannot give.
+
+- vllm-ascend ``enable_cpu_binding`` (additional_config) needs at least 5
+  CPUs per NPU and a CPU affinity for every NPU; A3 slices CPUs globally,
+  A2 follows the topology affinity (vllm-ascend cpu_binding.md).
+- Dynamo on Grace-Blackwell: ``numactl -m 0,1`` before ``trtllm-llmapi-launch``
+  only where CPU NUMA nodes 0 and 1 exist and GPU memory shows as CPU-less
+  NUMA nodes (the seed's layout), or as the inventory demands.
+"""
+
+from __future__ import annotations
+
+from llmdeploy.inventory import Cluster, DynamoProfile, Node, VllmAscendProfile
+from llmdeploy.runner import FAILED, OK, HostResult, Step
+from roles import from_facts
+
+MIN_CPUS_PER_NPU = 5
+
+
+def plan(cluster: Cluster, node: Node, facts: dict) -> tuple[dict, list[str]]:
+    """(binding to record, problems). Pure: facts in, decision out."""
+    prof = cluster.profile
+    numa = facts.get("numa") or []
+    cpu_nodes = sorted({int(n) for n in (facts.get("cpu_nodes") or {}).values()})
+    cpus = facts.get("cpus") or 0
+    if isinstance(prof, VllmAscendProfile):
+        wanted = bool((prof.additional_config or {}).get("enable_cpu_binding"))
+        if not wanted:
+            return {"kind": "none", "reason": "enable_cpu_binding is off"}, []
+        devices = node.devices or 1
+        per = cpus // devices
+        problems = []
+        if per < MIN_CPUS_PER_NPU:
+            problems.append(
+                f"enable_cpu_binding needs >= {MIN_CPUS_PER_NPU} CPUs per NPU: {cpus} CPUs for {devices} NPUs is {per} "
+                "(vllm-ascend would log 'Insufficient CPUs for binding'; set additional_config.enable_cpu_binding=False)"
+            )
+        missing = [str(d["id"]) for d in facts.get("devices", []) if not d.get("cpu_affinity")]
+        if cluster.platform == "a2" and missing:
+            problems.append(f"NPU topo affinity not found for NPU {','.join(missing)} (npu-smi info -t topo)")
+        mode = "global-slice" if cluster.platform == "a3" else "topo-affinity"
+        return {"kind": "vllm-ascend-cpu-binding", "mode": mode, "cpus_per_npu": per, "numa_nodes": cpu_nodes}, problems
+    if isinstance(prof, DynamoProfile):
+        gpu_mem_nodes = sorted(n["id"] for n in numa if not n.get("cpus"))
+        gb_layout = cpu_nodes[:2] == [0, 1] and bool(gpu_mem_nodes)
+        if prof.numa_membind == "off":
+            return {"kind": "none", "reason": "numa_membind is off"}, []
+        if prof.numa_membind == "auto":
+            if gb_layout:
+                return {"kind": "numactl", "prefix": "numactl -m 0,1", "cpu_nodes": cpu_nodes, "gpu_memory_nodes": gpu_mem_nodes}, []
+            return {"kind": "none", "reason": f"not the Grace-Blackwell layout (CPU NUMA nodes {cpu_nodes}, CPU-less nodes {gpu_mem_nodes})"}, []
+        want = [int(x) for x in prof.numa_membind.split(",")]
+        have = {n["id"]: n for n in numa}
+        lacking = [str(x) for x in want if x not in have or not have[x].get("size_mb")]
+        if lacking:
+            return {}, [f"profile.numa_membind {prof.numa_membind}: NUMA node {','.join(lacking)} does not exist or has no memory here (numactl -H shows {sorted(have)})"]
+        return {"kind": "numactl", "prefix": f"numactl -m {prof.numa_membind}", "cpu_nodes": cpu_nodes, "gpu_memory_nodes": gpu_mem_nodes}, []
+    return {"kind": "none", "reason": "the profile asks for no binding"}, []
+
+
+def plan_step(ctx) -> Step:
+    cluster = ctx.cluster
+
+    def body(node: Node, facts: dict) -> HostResult:
+        binding, problems = plan(cluster, node, facts)
+        if problems:
+            return HostResult(node.name, FAILED, msg="; ".join(problems), data=binding)
+        desc = binding.get("prefix") or (f"{binding['kind']} ({binding.get('mode')}, {binding.get('cpus_per_npu')} CPUs/NPU)" if binding["kind"] != "none" else f"none: {binding['reason']}")
+        return HostResult(node.name, OK, msg=desc, data=binding)
+
+    return Step(name="numa", local=from_facts(body, ctx))
+
+
+STEPS = {"plan": plan_step}

@@ -1,0 +1,53 @@
+"""What prepare decided for each node, written on the node for the start step
+and for ``invoke check``: the image ID and the image to run, the NUMA
+binding, the environment file, the NIC. Deterministic content (no time
+stamps), so an unchanged cluster is an unchanged file."""
+
+from __future__ import annotations
+
+import json
+
+from llmdeploy.inventory import Cluster, Node
+from roles import commenv, wheels
+from roles.files import put_step
+
+
+def prepared_path(cluster: Cluster) -> str:
+    return f"{cluster.base_dir}/{cluster.name}/prepared.json"
+
+
+def content(cluster: Cluster, node: Node, image: dict | None, binding: dict | None) -> str:
+    doc = {
+        "cluster": cluster.name,
+        "node": node.name,
+        "role": cluster.role_of(node),
+        "start_rank": node.start_rank,
+        "image": {
+            "ref": cluster.image.ref,
+            "id": (image or {}).get("id"),
+            "serving_ref": wheels.serving_ref(cluster),
+        },
+        "binding": binding or {},
+        "env_file": commenv.env_path(cluster, node),
+        "env_mode": f"{commenv.env_mode(cluster):o}",
+        "nic": node.nic,
+        "ip": str(node.ip),
+    }
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def write_step(ctx):
+    cluster = ctx.cluster
+    return put_step(
+        "record",
+        lambda node: (
+            prepared_path(cluster),
+            content(cluster, node, ctx.data("image", node.name), ctx.data("numa", node.name)),
+            0o644,
+        ),
+        check=ctx.check,
+        diff=ctx.diff,
+    )
+
+
+STEPS = {"write": write_step}

@@ -1,0 +1,120 @@
+"""Pinned wheels in the image (the Dynamo profile's ai-dynamo and
+ai-dynamo-runtime): installed once into a derived image on each node with
+``docker run ... pip install`` + ``docker commit``, then verified the way the
+seed does, with ``importlib.metadata`` inside the image. The derived image is
+what the start step runs. Profiles without wheels skip this step."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+
+from llmdeploy.inventory import Cluster, DynamoProfile, Node
+from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
+
+MARK = "@@llmdeploy-wheels@@"
+CONTAINER_WHEELS = "/wheels"
+
+
+def pins(cluster: Cluster) -> dict[str, str]:
+    prof = cluster.profile
+    if not isinstance(prof, DynamoProfile):
+        return {}
+    return dict(w.split("==", 1) for w in prof.wheels)
+
+
+def derived_ref(cluster: Cluster) -> str:
+    """The image with the wheels installed: named for the cluster, the base tag and the pins."""
+    base = cluster.image.ref
+    h = hashlib.sha256(json.dumps([base, sorted(pins(cluster).items())]).encode()).hexdigest()[:10]
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "-", base.rsplit(":", 1)[-1] if ":" in base.rsplit("/", 1)[-1] else "latest")[:80]
+    return f"llmdeploy/{cluster.name}:{tag}-wheels-{h}"
+
+
+def serving_ref(cluster: Cluster) -> str:
+    return derived_ref(cluster) if pins(cluster) else cluster.image.ref
+
+
+def _verify_py(want: dict[str, str]) -> str:
+    # the seed's check, plus tensorrt-llm's version for the record
+    names = list(want) + ["tensorrt-llm"]
+    return (
+        "import importlib.metadata as m, json, sys\n"
+        "out = {}\n"
+        f"for p in {names!r}:\n"
+        "    try:\n        out[p] = m.version(p)\n"
+        "    except m.PackageNotFoundError:\n        out[p] = None\n"
+        f"print({MARK!r}, 'versions', json.dumps(out))\n"
+        f"sys.exit(0 if all(out[k] == v for k, v in {want!r}.items()) else 1)\n"
+    )
+
+
+def build(cluster: Cluster, check: bool = False) -> str | None:
+    want = pins(cluster)
+    if not want:
+        return None  # the profile pins no wheels: the runner skips the host
+    prof = cluster.profile
+    tag = shlex.quote(derived_ref(cluster))
+    name = shlex.quote(f"llmdeploy-wheels-{cluster.name}")
+    if prof.wheel_dir:
+        src = ["--no-index", "--find-links", CONTAINER_WHEELS]
+        mount = f"-v {shlex.quote(prof.wheel_dir)}:{CONTAINER_WHEELS}:ro "
+    else:
+        src = ["--index-url", prof.wheel_index_url]
+        for url in prof.wheel_extra_index_urls:
+            src += ["--extra-index-url", url]
+        mount = ""
+    pip = " ".join(shlex.quote(a) for a in ["python3", "-m", "pip", "install", "--pre", "--no-cache-dir", *src, *prof.wheels])
+    lines = [
+        f"tag={tag}",
+        f"verify() {{ docker run --rm \"$1\" python3 -c {shlex.quote(_verify_py(want))}; }}",
+        f'if docker image inspect "$tag" >/dev/null 2>&1 && verify "$tag"; then echo "{MARK} state present"; exit 0; fi',
+    ]
+    if prof.wheel_dir:
+        lines.append(f'[ -d {shlex.quote(prof.wheel_dir)} ] || {{ echo "wheel directory {prof.wheel_dir} is missing" >&2; exit 3; }}')
+    if check:
+        lines.append(f'echo "{MARK} state would-install"')
+        return "\n".join(lines) + "\n"
+    lines += [
+        f"docker rm -f {name} >/dev/null 2>&1",
+        f"docker run --name {name} {mount}{shlex.quote(cluster.image.ref)} {pip} >&2 || {{ rc=$?; docker rm -f {name} >/dev/null 2>&1; exit $rc; }}",
+        f'docker commit {name} "$tag" >/dev/null && docker rm {name} >/dev/null || exit $?',
+        f'echo "{MARK} state installed"',
+        'verify "$tag" || { echo "installed, but the versions in $tag are not the pinned ones" >&2; exit 5; }',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostResult:
+    want = pins(cluster)
+    states = re.findall(rf"^{re.escape(MARK)} state (\S+)$", out, re.M)
+    vm = re.findall(rf"^{re.escape(MARK)} versions (.*)$", out, re.M)
+    versions = json.loads(vm[-1]) if vm else {}
+    data = {"image": derived_ref(cluster), "versions": versions, "pins": want}
+    if code != 0 or not states:
+        wrong = [f"{k} is {versions.get(k)} (pinned {v})" for k, v in want.items() if vm and versions.get(k) != v]
+        lines = [ln for ln in err.strip().splitlines() if ln.strip() and not ln.startswith("WARNING")]
+        reason = "; ".join(wrong) or (lines[-1] if lines else f"exit {code}")
+        return HostResult(node.name, FAILED, msg=f"wheels: {reason}", data=data)
+    state = states[-1]
+    shown = ", ".join(f"{k}=={versions.get(k, v)}" for k, v in want.items())
+    if state == "present":
+        return HostResult(node.name, OK, msg=f"{shown} in {data['image']}", data=data)
+    if state == "would-install":
+        return HostResult(node.name, CHANGED, msg=f"would install {', '.join(f'{k}=={v}' for k, v in want.items())}", data=data)
+    return HostResult(node.name, CHANGED, msg=f"installed {shown} into {data['image']}", data=data)
+
+
+def install_step(ctx) -> Step:
+    cluster = ctx.cluster
+    return Step(
+        name="wheels",
+        build=lambda node: build(cluster, ctx.check),
+        parse=lambda node, out, err, code: parse(cluster, node, out, err, code),
+        timeout=max(cluster.ssh.command_timeout, 1800.0),
+    )
+
+
+STEPS = {"install": install_step}
