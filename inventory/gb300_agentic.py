@@ -6,7 +6,7 @@ An operator replaces: the node name and IP (documentation address), the NIC
 and the model directory (the exact V2 checkpoint).
 """
 
-from llmdeploy.inventory import Cluster, Model, Node
+from llmdeploy.inventory import Budget, Cluster, Model, Node
 from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300_1p1d, image
 
 cluster = Cluster(
@@ -16,5 +16,8 @@ cluster = Cluster(
     nodes=[Node(name="gb300-node-0", ip="198.51.100.70")],  # REPLACE
     model=Model(path="/models/Qwen3.5-397B-A17B-NVFP4-V2"),  # REPLACE
     image=image(IMAGE_DYNAMO),
+    # host memory: 3 ranks x 128 GiB host KV cache (from the profile), plus the
+    # ~208 GiB NVFP4 checkpoint staged while loading, plus the OS margin
+    budget=Budget(weights_host_gib=208),
     profile=dynamo_gb300_1p1d(node="gb300-node-0"),
 )

@@ -1,6 +1,6 @@
 """The simulated twin of gb300_agentic.py: one 4-GPU GB300 host, Dynamo 1P1D."""
 
-from llmdeploy.inventory import Cluster, Model
+from llmdeploy.inventory import Budget, Cluster, Model
 from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300_1p1d, image
 from sim.paths import sim_nodes, sim_ssh
 
@@ -12,5 +12,8 @@ cluster = Cluster(
     nodes=sim_nodes("sim-gb300-", 1, "198.19.30.10"),
     model=Model(path="/root/.cache/models/Qwen3.5-397B-A17B-NVFP4-V2"),
     image=image(IMAGE_DYNAMO),
+    # host memory: 3 ranks x 128 GiB host KV cache (from the profile), plus the
+    # ~208 GiB NVFP4 checkpoint staged while loading, plus the OS margin
+    budget=Budget(weights_host_gib=208),
     profile=dynamo_gb300_1p1d(node="sim-gb300-0"),
 )

@@ -1,0 +1,28 @@
+"""invoke prepare on the simulated 8-node A2 cluster, node 5 with its own NIC name."""
+
+import json
+
+from sim.paths import host_dir
+from tests.conftest import run_invoke
+
+SIM_CLUSTER = "sim-a2"
+
+
+def test_prepare_a2_each_node_gets_its_own_ip_and_nic(sim_cluster):
+    res = run_invoke("prepare", "--cluster", SIM_CLUSTER)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "24 changed" in res.stdout and "FAILED" not in res.stdout
+    for i in range(8):
+        root = host_dir(SIM_CLUSTER, f"sim-a2-{i}") / "root"
+        env = (root / "etc/llmdeploy/sim-a2.env").read_text()
+        nic = "enp61s0f1" if i == 5 else "enp189s0f0"
+        for key in ("HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
+            assert f"{key}={nic}\n" in env
+        assert f"HCCL_IF_IP=198.19.2.{10 + i}\n" in env
+        rec = json.loads((root / "var/lib/llmdeploy/sim-a2/prepared.json").read_text())
+        assert rec["start_rank"] == i and rec["binding"]["mode"] == "topo-affinity"
+    res = run_invoke("prepare", "--cluster", SIM_CLUSTER, "--json", "--no-check")
+    doc = json.loads(res.stdout)
+    assert res.returncode == 0 and doc["changed"] == 0
+    # one read round trip and four steps with a remote command per node, whatever the node count
+    assert set(doc["round_trips"].values()) == {5}
