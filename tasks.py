@@ -98,9 +98,9 @@ def sim_status(c):
 @task(help={"cluster": "simulated cluster to run the demo on"})
 @_guard
 def demo(c, cluster="sim-a3"):
-    """The main job on the built-in simulated cluster: bring it up, then gather facts."""
+    """The main job on the built-in simulated cluster: bring it up, then prepare it (and check it)."""
     code = app.sim_up(cluster)
-    return code or app.facts(cluster)
+    return code or app.prepare(cluster)
 
 
 sim = Collection("sim")
