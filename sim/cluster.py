@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 STANDINS_ASCEND = ["npu-smi", "hccn_tool", "lscpu", "numactl", "docker"]
 STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "docker", "ibstat"]
 # on PATH inside simulated containers (before the host's own directories)
-CONTAINER_STANDINS = {"python3": "container-python3"}
+CONTAINER_STANDINS = {"python3": "container-python3", "vllm": "vllm"}
 
 
 def _sh(*args: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:

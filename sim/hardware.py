@@ -49,6 +49,7 @@ def node_hardware(cluster: Cluster, index: int, node: Node) -> dict:
     }
     octet3 = 100 + (index % 150)
     if plat.vendor == "ascend":
+        hw["devices"] = [f"/dev/davinci{d}" for d in range(plat.devices)] + ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
         chips = shape["chips_per_npu"]
         for d in range(plat.devices):
             hw["npus"].append(

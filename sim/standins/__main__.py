@@ -12,6 +12,7 @@ import os
 import sys
 
 from . import docker as docker_sim
+from . import vllm as vllm_sim
 
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
 
@@ -238,6 +239,7 @@ TOOLS = {
     # inside simulated containers
     "container-python3": docker_sim.container_python,
     "container-init": docker_sim.container_init,
+    "vllm": vllm_sim.main,
 }
 
 

@@ -439,15 +439,13 @@ def run(argv: list[str]) -> int:
     img = find_image(r["image"])
     if img is None:
         return _err(f"Unable to find image '{_normalize(r['image'])}' locally\ndocker: Error response from daemon: pull access denied for {_repo(r['image'])}, repository does not exist or may require 'docker login'.", 125)
+    # device nodes: the simulated host's own list (node.json "devices"), since
+    # /dev is this machine's; bind-mount sources are recorded, not checked
+    devices = _node().get("devices")
     for dev in r["opts"].get("--device", []):
         src = dev.split(":", 1)[0]
-        if not os.path.exists(src):
+        if (src not in devices) if devices is not None else not os.path.exists(src):
             return _err(f'docker: Error response from daemon: error gathering device information while adding custom device "{src}": no such file or directory.', 125)
-    for vol in r["opts"].get("-v", []):
-        src = vol.split(":", 1)[0]
-        if src.startswith("/") and not os.path.exists(src):
-            # like docker, a missing bind source directory is created
-            os.makedirs(src, exist_ok=True)
     name = (r["opts"].get("--name") or [f"sim_{_sha(str(time.time_ns()))[:8]}"])[-1]
     existing = _find_container(name)
     if existing is not None:

@@ -1,0 +1,129 @@
+"""What serving runs on each node, as pure builders: the ``vllm serve``
+command of seed 001 (node 0, and headless workers with their start rank and
+node 0's address) and the container start command (the seed's ``docker run``
+devices and mounts), detached and named for the cluster and release.
+Values come from the inventory; nothing here opens a connection."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from llmdeploy.errors import LlmdeployError
+from llmdeploy.inventory import Cluster, Node, VllmAscendProfile
+
+# seed 001, "Docker Image Installation": every node gets these
+ASCEND_CONTROL_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
+ASCEND_MOUNTS = [
+    "/usr/local/dcmi:/usr/local/dcmi",
+    "/usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool",
+    "/usr/local/bin/npu-smi:/usr/local/bin/npu-smi",
+    "/usr/local/Ascend/driver/lib64/:/usr/local/Ascend/driver/lib64/",
+    "/usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info",
+    "/etc/ascend_install.info:/etc/ascend_install.info",
+]
+LABEL = "llmdeploy"
+
+
+def _json_arg(value: dict) -> str:
+    # the seed's spelling: compact JSON, true/false
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _profile(cluster: Cluster) -> VllmAscendProfile:
+    if not isinstance(cluster.profile, VllmAscendProfile):
+        raise LlmdeployError(
+            f"{cluster.name}: deploy starts vllm-ascend profiles (seed 001); starting {cluster.profile.kind} is not built yet"
+        )
+    return cluster.profile
+
+
+def vllm_args(cluster: Cluster, node: Node) -> list[str]:
+    """``vllm serve`` and its flags, in the seed's order."""
+    prof = _profile(cluster)
+    worker = node.name != cluster.node0.name
+    args = ["vllm", "serve", cluster.model.path]
+    if worker:
+        args.append("--headless")
+    args += ["--host", prof.host, "--port", str(prof.port), "--served-model-name", prof.served_model_name]
+    args += ["--tokenizer", cluster.model.tokenizer_path]
+    if prof.trust_remote_code:
+        args.append("--trust-remote-code")
+    if prof.quantization:
+        args += ["--quantization", prof.quantization]
+    if prof.safetensors_load_strategy:
+        args += ["--safetensors-load-strategy", prof.safetensors_load_strategy]
+    args += [
+        "--tensor-parallel-size", str(prof.tp),
+        "--data-parallel-size", str(prof.dp),
+        "--data-parallel-size-local", str(prof.dp_local),
+    ]
+    if worker:
+        args += ["--data-parallel-start-rank", str(node.start_rank)]
+    # node 0's own IP on node 0, node 0's IP on the workers: always node 0
+    args += ["--data-parallel-address", str(cluster.node0.ip), "--data-parallel-rpc-port", str(prof.rpc_port)]
+    if prof.enable_prefix_caching:
+        args.append("--enable-prefix-caching")
+    if prof.enable_expert_parallel:
+        args.append("--enable-expert-parallel")
+    args += [
+        "--max-model-len", str(prof.max_model_len),
+        "--max-num-seqs", str(prof.max_num_seqs),
+        "--max-num-batched-tokens", str(prof.max_num_batched_tokens),
+        "--gpu-memory-utilization", f"{prof.gpu_memory_utilization:g}",
+    ]
+    for flag, value in (
+        ("--speculative-config", prof.speculative_config),
+        ("--compilation-config", prof.compilation_config),
+        ("--additional-config", prof.additional_config),
+    ):
+        if value is not None:
+            args += [flag, _json_arg(value)]
+    return args
+
+
+def serve_command(cluster: Cluster, node: Node) -> str:
+    return shlex.join(vllm_args(cluster, node))
+
+
+def container_name(cluster: Cluster, release: str) -> str:
+    return f"{cluster.name}-{release}"
+
+
+def cache_mount(cluster: Cluster) -> str:
+    """The seed mounts /root/.cache; a model elsewhere gets its own directory mounted too."""
+    return "/root/.cache:/root/.cache"
+
+
+def docker_run_args(cluster: Cluster, node: Node, release: str, env_file: str, image: str, binding_args: list[str] | None = None) -> list[str]:
+    """The seed's ``docker run``, detached, named for the cluster and release,
+    with the release's environment file. Logs are kept: no ``--rm``."""
+    _profile(cluster)
+    args = [
+        "docker", "run", "-d",
+        "--name", container_name(cluster, release),
+        "--label", f"{LABEL}.cluster={cluster.name}",
+        "--label", f"{LABEL}.release={release}",
+        "--label", f"{LABEL}.role={cluster.role_of(node)}",
+        "--label", f"{LABEL}.start_rank={node.start_rank}",
+        "--net=host",
+        "--shm-size=1g",
+    ]
+    for d in range(node.devices or cluster.platform_info.devices):
+        args += ["--device", f"/dev/davinci{d}"]
+    for dev in ASCEND_CONTROL_DEVICES:
+        args += ["--device", dev]
+    for m in ASCEND_MOUNTS:
+        args += ["-v", m]
+    args += ["-v", cache_mount(cluster)]
+    for path in sorted({cluster.model.path, cluster.model.tokenizer_path}):
+        if not path.startswith("/root/.cache/"):
+            args += ["-v", f"{path}:{path}:ro"]
+    args += ["--env-file", env_file]
+    args += list(binding_args or [])
+    args.append(image)
+    return args + vllm_args(cluster, node)
+
+
+def container_command(cluster: Cluster, node: Node, release: str, env_file: str, image: str) -> str:
+    return shlex.join(docker_run_args(cluster, node, release, env_file, image))
