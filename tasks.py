@@ -25,6 +25,10 @@ def _guard(fn):
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             raise Exit(code=130)
+        except BrokenPipeError:
+            # the reader of our output went away (| head): nothing more to say
+            sys.stderr.close()
+            raise Exit(code=141)
         if code:
             raise Exit(code=code)
 
@@ -74,6 +78,20 @@ def check_nodes(c, cluster, limit=None, select=None):
     return app.check(cluster, limit=limit, select=select)
 
 
+@task(
+    help={
+        "cluster": "cluster name: a module in inventory/",
+        "check": "change nothing: print per node the exact container and serve commands it would run",
+        "json": "print the plan (with --check) or the result as JSON on stdout",
+        "skip_prepare": "do not run prepare first (the nodes must have been prepared)",
+    }
+)
+@_guard
+def deploy(c, cluster, check=False, json=False, skip_prepare=False):
+    """Prepare, then start serving as a new release: node 0, then the headless workers; ready = health, models, chat."""
+    return app.deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare)
+
+
 @task(help={"cluster": "simulated cluster to bring up (an inventory named sim-*)"})
 @_guard
 def sim_up(c, cluster="sim-a3"):
@@ -108,4 +126,4 @@ sim.add_task(sim_up, name="up")
 sim.add_task(sim_down, name="down")
 sim.add_task(sim_status, name="status")
 
-ns = Collection(facts, prepare, check_nodes, demo, sim)
+ns = Collection(facts, prepare, check_nodes, deploy, demo, sim)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 
 from . import report
 from .errors import LlmdeployError
@@ -193,3 +194,100 @@ def sim_status() -> int:
     names = simc.running()
     print("\n".join(names) if names else "sim: nothing is up")
     return 0
+
+
+def deploy(
+    cluster_name: str,
+    check: bool = False,
+    json_out: bool = False,
+    skip_prepare: bool = False,
+) -> int:
+    """Prepare (unless skipped), then start serving as a new release; see llmdeploy.deploy."""
+    import time as _time
+
+    from . import deploy as dep
+    from .release import content_hash, new_id
+
+    con = report.console(json_out)
+    cluster = load_cluster(cluster_name)
+    secrets = list(cluster.secret_values().values())
+    dep.plan(cluster, "00000000T000000Z-00000000", {})  # refuses unsupported profiles before touching a node
+    if not skip_prepare and not check:
+        status = _prepare_quiet(cluster_name) if json_out else prepare(cluster_name, run_checks=False)
+        if status:
+            if not json_out:
+                con.print("[bold red]deploy stopped: prepare failed[/] (nothing was started or stopped)")
+            return status
+    if check:
+        # the plan needs no node: prepare's records only repeat what the
+        # inventory decides (the image to run); nothing is read or changed
+        draft = dep.plan(cluster, "00000000T000000Z-00000000", {})
+        chash = content_hash([cluster.image.ref] + [x for p in draft for x in (p.env_text, p.serve_command, p.container_command)])
+        rid = new_id(chash)
+        plans = dep.plan(cluster, rid, {})
+        doc = {"cluster": cluster.name, "release": rid, "config_hash": chash[:16], "nodes": [p.as_json(secrets) for p in plans]}
+        if json_out:
+            report.emit_json(doc)
+        else:
+            for p in doc["nodes"]:
+                con.print(f"[bold]{p['host']}[/] ({p['role']}, start rank {p['start_rank']})")
+                con.print(f"  container: {escape(p['container_command'])}", soft_wrap=True)
+                con.print(f"  serve:     {escape(p['serve_command'])}", soft_wrap=True)
+            con.print("check mode: nothing was read from or changed on any node")
+        return 0
+    with Runner(cluster) as runner:
+        d = dep.Deployer(cluster, runner, con, quiet=json_out)
+        state = d.read_state()
+        prepared = {h: s["prepared"] for h, s in state.items()}
+        missing = [h for h, p in prepared.items() if p is None]
+        if missing:
+            raise LlmdeployError(f"no prepare record on {', '.join(missing)}: run invoke prepare --cluster {cluster.name} first")
+        image_ids = {(p or {}).get("image", {}).get("id") for p in prepared.values()} - {None}
+        if len(image_ids) != 1:
+            raise LlmdeployError(f"the nodes' prepare records name {len(image_ids)} image IDs: run invoke prepare --cluster {cluster.name}")
+        image_id = image_ids.pop()
+        draft = dep.plan(cluster, "00000000T000000Z-00000000", prepared)
+        chash = content_hash([image_id] + [x for p in draft for x in (p.env_text, p.serve_command, p.container_command)])
+        rid = new_id(chash)
+        plans = dep.plan(cluster, rid, prepared)
+        con.print(f"[bold]deploy {cluster.name}[/]: release {rid}")
+        t0 = _time.monotonic()
+        try:
+            outcome = d.run(plans, rid, image_id, chash[:16])
+        except KeyboardInterrupt:
+            con.print("[bold red]interrupted[/]: stopping the new release's containers")
+            runner.run(dep.Step(name="stop", build=lambda n: dep.stop_script(cluster, None, cluster.deploy.stop_timeout_s)))
+            raise
+        states = {h: (r.stdout.split() or ["missing"])[0] for h, r in runner.run(dep.Step(name="state", build=lambda n: dep.inspect_script(plans[0].container))).items()}
+        if outcome.ok:
+            con.print(dep.summary(cluster, plans, states, outcome.attempts))
+            for k, v in outcome.phases.items():
+                con.print(f"  {k}: {v:.1f}s")
+            con.print(f"[bold green]serving, release {rid}, healthy[/]: http://{cluster.node0.ip}:{cluster.profile.port}/v1 "
+                      f"(model {cluster.profile.served_model_name}) in {_time.monotonic() - t0:.1f}s")
+            if json_out:
+                report.emit_json({"cluster": cluster.name, "release": rid, "ok": True, "attempts": outcome.attempts, "phases": outcome.phases})
+            return 0
+        # failure: bundle, ledger, stop
+        root, tgz = dep.collect_bundle(cluster, runner, rid, plans, secrets)
+        try:
+            d.ledger(dep.ledger_record(cluster, rid, "failed", image_id, chash[:16], reason=outcome.reason, where=outcome.where))
+        except LlmdeployError as exc:
+            con.print(f"[red]{escape(str(exc))}[/]")
+        runner.run(dep.Step(name="stop", build=lambda n: dep.stop_script(cluster, None, cluster.deploy.stop_timeout_s)))
+        con.print(dep.summary(cluster, plans, states, outcome.attempts))
+        con.print(f"[bold red]deploy failed[/] on {outcome.where}: {escape(outcome.reason)}")
+        con.print(f"logs: {root} ({tgz})")
+        con.print(f"release {rid} is marked failed; the cluster is stopped (no serving container runs)")
+        if json_out:
+            report.emit_json({"cluster": cluster.name, "release": rid, "ok": False, "where": outcome.where, "reason": outcome.reason,
+                              "bundle": root, "archive": tgz, "attempts": outcome.attempts})
+        return 1
+
+
+def _prepare_quiet(cluster_name: str) -> int:
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return prepare(cluster_name, json_out=True, run_checks=False)

@@ -190,6 +190,24 @@ class Budget(Strict):
     min_free_disk_gib: float = Field(default=20, ge=0)
 
 
+class DeploySettings(Strict):
+    """Deadlines and retry policy of the start sequence."""
+
+    # node 0's DP RPC port must accept connections within this
+    rpc_timeout_s: float = Field(default=1800, gt=0)
+    # all ranks joined and /health 200 within this (the A2 seed's
+    # VLLM_ENGINE_READY_TIMEOUT_S is 7200: real loads take that long)
+    ready_timeout_s: float = Field(default=7200, gt=0)
+    # /v1/models and the chat completion, each
+    request_timeout_s: float = Field(default=300, gt=0)
+    # a worker that exits is started again up to this many times
+    worker_retries: int = Field(default=3, ge=0, le=20)
+    backoff_s: float = Field(default=10, ge=0)
+    backoff_max_s: float = Field(default=120, ge=0)
+    poll_s: float = Field(default=5, gt=0)
+    stop_timeout_s: int = Field(default=60, ge=0)
+
+
 # --- serving profiles -----------------------------------------------------------
 class VllmAscendProfile(Strict):
     """``vllm serve`` on Ascend: node 0 plus headless data-parallel workers."""
@@ -326,6 +344,7 @@ class Cluster(Strict):
     profile: Profile
     # Where the tool keeps releases, the ledger and the lock on every node.
     budget: Budget = Field(default_factory=Budget)
+    deploy: DeploySettings = Field(default_factory=DeploySettings)
     # NVIDIA: the ibstat Rate every port must show (Gb/s; 400 = NDR); None
     # skips the InfiniBand check (clusters on RoCE/Ethernet only).
     ib_rate: int | None = Field(default=400, ge=1)
@@ -562,6 +581,7 @@ def _describe_loc(loc: tuple, raw_nodes: list | None) -> str:
 # themselves; this names the cluster field they stand for.
 _TITLE_FIELD = {
     "Budget": "budget",
+    "DeploySettings": "deploy",
     "Model": "model",
     "Image": "image",
     "Ssh": "ssh",
