@@ -27,6 +27,7 @@ import shlex
 import time
 from dataclasses import dataclass, field
 
+import paramiko
 from rich.console import Console
 from rich.markup import escape
 
@@ -212,7 +213,7 @@ def inspect_script(container: str) -> str:
 def http_via_ssh(runner: Runner, node: Node, port: int, method: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
     """One HTTP request to ``127.0.0.1:port`` on ``node``, over a direct-tcpip
     channel of the runner's SSH connection to it."""
-    conn = runner._open(node)
+    conn = runner.connection(node)
     transport = conn.client.get_transport()
     chan = transport.open_channel("direct-tcpip", ("127.0.0.1", port), ("127.0.0.1", 0), timeout=timeout)
     chan.settimeout(timeout)
@@ -349,7 +350,7 @@ class Deployer:
             text = chat_content(body) if status == 200 else ""
             if status != 200 or not text.lstrip().startswith("<think>") or "</think>" not in text:
                 return self._fail(out, self.node0.name, f"the chat check answered {status}: {text[:120] or body[:200]!r} (expected content that begins with <think>...</think>)")
-        except (OSError, ValueError, http.client.HTTPException) as exc:
+        except (OSError, ValueError, http.client.HTTPException, paramiko.SSHException) as exc:
             return self._fail(out, self.node0.name, f"readiness request failed: {type(exc).__name__}: {exc}")
         out.phases["models + chat check"] = time.monotonic() - t
 
@@ -403,8 +404,8 @@ class Deployer:
                     status, _ = http_via_ssh(self.r, self.node0, c.profile.port, "GET", "/health", None, min(10, d.request_timeout_s))
                     if status == 200:
                         return True
-                except (OSError, http.client.HTTPException):
-                    pass
+                except (OSError, http.client.HTTPException, paramiko.SSHException):
+                    pass  # not listening yet
             if time.monotonic() >= end:
                 waiting = ", ".join(f"{h}: {m}" for h, m in reasons.items()) or "no rank reported an error"
                 self._fail(out, self.node0.name, f"not ready within {d.ready_timeout_s:g}s ({waiting})")

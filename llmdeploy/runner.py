@@ -8,6 +8,7 @@ host. Host keys are checked against known_hosts with paramiko's RejectPolicy.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -23,6 +24,10 @@ from invoke.exceptions import CommandTimedOut
 from .inventory import Cluster, Node
 
 OK, CHANGED, FAILED, UNREACHABLE, SKIPPED = "ok", "changed", "failed", "unreachable", "skipped"
+
+# paramiko logs every refused forwarding channel (readiness polls) at ERROR;
+# the runner reports failures itself
+logging.getLogger("paramiko.transport").setLevel(logging.CRITICAL)
 
 
 @dataclass
@@ -176,6 +181,10 @@ class Runner:
                 pass
 
     # -- execution -------------------------------------------------------------
+    def connection(self, node: Node) -> Connection:
+        """The open connection to ``node`` (for port forwarding); UnreachableError if it cannot be."""
+        return self._open(node)
+
     def _open(self, node: Node) -> Connection:
         conn = self.connections[node.name]
         if not conn.is_connected:
