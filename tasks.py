@@ -92,6 +92,22 @@ def deploy(c, cluster, check=False, json=False, skip_prepare=False):
     return app.deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare)
 
 
+@task(
+    name="logs",
+    help={
+        "cluster": "cluster name: a module in inventory/",
+        "host": "only these nodes, comma-separated names (one with --follow)",
+        "follow": "keep printing new lines (needs one --host)",
+        "since": "only lines since this: 10m, 2h, or 2026-12-02T10:00:00Z",
+        "tail": "only the last N lines",
+    },
+)
+@_guard
+def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None):
+    """Serving logs of the cluster's containers, each line prefixed with its host."""
+    return app.serving_logs(cluster, host=host, follow=follow, since=since, tail=tail)
+
+
 @task(help={"cluster": "simulated cluster to bring up (an inventory named sim-*)"})
 @_guard
 def sim_up(c, cluster="sim-a3"):
@@ -126,4 +142,4 @@ sim.add_task(sim_up, name="up")
 sim.add_task(sim_down, name="down")
 sim.add_task(sim_status, name="status")
 
-ns = Collection(facts, prepare, check_nodes, deploy, demo, sim)
+ns = Collection(facts, prepare, check_nodes, deploy, serving_logs, demo, sim)

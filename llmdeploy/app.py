@@ -291,3 +291,42 @@ def _prepare_quiet(cluster_name: str) -> int:
 
     with contextlib.redirect_stdout(io.StringIO()):
         return prepare(cluster_name, json_out=True, run_checks=False)
+
+
+def serving_logs(cluster_name: str, host: str | None = None, follow: bool = False, since: str | None = None, tail: str | None = None) -> int:
+    """Print the serving containers' logs (this cluster's newest container on each host)."""
+    import re
+    import shlex
+    import sys
+
+    from .errors import InventoryError
+    from .runner import Step
+
+    cluster = load_cluster(cluster_name)
+    problems = []
+    if since is not None and not re.match(r"^(\d+[smhd]?|\d{4}-\d{2}-\d{2}(T[0-9:.]+Z?)?)$", since):
+        problems.append(f"--since {since!r}: use a duration like 10m or 2h, or a date like 2026-12-02T10:00:00Z")
+    if tail is not None and not re.match(r"^(\d+|all)$", tail):
+        problems.append(f"--tail {tail!r}: a number of lines or 'all'")
+    nodes = select_nodes(cluster, host)
+    if follow and len(nodes) != 1:
+        problems.append("--follow needs one --host")
+    if problems:
+        raise InventoryError("logs", problems)
+    opts = (["--since", since] if since else []) + (["--tail", tail] if tail else [])
+    find = f"docker ps -a --filter label=llmdeploy.cluster={shlex.quote(cluster.name)} --format '{{{{.Names}}}}' | tail -n 1"
+    cmd = f'c=$({find}); [ -n "$c" ] || {{ echo "no serving container of {cluster.name} here" >&2; exit 3; }}; docker logs {shlex.join(opts)} {"-f " if follow else ""}"$c" 2>&1'
+    if follow:
+        with Runner(cluster, nodes=nodes) as runner:
+            res = runner.connection(nodes[0]).run(cmd, warn=True, pty=False, in_stream=False)
+            return 0 if res.exited == 0 else 1
+    status = 0
+    with Runner(cluster, nodes=nodes) as runner:
+        for h, r in runner.run(Step(name="logs", build=lambda n: cmd)).items():
+            if r.failed:
+                print(f"{h}: {r.msg}", file=sys.stderr)
+                status = 1
+                continue
+            for line in r.stdout.splitlines():
+                print(f"{h} | {line}")
+    return status

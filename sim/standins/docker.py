@@ -688,12 +688,21 @@ def inspect(argv: list[str]) -> int:
 
 
 def logs(argv: list[str]) -> int:
-    names = [a for a in argv if not a.startswith("-")]
-    tail = None
-    for i, a in enumerate(argv):
-        if a in ("--tail", "-n") and i + 1 < len(argv):
-            tail = argv[i + 1]
-            names = [n for n in names if n != tail]
+    """``docker logs [--tail N] [--since X] [-f] NAME``. The simulated log has
+    no per-line time stamps: --since is accepted and does not filter."""
+    names, tail, follow, i = [], None, False, 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--tail", "-n", "--since", "--until") and i + 1 < len(argv):
+            if a in ("--tail", "-n"):
+                tail = argv[i + 1]
+            i += 2
+            continue
+        if a in ("-f", "--follow"):
+            follow = True
+        elif not a.startswith("-"):
+            names.append(a)
+        i += 1
     if len(names) != 1:
         return _err('"docker logs" requires exactly 1 argument.')
     c = _find_container(names[0])
@@ -705,6 +714,20 @@ def logs(argv: list[str]) -> int:
     if tail not in (None, "all"):
         lines = lines[-int(tail):] if int(tail) else []
     sys.stdout.write("".join(lines))
+    sys.stdout.flush()
+    if follow:
+        pos = len(text.encode())
+        while True:
+            with open(log, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+            if chunk:
+                pos += len(chunk)
+                sys.stdout.write(chunk.decode(errors="replace"))
+                sys.stdout.flush()
+            elif not _refresh(_find_container(c["Name"]) or c)["State"]["Running"]:
+                return 0
+            time.sleep(0.2)
     return 0
 
 

@@ -26,3 +26,16 @@ def test_prepare_a2_each_node_gets_its_own_ip_and_nic(sim_cluster):
     assert res.returncode == 0 and doc["changed"] == 0
     # one read round trip and four steps with a remote command per node, whatever the node count
     assert set(doc["round_trips"].values()) == {5}
+
+
+def test_deploy_a2_ends_healthy_and_logs_reads_them(sim_cluster):
+    res = run_invoke("deploy", "--cluster", SIM_CLUSTER, "--skip-prepare", timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert ", healthy" in res.stdout
+    res = run_invoke("logs", "--cluster", SIM_CLUSTER, "--host", "sim-a2-5", "--tail", "50")
+    assert res.returncode == 0, res.stderr
+    assert "sim-a2-5 | " in res.stdout and "Launching 1 data parallel engine(s) in headless mode, with head node address tcp://198.19.2.10:13389." in res.stdout
+    res = run_invoke("logs", "--cluster", SIM_CLUSTER)
+    assert res.returncode == 0 and "sim-a2-0 | " in res.stdout and "Application startup complete." in res.stdout
+    bad = run_invoke("logs", "--cluster", SIM_CLUSTER, "--since", "1h; reboot")
+    assert bad.returncode == 2 and "--since" in bad.stderr
