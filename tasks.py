@@ -4,6 +4,7 @@
 """
 
 import functools
+import signal
 import sys
 
 from invoke import Collection, Exit, task
@@ -12,11 +13,23 @@ from llmdeploy import app
 from llmdeploy.errors import LlmdeployError
 
 
+LOCK_HELP = {
+    "message": "a note kept with the deploy lock and in the audit log",
+    "lock_wait": "wait up to this many seconds for the deploy lock (default: fail at once)",
+}
+
+
+def _sigterm(signum, frame):
+    # a terminated run unwinds like Ctrl-C: locks released, state recorded
+    raise KeyboardInterrupt
+
+
 def _guard(fn):
     """Turn a LlmdeployError into its message on stderr and its exit status."""
 
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
+        signal.signal(signal.SIGTERM, _sigterm)
         try:
             code = fn(c, *args, **kwargs)
         except LlmdeployError as exc:
@@ -84,12 +97,13 @@ def check_nodes(c, cluster, limit=None, select=None):
         "check": "change nothing: print per node the exact container and serve commands it would run",
         "json": "print the plan (with --check) or the result as JSON on stdout",
         "skip_prepare": "do not run prepare first (the nodes must have been prepared)",
+        **LOCK_HELP,
     }
 )
 @_guard
-def deploy(c, cluster, check=False, json=False, skip_prepare=False):
+def deploy(c, cluster, check=False, json=False, skip_prepare=False, message=None, lock_wait=0):
     """Prepare, then start serving as a new release: node 0, then the headless workers; ready = health, models, chat."""
-    return app.deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare)
+    return app.deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare, message=message, lock_wait=float(lock_wait))
 
 
 @task(
@@ -106,6 +120,69 @@ def deploy(c, cluster, check=False, json=False, skip_prepare=False):
 def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None):
     """Serving logs of the cluster's containers, each line prefixed with its host."""
     return app.serving_logs(cluster, host=host, follow=follow, since=since, tail=tail)
+
+
+@task(help={"cluster": "cluster name", "json": "print the releases as JSON"})
+@_guard
+def releases(c, cluster, json=False):
+    """The release ledger from node 0: id, time, who, image digest, config hash, result, current."""
+    return app.ops_call("releases", cluster, json_out=json)
+
+
+@task(
+    help={
+        "cluster": "cluster name",
+        "to": "the release to bring back (default: the newest good one before the current)",
+        "json": "print the result as JSON",
+        **LOCK_HELP,
+    }
+)
+@_guard
+def rollback(c, cluster, to=None, json=False, message=None, lock_wait=0):
+    """Bring back a good release from its own files on every node, in the same order, under the deploy lock."""
+    return app.ops_call("rollback", cluster, json_out=json, to=to, message=message, lock_wait=float(lock_wait))
+
+
+@task(help={"cluster": "cluster name", "diff": "compare what runs with the current release's record and name every drift", "json": "print as JSON"})
+@_guard
+def status(c, cluster, diff=False, json=False):
+    """Per node: the current release's container, start rank, image, uptime; and node 0's /health."""
+    return app.ops_call("status", cluster, json_out=json, diff=diff)
+
+
+@task(help={"cluster": "cluster name", **LOCK_HELP})
+@_guard
+def stop(c, cluster, message=None, lock_wait=0):
+    """Stop serving: workers first, then node 0 (logs kept); remove stale /dev/shm/moe_* files."""
+    return app.ops_call("stop", cluster, message=message, lock_wait=float(lock_wait))
+
+
+@task(help={"cluster": "cluster name", "host": "the worker to restart", **LOCK_HELP})
+@_guard
+def restart(c, cluster, host, message=None, lock_wait=0):
+    """Restart one worker into the current release with its own start rank; wait until healthy."""
+    return app.ops_call("restart", cluster, host=host, message=message, lock_wait=float(lock_wait))
+
+
+@task(help={"cluster": "cluster name", "last": "only the last N lines", "json": "print as JSON"})
+@_guard
+def audit(c, cluster, last=None, json=False):
+    """The audit log on node 0: deploys, rollbacks, stops, restarts, lock breaks."""
+    return app.ops_call("audit", cluster, json_out=json, last=int(last) if last else None)
+
+
+@task(name="status", help={"cluster": "cluster name"})
+@_guard
+def lock_status(c, cluster):
+    """Who holds the deploy lock, since when, running what (exit 1 while held)."""
+    return app.ops_call("lock.status", cluster)
+
+
+@task(name="break", help={"cluster": "cluster name", "reason": "why the holder is gone (kept in the audit log)"})
+@_guard
+def lock_break(c, cluster, reason=None):
+    """Remove a deploy lock whose holder vanished; the break and its reason are audited."""
+    return app.ops_call("lock.break", cluster, reason=reason)
 
 
 @task(help={"cluster": "simulated cluster to bring up (an inventory named sim-*)"})
@@ -142,4 +219,8 @@ sim.add_task(sim_up, name="up")
 sim.add_task(sim_down, name="down")
 sim.add_task(sim_status, name="status")
 
-ns = Collection(facts, prepare, check_nodes, deploy, serving_logs, demo, sim)
+lock_ns = Collection("lock")
+lock_ns.add_task(lock_status, name="status")
+lock_ns.add_task(lock_break, name="break")
+
+ns = Collection(facts, prepare, check_nodes, deploy, serving_logs, releases, rollback, status, stop, restart, audit, demo, sim, lock_ns)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
-from . import report
+from . import lock, report
 from .errors import LlmdeployError
 from .inventory import Cluster, load_cluster
 from .plan import Context, load_playbook, resolve_step, select_nodes
@@ -201,10 +201,11 @@ def deploy(
     check: bool = False,
     json_out: bool = False,
     skip_prepare: bool = False,
+    message: str | None = None,
+    lock_wait: float = 0,
 ) -> int:
-    """Prepare (unless skipped), then start serving as a new release; see llmdeploy.deploy."""
-    import time as _time
-
+    """Prepare (unless skipped), then start serving as a new release, under the
+    deploy lock; see llmdeploy.deploy."""
     from . import deploy as dep
     from .release import content_hash, new_id
 
@@ -212,12 +213,6 @@ def deploy(
     cluster = load_cluster(cluster_name)
     secrets = list(cluster.secret_values().values())
     dep.plan(cluster, "00000000T000000Z-00000000", {})  # refuses unsupported profiles before touching a node
-    if not skip_prepare and not check:
-        status = _prepare_quiet(cluster_name) if json_out else prepare(cluster_name, run_checks=False)
-        if status:
-            if not json_out:
-                con.print("[bold red]deploy stopped: prepare failed[/] (nothing was started or stopped)")
-            return status
     if check:
         # the plan needs no node: prepare's records only repeat what the
         # inventory decides (the image to run); nothing is read or changed
@@ -236,53 +231,83 @@ def deploy(
             con.print("check mode: nothing was read from or changed on any node")
         return 0
     with Runner(cluster) as runner:
-        d = dep.Deployer(cluster, runner, con, quiet=json_out)
-        state = d.read_state()
-        prepared = {h: s["prepared"] for h, s in state.items()}
-        missing = [h for h, p in prepared.items() if p is None]
-        if missing:
-            raise LlmdeployError(f"no prepare record on {', '.join(missing)}: run invoke prepare --cluster {cluster.name} first")
-        image_ids = {(p or {}).get("image", {}).get("id") for p in prepared.values()} - {None}
-        if len(image_ids) != 1:
-            raise LlmdeployError(f"the nodes' prepare records name {len(image_ids)} image IDs: run invoke prepare --cluster {cluster.name}")
-        image_id = image_ids.pop()
-        draft = dep.plan(cluster, "00000000T000000Z-00000000", prepared)
-        chash = content_hash([image_id] + [x for p in draft for x in (p.env_text, p.serve_command, p.container_command)])
-        rid = new_id(chash)
-        plans = dep.plan(cluster, rid, prepared)
-        con.print(f"[bold]deploy {cluster.name}[/]: release {rid}")
-        t0 = _time.monotonic()
-        try:
-            outcome = d.run(plans, rid, image_id, chash[:16])
-        except KeyboardInterrupt:
-            con.print("[bold red]interrupted[/]: stopping the new release's containers")
-            runner.run(dep.Step(name="stop", build=lambda n: dep.stop_script(cluster, None, cluster.deploy.stop_timeout_s)))
-            raise
-        states = {h: (r.stdout.split() or ["missing"])[0] for h, r in runner.run(dep.Step(name="state", build=lambda n: dep.inspect_script(plans[0].container))).items()}
-        if outcome.ok:
-            con.print(dep.summary(cluster, plans, states, outcome.attempts))
-            for k, v in outcome.phases.items():
-                con.print(f"  {k}: {v:.1f}s")
-            con.print(f"[bold green]serving, release {rid}, healthy[/]: http://{cluster.node0.ip}:{cluster.profile.port}/v1 "
-                      f"(model {cluster.profile.served_model_name}) in {_time.monotonic() - t0:.1f}s")
-            if json_out:
-                report.emit_json({"cluster": cluster.name, "release": rid, "ok": True, "attempts": outcome.attempts, "phases": outcome.phases})
-            return 0
-        # failure: bundle, ledger, stop
-        root, tgz = dep.collect_bundle(cluster, runner, rid, plans, secrets)
-        try:
-            d.ledger(dep.ledger_record(cluster, rid, "failed", image_id, chash[:16], reason=outcome.reason, where=outcome.where))
-        except LlmdeployError as exc:
-            con.print(f"[red]{escape(str(exc))}[/]")
+        with lock.held(runner, cluster, "deploy", message, lock_wait):
+            try:
+                status, rid = _deploy_locked(cluster, runner, con, json_out, skip_prepare, secrets)
+            except KeyboardInterrupt:
+                lock.audit(runner, cluster, "deploy", "interrupted")
+                raise
+            lock.audit(runner, cluster, "deploy", "good" if status == 0 else "failed", rid, message=message or "")
+            return status
+
+
+def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: bool, skip_prepare: bool, secrets: list[str]) -> tuple[int, str | None]:
+    import time as _time
+
+    from . import deploy as dep
+    from .release import content_hash, new_id
+
+    if not skip_prepare:
+        status = _prepare_quiet(cluster.name) if json_out else prepare(cluster.name, run_checks=False)
+        if status:
+            if not json_out:
+                con.print("[bold red]deploy stopped: prepare failed[/] (nothing was started or stopped)")
+            return status, None
+    d = dep.Deployer(cluster, runner, con, quiet=json_out)
+    state = d.read_state()
+    prepared = {h: s["prepared"] for h, s in state.items()}
+    missing = [h for h, p in prepared.items() if p is None]
+    if missing:
+        raise LlmdeployError(f"no prepare record on {', '.join(missing)}: run invoke prepare --cluster {cluster.name} first")
+    image_ids = {(p or {}).get("image", {}).get("id") for p in prepared.values()} - {None}
+    if len(image_ids) != 1:
+        raise LlmdeployError(f"the nodes' prepare records name {len(image_ids)} image IDs: run invoke prepare --cluster {cluster.name}")
+    image_id = image_ids.pop()
+    draft = dep.plan(cluster, "00000000T000000Z-00000000", prepared)
+    chash = content_hash([image_id] + [x for p in draft for x in (p.env_text, p.serve_command, p.container_command)])
+    rid = new_id(chash)
+    plans = dep.plan(cluster, rid, prepared)
+    con.print(f"[bold]deploy {cluster.name}[/]: release {rid}")
+    t0 = _time.monotonic()
+    try:
+        outcome = d.run(plans, rid, image_id, chash[:16])
+    except KeyboardInterrupt:
+        con.print("[bold red]interrupted[/]: stopping the new release's containers")
         runner.run(dep.Step(name="stop", build=lambda n: dep.stop_script(cluster, None, cluster.deploy.stop_timeout_s)))
+        d.ledger(dep.ledger_record(cluster, rid, "failed", image_id, chash[:16], reason="interrupted"))
+        raise
+    return _report_outcome(cluster, runner, con, d, plans, outcome, image_id, chash[:16], secrets, json_out, _time.monotonic() - t0), rid
+
+
+def _report_outcome(cluster, runner, con, d, plans, outcome, image_id, config_hash, secrets, json_out, took, verb="deploy") -> int:
+    from . import deploy as dep
+
+    rid = outcome.release
+    states = {h: (r.stdout.split() or ["missing"])[0] for h, r in runner.run(dep.Step(name="state", build=lambda n: dep.inspect_script(plans[0].container))).items()}
+    if outcome.ok:
         con.print(dep.summary(cluster, plans, states, outcome.attempts))
-        con.print(f"[bold red]deploy failed[/] on {outcome.where}: {escape(outcome.reason)}")
-        con.print(f"logs: {root} ({tgz})")
-        con.print(f"release {rid} is marked failed; the cluster is stopped (no serving container runs)")
+        for k, v in outcome.phases.items():
+            con.print(f"  {k}: {v:.1f}s")
+        con.print(f"[bold green]serving, release {rid}, healthy[/]: http://{cluster.node0.ip}:{cluster.profile.port}/v1 "
+                  f"(model {cluster.profile.served_model_name}) in {took:.1f}s")
         if json_out:
-            report.emit_json({"cluster": cluster.name, "release": rid, "ok": False, "where": outcome.where, "reason": outcome.reason,
-                              "bundle": root, "archive": tgz, "attempts": outcome.attempts})
-        return 1
+            report.emit_json({"cluster": cluster.name, "release": rid, "ok": True, "attempts": outcome.attempts, "phases": outcome.phases})
+        return 0
+    # failure: bundle, ledger, stop
+    root, tgz = dep.collect_bundle(cluster, runner, rid, plans, secrets)
+    try:
+        d.ledger(dep.ledger_record(cluster, rid, "failed", image_id, config_hash, reason=outcome.reason, where=outcome.where))
+    except LlmdeployError as exc:
+        con.print(f"[red]{escape(str(exc))}[/]")
+    runner.run(dep.Step(name="stop", build=lambda n: dep.stop_script(cluster, None, cluster.deploy.stop_timeout_s)))
+    con.print(dep.summary(cluster, plans, states, outcome.attempts))
+    con.print(f"[bold red]{verb} failed[/] on {outcome.where}: {escape(outcome.reason)}")
+    con.print(f"logs: {root} ({tgz})")
+    con.print(f"release {rid} is marked failed; the cluster is stopped (no serving container runs)")
+    if json_out:
+        report.emit_json({"cluster": cluster.name, "release": rid, "ok": False, "where": outcome.where, "reason": outcome.reason,
+                          "bundle": root, "archive": tgz, "attempts": outcome.attempts})
+    return 1
 
 
 def _prepare_quiet(cluster_name: str) -> int:
@@ -330,3 +355,28 @@ def serving_logs(cluster_name: str, host: str | None = None, follow: bool = Fals
             for line in r.stdout.splitlines():
                 print(f"{h} | {line}")
     return status
+
+
+def ops_call(name: str, cluster_name: str, json_out: bool = False, **kwargs) -> int:
+    """releases, rollback, status, stop, restart, audit, lock.status, lock.break: see llmdeploy.ops."""
+    from . import ops
+
+    con = report.console(json_out)
+    cluster = load_cluster(cluster_name)
+    if name == "releases":
+        return ops.releases(cluster, con, json_out)
+    if name == "rollback":
+        return ops.rollback(cluster, con, kwargs.get("to"), kwargs.get("message"), kwargs.get("lock_wait") or 0, json_out, _report_outcome)
+    if name == "status":
+        return ops.status(cluster, con, kwargs.get("diff", False), json_out)
+    if name == "stop":
+        return ops.stop(cluster, con, kwargs.get("message"), kwargs.get("lock_wait") or 0)
+    if name == "restart":
+        return ops.restart(cluster, con, kwargs["host"], kwargs.get("message"), kwargs.get("lock_wait") or 0)
+    if name == "audit":
+        return ops.audit_log(cluster, con, kwargs.get("last"), json_out)
+    if name == "lock.status":
+        return ops.lock_status(cluster, con)
+    if name == "lock.break":
+        return ops.lock_break(cluster, con, kwargs.get("reason") or "")
+    raise LlmdeployError(f"unknown operation {name}")

@@ -117,7 +117,8 @@ def release_files(cluster: Cluster, p: NodePlan, rid: str, image_id: str | None)
     from roles import commenv
 
     meta = {"release": rid, "cluster": cluster.name, "host": p.host, "role": p.role, "start_rank": p.start_rank,
-            "container": p.container, "image": p.image, "image_id": image_id}
+            "container": p.container, "image": p.image, "image_id": image_id,
+            "command": shlex.split(p.serve_command)}
     return {
         "env": (p.env_text, commenv.env_mode(cluster)),
         "serve.sh": ("#!/bin/sh\n# what the container runs (for people; run.sh starts it)\nexec " + p.serve_command + "\n", 0o755),
@@ -285,21 +286,41 @@ class Deployer:
             raise LlmdeployError(f"{self.node0.name}: cannot append to the ledger: {err.strip() or out.strip()}")
 
     def run(self, plans: list[NodePlan], rid: str, image_id: str | None, config_hash: str) -> Outcome:
-        c, d = self.c, self.c.deploy
+        """Write the release, start it, and record it as good."""
         out = Outcome(ok=False, release=rid)
+        if self.write(plans, rid, image_id, config_hash, out) and self.start(plans, rid, out):
+            self.finish(rid, image_id, config_hash, out)
+        return out
+
+    def write(self, plans: list[NodePlan], rid: str, image_id: str | None, config_hash: str, out: Outcome) -> bool:
+        c = self.c
         t0 = time.monotonic()
         by_host = {p.host: p for p in plans}
-
         # 1-2. files on every node, then the ledger
         res = self.exec_all("write release", lambda n: write_script(c, rid, release_files(c, by_host[n.name], rid, image_id)))
         failed = {h: r for h, r in res.items() if r.failed}
         if failed:
             h, r = next(iter(failed.items()))
-            out.reason, out.where = f"writing the release files failed: {r.msg}", h
-            return out
+            self._fail(out, h, f"writing the release files failed: {r.msg}")
+            return False
         self.ledger(ledger_record(c, rid, "started", image_id, config_hash))
         out.phases["write"] = time.monotonic() - t0
+        return True
 
+    def finish(self, rid: str, image_id: str | None, config_hash: str, out: Outcome, **extra) -> None:
+        """7. ``current`` -> the release everywhere; the ledger says good."""
+        res = self.exec_all("set current", lambda n: set_current_script(self.c, rid))
+        bad = {h: r.msg for h, r in res.items() if r.failed}
+        if bad:
+            self._fail(out, next(iter(bad)), f"could not set the current release: {next(iter(bad.values()))}")
+            return
+        self.ledger(ledger_record(self.c, rid, "good", image_id, config_hash, **extra))
+        out.ok = True
+
+    def start(self, plans: list[NodePlan], rid: str, out: Outcome) -> bool:
+        """Stop what else runs, start ``rid`` in order, wait until it is ready."""
+        c, d = self.c, self.c.deploy
+        by_host = {p.host: p for p in plans}
         # 3. stop the previous release: workers first, then node 0
         t = time.monotonic()
         for group in (self.workers, [self.node0]):
@@ -333,9 +354,8 @@ class Deployer:
                 if r.failed:
                     return self._fail(out, h, f"the container did not start: {r.msg}")
             self.say(f"[bold]workers[/]: {len(self.workers)} started (start ranks {', '.join(str(n.start_rank) for n in self.workers)})")
-        ready = self._watch(out, by_host, rid)
-        if not ready:
-            return out
+        if not self._watch(out, by_host, rid):
+            return False
         out.phases["all ranks joined, /health 200"] = time.monotonic() - t
 
         # 6. /v1/models and a real chat completion
@@ -354,14 +374,7 @@ class Deployer:
             return self._fail(out, self.node0.name, f"readiness request failed: {type(exc).__name__}: {exc}")
         out.phases["models + chat check"] = time.monotonic() - t
 
-        # 7. current -> this release everywhere; the ledger says good
-        res = self.exec_all("set current", lambda n: set_current_script(c, rid))
-        bad = {h: r.msg for h, r in res.items() if r.failed}
-        if bad:
-            return self._fail(out, next(iter(bad)), f"could not set the current release: {next(iter(bad.values()))}")
-        self.ledger(ledger_record(c, rid, "good", image_id, config_hash))
-        out.ok = True
-        return out
+        return True
 
     def _watch(self, out: Outcome, by_host: dict[str, NodePlan], rid: str) -> bool:
         c, d = self.c, self.c.deploy
@@ -412,9 +425,9 @@ class Deployer:
                 return False
             time.sleep(d.poll_s)
 
-    def _fail(self, out: Outcome, where: str, reason: str) -> Outcome:
+    def _fail(self, out: Outcome, where: str, reason: str) -> bool:
         out.ok, out.where, out.reason = False, where, reason
-        return out
+        return False
 
 
 def collect_bundle(cluster: Cluster, runner: Runner, rid: str, plans: list[NodePlan], secrets: list[str]) -> tuple[str, str]:

@@ -1,0 +1,138 @@
+"""The deploy lock on node 0: a directory made with ``mkdir`` (atomic: of two
+racing deploys exactly one succeeds) holding ``holder.json`` (who, from
+where, when, the command, a message, a random token). Released on every
+exit path by the holder (matched by its token). A holder that vanished
+leaves it behind: it is a lease that only ``invoke lock.break`` removes, and
+``invoke lock.status`` shows with its age."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import socket
+import sys
+import time
+from contextlib import contextmanager
+
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+from .errors import LlmdeployError
+from .inventory import Cluster
+from .release import append_script, root, who
+
+
+class LockHeld(LlmdeployError):
+    exit_code = 4
+
+
+def lock_dir(cluster: Cluster) -> str:
+    return f"{root(cluster)}/lock"
+
+
+def audit_path(cluster: Cluster) -> str:
+    return f"{root(cluster)}/audit.jsonl"
+
+
+def holder_record(command: str, message: str | None) -> dict:
+    return {
+        "who": who(),
+        "from": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "since_epoch": int(time.time()),
+        "command": command,
+        "message": message or "",
+        "token": secrets.token_hex(8),
+    }
+
+
+def acquire_script(cluster: Cluster, holder: dict) -> str:
+    d = shlex.quote(lock_dir(cluster))
+    body = shlex.quote(json.dumps(holder, sort_keys=True))
+    return (
+        f"mkdir -p \"$(dirname {d})\"\n"
+        f"if mkdir {d} 2>/dev/null; then printf '%s\\n' {body} > {d}/holder.json; echo acquired; "
+        f"else echo held; cat {d}/holder.json 2>/dev/null || echo '{{}}'; fi\n"
+    )
+
+
+def release_script(cluster: Cluster, token: str) -> str:
+    d = shlex.quote(lock_dir(cluster))
+    return f"if grep -q {shlex.quote(token)} {d}/holder.json 2>/dev/null; then rm -rf {d} && echo released; else echo not-ours; fi\n"
+
+
+def status_script(cluster: Cluster) -> str:
+    d = shlex.quote(lock_dir(cluster))
+    return f"if [ -d {d} ]; then echo held; cat {d}/holder.json 2>/dev/null || echo '{{}}'; else echo free; fi\n"
+
+
+def break_script(cluster: Cluster) -> str:
+    d = shlex.quote(lock_dir(cluster))
+    return f"if [ -d {d} ]; then cat {d}/holder.json 2>/dev/null || echo '{{}}'; rm -rf {d}; echo broken; else echo free; fi\n"
+
+
+def parse_holder(out: str) -> dict:
+    lines = out.strip().splitlines()
+    try:
+        return json.loads(lines[1]) if len(lines) > 1 else {}
+    except ValueError:
+        return {}
+
+
+def describe(holder: dict) -> str:
+    if not holder:
+        return "an unknown holder (holder.json is missing or unreadable)"
+    age = int(time.time()) - int(holder.get("since_epoch", time.time()))
+    msg = f", message {holder['message']!r}" if holder.get("message") else ""
+    return f"{holder.get('who')} (pid {holder.get('pid')}) since {holder.get('since')} ({age}s ago), running {holder.get('command')!r}{msg}"
+
+
+def audit(runner, cluster: Cluster, command: str, result: str, release: str | None = None, **extra) -> None:
+    """One line in node 0's audit log; a failure to write it is reported, never fatal."""
+    rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "who": who(), "command": command,
+           "release": release, "result": result, **extra}
+    try:
+        out, err, code = runner.exec(cluster.node0, append_script(audit_path(cluster), rec))
+        if code != 0:
+            print(f"warning: could not write the audit log on {cluster.node0.name}: {err.strip()}", file=sys.stderr)
+    except Exception as exc:  # the audit must not turn a done job into a failure
+        print(f"warning: could not write the audit log on {cluster.node0.name}: {exc}", file=sys.stderr)
+
+
+@contextmanager
+def held(runner, cluster: Cluster, command: str, message: str | None = None, wait: float = 0):
+    """Take the lock (waiting up to ``wait`` seconds), yield, release it on every exit path."""
+    holder = holder_record(command, message)
+    node0 = cluster.node0
+
+    def attempt() -> dict | None:
+        out, err, code = runner.exec(node0, acquire_script(cluster, holder))
+        if code != 0 or not out.strip():
+            raise LlmdeployError(f"{node0.name}: cannot take the deploy lock: {err.strip() or out.strip()}")
+        return None if out.startswith("acquired") else parse_holder(out)
+
+    if wait > 0:
+        # poll until it is free or the wait is over; the last holder seen is reported
+        other = Retrying(
+            stop=stop_after_delay(wait),
+            wait=wait_fixed(min(2.0, wait)),
+            retry=retry_if_result(lambda r: r is not None),
+            retry_error_callback=lambda rs: rs.outcome.result(),
+            reraise=True,
+        )(attempt)
+    else:
+        other = attempt()
+    if other is not None:
+        raise LockHeld(
+            f"the deploy lock of {cluster.name} on {node0.name} is held by {describe(other)}"
+            f"{f' (waited {wait:g}s)' if wait else ''}; if that holder is gone: invoke lock.break --cluster {cluster.name} --reason '...'"
+        )
+    try:
+        yield holder
+    finally:
+        try:
+            runner.exec(node0, release_script(cluster, holder["token"]))
+        except Exception as exc:
+            print(f"warning: could not release the deploy lock on {node0.name}: {exc}", file=sys.stderr)
