@@ -198,9 +198,23 @@ def drift(cluster: Cluster, node: Node, st: dict) -> list[str]:
     cmd = (c.get("Config") or {}).get("Cmd") or []
     want = meta.get("command")
     if want and cmd != want:
-        added = [a for a in cmd if a not in want]
-        dropped = [a for a in want if a not in cmd]
+        have, need = _flag_pairs(cmd), _flag_pairs(want)
+        added = [a for a in have if a not in need]
+        dropped = [a for a in need if a not in have]
         out.append(f"command line differs from the release: running has {' '.join(added[:6]) or '-'}, lacks {' '.join(dropped[:6]) or '-'}")
+    return out
+
+
+def _flag_pairs(args: list[str]) -> list[str]:
+    """``--flag value`` pairs (and bare flags/positionals) of a command line."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out.append(f"{args[i]} {args[i + 1]}")
+            i += 2
+        else:
+            out.append(args[i])
+            i += 1
     return out
 
 

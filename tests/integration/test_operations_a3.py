@@ -1,0 +1,215 @@
+"""On-call operations on the simulated A3 cluster: rollback, the deploy lock,
+the audit trail, status --diff, stop and restart of one worker."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from llmdeploy.release import parse_ledger
+from sim import hardware
+from sim.paths import cluster_dir, host_dir
+from tests.conftest import INVOKE, REPO, run_invoke
+
+SIM_CLUSTER = "sim-a3"
+BASE = "root/var/lib/llmdeploy/sim-a3"
+
+
+def _base(node):
+    return host_dir(SIM_CLUSTER, node) / BASE
+
+
+def _lines(path):
+    """Every line of a JSON-lines file; each must parse."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _ledger():
+    return _lines(_base("sim-a3-0") / "ledger.jsonl")
+
+
+def _audit():
+    return _lines(_base("sim-a3-0") / "audit.jsonl")
+
+
+def _ssh(node, command):
+    return subprocess.run(["ssh", "-F", str(cluster_dir(SIM_CLUSTER) / "ssh_config"), node, command],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def _containers(node):
+    out = {}
+    for p in (host_dir(SIM_CLUSTER, node) / "root/etc/llmdeploy-sim/docker/containers").glob("*/config.json"):
+        c = json.loads(p.read_text())
+        out[c["Name"]] = c
+    return out
+
+
+def _inventory_b(tmp_path):
+    """sim-a3 with one changed value: a second, different release."""
+    inv = tmp_path / "inventory"
+    inv.mkdir(exist_ok=True)
+    text = (REPO / "inventory" / "sim_a3.py").read_text()
+    assert "vllm_a3_w8a8(port=8000, rpc_port=13389)" in text
+    (inv / "sim_a3.py").write_text(text.replace("vllm_a3_w8a8(port=8000, rpc_port=13389)", "vllm_a3_w8a8(port=8000, rpc_port=13389, max_num_seqs=4)"))
+    return {"LLMDEPLOY_INVENTORY": str(inv)}
+
+
+@pytest.fixture(scope="module")
+def releases_ab(sim_cluster, tmp_path_factory):
+    res = run_invoke("deploy", "--cluster", SIM_CLUSTER, timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    a = _ledger()[-1]["release"]
+    res = run_invoke("deploy", "--cluster", SIM_CLUSTER, "--skip-prepare", "--message", "try max_num_seqs 4",
+                     env=_inventory_b(tmp_path_factory.mktemp("b")), timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    b = _ledger()[-1]["release"]
+    assert a != b and a.split("-")[1] != b.split("-")[1]  # another config hash
+    return a, b
+
+
+def test_rollback_brings_back_a_exact_files_and_image(releases_ab):
+    a, b = releases_ab
+    res = run_invoke("rollback", "--cluster", SIM_CLUSTER, "--message", "B regressed", timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"{b} -> {a}" in res.stdout and f"serving, release {a}, healthy" in res.stdout
+    for i in range(4):
+        node = f"sim-a3-{i}"
+        cs = _containers(node)
+        assert list(cs) == [f"sim-a3-{a}"] and cs[f"sim-a3-{a}"]["State"]["Status"] == "running"
+        cmd = cs[f"sim-a3-{a}"]["Config"]["Cmd"]
+        assert cmd[cmd.index("--max-num-seqs") + 1] == "8"  # A's command, not B's
+        meta = json.loads((_base(node) / f"releases/{a}/release.json").read_text())
+        assert cs[f"sim-a3-{a}"]["Image"] == meta["image_id"]
+        assert (_base(node) / "current").readlink().name == a
+    doc = json.loads(run_invoke("releases", "--cluster", SIM_CLUSTER, "--json").stdout)
+    rows = {r["release"]: r for r in doc["releases"]}
+    assert doc["current"] == a and rows[a]["result"] == "good" and rows[b]["result"] == "good"
+    assert rows[a]["events"][0].startswith("rollback ") and f"from {b}" in rows[a]["events"][0]
+    table = run_invoke("releases", "--cluster", SIM_CLUSTER).stdout
+    assert a in table and b in table and "rollback" in table and "current" in table
+    assert [(r["command"], r["release"], r["result"]) for r in _audit()][-1] == ("rollback", a, "good")
+    assert run_invoke("status", "--cluster", SIM_CLUSTER).returncode == 0
+
+
+def test_rollback_to_a_release_missing_on_one_node_refuses_before_stopping(releases_ab):
+    a, b = releases_ab
+    before = {f"sim-a3-{i}": _containers(f"sim-a3-{i}") for i in range(4)}
+    moved = _base("sim-a3-2") / f"releases/{b}"
+    shutil.move(moved, moved.with_name("saved"))
+    try:
+        res = run_invoke("rollback", "--cluster", SIM_CLUSTER, "--to", b)
+    finally:
+        shutil.move(moved.with_name("saved"), moved)
+    assert res.returncode == 1
+    assert "refused before stopping anything" in res.stderr and f"sim-a3-2: missing /var/lib/llmdeploy/sim-a3/releases/{b}/env" in res.stderr
+    for other in ("sim-a3-0:", "sim-a3-1:", "sim-a3-3:"):
+        assert other not in res.stderr
+    after = {f"sim-a3-{i}": _containers(f"sim-a3-{i}") for i in range(4)}
+    assert {n: {k: c["State"] for k, c in cs.items()} for n, cs in after.items()} == {
+        n: {k: c["State"] for k, c in cs.items()} for n, cs in before.items()
+    }
+    assert _audit()[-1]["result"] == "refused"
+
+
+def test_status_diff_names_a_container_replaced_by_hand(releases_ab):
+    a, _ = releases_ab
+    run_sh = (_base("sim-a3-2") / f"releases/{a}/run.sh").read_text().splitlines()[-1]
+    tampered = run_sh.replace("--env-file", "-e HCCL_BUFFSIZE=512 --env-file").replace("--max-num-seqs 8", "--max-num-seqs 16")
+    res = _ssh("sim-a3-2", f"docker rm -f sim-a3-{a} >/dev/null && {tampered}")
+    assert res.returncode == 0, res.stderr
+    try:
+        time.sleep(1)
+        res = run_invoke("status", "--cluster", SIM_CLUSTER, "--diff")
+        assert res.returncode == 1
+        drift_rows = [ln for ln in res.stdout.splitlines() if "differs" in ln or "HCCL_BUFFSIZE" in ln]
+        assert drift_rows and all("sim-a3-2" in ln or ln.lstrip().startswith("│          │") for ln in drift_rows)
+        doc = json.loads(run_invoke("status", "--cluster", SIM_CLUSTER, "--diff", "--json").stdout)
+        assert [n for n, v in doc["nodes"].items() if v["drift"]] == ["sim-a3-2"]
+        drift = " / ".join(doc["nodes"]["sim-a3-2"]["drift"])
+        assert "environment HCCL_BUFFSIZE: running '512', release '1024'" in drift and "running has --max-num-seqs 16, lacks --max-num-seqs 8" in drift
+    finally:
+        assert run_invoke("restart", "--cluster", SIM_CLUSTER, "--host", "sim-a3-2", timeout=300).returncode == 0
+
+
+def test_killed_worker_is_reported_and_restart_brings_it_back(releases_ab):
+    a, _ = releases_ab
+    c = _containers("sim-a3-3")[f"sim-a3-{a}"]
+    os.killpg(c["State"]["Pid"], signal.SIGKILL)
+    time.sleep(1)
+    res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == 1 and not doc["healthy"]
+    assert doc["nodes"]["sim-a3-3"]["state"].startswith("exited")
+    assert [n for n, v in doc["nodes"].items() if v["state"] != "running"] == ["sim-a3-3"]
+    assert doc["health"] == 503  # node 0 noticed the lost engine
+    res = run_invoke("restart", "--cluster", SIM_CLUSTER, "--host", "sim-a3-3", "--message", "rank 3 died", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "re-joined with start rank 3" in res.stdout
+    assert run_invoke("status", "--cluster", SIM_CLUSTER).returncode == 0
+    assert run_invoke("restart", "--cluster", SIM_CLUSTER, "--host", "sim-a3-0").returncode == 1
+    assert _audit()[-1]["command"] == "restart sim-a3-3" and _audit()[-1]["result"] == "good"
+
+
+def test_two_concurrent_deploys_one_wins_the_other_names_the_holder(releases_ab):
+    cmd = INVOKE + ["deploy", "--cluster", SIM_CLUSTER, "--skip-prepare"]
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) for _ in range(2)]
+    outs = [p.communicate(timeout=400) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 4], outs
+    loser = outs[[p.returncode for p in procs].index(4)]
+    assert "deploy lock of sim-a3 on sim-a3-0 is held by root@" in loser[1] and "running 'deploy'" in loser[1]
+    assert run_invoke("lock.status", "--cluster", SIM_CLUSTER).returncode == 0
+
+
+def test_sigint_mid_start_leaves_no_lock_and_intact_records(releases_ab):
+    state = host_dir(SIM_CLUSTER, "sim-a3-0") / "root/etc/llmdeploy-sim"
+    saved = hardware.load(state)
+    hardware.save(state, dict(saved, vllm={"node0_delay_s": 30}))
+    try:
+        p = subprocess.Popen(INVOKE + ["deploy", "--cluster", SIM_CLUSTER, "--skip-prepare"], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+        for line in p.stdout:
+            if "waiting for the DP RPC port" in line:
+                break
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=120)
+    finally:
+        hardware.save(state, saved)
+    assert p.returncode == 130
+    assert run_invoke("lock.status", "--cluster", SIM_CLUSTER).returncode == 0  # free
+    ledger, audit = _ledger(), _audit()  # every line parses
+    assert ledger[-1]["result"] == "failed" and ledger[-1]["reason"] == "interrupted"
+    assert audit[-1]["command"] == "deploy" and audit[-1]["result"] == "interrupted"
+    assert parse_ledger((_base("sim-a3-0") / "ledger.jsonl").read_text()) == ledger
+    # and the cluster comes back
+    assert run_invoke("rollback", "--cluster", SIM_CLUSTER, "--to", releases_ab[0], timeout=400).returncode == 0
+
+
+def test_a_stale_lock_is_broken_only_with_lock_break(releases_ab):
+    lock = _base("sim-a3-0") / "lock"
+    lock.mkdir()
+    (lock / "holder.json").write_text(json.dumps({"who": "alice@laptop", "pid": 4242, "since": "2026-12-01T03:00:00Z",
+                                                  "since_epoch": 1796094000, "command": "deploy", "message": "3am fix", "token": "x"}) + "\n")
+    res = run_invoke("stop", "--cluster", SIM_CLUSTER)
+    assert res.returncode == 4 and "held by alice@laptop (pid 4242) since 2026-12-01T03:00:00Z" in res.stderr and "'3am fix'" in res.stderr
+    assert lock.exists()
+    st = run_invoke("lock.status", "--cluster", SIM_CLUSTER)
+    assert st.returncode == 1 and "alice@laptop" in st.stdout
+    assert run_invoke("lock.break", "--cluster", SIM_CLUSTER).returncode == 1  # a reason is required
+    assert lock.exists()
+    res = run_invoke("lock.break", "--cluster", SIM_CLUSTER, "--reason", "alice's laptop died mid-deploy")
+    assert res.returncode == 0 and not lock.exists()
+    assert _audit()[-1]["command"] == "lock.break" and _audit()[-1]["reason"] == "alice's laptop died mid-deploy"
+    # stop: workers first, then node 0; stale /dev/shm/moe_* removed
+    _ssh("sim-a3-1", "touch /dev/shm/moe_stale_0")
+    res = run_invoke("stop", "--cluster", SIM_CLUSTER)
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if "stopped sim-a3-" in ln]
+    assert [ln.split(":")[0].strip() for ln in lines][-1] == "sim-a3-0"
+    assert all(_containers(f"sim-a3-{i}") == {} for i in range(4))
+    assert _ssh("sim-a3-1", "ls /dev/shm/moe_* 2>/dev/null | wc -l").stdout.strip() == "0"
