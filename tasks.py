@@ -97,13 +97,14 @@ def check_nodes(c, cluster, limit=None, select=None):
         "check": "change nothing: print per node the exact container and serve commands it would run",
         "json": "print the plan (with --check) or the result as JSON on stdout",
         "skip_prepare": "do not run prepare first (the nodes must have been prepared)",
+        "force": "deploy even though the last verify-comm failed or is too old (and say so)",
         **LOCK_HELP,
     }
 )
 @_guard
-def deploy(c, cluster, check=False, json=False, skip_prepare=False, message=None, lock_wait=0):
+def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False, message=None, lock_wait=0):
     """Prepare, then start serving as a new release: node 0, then the headless workers; ready = health, models, chat."""
-    return app.deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare, message=message, lock_wait=float(lock_wait))
+    return app.deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare, force=force, message=message, lock_wait=float(lock_wait))
 
 
 @task(
@@ -120,6 +121,20 @@ def deploy(c, cluster, check=False, json=False, skip_prepare=False, message=None
 def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None):
     """Serving logs of the cluster's containers, each line prefixed with its host."""
     return app.serving_logs(cluster, host=host, follow=follow, since=since, tail=tail)
+
+
+@task(
+    name="verify-comm",
+    help={
+        "cluster": "cluster name: a module in inventory/",
+        "json": "print the report as JSON on stdout",
+        "full": "Ascend: ping the full NPU matrix even on large clusters",
+    },
+)
+@_guard
+def verify_comm(c, cluster, json=False, full=False):
+    """Is multi-node communication healthy? Ascend hccn_tool checks and NPU pings; NVIDIA IB/NIC and all_reduce_perf."""
+    return app.verify_comm(cluster, json_out=json, full=full)
 
 
 @task(help={"cluster": "cluster name", "json": "print the releases as JSON"})
@@ -223,4 +238,4 @@ lock_ns = Collection("lock")
 lock_ns.add_task(lock_status, name="status")
 lock_ns.add_task(lock_break, name="break")
 
-ns = Collection(facts, prepare, check_nodes, deploy, serving_logs, releases, rollback, status, stop, restart, audit, demo, sim, lock_ns)
+ns = Collection(facts, prepare, check_nodes, verify_comm, deploy, serving_logs, releases, rollback, status, stop, restart, audit, demo, sim, lock_ns)

@@ -201,6 +201,7 @@ def deploy(
     check: bool = False,
     json_out: bool = False,
     skip_prepare: bool = False,
+    force: bool = False,
     message: str | None = None,
     lock_wait: float = 0,
 ) -> int:
@@ -233,7 +234,7 @@ def deploy(
     with Runner(cluster) as runner:
         with lock.held(runner, cluster, "deploy", message, lock_wait):
             try:
-                status, rid = _deploy_locked(cluster, runner, con, json_out, skip_prepare, secrets)
+                status, rid = _deploy_locked(cluster, runner, con, json_out, skip_prepare, secrets, force)
             except KeyboardInterrupt:
                 lock.audit(runner, cluster, "deploy", "interrupted")
                 raise
@@ -241,11 +242,19 @@ def deploy(
             return status
 
 
-def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: bool, skip_prepare: bool, secrets: list[str]) -> tuple[int, str | None]:
+def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: bool, skip_prepare: bool, secrets: list[str], force: bool = False) -> tuple[int, str | None]:
     import time as _time
 
     from . import deploy as dep
+    from . import verify
     from .release import content_hash, new_id
+
+    # the last communication check, kept on node 0
+    out, _, _ = runner.exec(cluster.node0, verify.last_report_script(cluster))
+    go, said = verify.gate(cluster, out, force)
+    if not go:
+        raise LlmdeployError(f"deploy refused: {said}")
+    con.print(f"[yellow]{escape(said)}[/]" if "not verified" in said or "--force" in said else escape(said))
 
     if not skip_prepare:
         status = _prepare_quiet(cluster.name) if json_out else prepare(cluster.name, run_checks=False)
@@ -380,3 +389,10 @@ def ops_call(name: str, cluster_name: str, json_out: bool = False, **kwargs) -> 
     if name == "lock.break":
         return ops.lock_break(cluster, con, kwargs.get("reason") or "")
     raise LlmdeployError(f"unknown operation {name}")
+
+
+def verify_comm(cluster_name: str, json_out: bool = False, full: bool = False) -> int:
+    from . import verify
+
+    cluster = load_cluster(cluster_name)
+    return verify.run(cluster, report.console(json_out), json_out, full)

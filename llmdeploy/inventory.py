@@ -208,6 +208,19 @@ class DeploySettings(Strict):
     stop_timeout_s: int = Field(default=60, ge=0)
 
 
+class VerifySettings(Strict):
+    """invoke verify-comm."""
+
+    # NPU pings: the full matrix up to this many pings, a sampled plan above
+    ping_full_max: int = Field(default=2048, ge=1)
+    # NVIDIA: all_reduce_perf's arguments (nccl-tests README) and the busbw
+    # floor in GB/s (like NCCL_TESTS_MIN_BW); None: no floor
+    all_reduce_args: str = Field(default="-b 8 -e 8G -f 2 -g 1", pattern=r"^[A-Za-z0-9 .=-]+$")
+    nccl_min_busbw: float | None = Field(default=None, gt=0)
+    # deploy refuses a cluster whose last verification is older (None: any age)
+    max_age_s: float | None = Field(default=7 * 86400, gt=0)
+
+
 # --- serving profiles -----------------------------------------------------------
 class VllmAscendProfile(Strict):
     """``vllm serve`` on Ascend: node 0 plus headless data-parallel workers."""
@@ -345,6 +358,7 @@ class Cluster(Strict):
     # Where the tool keeps releases, the ledger and the lock on every node.
     budget: Budget = Field(default_factory=Budget)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
+    verify: VerifySettings = Field(default_factory=VerifySettings)
     # NVIDIA: the ibstat Rate every port must show (Gb/s; 400 = NDR); None
     # skips the InfiniBand check (clusters on RoCE/Ethernet only).
     ib_rate: int | None = Field(default=400, ge=1)
@@ -582,6 +596,7 @@ def _describe_loc(loc: tuple, raw_nodes: list | None) -> str:
 _TITLE_FIELD = {
     "Budget": "budget",
     "DeploySettings": "deploy",
+    "VerifySettings": "verify",
     "Model": "model",
     "Image": "image",
     "Ssh": "ssh",

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS=(openssh-server openssh-client iproute2 util-linux procps psmisc)
+DEBS=(openssh-server openssh-client iproute2 iputils-ping util-linux procps psmisc)
 missing=()
 for p in "${DEBS[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -40,9 +40,10 @@ from .paths import (
 )
 
 SSHD = "/usr/sbin/sshd"
+HCCN_CONF = "/etc/hccn.conf"
 REPO = Path(__file__).resolve().parent.parent
 STANDINS_ASCEND = ["npu-smi", "hccn_tool", "lscpu", "numactl", "docker"]
-STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "docker", "ibstat"]
+STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "docker", "ibstat", "mpirun", "all_reduce_perf"]
 # on PATH inside simulated containers (before the host's own directories)
 CONTAINER_STANDINS = {"python3": "container-python3", "vllm": "vllm"}
 
@@ -71,7 +72,7 @@ def preflight() -> None:
 
 def _links(name: str) -> dict:
     sid = short_id(name)
-    return {"mgmt_bridge": f"ld{sid}m", "data_bridge": f"ld{sid}d"}
+    return {"mgmt_bridge": f"ld{sid}m", "data_bridge": f"ld{sid}d", "npu_bridge": f"ld{sid}n"}
 
 
 def _mgmt_gateway(cluster: Cluster) -> ipaddress.IPv4Interface:
@@ -112,6 +113,38 @@ def write_model(model_dir: Path) -> None:
         _write(model_dir / name, text)
 
 
+def _batch(commands: list[str], netns: str | None = None) -> None:
+    """Many ``ip`` commands in one process (sim.up of 32 hosts makes ~1000 links)."""
+    if not commands:
+        return
+    args = ["ip"] + (["-n", netns] if netns else []) + ["-batch", "-"]
+    res = subprocess.run(args, input="\n".join(commands) + "\n", capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SimError(f"{' '.join(args)} failed: {res.stderr.strip()}")
+
+
+def _hccn_wrapper() -> str:
+    """hccn_tool: pings go over the simulated NPU network for real (ping
+    from interface npu<d>), in the tool's output format; the rest is answered
+    by the Python stand-in from node.json."""
+    return (
+        "#!/bin/sh\n"
+        "# simulated hccn_tool: see sim/standins\n"
+        'if [ "$1" = -i ] && { [ "$3" = -ping ] || [ "$3" = -hccs_ping ]; } && [ "$4" = -g ] && [ "$5" = address ] && [ -n "$6" ]; then\n'
+        '    dev=$2; addr=$6\n'
+        '    [ -e /sys/class/net/npu$dev ] || { echo "Device id $dev is invalid."; exit 1; }\n'
+        '    echo "device $dev PING $addr"\n'
+        '    out=$(ping -n -c 2 -i 0.2 -W 1 -I npu$dev "$addr" 2>&1)\n'
+        '    echo "$out" | grep -E "bytes from" | sed "s/.*icmp_seq=\\([0-9]*\\).*time=\\(.*\\) ms/recv seq=\\1,time=\\2ms/"\n'
+        '    sent=$(echo "$out" | sed -n "s/^\\([0-9]*\\) packets transmitted.*/\\1/p"); recv=$(echo "$out" | sed -n "s/.* \\([0-9]*\\) received.*/\\1/p")\n'
+        '    sent=${sent:-2}; recv=${recv:-0}\n'
+        '    awk -v s="$sent" -v r="$recv" \'BEGIN { printf "%d packets transmitted, %d received, %.2f%% packet loss\\n", s, r, (s - r) * 100 / s }\'\n'
+        "    exit 0\n"
+        "fi\n"
+        f"PYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -m sim.standins hccn_tool \"$@\"\n"
+    )
+
+
 def _wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen, log: Path) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -148,6 +181,11 @@ def up(cluster: Cluster, echo=print) -> dict:
         if not os.path.isdir(d):
             os.makedirs(d, exist_ok=True)
             made.append(d)
+    ascend = cluster.platform_info.vendor == "ascend"
+    if ascend and not os.path.exists(HCCN_CONF):
+        # mount point for each host's own /etc/hccn.conf (an empty file here)
+        Path(HCCN_CONF).touch()
+        made.append(HCCN_CONF)
     made_file.write_text(json.dumps(sorted(set(made))))
 
     gw = _mgmt_gateway(cluster)
@@ -157,6 +195,12 @@ def up(cluster: Cluster, echo=print) -> dict:
     _sh("ip", "link", "set", mb, "up")
     _sh("ip", "link", "add", db, "type", "bridge")
     _sh("ip", "link", "set", db, "up")
+    nb = links["npu_bridge"]
+    if ascend:
+        # the NPUs' RoCE network: NPU d of every host on its own plane (a
+        # bridge per NPU index, like one switch plane and subnet per index),
+        # through an interface npu<d> in each host
+        _batch([c for d in range(cluster.platform_info.devices) for c in (f"link add {nb}{d} type bridge", f"link set {nb}{d} up")])
 
     known_hosts, ssh_config = [], []
     procs = []
@@ -184,17 +228,32 @@ def up(cluster: Cluster, echo=print) -> dict:
         _sh("ip", "link", "set", dv, "mtu", "9000")
         _sh("ip", "-n", ns, "link", "set", node.nic, "up")
 
+        hw = hardware.node_hardware(cluster, i, node)
+        if ascend:
+            root_cmds, ns_cmds = [], []
+            for npu in hw["npus"]:
+                d = npu["id"]
+                host_side = f"{nb}{d}x{i}"
+                root_cmds.append(f"link add {host_side} type veth peer name npu{d} netns {ns}")
+                root_cmds.append(f"link set {host_side} master {nb}{d} up")
+                ns_cmds.append(f"addr add {npu['ip']}/24 dev npu{d}")
+                ns_cmds.append(f"link set npu{d} up")
+            _batch(root_cmds)
+            _batch(ns_cmds, ns)
+
         # private filesystem view
         root = hdir / "root"
         for d in PRIVATE_DIRS:
             (root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
-        hw = hardware.node_hardware(cluster, i, node)
         hardware.save(root / HOST_STATE_DIR.lstrip("/"), hw)
         _write(hdir / "meminfo", hardware.meminfo(hw))
         bindir = hdir / "bin"
         tools = STANDINS_ASCEND if cluster.platform_info.vendor == "ascend" else STANDINS_NVIDIA
         for tool in tools:
             _write(bindir / tool, _standin_wrapper(tool), 0o755)
+        if ascend:
+            _write(bindir / "hccn_tool", _hccn_wrapper(), 0o755)
+            _write(hdir / "hccn.conf", hardware.hccn_conf(hw))
         for name, tool in CONTAINER_STANDINS.items():
             _write(hdir / "cbin" / name, _standin_wrapper(tool, keep_pythonpath=True), 0o755)
         # a small stand-in checkpoint at the model (and tokenizer) path
@@ -238,6 +297,7 @@ def up(cluster: Cluster, echo=print) -> dict:
                 f"hostname {shlex.quote(node.name)}",
                 *binds,
                 f"mount --bind {shlex.quote(str(hdir / 'meminfo'))} /proc/meminfo",
+                *([f"mount --bind {shlex.quote(str(hdir / 'hccn.conf'))} {HCCN_CONF}"] if ascend else []),
                 "mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm",
                 f"exec {SSHD} -D -f {shlex.quote(str(hdir / 'sshd_config'))} -E {shlex.quote(str(hdir / 'sshd.log'))}",
             ]
@@ -354,7 +414,11 @@ def down(name: str, echo=print) -> bool:
     if not running() and made_file.exists():
         for d in json.loads(made_file.read_text()):
             try:
-                os.rmdir(d)
+                if os.path.isfile(d):
+                    if os.path.getsize(d) == 0:
+                        os.remove(d)
+                else:
+                    os.rmdir(d)
             except OSError:
                 pass
         made_file.unlink()

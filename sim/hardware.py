@@ -47,7 +47,6 @@ def node_hardware(cluster: Cluster, index: int, node: Node) -> dict:
         "npus": [],
         "gpus": [],
     }
-    octet3 = 100 + (index % 150)
     if plat.vendor == "ascend":
         hw["devices"] = [f"/dev/davinci{d}" for d in range(plat.devices)] + ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
         chips = shape["chips_per_npu"]
@@ -62,11 +61,18 @@ def node_hardware(cluster: Cluster, index: int, node: Node) -> dict:
                     "bus_id": f"0000:{0x9D + 2 * d:02X}:00.0",
                     "numa": d * numa // plat.devices,
                     "hbm_mib": 65536,
-                    # NPU-side RoCE / vNIC address (hccn_tool -ip -g / -vnic -g)
-                    "ip": f"29.{octet3}.{d}.{10 + index}",
-                    "netmask": "255.255.0.0",
+                    # NPU-side RoCE / vNIC address (hccn_tool -ip -g / -vnic -g):
+                    # NPU d of every node in its own /24 (test range), on a
+                    # real interface npu<d> of the host (see sim.cluster)
+                    "ip": npu_ip(d, index),
+                    "netmask": "255.255.255.0",
                     "link": "UP",
                     "net_health": "Success",
+                    "netdetect": npu_gateway(d),
+                    "gateway": npu_gateway(d),
+                    "lldp_ifname": f"400GE1/{index // 8}/{(index % 8) * 16 + d + 1}",
+                    "tls": 0,
+                    "optical": "present",
                 }
             )
     else:
@@ -92,6 +98,23 @@ def node_hardware(cluster: Cluster, index: int, node: Node) -> dict:
             for d in range(plat.devices):
                 hw["numa_nodes"].append({"id": numa + d, "cpus": None, "mem_mib": shape["gpu_mem_mib"]})
     return hw
+
+
+def npu_ip(device: int, index: int) -> str:
+    return f"198.19.{128 + device}.{10 + index}"
+
+
+def npu_gateway(device: int) -> str:
+    return f"198.19.{128 + device}.1"
+
+
+def hccn_conf(hw: dict) -> str:
+    """/etc/hccn.conf as hccn_tool writes it."""
+    lines = []
+    for n in hw["npus"]:
+        lines += [f"address_{n['id']}={n['ip']}", f"netmask_{n['id']}={n['netmask']}",
+                  f"netdetect_{n['id']}={n['netdetect']}", f"gateway_{n['id']}={n['gateway']}"]
+    return "\n".join(lines) + "\n"
 
 
 def meminfo(hw: dict) -> str:

@@ -1,0 +1,259 @@
+"""``invoke verify-comm``: is the cluster's communication healthy, and if not,
+which NPU on which node, or which pair, is broken.
+
+Ascend: one round trip per node for every hccn_tool query (roles.comm), the
+TLS value compared across every NPU of every node, then one round trip per
+node for its share of the ping plan (pings in parallel on every node).
+NVIDIA: the facts (GPUs, topology, ibstat, the NCCL interface), then
+``all_reduce_perf`` under ``mpirun`` from node 0 against the busbw floor.
+
+The report (a table for people, JSON for machines) is also written on node 0
+(``<base>/<cluster>/verify-comm.json``) with its time, so that ``deploy`` can
+refuse a cluster whose last verification failed or is too old.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections import Counter
+
+from rich.console import Console
+from rich.markup import escape
+
+from . import report
+from .inventory import Cluster
+from .release import root
+from .runner import Runner, Step
+
+
+def report_path(cluster: Cluster) -> str:
+    return f"{root(cluster)}/verify-comm.json"
+
+
+def _cell(items: list[tuple[int, bool, str]], total: int) -> tuple[bool, str, list[str]]:
+    bad = [(d, detail) for d, ok, detail in items if not ok]
+    if not bad:
+        return True, f"{total}/{total}", []
+    reasons = [f"npu{d}: {detail}" for d, detail in bad]
+    return False, f"{total - len(bad)}/{total}", reasons
+
+
+def ascend(cluster: Cluster, runner: Runner, full: bool) -> dict:
+    from roles import comm
+
+    vs = cluster.verify
+    res = runner.run(Step(name="hccn_tool checks", build=lambda n: comm.ascend_script(cluster, n), timeout=max(120.0, cluster.ssh.command_timeout)))
+    nodes: dict[str, dict] = {}
+    ips: dict[str, dict[int, str]] = {}
+    tls_values: dict[tuple[str, int], str] = {}
+    for n in cluster.nodes:
+        r = res[n.name]
+        if r.failed:
+            nodes[n.name] = {"reachable": False, "error": r.msg, "checks": {}}
+            continue
+        parsed = comm.parse_ascend(cluster, n, r.stdout)
+        ips[n.name] = parsed["ips"]
+        checks = {}
+        total = len(parsed["npus"])
+        for check in comm.CHECKS:
+            items = [(d, v[check][0], v[check][1]) for d, v in parsed["npus"].items()]
+            ok, text, reasons = _cell(items, total)
+            checks[check] = {"ok": ok, "summary": text, "failures": reasons}
+        for d, v in parsed["npus"].items():
+            if v["tls"][0]:
+                tls_values[(n.name, d)] = v["tls"][1]
+        checks["hccn.conf"] = {"ok": parsed["hccn_conf"] is not None, "summary": "read" if parsed["hccn_conf"] is not None else "missing",
+                               "failures": [] if parsed["hccn_conf"] is not None else ["/etc/hccn.conf could not be read"]}
+        nodes[n.name] = {"reachable": True, "checks": checks}
+    # TLS: the same switch value on every NPU of every node
+    if tls_values:
+        common, _ = Counter(tls_values.values()).most_common(1)[0]
+        for (host, d), v in tls_values.items():
+            if v != common:
+                c = nodes[host]["checks"]["tls"]
+                c["ok"] = False
+                c["failures"].append(f"npu{d}: TLS switch {v}, the other NPUs have {common}")
+        for host, nd in nodes.items():
+            if nd.get("reachable"):
+                c = nd["checks"]["tls"]
+                bad = len(c["failures"])
+                total = len([k for k in tls_values if k[0] == host]) or 1
+                c["summary"] = f"{total - bad}/{total} (switch {common})"
+    # pings
+    mode, plan = comm.ping_plan(cluster, ips, full, vs.ping_full_max)
+    reachable = [n for n in cluster.nodes if nodes[n.name].get("reachable")]
+    res = runner.run(Step(name=f"NPU pings ({mode})", build=lambda n: comm.ping_script(cluster, plan[n.name]), timeout=max(300.0, cluster.ssh.command_timeout)), reachable)
+    links = []
+    for n in reachable:
+        r = res[n.name]
+        pings = plan[n.name]
+        if r.failed:
+            results = [{"npu": d, "to": b, "to_npu": bd, "ip": ip, "loss": 100.0, "ok": False, "reason": r.msg} for d, b, bd, ip in pings]
+        elif r.status == "skipped":
+            results = []
+        else:
+            results = comm.parse_pings(r.stdout, pings)
+        for x in results:
+            x["from"] = n.name
+        links += results
+    failed = [x for x in links if not x["ok"]]
+    for n in reachable:
+        mine = [x for x in links if x["from"] == n.name]
+        bad = [x for x in mine if not x["ok"]]
+        nodes[n.name]["checks"]["pings"] = {
+            "ok": not bad and bool(mine or len(cluster.nodes) == 1),
+            "summary": f"{len(mine) - len(bad)}/{len(mine)}",
+            "failures": [f"npu{x['npu']} -> {x['to']}/npu{x['to_npu']}: {x['reason']}" for x in bad],
+        }
+    # nodes whose NPU IPs are missing cannot be pinged: say so on them
+    for n in reachable:
+        missing = [d for d in range(n.devices or cluster.platform_info.devices) if d not in ips.get(n.name, {})]
+        if missing:
+            nodes[n.name]["checks"]["pings"]["failures"].append(f"npu{','.join(map(str, missing))}: no NPU IP, not pinged")
+            nodes[n.name]["checks"]["pings"]["ok"] = False
+    return {"nodes": nodes, "plan": mode, "links": {"planned": len(links), "failed": failed}}
+
+
+def nvidia(cluster: Cluster, runner: Runner) -> dict:
+    from roles import comm, facts, nic
+
+    vs = cluster.verify
+    res = runner.run(facts.gather_step(cluster))
+    nodes: dict[str, dict] = {}
+    for n in cluster.nodes:
+        r = res[n.name]
+        if r.failed:
+            nodes[n.name] = {"reachable": False, "error": r.msg, "checks": {}}
+            continue
+        f = r.data
+        want = n.devices or cluster.platform_info.devices
+        gpus = f["devices"]
+        unhealthy = [f"gpu{g['id']}: {g['health']}" for g in gpus if g.get("health") != "OK"]
+        checks = {
+            "gpus": {"ok": len(gpus) == want and not unhealthy, "summary": f"{len(gpus) - len(unhealthy)}/{want}",
+                     "failures": unhealthy + ([f"{len(gpus)} of {want} GPUs visible"] if len(gpus) != want else [])},
+            "topology": {"ok": all(g.get("cpu_affinity") for g in gpus) and bool(gpus), "summary": "read" if gpus else "-",
+                         "failures": [f"gpu{g['id']}: no CPU affinity in nvidia-smi topo -m" for g in gpus if not g.get("cpu_affinity")]},
+        }
+        ib = nic.ib_problems(cluster, f)
+        checks["ib"] = {"ok": not ib, "summary": f"{len(f.get('ib_ports') or [])} ports" if not ib else "FAILED", "failures": ib}
+        nicp = facts.nic_problems(n, f)
+        checks["nccl_if"] = {"ok": not nicp, "summary": n.nic, "failures": nicp}
+        nodes[n.name] = {"reachable": True, "checks": checks}
+    perf = None
+    if all(v.get("reachable") for v in nodes.values()):
+        cmd = comm.all_reduce_command(cluster, vs.all_reduce_args, vs.nccl_min_busbw)
+        out, err, code = runner.exec(cluster.node0, cmd, timeout=max(600.0, cluster.ssh.command_timeout))
+        perf = comm.parse_all_reduce(out)
+        perf["command"] = cmd
+        problems = []
+        if perf["max_busbw"] is None:
+            lines = [ln for ln in (err + out).strip().splitlines() if ln.strip()]
+            problems.append(f"all_reduce_perf did not run (exit {code}): {lines[-1] if lines else 'no output'}")
+        else:
+            if vs.nccl_min_busbw and perf["max_busbw"] < vs.nccl_min_busbw:
+                problems.append(f"busbw {perf['max_busbw']:g} GB/s < floor {vs.nccl_min_busbw:g} GB/s (verify.nccl_min_busbw)")
+            if not perf["oob_ok"]:
+                problems.append(f"out of bounds values: {perf['out_of_bounds']} FAILED")
+            if perf["wrong_ranks"]:
+                problems.append(f"wrong results on ranks {perf['wrong_ranks']}")
+        perf["ok"] = not problems
+        perf["failures"] = problems
+    return {"nodes": nodes, "all_reduce": perf}
+
+
+def run(cluster: Cluster, con: Console, json_out: bool, full: bool) -> int:
+    started = time.time()
+    with Runner(cluster) as runner:
+        if cluster.platform_info.vendor == "ascend":
+            result = ascend(cluster, runner, full)
+        else:
+            result = nvidia(cluster, runner)
+        ok = all(v.get("reachable") and all(c["ok"] for c in v["checks"].values()) for v in result["nodes"].values())
+        if result.get("all_reduce") is not None:
+            ok = ok and result["all_reduce"]["ok"]
+        elif cluster.platform_info.vendor == "nvidia":
+            ok = False
+        doc = {"cluster": cluster.name, "ok": ok, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+               "epoch": int(started), "duration_s": round(time.time() - started, 1), **result}
+        # keep the report on node 0 for deploy (and the next engineer)
+        from roles.files import put_script
+
+        saved = runner.exec(cluster.node0, put_script(report_path(cluster), json.dumps(doc, indent=1) + "\n", 0o644))
+        from . import lock
+
+        lock.audit(runner, cluster, "verify-comm", "passed" if ok else "failed", None,
+                   failed=[f"{x['from']}/npu{x['npu']} -> {x['to']}/npu{x['to_npu']}" for x in (result.get("links") or {}).get("failed", [])][:20])
+    if json_out:
+        report.emit_json(doc)
+        return 0 if ok else 1
+    _print(con, cluster, doc)
+    if saved[2] != 0:
+        con.print(f"[yellow]could not save the report on {cluster.node0.name}: {escape(saved[1].strip())}[/]")
+    return 0 if ok else 1
+
+
+def _print(con: Console, cluster: Cluster, doc: dict) -> None:
+    checks: list[str] = []
+    for v in doc["nodes"].values():
+        for k in v.get("checks", {}):
+            if k not in checks:
+                checks.append(k)
+    rows = []
+    for host, v in doc["nodes"].items():
+        if not v.get("reachable"):
+            rows.append([f"[bold red]{host}[/]"] + [f"[red]{escape(v.get('error', 'unreachable'))}[/]"] + [""] * (len(checks) - 1))
+            continue
+        cells = []
+        for k in checks:
+            c = v["checks"].get(k)
+            if c is None:
+                cells.append("-")
+            elif c["ok"]:
+                cells.append(f"[green]{escape(c['summary'])}[/]")
+            else:
+                shown = "\n".join(escape(x) for x in c["failures"][:4]) + (f"\n(+{len(c['failures']) - 4} more)" if len(c["failures"]) > 4 else "")
+                cells.append(f"[bold red]{escape(c['summary'])}[/]\n[red]{shown}[/]")
+        rows.append([host] + cells)
+    con.print(report.table(f"verify-comm: {cluster.name} ({cluster.platform_info.name}, {len(doc['nodes'])} nodes)", ["host"] + checks, rows))
+    links = doc.get("links")
+    if links is not None:
+        con.print(f"NPU pings ({doc['plan']} plan): {links['planned'] - len(links['failed'])}/{links['planned']} without loss")
+        for x in links["failed"][:50]:
+            con.print(f"  [red]{x['from']}/npu{x['npu']} → {x['to']}/npu{x['to_npu']}: {escape(x['reason'])}[/]")
+        if len(links["failed"]) > 50:
+            con.print(f"  (+{len(links['failed']) - 50} more failing links; --json lists all)")
+    perf = doc.get("all_reduce")
+    if perf is not None:
+        style = "green" if perf["ok"] else "bold red"
+        con.print(f"all_reduce_perf: busbw {perf['max_busbw']} GB/s (avg {perf['avg_busbw']}), out of bounds {perf['out_of_bounds']}: [{style}]{'ok' if perf['ok'] else '; '.join(perf['failures'])}[/]")
+    verdict = "[bold green]communication healthy[/]" if doc["ok"] else "[bold red]communication FAILED[/]"
+    con.print(f"{verdict}; report saved on {cluster.node0.name}:{report_path(cluster)}")
+
+
+def last_report_script(cluster: Cluster) -> str:
+    return f"cat {shlex.quote(report_path(cluster))} 2>/dev/null; true"
+
+
+def gate(cluster: Cluster, text: str, force: bool, now: float | None = None) -> tuple[bool, str]:
+    """May deploy proceed given node 0's last verification? (ok, what to say)."""
+    max_age = cluster.verify.max_age_s
+    try:
+        doc = json.loads(text) if text.strip() else None
+    except ValueError:
+        doc = None
+    if doc is None:
+        return True, f"no verify-comm report on {cluster.node0.name}: communication was not verified (run invoke verify-comm --cluster {cluster.name})"
+    age = (now or time.time()) - doc.get("epoch", 0)
+    problems = []
+    if not doc.get("ok"):
+        problems.append(f"the last verify-comm ({doc.get('time')}) FAILED")
+    if max_age is not None and age > max_age:
+        problems.append(f"the last verify-comm ({doc.get('time')}) is {int(age)}s old (verify.max_age_s {max_age:g})")
+    if not problems:
+        return True, f"communication verified at {doc.get('time')}"
+    if force:
+        return True, "; ".join(problems) + ": deploying anyway (--force)"
+    return False, "; ".join(problems) + f": run invoke verify-comm --cluster {cluster.name}, or deploy with --force"
