@@ -1,6 +1,6 @@
 """The simulated twin of b200.py: 2 simulated 8-GPU B200 hosts, trtllm-serve TP16."""
 
-from llmdeploy.inventory import Cluster, Model
+from llmdeploy.inventory import Cluster, Model, VerifySettings
 from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
 from sim.paths import sim_nodes, sim_ssh
 
@@ -12,5 +12,7 @@ cluster = Cluster(
     nodes=sim_nodes("sim-b200-", 2, "198.19.20.10"),
     model=Model(path="/root/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8"),
     image=image(IMAGE_TRTLLM),
+    # all_reduce_perf busbw floor (GB/s) for the simulated pair
+    verify=VerifySettings(nccl_min_busbw=300),
     profile=trtllm_qwen38_fp8("qwen3.8-low-latency.yaml"),
 )

@@ -39,3 +39,12 @@ def test_deploy_a2_ends_healthy_and_logs_reads_them(sim_cluster):
     assert res.returncode == 0 and "sim-a2-0 | " in res.stdout and "Application startup complete." in res.stdout
     bad = run_invoke("logs", "--cluster", SIM_CLUSTER, "--since", "1h; reboot")
     assert bad.returncode == 2 and "--since" in bad.stderr
+
+
+def test_verify_comm_a2_passes(sim_cluster):
+    res = run_invoke("verify-comm", "--cluster", SIM_CLUSTER, "--json", timeout=600)
+    doc = json.loads(res.stdout)
+    assert res.returncode == 0 and doc["ok"], res.stdout[-2000:]
+    assert doc["plan"] == "full" and doc["links"]["planned"] == 8 * 7 * 8
+    # A2 reads the NPU IP with -ip (A3: -vnic) and pings with -ping
+    assert all(v["checks"]["npu_ip"]["summary"] == "8/8" for v in doc["nodes"].values())
