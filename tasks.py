@@ -98,13 +98,15 @@ def check_nodes(c, cluster, limit=None, select=None):
         "json": "print the plan (with --check) or the result as JSON on stdout",
         "skip_prepare": "do not run prepare first (the nodes must have been prepared)",
         "force": "deploy even though the last verify-comm failed or is too old (and say so)",
+        "rollback_on_failure": "if the new release fails, bring back the last good one (else the cluster is left stopped)",
         **LOCK_HELP,
     }
 )
 @_guard
-def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False, message=None, lock_wait=0):
+def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False, message=None, lock_wait=0, rollback_on_failure=False):
     """Prepare, then start serving as a new release: node 0, then the headless workers; ready = health, models, chat."""
-    return app.deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare, force=force, message=message, lock_wait=float(lock_wait))
+    return app.deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare, force=force, message=message,
+                      lock_wait=float(lock_wait), rollback_on_failure=rollback_on_failure)
 
 
 @task(

@@ -204,6 +204,7 @@ def deploy(
     force: bool = False,
     message: str | None = None,
     lock_wait: float = 0,
+    rollback_on_failure: bool = False,
 ) -> int:
     """Prepare (unless skipped), then start serving as a new release, under the
     deploy lock; see llmdeploy.deploy."""
@@ -239,6 +240,12 @@ def deploy(
                 lock.audit(runner, cluster, "deploy", "interrupted")
                 raise
             lock.audit(runner, cluster, "deploy", "good" if status == 0 else "failed", rid, message=message or "")
+            if status and rid and rollback_on_failure:
+                from . import ops
+
+                con.print("[bold]--rollback-on-failure[/]: bringing back the last good release")
+                back = ops.rollback_locked(cluster, runner, con, None, message, json_out, _report_outcome, after_failed=True)
+                con.print("the last good release is serving again; the deploy still failed" if back == 0 else "[bold red]the rollback failed too[/]: the cluster is stopped")
             return status
 
 

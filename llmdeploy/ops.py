@@ -91,35 +91,46 @@ def plans_from_releases(cluster: Cluster, metas: dict[str, dict]) -> list[dep.No
 def rollback(cluster: Cluster, con: Console, to: str | None, message: str | None, lock_wait: float, json_out: bool, finish_outcome) -> int:
     with Runner(cluster) as runner:
         with lock.held(runner, cluster, "rollback", message, lock_wait):
-            records, current = read_ledger(runner, cluster)
-            target = rollback_target(records, current, to)
-            con.print(f"[bold]rollback {cluster.name}[/]: {current} -> {target}")
-            # everything must be there on every node before anything is stopped
-            res = runner.run(Step(name="verify target", build=lambda n: verify_script(cluster, target)))
-            problems, metas = {}, {}
-            for h, r in res.items():
-                lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("missing", "image "))]
-                if r.failed or lines:
-                    problems[h] = r.msg if r.failed else "; ".join(lines)
-                    continue
-                metas[h] = json.loads(r.stdout[r.stdout.index("{"):])
-            if problems:
-                lock.audit(runner, cluster, "rollback", "refused", target, problems=problems)
-                raise LlmdeployError(
-                    f"rollback to {target} refused before stopping anything: "
-                    + "; ".join(f"{h}: {p}" for h, p in problems.items())
-                )
-            plans = plans_from_releases(cluster, metas)
-            image_id = next(iter(metas.values())).get("image_id")
-            chash = next((r.get("config_hash") for r in records if r["release"] == target), "")
-            d = dep.Deployer(cluster, runner, con, quiet=json_out)
-            out = dep.Outcome(ok=False, release=target)
-            t0 = time.monotonic()
-            if d.start(plans, target, out):
-                d.finish(target, image_id, chash, out, action="rollback", **{"from": current})
-            status = finish_outcome(cluster, runner, con, d, plans, out, image_id, chash, list(cluster.secret_values().values()), json_out, time.monotonic() - t0, verb="rollback")
-            lock.audit(runner, cluster, "rollback", "good" if status == 0 else "failed", target, **{"from": current, "message": message or ""})
-            return status
+            return rollback_locked(cluster, runner, con, to, message, json_out, finish_outcome)
+
+
+def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | None, message: str | None, json_out: bool, finish_outcome, after_failed: bool = False) -> int:
+    """The rollback itself, for a caller that holds the deploy lock. After a
+    failed deploy (``after_failed``) the target is the current release: the
+    last good one, which the failed deploy stopped."""
+    records, current = read_ledger(runner, cluster)
+    if after_failed:
+        if not current:
+            raise LlmdeployError("no good release to bring back: this cluster has never served")
+        to = current
+    target = rollback_target(records, current, to)
+    con.print(f"[bold]rollback {cluster.name}[/]: {current} -> {target}")
+    # everything must be there on every node before anything is stopped
+    res = runner.run(Step(name="verify target", build=lambda n: verify_script(cluster, target)))
+    problems, metas = {}, {}
+    for h, r in res.items():
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("missing", "image "))]
+        if r.failed or lines:
+            problems[h] = r.msg if r.failed else "; ".join(lines)
+            continue
+        metas[h] = json.loads(r.stdout[r.stdout.index("{"):])
+    if problems:
+        lock.audit(runner, cluster, "rollback", "refused", target, problems=problems)
+        raise LlmdeployError(
+            f"rollback to {target} refused before stopping anything: "
+            + "; ".join(f"{h}: {p}" for h, p in problems.items())
+        )
+    plans = plans_from_releases(cluster, metas)
+    image_id = next(iter(metas.values())).get("image_id")
+    chash = next((r.get("config_hash") for r in records if r["release"] == target), "")
+    d = dep.Deployer(cluster, runner, con, quiet=json_out)
+    out = dep.Outcome(ok=False, release=target)
+    t0 = time.monotonic()
+    if d.start(plans, target, out):
+        d.finish(target, image_id, chash, out, action="rollback", **{"from": current})
+    status = finish_outcome(cluster, runner, con, d, plans, out, image_id, chash, list(cluster.secret_values().values()), json_out, time.monotonic() - t0, verb="rollback")
+    lock.audit(runner, cluster, "rollback", "good" if status == 0 else "failed", target, **{"from": current, "message": message or ""})
+    return status
 
 
 def releases(cluster: Cluster, con: Console, json_out: bool) -> int:

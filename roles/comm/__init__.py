@@ -120,13 +120,20 @@ def ping_plan(cluster: Cluster, ips: dict[str, dict[int, str]], full: bool, full
     return mode, plan
 
 
-def ping_script(cluster: Cluster, pings: list[tuple[int, str, int, str]]) -> str | None:
+def ping_script(cluster: Cluster, pings: list[tuple[int, str, int, str]], lanes: int = 4) -> str | None:
+    """All of a node's pings, in ``lanes`` parallel lanes (each lane runs its
+    pings one after another, one NPU's pings in one lane). Bounded: a 32-node
+    cluster pinging with every NPU at once starves the hosts' CPUs and the
+    late replies read as loss."""
     if not pings:
         return None
     flag = "-hccs_ping" if cluster.platform == "a3" else "-ping"
     lines = [hccn(cluster), 't=$(mktemp -d "${TMPDIR:-/tmp}/llmdeploy-ping.XXXXXX")', "trap 'rm -rf \"$t\"' EXIT"]
+    by_lane: dict[int, list[str]] = {}
     for k, (d, _, _, ip) in enumerate(pings):
-        lines.append(f'"$HCCN" -i {d} {flag} -g address {shlex.quote(ip)} > "$t/{k}" 2>&1 &')
+        by_lane.setdefault(d % max(1, lanes), []).append(f'"$HCCN" -i {d} {flag} -g address {shlex.quote(ip)} > "$t/{k}" 2>&1')
+    for _, cmds in sorted(by_lane.items()):
+        lines.append(f"( {'; '.join(cmds)} ) &")
     lines.append("wait")
     for k in range(len(pings)):
         lines.append(f'echo "{PING_MARK} {k}"; cat "$t/{k}"')

@@ -278,22 +278,27 @@ def _fmt_arg(argv: list[str]) -> tuple[str | None, list[str]]:
     return fmt, rest
 
 
-def image_inspect(argv: list[str]) -> int:
-    fmt, refs = _fmt_arg(argv)
+def _inspect(argv: list[str], lookup, missing: str) -> int:
+    """``docker [image] inspect [--format F] NAME...``: objects found by ``lookup``."""
+    fmt, names = _fmt_arg(argv)
     found, code = [], 0
-    for ref in refs:
-        img = find_image(ref)
-        if img is None:
-            print(f"Error response from daemon: No such image: {ref}", file=sys.stderr)
+    for name in names:
+        obj = lookup(name)
+        if obj is None:
+            print(missing.format(name=name), file=sys.stderr)
             code = 1
         else:
-            found.append(img)
+            found.append(obj)
     if fmt:
-        for img in found:
-            print(_format(fmt, img))
+        for obj in found:
+            print(_format(fmt, obj))
     else:
         print(json.dumps(found, indent=4))
     return code
+
+
+def image_inspect(argv: list[str]) -> int:
+    return _inspect(argv, find_image, "Error response from daemon: No such image: {name}")
 
 
 def images_cmd(argv: list[str]) -> int:
@@ -669,22 +674,7 @@ def ps(argv: list[str]) -> int:
 
 
 def inspect(argv: list[str]) -> int:
-    fmt, names = _fmt_arg(argv)
-    found, code = [], 0
-    for name in names:
-        c = _find_container(name)
-        obj = c if c is not None else find_image(name)
-        if obj is None:
-            print(f"Error: No such object: {name}", file=sys.stderr)
-            code = 1
-        else:
-            found.append(obj)
-    if fmt:
-        for obj in found:
-            print(_format(fmt, obj))
-    else:
-        print(json.dumps(found, indent=4))
-    return code
+    return _inspect(argv, lambda name: _find_container(name) or find_image(name), "Error: No such object: {name}")
 
 
 def logs(argv: list[str]) -> int:

@@ -213,3 +213,25 @@ def test_a_stale_lock_is_broken_only_with_lock_break(releases_ab):
     assert [ln.split(":")[0].strip() for ln in lines][-1] == "sim-a3-0"
     assert all(_containers(f"sim-a3-{i}") == {} for i in range(4))
     assert _ssh("sim-a3-1", "ls /dev/shm/moe_* 2>/dev/null | wc -l").stdout.strip() == "0"
+
+
+def test_failed_deploy_with_rollback_on_failure_brings_back_the_last_good(releases_ab, tmp_path):
+    good = json.loads(run_invoke("releases", "--cluster", SIM_CLUSTER, "--json").stdout)["current"]
+    state = host_dir(SIM_CLUSTER, "sim-a3-1") / "root/etc/llmdeploy-sim"
+    saved = hardware.load(state)
+    # the new release's worker crashes on all its 3 starts (1 + 2 retries);
+    # the rollback's start of the good release is the 4th and succeeds
+    hardware.save(state, dict(saved, vllm={"crash_first": 3}))
+    (state / "vllm-starts").unlink(missing_ok=True)
+    try:
+        res = run_invoke("deploy", "--cluster", SIM_CLUSTER, "--skip-prepare", "--rollback-on-failure",
+                         env={"LLMDEPLOY_LOG_DIR": str(tmp_path)}, timeout=400)
+    finally:
+        hardware.save(state, saved)
+    assert res.returncode == 1
+    assert "deploy failed on sim-a3-1: worker exited 3 times" in res.stdout
+    assert f"-> {good}" in res.stdout and "the last good release is serving again; the deploy still failed" in res.stdout
+    ledger = _ledger()
+    assert ledger[-1]["release"] == good and ledger[-1]["action"] == "rollback" and ledger[-1]["result"] == "good"
+    assert ledger[-2]["result"] == "failed"
+    assert run_invoke("status", "--cluster", SIM_CLUSTER).returncode == 0

@@ -3,6 +3,8 @@ with pytest-testinfra (run by `invoke check --cluster NAME`)."""
 
 import re
 
+import pytest
+
 from roles import budget, commenv, model, wheels
 from roles.facts import parse_listen
 
@@ -71,3 +73,16 @@ def test_serving_ports(host, cluster, node, serving):
             assert listening, f"port {port} ({field}) is not listening although {serving[0]} runs"
         else:
             assert not listening, f"port {port} ({field}) is taken by something else"
+
+
+def test_current_release_container_running(host, cluster):
+    """After a deploy: the current release's container runs (a cleanly
+    stopped cluster has none, and is skipped)."""
+    link = host.file(f"{cluster.base_dir}/{cluster.name}/current")
+    if not link.exists:
+        pytest.skip("nothing deployed yet")
+    name = f"{cluster.name}-{link.linked_to.rsplit('/', 1)[-1]}"
+    out = host.run("docker inspect --format '{{.State.Status}} {{.State.ExitCode}}' %s", name)
+    if out.rc != 0:
+        pytest.skip(f"{name} is not here: the cluster is stopped")
+    assert out.stdout.split()[0] == "running", f"{name} is {out.stdout.strip()}"
