@@ -49,6 +49,7 @@ def _guard(fn):
 
 
 @task(
+    positional=[],
     help={
         "cluster": "cluster name: a module in inventory/ (e.g. a3, sim-a3)",
         "json": "print the facts as JSON on stdout (people's output goes to stderr)",
@@ -62,6 +63,8 @@ def facts(c, cluster, json=False, limit=None):
 
 
 @task(
+    positional=[],
+    auto_shortflags=False,
     help={
         "cluster": "cluster name: a module in inventory/",
         "check": "change nothing; say what would change",
@@ -78,6 +81,7 @@ def prepare(c, cluster, check=False, diff=False, limit=None, json=False, no_chec
 
 
 @task(
+    positional=[],
     name="check",
     help={
         "cluster": "cluster name: a module in inventory/",
@@ -92,6 +96,8 @@ def check_nodes(c, cluster, limit=None, select=None):
 
 
 @task(
+    positional=[],
+    auto_shortflags=False,
     help={
         "cluster": "cluster name: a module in inventory/",
         "check": "change nothing: print per node the exact container and serve commands it would run",
@@ -109,7 +115,8 @@ def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False,
                       lock_wait=float(lock_wait), rollback_on_failure=rollback_on_failure)
 
 
-@task(
+@task(auto_shortflags=False, 
+    positional=[],
     name="logs",
     help={
         "cluster": "cluster name: a module in inventory/",
@@ -126,6 +133,7 @@ def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None):
 
 
 @task(
+    positional=[],
     name="verify-comm",
     help={
         "cluster": "cluster name: a module in inventory/",
@@ -139,7 +147,7 @@ def verify_comm(c, cluster, json=False, full=False):
     return app.verify_comm(cluster, json_out=json, full=full)
 
 
-@task(help={"cluster": "cluster name", "json": "print the releases as JSON"})
+@task(positional=[], help={"cluster": "cluster name", "json": "print the releases as JSON"})
 @_guard
 def releases(c, cluster, json=False):
     """The release ledger from node 0: id, time, who, image digest, config hash, result, current."""
@@ -147,6 +155,7 @@ def releases(c, cluster, json=False):
 
 
 @task(
+    positional=[],
     help={
         "cluster": "cluster name",
         "to": "the release to bring back (default: the newest good one before the current)",
@@ -160,70 +169,70 @@ def rollback(c, cluster, to=None, json=False, message=None, lock_wait=0):
     return app.ops_call("rollback", cluster, json_out=json, to=to, message=message, lock_wait=float(lock_wait))
 
 
-@task(help={"cluster": "cluster name", "diff": "compare what runs with the current release's record and name every drift", "json": "print as JSON"})
+@task(positional=[], help={"cluster": "cluster name", "diff": "compare what runs with the current release's record and name every drift", "json": "print as JSON"})
 @_guard
 def status(c, cluster, diff=False, json=False):
     """Per node: the current release's container, start rank, image, uptime; and node 0's /health."""
     return app.ops_call("status", cluster, json_out=json, diff=diff)
 
 
-@task(help={"cluster": "cluster name", **LOCK_HELP})
+@task(positional=[], help={"cluster": "cluster name", **LOCK_HELP})
 @_guard
 def stop(c, cluster, message=None, lock_wait=0):
     """Stop serving: workers first, then node 0 (logs kept); remove stale /dev/shm/moe_* files."""
     return app.ops_call("stop", cluster, message=message, lock_wait=float(lock_wait))
 
 
-@task(help={"cluster": "cluster name", "host": "the worker to restart", **LOCK_HELP})
+@task(auto_shortflags=False, positional=[], help={"cluster": "cluster name", "host": "the worker to restart", **LOCK_HELP})
 @_guard
 def restart(c, cluster, host, message=None, lock_wait=0):
     """Restart one worker into the current release with its own start rank; wait until healthy."""
     return app.ops_call("restart", cluster, host=host, message=message, lock_wait=float(lock_wait))
 
 
-@task(help={"cluster": "cluster name", "last": "only the last N lines", "json": "print as JSON"})
+@task(positional=[], help={"cluster": "cluster name", "last": "only the last N lines", "json": "print as JSON"})
 @_guard
 def audit(c, cluster, last=None, json=False):
     """The audit log on node 0: deploys, rollbacks, stops, restarts, lock breaks."""
     return app.ops_call("audit", cluster, json_out=json, last=int(last) if last else None)
 
 
-@task(name="status", help={"cluster": "cluster name"})
+@task(positional=[], name="status", help={"cluster": "cluster name"})
 @_guard
 def lock_status(c, cluster):
     """Who holds the deploy lock, since when, running what (exit 1 while held)."""
     return app.ops_call("lock.status", cluster)
 
 
-@task(name="break", help={"cluster": "cluster name", "reason": "why the holder is gone (kept in the audit log)"})
+@task(positional=[], name="break", help={"cluster": "cluster name", "reason": "why the holder is gone (kept in the audit log)"})
 @_guard
 def lock_break(c, cluster, reason=None):
     """Remove a deploy lock whose holder vanished; the break and its reason are audited."""
     return app.ops_call("lock.break", cluster, reason=reason)
 
 
-@task(help={"cluster": "simulated cluster to bring up (an inventory named sim-*)"})
+@task(positional=[], help={"cluster": "simulated cluster to bring up (an inventory named sim-*)"})
 @_guard
 def sim_up(c, cluster="sim-a3"):
     """Bring up a simulated cluster: a network namespace and a real sshd per node."""
     return app.sim_up(cluster)
 
 
-@task(help={"cluster": "only this simulated cluster (default: every one that is up)"})
+@task(positional=[], help={"cluster": "only this simulated cluster (default: every one that is up)"})
 @_guard
 def sim_down(c, cluster=None):
     """Remove simulated clusters: processes, namespaces, links and files."""
     return app.sim_down(cluster)
 
 
-@task
+@task(positional=[])
 @_guard
 def sim_status(c):
     """List the simulated clusters that are up."""
     return app.sim_status()
 
 
-@task(help={"cluster": "simulated cluster to run the demo on"})
+@task(positional=[], help={"cluster": "simulated cluster to run the demo on"})
 @_guard
 def demo(c, cluster="sim-a3"):
     """The main job on the built-in simulated cluster: bring it up, then prepare it (and check it)."""
