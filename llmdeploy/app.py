@@ -9,7 +9,7 @@ from . import lock, report
 from .errors import LlmdeployError
 from .inventory import Cluster, load_cluster
 from .plan import Context, load_playbook, resolve_step, select_nodes
-from .runner import FAILED, SKIPPED, HostResult, Runner
+from .runner import SKIPPED, Runner
 
 
 def run_playbook(
@@ -208,20 +208,18 @@ def deploy(
 ) -> int:
     """Prepare (unless skipped), then start serving as a new release, under the
     deploy lock; see llmdeploy.deploy."""
+    from roles import serve
+
     from . import deploy as dep
-    from .release import content_hash, new_id
 
     con = report.console(json_out)
     cluster = load_cluster(cluster_name)
     secrets = list(cluster.secret_values().values())
-    dep.plan(cluster, "00000000T000000Z-00000000", {})  # refuses unsupported profiles before touching a node
+    serve.profile_of(cluster)  # refuses unsupported profiles before touching a node
     if check:
         # the plan needs no node: prepare's records only repeat what the
         # inventory decides (the image to run); nothing is read or changed
-        draft = dep.plan(cluster, "00000000T000000Z-00000000", {})
-        chash = content_hash([cluster.image.ref] + [x for p in draft for x in (p.env_text, p.serve_command, p.container_command)])
-        rid = new_id(chash)
-        plans = dep.plan(cluster, rid, {})
+        rid, chash, plans = dep.plan_release(cluster, {}, cluster.image.ref)
         doc = {"cluster": cluster.name, "release": rid, "config_hash": chash[:16], "nodes": [p.as_json(secrets) for p in plans]}
         if json_out:
             report.emit_json(doc)
@@ -254,7 +252,6 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
 
     from . import deploy as dep
     from . import verify
-    from .release import content_hash, new_id
 
     # the last communication check, kept on node 0
     out, _, _ = runner.exec(cluster.node0, verify.last_report_script(cluster))
@@ -270,8 +267,7 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
                 con.print("[bold red]deploy stopped: prepare failed[/] (nothing was started or stopped)")
             return status, None
     d = dep.Deployer(cluster, runner, con, quiet=json_out)
-    state = d.read_state()
-    prepared = {h: s["prepared"] for h, s in state.items()}
+    prepared = d.read_prepared()
     missing = [h for h, p in prepared.items() if p is None]
     if missing:
         raise LlmdeployError(f"no prepare record on {', '.join(missing)}: run invoke prepare --cluster {cluster.name} first")
@@ -279,10 +275,7 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
     if len(image_ids) != 1:
         raise LlmdeployError(f"the nodes' prepare records name {len(image_ids)} image IDs: run invoke prepare --cluster {cluster.name}")
     image_id = image_ids.pop()
-    draft = dep.plan(cluster, "00000000T000000Z-00000000", prepared)
-    chash = content_hash([image_id] + [x for p in draft for x in (p.env_text, p.serve_command, p.container_command)])
-    rid = new_id(chash)
-    plans = dep.plan(cluster, rid, prepared)
+    rid, chash, plans = dep.plan_release(cluster, prepared, image_id)
     con.print(f"[bold]deploy {cluster.name}[/]: release {rid}")
     t0 = _time.monotonic()
     try:

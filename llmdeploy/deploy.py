@@ -36,6 +36,8 @@ from .errors import LlmdeployError
 from .inventory import Cluster, Node
 from .release import (
     append_script,
+    content_hash,
+    new_id,
     ledger_path,
     ledger_record,
     release_dir,
@@ -91,12 +93,12 @@ def env_file(cluster: Cluster, rid: str) -> str:
 
 def plan(cluster: Cluster, rid: str, prepared: dict[str, dict]) -> list[NodePlan]:
     """Per node: what the release runs. Pure: inventory + prepare's records."""
-    from roles import commenv, serve
+    from roles import commenv, serve, wheels
 
     out = []
     for n in cluster.nodes:
         rec = prepared.get(n.name) or {}
-        image = (rec.get("image") or {}).get("serving_ref") or cluster.image.ref
+        image = (rec.get("image") or {}).get("serving_ref") or wheels.serving_ref(cluster)
         out.append(
             NodePlan(
                 host=n.name,
@@ -111,6 +113,18 @@ def plan(cluster: Cluster, rid: str, prepared: dict[str, dict]) -> list[NodePlan
             )
         )
     return out
+
+
+DRAFT_ID = "00000000T000000Z-00000000"
+
+
+def plan_release(cluster: Cluster, prepared: dict[str, dict], image_key: str) -> tuple[str, str, list[NodePlan]]:
+    """(release id, content hash, per-node plan): the id is the time plus a
+    hash of what every node runs and of the image (``image_key``)."""
+    draft = plan(cluster, DRAFT_ID, prepared)
+    chash = content_hash([image_key] + [x for p in draft for x in (p.env_text, p.serve_command, p.container_command)])
+    rid = new_id(chash)
+    return rid, chash, plan(cluster, rid, prepared)
 
 
 def release_files(cluster: Cluster, p: NodePlan, rid: str, image_id: str | None) -> dict[str, tuple[str, int]]:
@@ -128,38 +142,17 @@ def release_files(cluster: Cluster, p: NodePlan, rid: str, image_id: str | None)
 
 
 # --- remote scripts ---------------------------------------------------------------------------
-def state_script(cluster: Cluster) -> str:
+def prepared_script(cluster: Cluster) -> str:
     from roles import record
 
-    q = shlex.quote
-    return (
-        f"echo '@@prepared'; cat {q(record.prepared_path(cluster))} 2>/dev/null; "
-        f"echo '@@current'; readlink {q(cluster.base_dir + '/' + cluster.name + '/current')} 2>/dev/null; "
-        f"echo '@@containers'; docker ps -a --filter label=llmdeploy.cluster={q(cluster.name)} "
-        "--format '{{.Names}} {{.State}} {{.Label \"llmdeploy.release\"}}'\n"
-    )
+    return f"cat {shlex.quote(record.prepared_path(cluster))} 2>/dev/null; true\n"
 
 
-def parse_state(out: str) -> dict:
-    parts: dict[str, list[str]] = {}
-    cur = None
-    for line in out.splitlines():
-        if line.startswith("@@"):
-            cur = line[2:]
-            parts[cur] = []
-        elif cur:
-            parts[cur].append(line)
+def parse_prepared(out: str) -> dict | None:
     try:
-        prepared = json.loads("\n".join(parts.get("prepared", []))) if parts.get("prepared") else None
+        return json.loads(out) if out.strip() else None
     except ValueError:
-        prepared = None
-    current = (parts.get("current") or [""])[0].rsplit("/", 1)[-1] or None
-    containers = []
-    for line in parts.get("containers", []):
-        f = line.split()
-        if len(f) >= 2:
-            containers.append({"name": f[0], "state": f[1], "release": f[2] if len(f) > 2 else ""})
-    return {"prepared": prepared, "current": current, "containers": containers}
+        return None
 
 
 def stop_script(cluster: Cluster, keep_release: str | None, timeout: int) -> str:
@@ -177,6 +170,21 @@ def stop_script(cluster: Cluster, keep_release: str | None, timeout: int) -> str
         f'docker stop -t {int(timeout)} "$name" >/dev/null 2>&1; docker rm -f "$name" >/dev/null 2>&1 && echo "stopped $name"; '
         "done; true\n"
     )
+
+
+def stop_in_order(runner: Runner, cluster: Cluster, script: str, name: str, say) -> dict[str, HostResult]:
+    """Run a stop script on the workers, then on node 0 (a worker outliving
+    node 0 only waits for it); every line it prints goes to ``say``."""
+    results: dict[str, HostResult] = {}
+    for group in (cluster.nodes[1:], [cluster.node0]):
+        if not group:
+            continue
+        res = runner.run(Step(name=name, build=lambda n: script, timeout=cluster.deploy.stop_timeout_s + 60), group)
+        for h, r in res.items():
+            for line in r.stdout.splitlines():
+                say(f"  {h}: {escape(line)}")
+        results.update(res)
+    return results
 
 
 def start_script(cluster: Cluster, rid: str, container: str, attempt: int) -> str:
@@ -273,12 +281,13 @@ class Deployer:
     def exec_all(self, name: str, build, nodes: list[Node] | None = None, timeout: float | None = None) -> dict[str, HostResult]:
         return self.r.run(Step(name=name, build=build, timeout=timeout), nodes if nodes is not None else list(self.c.nodes))
 
-    def read_state(self) -> dict[str, dict]:
-        res = self.exec_all("read state", lambda n: state_script(self.c))
+    def read_prepared(self) -> dict[str, dict | None]:
+        """Each node's prepare record (None where there is none)."""
+        res = self.exec_all("read prepare records", lambda n: prepared_script(self.c))
         bad = {h: r.msg for h, r in res.items() if r.failed}
         if bad:
-            raise LlmdeployError("cannot read the nodes' state: " + "; ".join(f"{h}: {m}" for h, m in bad.items()))
-        return {h: parse_state(r.stdout) for h, r in res.items()}
+            raise LlmdeployError("cannot read the nodes' prepare records: " + "; ".join(f"{h}: {m}" for h, m in bad.items()))
+        return {h: parse_prepared(r.stdout) for h, r in res.items()}
 
     def ledger(self, record: dict) -> None:
         out, err, code = self.r.exec(self.node0, append_script(ledger_path(self.c), record))
@@ -323,12 +332,7 @@ class Deployer:
         by_host = {p.host: p for p in plans}
         # 3. stop the previous release: workers first, then node 0
         t = time.monotonic()
-        for group in (self.workers, [self.node0]):
-            if group:
-                res = self.exec_all("stop previous", lambda n: stop_script(c, rid, d.stop_timeout_s), group, timeout=d.stop_timeout_s + 60)
-                for h, r in res.items():
-                    for line in r.stdout.splitlines():
-                        self.say(f"  {h}: {escape(line)}")
+        stop_in_order(self.r, c, stop_script(c, rid, d.stop_timeout_s), "stop previous", self.say)
         out.phases["stop previous"] = time.monotonic() - t
 
         # 4. node 0, then its RPC port

@@ -14,23 +14,26 @@ import time
 from rich.console import Console
 from rich.markup import escape
 
+from roles.facts import section, split_sections
+
 from . import deploy as dep
 from . import lock, report
 from .errors import LlmdeployError
 from .inventory import Cluster, Node
-from .release import RELEASE_RE, current_link, ledger_path, parse_ledger, release_dir
+from .release import RELEASE_RE, current_link, ledger_path, parse_ledger, release_dir, root
 from .runner import Runner, Step
 
 
 def read_ledger(runner: Runner, cluster: Cluster) -> tuple[list[dict], str | None]:
     """(ledger lines, node 0's current release)."""
     q = shlex.quote
-    out, err, code = runner.exec(cluster.node0, f"cat {q(ledger_path(cluster))} 2>/dev/null; echo '@@current'; readlink {q(current_link(cluster))} 2>/dev/null; true")
-    if code != 0:
-        raise LlmdeployError(f"{cluster.node0.name}: cannot read the ledger: {err.strip()}")
-    text, _, cur = out.partition("@@current\n")
-    current = cur.strip().rsplit("/", 1)[-1] or None
-    return parse_ledger(text), current
+    script = section("ledger", f"cat {q(ledger_path(cluster))} 2>/dev/null || true") + "\n" + section("current", f"readlink {q(current_link(cluster))} || true")
+    out, err, code = runner.exec(cluster.node0, script)
+    s = split_sections(out)
+    if code != 0 or "ledger" not in s:
+        raise LlmdeployError(f"{cluster.node0.name}: cannot read the ledger: {err.strip() or out.strip()}")
+    current = s.get("current", ("", 0))[0].strip().rsplit("/", 1)[-1] or None
+    return parse_ledger(s["ledger"][0]), current
 
 
 def release_table(records: list[dict]) -> list[dict]:
@@ -153,42 +156,33 @@ def releases(cluster: Cluster, con: Console, json_out: bool) -> int:
 
 def status_script(cluster: Cluster) -> str:
     q = shlex.quote
-    link = current_link(cluster)
-    return (
-        f"rel=$(readlink {q(link)} 2>/dev/null); rel=${{rel##*/}}; echo \"@@release $rel\"\n"
-        f"[ -n \"$rel\" ] && cat {q(cluster.base_dir + '/' + cluster.name)}/releases/\"$rel\"/release.json 2>/dev/null\n"
-        f"echo '@@env'; [ -n \"$rel\" ] && cat {q(cluster.base_dir + '/' + cluster.name)}/releases/\"$rel\"/env 2>/dev/null\n"
-        f"echo '@@inspect'; [ -n \"$rel\" ] && docker inspect --format '{{{{json .}}}}' {q(cluster.name)}-\"$rel\" 2>/dev/null\n"
-        "true\n"
-    )
+    rel = f'{q(root(cluster))}/releases/"$rel"'
+    return "\n".join([
+        f"rel=$(readlink {q(current_link(cluster))} 2>/dev/null); rel=${{rel##*/}}",
+        section("release", 'echo "$rel"'),
+        section("meta", f'[ -n "$rel" ] && cat {rel}/release.json'),
+        section("env", f'[ -n "$rel" ] && cat {rel}/env'),
+        section("inspect", f"[ -n \"$rel\" ] && docker inspect --format '{{{{json .}}}}' {q(cluster.name)}-\"$rel\""),
+    ]) + "\n"
 
 
 def parse_status(out: str) -> dict:
-    rel = ""
-    parts: dict[str, list[str]] = {"meta": []}
-    cur = "meta"
-    for line in out.splitlines():
-        if line.startswith("@@release"):
-            rel = line.split(" ", 1)[1].strip() if " " in line else ""
-            cur = "meta"
-        elif line == "@@env":
-            cur = "env"
-            parts[cur] = []
-        elif line == "@@inspect":
-            cur = "inspect"
-            parts[cur] = []
-        else:
-            parts.setdefault(cur, []).append(line)
     from roles.commenv import parse_env_file
 
-    def load(lines):
+    s = split_sections(out)
+
+    def text(name: str) -> str:
+        v = s.get(name)
+        return v[0] if v and v[1] == 0 else ""
+
+    def load(name: str):
         try:
-            return json.loads("\n".join(lines)) if lines else None
+            return json.loads(text(name)) if text(name).strip() else None
         except ValueError:
             return None
 
-    return {"release": rel or None, "meta": load(parts.get("meta")), "env": parse_env_file("\n".join(parts.get("env", []))),
-            "container": load(parts.get("inspect"))}
+    return {"release": text("release").strip() or None, "meta": load("meta"), "env": parse_env_file(text("env")),
+            "container": load("inspect")}
 
 
 def drift(cluster: Cluster, node: Node, st: dict) -> list[str]:
@@ -283,16 +277,12 @@ def stop(cluster: Cluster, con: Console, message: str | None, lock_wait: float) 
     with Runner(cluster) as runner:
         with lock.held(runner, cluster, "stop", message, lock_wait):
             script = dep.stop_script(cluster, None, cluster.deploy.stop_timeout_s) + "rm -f /dev/shm/moe_* 2>/dev/null; true\n"
+            res = dep.stop_in_order(runner, cluster, script, "stop", con.print)
             failed = False
-            for group in (cluster.nodes[1:], [cluster.node0]):
-                if not group:
-                    continue
-                for h, r in runner.run(Step(name="stop", build=lambda n: script, timeout=cluster.deploy.stop_timeout_s + 60), group).items():
-                    if r.failed:
-                        con.print(f"[red]{h}: {escape(r.msg)}[/]")
-                        failed = True
-                    for line in r.stdout.splitlines():
-                        con.print(f"  {h}: {escape(line)}")
+            for h, r in res.items():
+                if r.failed:
+                    con.print(f"[red]{h}: {escape(r.msg)}[/]")
+                    failed = True
             lock.audit(runner, cluster, "stop", "failed" if failed else "stopped", None, message=message or "")
             con.print(f"{cluster.name}: stopped (workers first, then node 0); stale /dev/shm/moe_* removed")
             return 1 if failed else 0

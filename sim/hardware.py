@@ -36,7 +36,6 @@ def node_hardware(cluster: Cluster, index: int, node: Node) -> dict:
         {"id": i, "cpus": [i * per_numa, (i + 1) * per_numa - 1], "mem_mib": shape["mem_gib"] * 1024 // numa}
         for i in range(numa)
     ]
-    devices = node.devices or plat.devices
     hw: dict = {
         "platform": cluster.platform,
         "hostname": node.name,

@@ -23,7 +23,7 @@ import re
 import shlex
 
 from llmdeploy.inventory import Cluster, Node
-from roles.facts import _section, split_sections
+from roles.facts import section, split_sections
 
 CHECKS = ["link", "health", "netdetect", "gateway", "lldp", "optical", "tls", "npu_ip"]
 PING_MARK = "@@llmdeploy-ping@@"
@@ -38,10 +38,10 @@ def ascend_script(cluster: Cluster, node: Node) -> str:
     query = "-vnic" if cluster.platform_info.npu_ip_query == "vnic" else "-ip"
     items = [("link", "-link"), ("health", "-net_health"), ("netdetect", "-netdetect"), ("gateway", "-gateway"),
              ("lldp", "-lldp"), ("tls", "-tls"), ("optical", "-optical"), ("npu_ip", query)]
-    parts = [hccn(cluster), _section("hccn.conf", "cat /etc/hccn.conf")]
+    parts = [hccn(cluster), section("hccn.conf", "cat /etc/hccn.conf")]
     for d in range(node.devices or cluster.platform_info.devices):
         for name, flag in items:
-            parts.append(_section(f"{name} {d}", f'"$HCCN" -i {d} {flag} -g'))
+            parts.append(section(f"{name} {d}", f'"$HCCN" -i {d} {flag} -g'))
     return "\n".join(parts) + "\n"
 
 

@@ -16,7 +16,7 @@ from llmdeploy.runner import FAILED, OK, HostResult, Step
 MARK = "@@llmdeploy@@"
 
 
-def _section(name: str, command: str) -> str:
+def section(name: str, command: str) -> str:
     # every section ends with its exit status, so a missing tool is a fact too
     return f"echo '{MARK} {name}'; {{ {command} ; }} 2>&1; echo \"{MARK}rc $?\""
 
@@ -25,44 +25,44 @@ def build(cluster: Cluster, node: Node) -> str:
     """The facts script for one node (POSIX sh, read-only)."""
     model = shlex.quote(cluster.model.path)
     parts = [
-        _section("hostname", "hostname"),
-        _section("os", "cat /etc/os-release"),
-        _section("kernel", "uname -r"),
-        _section("lscpu", "lscpu -e=CPU,NODE"),
-        _section("numactl", "numactl -H"),
-        _section("meminfo", "cat /proc/meminfo"),
+        section("hostname", "hostname"),
+        section("os", "cat /etc/os-release"),
+        section("kernel", "uname -r"),
+        section("lscpu", "lscpu -e=CPU,NODE"),
+        section("numactl", "numactl -H"),
+        section("meminfo", "cat /proc/meminfo"),
         # free disk where the model lives (nearest existing parent)
-        _section("df", f"p={model}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -Pk \"$p\""),
-        _section("addr", "ip -o -4 addr show"),
-        _section("link", "ip -o link show"),
-        _section("docker", "docker --version"),
+        section("df", f"p={model}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -Pk \"$p\""),
+        section("addr", "ip -o -4 addr show"),
+        section("link", "ip -o link show"),
+        section("docker", "docker --version"),
         # free space where the tool keeps releases and logs
-        _section("df_base", f"p={shlex.quote(cluster.base_dir)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -Pk \"$p\""),
+        section("df_base", f"p={shlex.quote(cluster.base_dir)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -Pk \"$p\""),
         # TCP listeners, and this cluster's serving containers (ports they hold are ours)
-        _section("listen", "ss -Htln"),
-        _section("ours", f"docker ps --filter label=llmdeploy.cluster={shlex.quote(cluster.name)} --format '{{{{.Names}}}}'"),
+        section("listen", "ss -Htln"),
+        section("ours", f"docker ps --filter label=llmdeploy.cluster={shlex.quote(cluster.name)} --format '{{{{.Names}}}}'"),
     ]
     plat = cluster.platform_info
     if plat.vendor == "ascend":
         parts += [
-            _section("npusmi", "npu-smi info"),
-            _section("npusmi_topo", "npu-smi info -t topo"),
+            section("npusmi", "npu-smi info"),
+            section("npusmi_topo", "npu-smi info -t topo"),
         ]
         hccn = "HCCN=$(command -v hccn_tool || echo /usr/local/Ascend/driver/tools/hccn_tool)"
         query = "-vnic" if plat.npu_ip_query == "vnic" else "-ip"
         devices = node.devices or plat.devices
         parts.append(hccn)
         for i in range(devices):
-            parts.append(_section(f"npu_ip {i}", f'"$HCCN" -i {i} {query} -g'))
+            parts.append(section(f"npu_ip {i}", f'"$HCCN" -i {i} {query} -g'))
     else:
         parts += [
-            _section(
+            section(
                 "nvsmi",
                 "nvidia-smi --query-gpu=index,name,uuid,memory.total,pci.bus_id,"
                 "ecc.errors.uncorrected.volatile.total --format=csv,noheader,nounits",
             ),
-            _section("nvtopo", "nvidia-smi topo -m"),
-            _section("ibstat", "ibstat"),
+            section("nvtopo", "nvidia-smi topo -m"),
+            section("ibstat", "ibstat"),
         ]
     return "\n".join(parts) + "\n"
 

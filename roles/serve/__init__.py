@@ -30,7 +30,8 @@ def _json_arg(value: dict) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def _profile(cluster: Cluster) -> VllmAscendProfile:
+def profile_of(cluster: Cluster) -> VllmAscendProfile:
+    """The cluster's profile, if deploy can start it (else LlmdeployError)."""
     if not isinstance(cluster.profile, VllmAscendProfile):
         raise LlmdeployError(
             f"{cluster.name}: deploy starts vllm-ascend profiles (seed 001); starting {cluster.profile.kind} is not built yet"
@@ -40,7 +41,7 @@ def _profile(cluster: Cluster) -> VllmAscendProfile:
 
 def vllm_args(cluster: Cluster, node: Node) -> list[str]:
     """``vllm serve`` and its flags, in the seed's order."""
-    prof = _profile(cluster)
+    prof = profile_of(cluster)
     worker = node.name != cluster.node0.name
     args = ["vllm", "serve", cluster.model.path]
     if worker:
@@ -98,7 +99,7 @@ def cache_mount(cluster: Cluster) -> str:
 def docker_run_args(cluster: Cluster, node: Node, release: str, env_file: str, image: str, binding_args: list[str] | None = None) -> list[str]:
     """The seed's ``docker run``, detached, named for the cluster and release,
     with the release's environment file. Logs are kept: no ``--rm``."""
-    _profile(cluster)
+    profile_of(cluster)
     args = [
         "docker", "run", "-d",
         "--name", container_name(cluster, release),

@@ -4,10 +4,7 @@ nothing, and each injected fault fails exactly the node that has it."""
 
 import hashlib
 import json
-import os
 import subprocess
-import time
-from pathlib import Path
 
 import pytest
 

@@ -5,8 +5,6 @@ else; deploy refuses the failed verification unless --force."""
 import json
 import subprocess
 
-import pytest
-
 from sim import hardware
 from sim.paths import host_dir, netns_name
 from tests.conftest import run_invoke

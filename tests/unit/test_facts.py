@@ -1,7 +1,6 @@
 """The facts role: the script it builds, and its parsers fed with the
 stand-ins' output (which follows the real tools' formats)."""
 
-import json
 import os
 import shlex
 import subprocess
