@@ -208,115 +208,15 @@ def deploy(
 ) -> int:
     """Prepare (unless skipped), then start serving as a new release, under the
     deploy lock; see llmdeploy.deploy."""
-    from roles import serve
-
     from . import deploy as dep
 
     con = report.console(json_out)
     cluster = load_cluster(cluster_name)
-    secrets = list(cluster.secret_values().values())
-    serve.profile_of(cluster)  # refuses unsupported profiles before touching a node
-    if check:
-        # the plan needs no node: prepare's records only repeat what the
-        # inventory decides (the image to run); nothing is read or changed
-        rid, chash, plans = dep.plan_release(cluster, {}, cluster.image.ref)
-        doc = {"cluster": cluster.name, "release": rid, "config_hash": chash[:16], "nodes": [p.as_json(secrets) for p in plans]}
-        if json_out:
-            report.emit_json(doc)
-        else:
-            for p in doc["nodes"]:
-                con.print(f"[bold]{p['host']}[/] ({p['role']}, start rank {p['start_rank']})")
-                con.print(f"  container: {escape(p['container_command'])}", soft_wrap=True)
-                con.print(f"  serve:     {escape(p['serve_command'])}", soft_wrap=True)
-            con.print("check mode: nothing was read from or changed on any node")
-        return 0
-    with Runner(cluster) as runner:
-        with lock.held(runner, cluster, "deploy", message, lock_wait):
-            try:
-                status, rid = _deploy_locked(cluster, runner, con, json_out, skip_prepare, secrets, force)
-            except KeyboardInterrupt:
-                lock.audit(runner, cluster, "deploy", "interrupted")
-                raise
-            lock.audit(runner, cluster, "deploy", "good" if status == 0 else "failed", rid, message=message or "")
-            if status and rid and rollback_on_failure:
-                from . import ops
 
-                con.print("[bold]--rollback-on-failure[/]: bringing back the last good release")
-                back = ops.rollback_locked(cluster, runner, con, None, message, json_out, _report_outcome, after_failed=True)
-                con.print("the last good release is serving again; the deploy still failed" if back == 0 else "[bold red]the rollback failed too[/]: the cluster is stopped")
-            return status
+    def prepare_fn(name: str, quiet: bool) -> int:
+        return _prepare_quiet(name) if quiet else prepare(name, run_checks=False)
 
-
-def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: bool, skip_prepare: bool, secrets: list[str], force: bool = False) -> tuple[int, str | None]:
-    import time as _time
-
-    from . import deploy as dep
-    from . import verify
-
-    # the last communication check, kept on node 0
-    out, _, _ = runner.exec(cluster.node0, verify.last_report_script(cluster))
-    go, said = verify.gate(cluster, out, force)
-    if not go:
-        raise LlmdeployError(f"deploy refused: {said}")
-    con.print(f"[yellow]{escape(said)}[/]" if "not verified" in said or "--force" in said else escape(said))
-
-    if not skip_prepare:
-        status = _prepare_quiet(cluster.name) if json_out else prepare(cluster.name, run_checks=False)
-        if status:
-            if not json_out:
-                con.print("[bold red]deploy stopped: prepare failed[/] (nothing was started or stopped)")
-            return status, None
-    d = dep.Deployer(cluster, runner, con, quiet=json_out)
-    prepared = d.read_prepared()
-    missing = [h for h, p in prepared.items() if p is None]
-    if missing:
-        raise LlmdeployError(f"no prepare record on {', '.join(missing)}: run invoke prepare --cluster {cluster.name} first")
-    image_ids = {(p or {}).get("image", {}).get("id") for p in prepared.values()} - {None}
-    if len(image_ids) != 1:
-        raise LlmdeployError(f"the nodes' prepare records name {len(image_ids)} image IDs: run invoke prepare --cluster {cluster.name}")
-    image_id = image_ids.pop()
-    rid, chash, plans = dep.plan_release(cluster, prepared, image_id)
-    con.print(f"[bold]deploy {cluster.name}[/]: release {rid}")
-    t0 = _time.monotonic()
-    try:
-        outcome = d.run(plans, rid, image_id, chash[:16])
-    except KeyboardInterrupt:
-        con.print("[bold red]interrupted[/]: stopping the new release's containers")
-        runner.run(dep.Step(name="stop", build=lambda n: dep.stop_script(cluster, None, cluster.deploy.stop_timeout_s)))
-        d.ledger(dep.ledger_record(cluster, rid, "failed", image_id, chash[:16], reason="interrupted"))
-        raise
-    return _report_outcome(cluster, runner, con, d, plans, outcome, image_id, chash[:16], secrets, json_out, _time.monotonic() - t0), rid
-
-
-def _report_outcome(cluster, runner, con, d, plans, outcome, image_id, config_hash, secrets, json_out, took, verb="deploy") -> int:
-    from . import deploy as dep
-
-    rid = outcome.release
-    states = {h: (r.stdout.split() or ["missing"])[0] for h, r in runner.run(dep.Step(name="state", build=lambda n: dep.inspect_script(plans[0].container))).items()}
-    if outcome.ok:
-        con.print(dep.summary(cluster, plans, states, outcome.attempts))
-        for k, v in outcome.phases.items():
-            con.print(f"  {k}: {v:.1f}s")
-        con.print(f"[bold green]serving, release {rid}, healthy[/]: http://{cluster.node0.ip}:{cluster.profile.port}/v1 "
-                  f"(model {cluster.profile.served_model_name}) in {took:.1f}s")
-        if json_out:
-            report.emit_json({"cluster": cluster.name, "release": rid, "ok": True, "attempts": outcome.attempts, "phases": outcome.phases})
-        return 0
-    # failure: bundle, ledger, stop
-    root, tgz = dep.collect_bundle(cluster, runner, rid, plans, secrets)
-    try:
-        d.ledger(dep.ledger_record(cluster, rid, "failed", image_id, config_hash, reason=outcome.reason, where=outcome.where))
-    except LlmdeployError as exc:
-        con.print(f"[red]{escape(str(exc))}[/]")
-    runner.run(dep.Step(name="stop", build=lambda n: dep.stop_script(cluster, None, cluster.deploy.stop_timeout_s)))
-    con.print(dep.summary(cluster, plans, states, outcome.attempts))
-    con.print(f"[bold red]{verb} failed[/] on {outcome.where}: {escape(outcome.reason)}")
-    con.print(f"logs: {root} ({tgz})")
-    con.print(f"release {rid} is marked failed; the cluster is stopped (no serving container runs)")
-    if json_out:
-        report.emit_json({"cluster": cluster.name, "release": rid, "ok": False, "where": outcome.where, "reason": outcome.reason,
-                          "bundle": root, "archive": tgz, "attempts": outcome.attempts})
-    return 1
+    return dep.deploy(cluster, con, check, json_out, skip_prepare, force, message, lock_wait, rollback_on_failure, prepare_fn)
 
 
 def _prepare_quiet(cluster_name: str) -> int:
@@ -375,13 +275,13 @@ def ops_call(name: str, cluster_name: str, json_out: bool = False, **kwargs) -> 
     if name == "releases":
         return ops.releases(cluster, con, json_out)
     if name == "rollback":
-        return ops.rollback(cluster, con, kwargs.get("to"), kwargs.get("message"), kwargs.get("lock_wait") or 0, json_out, _report_outcome)
+        return ops.rollback(cluster, con, kwargs.get("to"), kwargs.get("message"), kwargs.get("lock_wait") or 0, json_out)
     if name == "status":
         return ops.status(cluster, con, kwargs.get("diff", False), json_out)
     if name == "stop":
         return ops.stop(cluster, con, kwargs.get("message"), kwargs.get("lock_wait") or 0)
     if name == "restart":
-        return ops.restart(cluster, con, kwargs["host"], kwargs.get("message"), kwargs.get("lock_wait") or 0)
+        return ops.restart(cluster, con, kwargs.get("host"), kwargs.get("message"), kwargs.get("lock_wait") or 0)
     if name == "audit":
         return ops.audit_log(cluster, con, kwargs.get("last"), json_out)
     if name == "lock.status":

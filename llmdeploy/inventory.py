@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import importlib.util
 import ipaddress
+import math
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -264,6 +265,132 @@ class VllmAscendProfile(Strict):
         return {"port": self.port, "rpc_port": self.rpc_port}
 
 
+# The curated trtllm-serve profiles of the TensorRT LLM guide (seed 000), as
+# they ship in the container under <trtllm_dir>/examples/configs/curated.
+QWEN38_RE = re.compile(r"qwen3[._-]?8(?![0-9])", re.IGNORECASE)
+QWEN35_RE = re.compile(r"qwen3[._-]?5(?![0-9])", re.IGNORECASE)
+# static EPLB maps (seed 000): 544 global slots per MoE layer, 512 routed experts
+EPLB_NUM_SLOTS = 544
+EPLB_NUM_EXPERTS = 512
+QWEN38_MOE_LAYERS = 92
+
+
+class CuratedProfile(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    checkpoint: str  # what the file was tuned for, for messages
+    family: str  # "Qwen3.8" / "Qwen3.5": served_model_name must name it
+    tp: tuple[int, ...]  # tensor_parallel_size values the guide runs it at, the minimum first
+    mtp: bool  # speculative_config (MTP3) is part of the profile
+    high_throughput: bool  # attention DP + a static EPLB map
+    eplb_layers: int | None = None  # MoE layers a static map must cover
+    eplb_map_name: str | None = None  # the guide's map for this profile
+
+
+TRTLLM_CURATED: dict[str, CuratedProfile] = {
+    "qwen3.8-low-latency.yaml": CuratedProfile(
+        checkpoint="Qwen3.8-2.4T-A95B FP8", family="Qwen3.8", tp=(16,), mtp=False, high_throughput=False
+    ),
+    "qwen3.8-low-latency-mtp3.yaml": CuratedProfile(
+        checkpoint="Qwen3.8-2.4T-A95B FP8", family="Qwen3.8", tp=(16,), mtp=True, high_throughput=False
+    ),
+    # TP16 is the checkpoint's minimum ("tensor_parallel_size: 16 for the
+    # minimum-GPU configurations"); "High-throughput profiles use attention DP
+    # with TP32/EP32 on 32 GPUs and a 544-slot static EPLB map". The no-MTP map
+    # covers the 92 target-model layers, the MTP3 map also the MTP layer.
+    "qwen3.8-high-throughput.yaml": CuratedProfile(
+        checkpoint="Qwen3.8-2.4T-A95B FP8", family="Qwen3.8", tp=(16, 32), mtp=False, high_throughput=True,
+        eplb_layers=QWEN38_MOE_LAYERS, eplb_map_name="qwen3.8-ep32-static544.yaml",
+    ),
+    "qwen3.8-high-throughput-mtp3.yaml": CuratedProfile(
+        checkpoint="Qwen3.8-2.4T-A95B FP8", family="Qwen3.8", tp=(16, 32), mtp=True, high_throughput=True,
+        eplb_layers=QWEN38_MOE_LAYERS + 1, eplb_map_name="qwen3.8-ep32-static544-mtp3.yaml",
+    ),
+    "qwen3.5.yaml": CuratedProfile(
+        checkpoint="Qwen3.5-397B-A17B NVFP4", family="Qwen3.5", tp=(4,), mtp=False, high_throughput=False
+    ),
+}
+
+OVERRIDE_KEY_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+# set from profile.tp / profile.pp, never through overrides
+_PARALLEL_KEYS = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp"}
+
+
+def _override_value_problem(value, where: str) -> str | None:
+    """Why ``value`` cannot go into the overrides YAML, or None."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{where}: {value!r} is not a finite number"
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            problem = _override_value_problem(item, f"{where}[{i}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str):
+                return f"{where}: key {k!r} is not a string"
+            problem = _override_value_problem(item, f"{where}.{k}")
+            if problem:
+                return problem
+        return None
+    return f"{where}: a {type(value).__name__} cannot be written to YAML (use str, int, float, bool, None, lists, mappings)"
+
+
+def flatten_overrides(overrides: dict) -> tuple[dict[str, object], list[tuple[str, str]]]:
+    """``{"dotted.key": value}`` of every leaf of ``overrides`` (dotted keys and
+    nested mappings both accepted), in the given order, and the problems as
+    (dotted key, message)."""
+    flat: dict[str, object] = {}
+    problems: list[tuple[str, str]] = []
+
+    def walk(mapping: dict, prefix: tuple[str, ...]) -> None:
+        for key, value in mapping.items():
+            shown = ".".join(prefix + (str(key),))
+            if not isinstance(key, str):
+                problems.append((shown, "a key must be a string"))
+                continue
+            segments = tuple(key.split("."))
+            bad = [s for s in segments if not OVERRIDE_KEY_RE.match(s)]
+            if bad:
+                problems.append((shown, f"key segment {bad[0]!r} must match [a-z_][a-z0-9_]* (dotted keys: a.b.c)"))
+                continue
+            path = prefix + segments
+            if isinstance(value, dict) and value:
+                walk(value, path)
+                continue
+            dotted = ".".join(path)
+            problem = _override_value_problem(value, dotted)
+            if problem:
+                problems.append((dotted, problem))
+            elif dotted in flat:
+                problems.append((dotted, "set twice (once dotted, once nested)"))
+            else:
+                flat[dotted] = value
+
+    walk(overrides, ())
+    keys = list(flat)
+    for key in keys:
+        for other in keys:
+            if other.startswith(key + "."):
+                problems.append((key, f"set to a value and also has {other!r} inside it"))
+    return flat, problems
+
+
+def nest_overrides(flat: dict[str, object]) -> dict:
+    """The nested mapping of ``{"a.b": v}`` (order kept); assumes no conflicts."""
+    out: dict = {}
+    for dotted, value in flat.items():
+        *parents, leaf = dotted.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
 class TrtllmProfile(Strict):
     """``trtllm-serve`` as one MPI world across the nodes; HTTP on rank 0."""
 
@@ -273,11 +400,121 @@ class TrtllmProfile(Strict):
     pp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
     port: Port = 8000
-    config_dir: SafePath = "/app/tensorrt_llm/examples/configs/curated"
+    # TRTLLM_DIR of the guide: where TensorRT LLM lives inside the container
+    trtllm_dir: SafePath = "/app/tensorrt_llm"
+    # the curated profiles; default <trtllm_dir>/examples/configs/curated
+    config_dir: SafePath | None = None
+    # one of TRTLLM_CURATED
     config: str = Field(pattern=r"^[A-Za-z0-9._-]+\.yaml$")
+    # LLM API options layered on the curated file: dotted keys
+    # ("kv_cache_config.free_gpu_memory_fraction") or nested mappings
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    # a static EPLB placement on this machine (absolute, or relative to the
+    # inventory directory); high-throughput profiles only
+    eplb_map: str | None = None
+    # MPI slots (ranks) per node name; a node not named here gets its devices
+    slots: dict[str, Annotated[int, Field(ge=0, le=64)]] = Field(default_factory=dict)
+    # the ssh_config (a path on node 0) mpirun's launch agent uses to reach
+    # the other nodes; None: ssh's default
+    launch_ssh_config: SafePath | None = None
     reasoning_parser: str = "qwen3_5"
     tool_parser: str = "qwen3"
     env: dict[str, str] = Field(default_factory=dict)
+
+    _check_paths = field_validator("trtllm_dir", "config_dir", "launch_ssh_config")(
+        classmethod(lambda cls, v: v if v is None else _safe_path(v))
+    )
+
+    @field_validator("eplb_map")
+    @classmethod
+    def _eplb_map_text(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or any(c in v for c in "\n\r\0")):
+            raise ValueError(f"{v!r} is not a file name")
+        return v
+
+    @model_validator(mode="after")
+    def _check_profile(self) -> "TrtllmProfile":
+        if self.config_dir is None:
+            self.config_dir = f"{self.trtllm_dir.rstrip('/')}/examples/configs/curated"
+        problems: list[tuple[str, str]] = []
+        curated = TRTLLM_CURATED.get(self.config)
+        if curated is None:
+            problems.append(
+                ("config", f"{self.config!r} is not a curated profile; use one of: {', '.join(TRTLLM_CURATED)}")
+            )
+        else:
+            family_re = QWEN38_RE if curated.family == "Qwen3.8" else QWEN35_RE
+            if not family_re.search(self.served_model_name):
+                problems.append(
+                    ("served_model_name", f"{self.served_model_name!r} is not a {curated.family} model, "
+                     f"but {self.config} is tuned for {curated.checkpoint}")
+                )
+            elif curated.family == "Qwen3.8" and re.search(r"27b", self.served_model_name, re.IGNORECASE):
+                problems.append(
+                    ("served_model_name", f"{self.served_model_name!r} is the dense Qwen3.8-27B, "
+                     f"but {self.config} is tuned for {curated.checkpoint}")
+                )
+            if self.tp not in curated.tp:
+                allowed = " or ".join(f"TP{t}" for t in curated.tp)
+                problems.append(("tp", f"{self.config} runs {curated.checkpoint} at {allowed}, not TP{self.tp}"))
+
+        flat, bad = flatten_overrides(self.overrides)
+        problems += [(f"overrides.{where}", msg) for where, msg in bad]
+        for dotted, value in flat.items():
+            top = dotted.split(".", 1)[0]
+            if top in _PARALLEL_KEYS:
+                problems.append(
+                    (f"overrides.{dotted}", f"comes from profile.{_PARALLEL_KEYS[top]}; set that instead")
+                )
+            if dotted == "speculative_config.max_draft_len" and curated is not None:
+                if not curated.mtp:
+                    mtp = self.config.replace(".yaml", "-mtp3.yaml")
+                    hint = f" (use {mtp})" if mtp in TRTLLM_CURATED else ""
+                    problems.append(
+                        (f"overrides.{dotted}", f"{self.config} has no MTP speculative decoding{hint}")
+                    )
+                elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    problems.append((f"overrides.{dotted}", f"the MTP draft length must be an integer >= 1, not {value!r}"))
+            if self.eplb_map is not None and (dotted == "moe_config.load_balancer" or dotted.startswith("moe_config.load_balancer.")):
+                problems.append((f"overrides.{dotted}", "profile.eplb_map sets moe_config.load_balancer; set one, not both"))
+
+        if self.eplb_map is not None and curated is not None:
+            if not curated.high_throughput:
+                ht = [name for name, c in TRTLLM_CURATED.items() if c.high_throughput]
+                problems.append(
+                    ("eplb_map", f"a static EPLB map goes with the high-throughput profiles ({', '.join(ht)}), not {self.config}")
+                )
+            else:
+                path = self.eplb_map_file()
+                if not path.is_file():
+                    problems.append(("eplb_map", f"{path} is not a file (relative paths are read from {inventory_dir()})"))
+        if problems:
+            raise ClusterProblems(problems)
+        return self
+
+    @property
+    def curated(self) -> CuratedProfile:
+        return TRTLLM_CURATED[self.config]
+
+    def eplb_map_file(self) -> Path | None:
+        """The EPLB map on this machine: absolute, or under the inventory directory."""
+        if self.eplb_map is None:
+            return None
+        path = Path(self.eplb_map).expanduser()
+        return path if path.is_absolute() else inventory_dir() / path
+
+    def flat_overrides(self) -> dict[str, object]:
+        """``{"dotted.key": value}`` of the overrides, in the given order."""
+        return flatten_overrides(self.overrides)[0]
+
+    def slots_by_node(self, nodes: list["Node"]) -> dict[str, int]:
+        """Ranks per node, every node of ``nodes``: ``slots`` or the node's devices."""
+        return {n.name: self.slots.get(n.name, n.devices or 0) for n in nodes}
+
+    def ranks(self, nodes: list["Node"]) -> list[tuple[str, int]]:
+        """The MPI placement [(node name, ranks)] in rank order: the cluster's
+        node 0 first (rank 0, the HTTP server), nodes with no slot left out."""
+        return [(name, count) for name, count in self.slots_by_node(nodes).items() if count > 0]
 
     def ports(self) -> dict[str, int]:
         return {"port": self.port}
@@ -488,10 +725,40 @@ class Cluster(Strict):
         elif isinstance(prof, TrtllmProfile):
             if plat.vendor != "nvidia":
                 problems.append(("profile.kind", f"trtllm-serve needs an NVIDIA platform, not {self.platform}"))
-            if prof.tp * prof.pp != total_devices:
-                problems.append(
-                    ("profile.tp", f"TP {prof.tp} x PP {prof.pp} = {prof.tp * prof.pp} but the nodes have {total_devices} GPUs")
-                )
+            world = prof.tp * prof.pp
+            if not prof.slots:
+                # one rank per GPU of every node
+                if world != total_devices:
+                    problems.append(
+                        ("profile.tp", f"TP {prof.tp} x PP {prof.pp} = {world} but the nodes have {total_devices} GPUs")
+                    )
+            else:
+                by_name = {n.name: i for i, n in enumerate(self.nodes)}
+                for name in prof.slots:
+                    if name not in by_name:
+                        problems.append(
+                            (f"profile.slots.{name}", f"no node named {name!r} (nodes: {', '.join(by_name)})")
+                        )
+                slots = prof.slots_by_node(self.nodes)
+                for i, n in enumerate(self.nodes):
+                    if slots[n.name] > (n.devices or 0):
+                        problems.append(
+                            (f"profile.slots.{n.name}",
+                             f"{slots[n.name]} slots but nodes[{i}] ({n.name}) has {n.devices} GPUs (devices)")
+                        )
+                ranks = sum(slots.values())
+                if ranks > total_devices:
+                    problems.append(("profile.slots", f"{ranks} ranks but the nodes have {total_devices} GPUs"))
+                if ranks != world:
+                    problems.append(
+                        ("profile.slots", f"{ranks} ranks (the sum of the slots) ≠ TP {prof.tp} × PP {prof.pp} = {world}")
+                    )
+                node0 = self.nodes[0]
+                if slots[node0.name] < 1:
+                    problems.append(
+                        (f"profile.slots.{node0.name}",
+                         f"node 0 ({node0.name}) needs at least one slot: rank 0 and the HTTP server run there")
+                    )
             if prof.tp % prof.ep:
                 problems.append(("profile.ep", f"EP {prof.ep} must divide TP {prof.tp}"))
         elif isinstance(prof, DynamoProfile):

@@ -16,30 +16,19 @@ from pathlib import Path
 
 from .inventory import Cluster, Node
 
-# (pattern, reason), most specific first
-SIGNATURES: list[tuple[str, str]] = [
-    (r"HcclCommInitRootInfo failed|socket ifname \S+ has no ip",
-     "HCCL init failed: HCCL_SOCKET_IFNAME must be the NIC that owns HCCL_IF_IP on this node"),
-    (r"Did not receive response from front-end process within 5 minutes",
-     "node 0 absent: the worker never reached node 0's DP RPC port (is node 0 running? same --data-parallel-address and --data-parallel-rpc-port everywhere?)"),
-    (r"Message from engine with unexpected data parallel rank",
-     "wrong DP rank: every worker needs a unique --data-parallel-start-rank in 1..DP-1"),
-    (r"Configuration mismatch detected for engine",
-     "configuration mismatch: this worker's model, image or flags differ from node 0's"),
-    (r"must use --headless", "a worker was started without --headless"),
-    (r"data_parallel_size_local must be > 0 in headless mode", "--data-parallel-size-local must be > 0 on headless workers"),
-    (r"Insufficient CPUs for binding|NPU topo affinity not found|Bind cpus failed", "CPU binding failed (enable_cpu_binding)"),
+# (pattern, reason), most specific first. Each serving system has its own
+# (``llmdeploy.systems.<system>.SIGNATURES``); these apply to every system.
+COMMON: list[tuple[str, str]] = [
     (r"[Oo]ut of memory", "out of device memory"),
     (r"Address already in use", "a port it binds is already in use"),
     (r"does not appear to have a file named config\.json|is not a valid model", "the model is not at the configured path"),
-    (r"lost the connection to the front-end process", "node 0 went away after the group formed"),
-    (r"EngineCore encountered a fatal error", "the engine core died"),
 ]
 
 
-def match(text: str) -> tuple[str, str] | None:
-    """(reason, the log line that shows it), or None."""
-    for pattern, reason in SIGNATURES:
+def match(text: str, signatures: list[tuple[str, str]] | None = None) -> tuple[str, str] | None:
+    """(reason, the log line that shows it), or None. ``signatures``: the
+    serving system's own, tried before the common ones."""
+    for pattern, reason in list(signatures or []) + COMMON:
         m = re.search(pattern, text)
         if m:
             start = text.rfind("\n", 0, m.start()) + 1
@@ -51,12 +40,19 @@ def match(text: str) -> tuple[str, str] | None:
 MARK = "@@llmdeploy-bundle@@"
 
 
-def bundle_script(cluster: Cluster, node: Node, release_dir: str, container: str, max_bytes: int = 5 * 1024 * 1024) -> str:
-    """One node's part of the bundle: every section behind a marker line."""
+def bundle_script(cluster: Cluster, node: Node, release_dir: str, containers: list[str], max_bytes: int = 5 * 1024 * 1024) -> str:
+    """One node's part of the bundle: every section behind a marker line.
+    One container's files are ``container.log`` and ``container.inspect.json``;
+    with several, each is named for its container."""
     d = shlex.quote(release_dir)
-    sections = [
-        ("container.log", f"docker logs {shlex.quote(container)} 2>&1 | tail -c {max_bytes}"),
-        ("container.inspect.json", f"docker inspect {shlex.quote(container)} 2>&1"),
+    sections = []
+    for c in containers:
+        stem = "container" if len(containers) == 1 else c
+        sections += [
+            (f"{stem}.log", f"docker logs {shlex.quote(c)} 2>&1 | tail -c {max_bytes}"),
+            (f"{stem}.inspect.json", f"docker inspect {shlex.quote(c)} 2>&1"),
+        ]
+    sections += [
         ("kernel.log", "dmesg 2>&1 | tail -n 200"),
         ("node.txt", "hostname; uptime; free -g 2>&1; df -h 2>&1 | head -20"),
     ]
@@ -70,7 +66,7 @@ def bundle_script(cluster: Cluster, node: Node, release_dir: str, container: str
     # earlier attempts and the rendered files of the release (env values are
     # masked locally before anything is written)
     out.append(
-        f"for f in {d}/logs/* {d}/serve.sh {d}/run.sh {d}/release.json {d}/env; do "
+        f"for f in {d}/logs/* {d}/*.sh {d}/*.json {d}/*.yaml {d}/hostfile {d}/env; do "
         f"[ -f \"$f\" ] || continue; echo \"{MARK} release/$(basename \"$f\")\"; tail -c {max_bytes} \"$f\"; done"
     )
     return "\n".join(out) + "\n"

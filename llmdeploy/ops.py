@@ -18,8 +18,11 @@ from roles.facts import section, split_sections
 
 from . import deploy as dep
 from . import lock, report
+from .engine.model import Probe, ReleasePlan, Service, Unit
+from .engine.probes import http_via_ssh
+from .engine.run import Engine, Outcome, unit_key, who
 from .errors import LlmdeployError
-from .inventory import Cluster, Node
+from .inventory import Cluster
 from .release import RELEASE_RE, current_link, ledger_path, parse_ledger, release_dir, root
 from .runner import Runner, Step
 
@@ -66,38 +69,82 @@ def rollback_target(records: list[dict], current: str | None, to: str | None) ->
     return candidates[-1]
 
 
+LEGACY_FILES = ["env", "run.sh", "serve.sh", "release.json"]
+
+
 def verify_script(cluster: Cluster, rid: str) -> str:
-    """What a node needs to run release ``rid``: its files, and its image with the recorded ID."""
+    """What a node needs to run release ``rid``: its files (those its
+    release.json lists, else the files every release had before plans were
+    recorded), and its image with the recorded ID. Sections: problems, meta, plan."""
     d = release_dir(cluster, rid)
     q = shlex.quote
-    return (
-        f"for f in env run.sh serve.sh release.json; do [ -f {q(d)}/$f ] || echo \"missing {d}/$f\"; done\n"
+    listed = f"sed -n '/\"files\": \\[/,/\\]/p' {q(d)}/release.json 2>/dev/null | grep -o '\"[^\"]*\"' | tr -d '\"' | grep -vx files"
+    problems = (
+        f"for f in env run.sh release.json $({listed}); do [ -f {q(d)}/\"$f\" ] || echo \"missing {d}/$f\"; done\n"
+        f"[ -f {q(d)}/plan.json ] || [ -f {q(d)}/serve.sh ] || echo \"missing {d}/serve.sh\"\n"
         f"if [ -f {q(d)}/release.json ]; then\n"
         f"  img=$(sed -n 's/.*\"image\": \"\\([^\"]*\\)\".*/\\1/p' {q(d)}/release.json)\n"
         f"  want=$(sed -n 's/.*\"image_id\": \"\\([^\"]*\\)\".*/\\1/p' {q(d)}/release.json)\n"
         "  have=$(docker image inspect --format '{{.Id}}' \"$img\" 2>/dev/null)\n"
         '  [ -n "$have" ] || echo "missing image $img"\n'
         '  [ -z "$have" ] || [ -z "$want" ] || [ "$have" = "$want" ] || echo "image $img is $have, the release ran $want"\n'
-        f"  cat {q(d)}/release.json\n"
-        "fi\n"
+        "fi"
     )
+    return "\n".join([
+        section("problems", problems),
+        section("meta", f"cat {q(d)}/release.json"),
+        section("plan", f"cat {q(d)}/plan.json 2>/dev/null || true"),
+    ]) + "\n"
 
 
-def plans_from_releases(cluster: Cluster, metas: dict[str, dict]) -> list[dep.NodePlan]:
-    return [
-        dep.NodePlan(host=n.name, role=metas[n.name]["role"], start_rank=metas[n.name]["start_rank"], env={}, env_text="",
-                     serve_command="", container_command="", container=metas[n.name]["container"], image=metas[n.name]["image"])
-        for n in cluster.nodes
-    ]
+def legacy_plan(cluster: Cluster, rid: str, metas: dict[str, dict]) -> ReleasePlan:
+    """The plan of a release written before plans were recorded (vLLM-Ascend
+    only then): one container per node, node 0 first, then the workers."""
+    from .systems import vllm_ascend
+
+    prof = cluster.profile
+    node0 = cluster.node0
+    services = [Service(name="node0", units=[Unit(host=node0.name, container=metas[node0.name]["container"], role="node0",
+                                                   show={"start_rank": metas[node0.name].get("start_rank")})],
+                        started=Probe(name="the DP RPC port", kind="port", host=node0.name, ip=str(node0.ip), port=getattr(prof, "rpc_port", 13389)),
+                        restart="none")]
+    workers = [Unit(host=n.name, container=metas[n.name]["container"], role="worker", show={"start_rank": metas[n.name].get("start_rank")})
+               for n in cluster.nodes[1:]]
+    if workers:
+        services.append(Service(name="workers", units=workers, after=["node0"], restart="each"))
+    plan = ReleasePlan(system="vllm-ascend", cluster=cluster.name, release=rid, services=services, entry_host=node0.name,
+                       entry_port=getattr(prof, "port", 8000), stop_cleanup=vllm_ascend.STOP_CLEANUP,
+                       drift_env_prefixes=list(vllm_ascend.DRIFT_ENV_PREFIXES))
+    port = plan.entry_port
+    served = getattr(prof, "served_model_name", "")
+    plan.ready = [Probe(name="/health 200", kind="http", host=node0.name, port=port, path="/health"),
+                  Probe(name="/v1/models", kind="http", host=node0.name, port=port, path="/v1/models", check="models", arg=served),
+                  Probe(name="chat check", kind="http", host=node0.name, port=port, method="POST", path="/v1/chat/completions",
+                        body=vllm_ascend.chat_request(served), check="think")]
+    return plan
 
 
-def rollback(cluster: Cluster, con: Console, to: str | None, message: str | None, lock_wait: float, json_out: bool, finish_outcome) -> int:
+def plan_of(cluster: Cluster, rid: str, plan_text: str, metas: dict[str, dict]) -> ReleasePlan:
+    """A release's plan from its own files on the nodes."""
+    if plan_text.strip():
+        try:
+            plan = ReleasePlan.from_json(plan_text)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LlmdeployError(f"release {rid}: plan.json on {cluster.node0.name} is unreadable: {type(exc).__name__}: {exc}") from None
+        unknown = sorted(set(plan.hosts()) - {n.name for n in cluster.nodes})
+        if unknown:
+            raise LlmdeployError(f"release {rid} runs on {', '.join(unknown)}, which the inventory of {cluster.name} no longer has")
+        return plan
+    return legacy_plan(cluster, rid, metas)
+
+
+def rollback(cluster: Cluster, con: Console, to: str | None, message: str | None, lock_wait: float, json_out: bool) -> int:
     with Runner(cluster) as runner:
         with lock.held(runner, cluster, "rollback", message, lock_wait):
-            return rollback_locked(cluster, runner, con, to, message, json_out, finish_outcome)
+            return rollback_locked(cluster, runner, con, to, message, json_out)
 
 
-def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | None, message: str | None, json_out: bool, finish_outcome, after_failed: bool = False) -> int:
+def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | None, message: str | None, json_out: bool, after_failed: bool = False) -> int:
     """The rollback itself, for a caller that holds the deploy lock. After a
     failed deploy (``after_failed``) the target is the current release: the
     last good one, which the failed deploy stopped."""
@@ -110,28 +157,36 @@ def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | No
     con.print(f"[bold]rollback {cluster.name}[/]: {current} -> {target}")
     # everything must be there on every node before anything is stopped
     res = runner.run(Step(name="verify target", build=lambda n: verify_script(cluster, target)))
-    problems, metas = {}, {}
+    problems, metas, plan_text = {}, {}, ""
     for h, r in res.items():
-        lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("missing", "image "))]
-        if r.failed or lines:
-            problems[h] = r.msg if r.failed else "; ".join(lines)
+        sec = split_sections(r.stdout)
+        lines = [ln for ln in sec.get("problems", ("", 0))[0].splitlines() if ln.startswith(("missing", "image "))]
+        if r.failed or lines or "meta" not in sec:
+            problems[h] = r.msg if r.failed else ("; ".join(lines) or "no release.json")
             continue
-        metas[h] = json.loads(r.stdout[r.stdout.index("{"):])
+        try:
+            metas[h] = json.loads(sec["meta"][0])
+        except ValueError:
+            problems[h] = f"{release_dir(cluster, target)}/release.json is unreadable"
+            continue
+        if h == cluster.node0.name:
+            plan_text = sec.get("plan", ("", 0))[0]
     if problems:
         lock.audit(runner, cluster, "rollback", "refused", target, problems=problems)
         raise LlmdeployError(
             f"rollback to {target} refused before stopping anything: "
             + "; ".join(f"{h}: {p}" for h, p in problems.items())
         )
-    plans = plans_from_releases(cluster, metas)
+    plan = plan_of(cluster, target, plan_text, metas)
     image_id = next(iter(metas.values())).get("image_id")
     chash = next((r.get("config_hash") for r in records if r["release"] == target), "")
-    d = dep.Deployer(cluster, runner, con, quiet=json_out)
-    out = dep.Outcome(ok=False, release=target)
+    eng = dep.engine_for(cluster, runner, con, json_out, plan.system)
+    out = Outcome(ok=False, release=target)
     t0 = time.monotonic()
-    if d.start(plans, target, out):
-        d.finish(target, image_id, chash, out, action="rollback", **{"from": current})
-    status = finish_outcome(cluster, runner, con, d, plans, out, image_id, chash, list(cluster.secret_values().values()), json_out, time.monotonic() - t0, verb="rollback")
+    if eng.start(plan, out):
+        dep.finish(runner, cluster, plan, out, image_id, chash, action="rollback", **{"from": current})
+    status = dep.report_outcome(cluster, runner, con, eng, plan, out, image_id, chash, list(cluster.secret_values().values()), json_out,
+                                time.monotonic() - t0, verb="rollback")
     lock.audit(runner, cluster, "rollback", "good" if status == 0 else "failed", target, **{"from": current, "message": message or ""})
     return status
 
@@ -155,6 +210,7 @@ def releases(cluster: Cluster, con: Console, json_out: bool) -> int:
 
 
 def status_script(cluster: Cluster) -> str:
+    """The current release's record on this node and the state of its containers (one round trip)."""
     q = shlex.quote
     rel = f'{q(root(cluster))}/releases/"$rel"'
     return "\n".join([
@@ -162,7 +218,10 @@ def status_script(cluster: Cluster) -> str:
         section("release", 'echo "$rel"'),
         section("meta", f'[ -n "$rel" ] && cat {rel}/release.json'),
         section("env", f'[ -n "$rel" ] && cat {rel}/env'),
-        section("inspect", f"[ -n \"$rel\" ] && docker inspect --format '{{{{json .}}}}' {q(cluster.name)}-\"$rel\""),
+        section("plan", f'[ -n "$rel" ] && cat {rel}/plan.json 2>/dev/null; true'),
+        # every container of the cluster on this node, as docker inspect JSON lines
+        section("inspect", f"for c in $(docker ps -a --filter label=llmdeploy.cluster={q(cluster.name)} --format '{{{{.Names}}}}'); do "
+                           "docker inspect --format '{{json .}}' \"$c\"; done"),
     ]) + "\n"
 
 
@@ -181,25 +240,36 @@ def parse_status(out: str) -> dict:
         except ValueError:
             return None
 
+    containers = {}
+    for line in text("inspect").splitlines():
+        try:
+            c = json.loads(line)
+        except ValueError:
+            continue
+        containers[c.get("Name", "").lstrip("/")] = c
     return {"release": text("release").strip() or None, "meta": load("meta"), "env": parse_env_file(text("env")),
-            "container": load("inspect")}
+            "plan": text("plan"), "containers": containers}
 
 
-def drift(cluster: Cluster, node: Node, st: dict) -> list[str]:
-    """How the running container differs from the current release's record."""
-    meta, c = st["meta"] or {}, st["container"]
+def drift(plan: ReleasePlan, st: dict, c: dict | None, main: bool) -> list[str]:
+    """How a running container differs from the current release's record.
+    The host's main unit is compared with release.json (image, command) and the env file."""
+    meta = st["meta"] or {}
     if c is None:
         return ["the release's container is missing"]
     out = []
     if meta.get("image_id") and c.get("Image") != meta["image_id"]:
         out.append(f"image {c.get('Image', '')[:19]} runs, the release has {meta['image_id'][:19]}")
-    env = dict(x.split("=", 1) for x in (c.get("Config") or {}).get("Env", []) if "=" in x)
-    for k in sorted(set(st["env"]) | set(k for k in env if k in st["env"] or k.startswith(("HCCL_", "GLOO_", "TP_", "VLLM_", "ASCEND_")))):
-        if st["env"].get(k) != env.get(k):
-            out.append(f"environment {k}: running {env.get(k)!r}, release {st['env'].get(k)!r}")
     labels = (c.get("Config") or {}).get("Labels") or {}
     if labels.get("llmdeploy.release") != st["release"]:
         out.append(f"container label llmdeploy.release={labels.get('llmdeploy.release')!r}, current release {st['release']}")
+    if not main:
+        return out
+    env = dict(x.split("=", 1) for x in (c.get("Config") or {}).get("Env", []) if "=" in x)
+    prefixes = tuple(plan.drift_env_prefixes)
+    for k in sorted(set(st["env"]) | set(k for k in env if k in st["env"] or (prefixes and k.startswith(prefixes)))):
+        if st["env"].get(k) != env.get(k):
+            out.append(f"environment {k}: running {env.get(k)!r}, release {st['env'].get(k)!r}")
     cmd = (c.get("Config") or {}).get("Cmd") or []
     want = meta.get("command")
     if want and cmd != want:
@@ -223,109 +293,200 @@ def _flag_pairs(args: list[str]) -> list[str]:
     return out
 
 
+def _uptime(c: dict | None) -> str:
+    started = (c or {}).get("State", {}).get("StartedAt") or ""
+    if not started or not (c or {}).get("State", {}).get("Running"):
+        return "-"
+    try:
+        return f"{int(time.time() - calendar.timegm(time.strptime(started[:19], '%Y-%m-%dT%H:%M:%S')))}s"
+    except ValueError:
+        return started
+
+
+def _state(c: dict | None) -> str:
+    if c is None:
+        return "missing"
+    s = c["State"]
+    return "running" if s.get("Running") else f"exited ({s.get('ExitCode')})"
+
+
+def current_plan(cluster: Cluster, sts: dict[str, dict]) -> ReleasePlan | None:
+    """The current release's plan, from node 0's files (else another node's)."""
+    order = [cluster.node0.name] + [n.name for n in cluster.nodes[1:]]
+    for h in order:
+        st = sts.get(h)
+        if st and st["release"] and RELEASE_RE.match(st["release"]):
+            metas = {x: (sts[x]["meta"] or {}) for x in sts if sts[x] and sts[x]["meta"]}
+            if st["plan"].strip() or len(metas) == len(cluster.nodes):
+                return plan_of(cluster, st["release"], st["plan"], metas)
+    return None
+
+
 def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool) -> int:
     with Runner(cluster) as runner:
         res = runner.run(Step(name="status", build=lambda n: status_script(cluster)))
+        sts = {h: (parse_status(r.stdout) if not r.failed else None) for h, r in res.items()}
+        plan = current_plan(cluster, sts)
         health = None
-        try:
-            code, _ = dep.http_via_ssh(runner, cluster.node0, cluster.profile.port, "GET", "/health", None, 10)
-            health = code
-        except Exception as exc:  # any way the endpoint can be down
-            health = f"unreachable ({type(exc).__name__})"
-    rows, doc, bad = [], {}, False
+        if plan is not None and plan.ready:
+            p = plan.ready[0]
+            try:
+                code, _ = http_via_ssh(runner, cluster.node(p.host), p.port, p.method, p.path, p.body, 10, p.headers)
+                health = code
+            except Exception as exc:  # any way the endpoint can be down
+                health = f"unreachable ({type(exc).__name__})"
+    rows, doc, bad = [], {}, plan is None
     for n in cluster.nodes:
-        r = res[n.name]
-        if r.failed:
-            rows.append([n.name, "-", "-", f"[red]{escape(r.msg)}[/]", "-", "-", "-"])
-            doc[n.name] = {"error": r.msg}
+        r, st = res[n.name], sts[n.name]
+        if st is None:
+            rows.append([n.name, "-", "-", "-", f"[red]unreachable: {escape(r.msg)}[/]", "-", "-", ""])
+            doc[n.name] = {"error": r.msg, "state": "unreachable"}
             bad = True
             continue
-        st = parse_status(r.stdout)
-        c = st["container"]
-        if c is None:
-            state = "missing"
-        else:
-            s = c["State"]
-            state = "running" if s.get("Running") else f"exited ({s.get('ExitCode')})"
-        started = (c or {}).get("State", {}).get("StartedAt") or ""
-        uptime = "-"
-        if started and state == "running":
-            try:
-                uptime = f"{int(time.time() - calendar.timegm(time.strptime(started[:19], '%Y-%m-%dT%H:%M:%S')))}s"
-            except ValueError:
-                uptime = started
-        drifts = drift(cluster, n, st) if show_diff and st["release"] else []
-        if state != "running" or drifts:
-            bad = True
-        labels = ((c or {}).get("Config") or {}).get("Labels") or {}
-        rows.append([n.name, st["release"] or "-", labels.get("llmdeploy.start_rank", str(n.start_rank)),
-                     state if state == "running" else f"[bold red]{state}[/]", ((c or {}).get("Image") or "-")[:19], uptime,
-                     "\n".join(f"[red]{escape(x)}[/]" for x in drifts) if show_diff else ""])
-        doc[n.name] = {"release": st["release"], "state": state, "image_id": (c or {}).get("Image"), "uptime": uptime, "drift": drifts}
+        units = plan.units(n.name) if plan is not None and st["release"] == plan.release else []
+        if not units:
+            rows.append([n.name, st["release"] or "-", "-", "-", "[bold red]no current release[/]" if not st["release"] else "[bold red]not in the release[/]", "-", "-", ""])
+            doc[n.name] = {"release": st["release"], "state": "missing", "drift": [], "units": {}}
+            bad = bad or not st["release"]
+            continue
+        node_doc = {"release": st["release"], "state": "running", "image_id": None, "uptime": "-", "drift": [], "units": {}}
+        for i, u in enumerate(units):
+            c = st["containers"].get(u.container)
+            state = _state(c)
+            drifts = drift(plan, st, c, i == 0) if show_diff else []
+            if state != "running" or drifts:
+                bad = True
+            if state != "running" and node_doc["state"] == "running":
+                node_doc["state"] = state
+            labels = ((c or {}).get("Config") or {}).get("Labels") or {}
+            rank = labels.get("llmdeploy.start_rank") or str(u.show.get("start_rank", u.show.get("ranks", "")))
+            rows.append([n.name, st["release"], f"{u.role or plan.service_of(u).name}", rank,
+                         state if state == "running" else f"[bold red]{state}[/]", ((c or {}).get("Image") or "-")[:19], _uptime(c),
+                         "\n".join(f"[red]{escape(x)}[/]" for x in drifts) if show_diff else ""])
+            node_doc["units"][u.container] = {"service": plan.service_of(u).name, "state": state, "uptime": _uptime(c)}
+            node_doc["drift"] += drifts
+            if i == 0:
+                node_doc["image_id"], node_doc["uptime"] = (c or {}).get("Image"), _uptime(c)
+        doc[n.name] = node_doc
     healthy = health == 200
     if json_out:
-        report.emit_json({"cluster": cluster.name, "health": health, "healthy": healthy and not bad, "nodes": doc})
+        report.emit_json({"cluster": cluster.name, "release": plan.release if plan else None, "system": plan.system if plan else None,
+                          "health": health, "healthy": healthy and not bad, "nodes": doc})
     else:
-        cols = ["host", "release", "start rank", "container", "image", "uptime"] + (["drift"] if show_diff else [""])
+        cols = ["host", "release", "role", "start rank" if plan is None or plan.system == "vllm-ascend" else "ranks", "container", "image", "uptime"]
+        cols += ["drift"] if show_diff else [""]
         con.print(report.table(f"status of {cluster.name}", cols, rows))
         style = "green" if healthy else "bold red"
-        con.print(f"endpoint http://{cluster.node0.ip}:{cluster.profile.port}/health: [{style}]{health}[/]")
+        if plan is None:
+            con.print(f"[bold red]{cluster.name} has no current release[/] (invoke releases --cluster {cluster.name})")
+        else:
+            p = plan.ready[0] if plan.ready else None
+            con.print(f"endpoint http://{cluster.node(plan.entry_host).ip}:{plan.entry_port}{p.path if p else ''}: [{style}]{health}[/]")
     return 0 if healthy and not bad else 1
 
 
 def stop(cluster: Cluster, con: Console, message: str | None, lock_wait: float) -> int:
     with Runner(cluster) as runner:
         with lock.held(runner, cluster, "stop", message, lock_wait):
-            script = dep.stop_script(cluster, None, cluster.deploy.stop_timeout_s) + "rm -f /dev/shm/moe_* 2>/dev/null; true\n"
-            res = dep.stop_in_order(runner, cluster, script, "stop", con.print)
+            eng = Engine(cluster, runner, con)
+            res = eng.stop(None, "stop", cleanup=_cleanups())
             failed = False
             for h, r in res.items():
                 if r.failed:
                     con.print(f"[red]{h}: {escape(r.msg)}[/]")
                     failed = True
             lock.audit(runner, cluster, "stop", "failed" if failed else "stopped", None, message=message or "")
-            con.print(f"{cluster.name}: stopped (workers first, then node 0); stale /dev/shm/moe_* removed")
+            con.print(f"{cluster.name}: stopped (in reverse start order){'; some nodes failed, see above' if failed else ''}; stale /dev/shm/moe_* removed")
             return 1 if failed else 0
 
 
-def restart(cluster: Cluster, con: Console, host: str, message: str | None, lock_wait: float) -> int:
-    node = next((n for n in cluster.nodes if n.name == host), None)
-    if node is None:
-        raise LlmdeployError(f"--host {host}: no such node in {cluster.name}")
-    if node is cluster.node0:
-        raise LlmdeployError(f"--host {host} is node 0: restarting it alone cannot re-form the DP group; use invoke rollback --to the current release, or deploy")
+def _cleanups() -> str:
+    """Every system's clean-up after stop (stale files only: safe on any node)."""
+    from . import systems
+
+    parts = []
+    for kind in systems.MODULES:
+        text = systems.module_for(kind).STOP_CLEANUP
+        if text and text not in parts:
+            parts.append(text)
+    return "".join(parts)
+
+
+def restart(cluster: Cluster, con: Console, host: str | None, message: str | None, lock_wait: float) -> int:
+    """``host``: that node's units into the current release (by their service's
+    policy: a group such as an MPI world is restarted whole); none: the whole
+    current release, in the system's order."""
+    node = None
+    if host:
+        node = next((n for n in cluster.nodes if n.name == host), None)
+        if node is None:
+            raise LlmdeployError(f"--host {host}: no such node in {cluster.name} (nodes: {', '.join(n.name for n in cluster.nodes)})")
+    what = f"restart {host}" if host else "restart"
     with Runner(cluster) as runner:
         with lock.held(runner, cluster, "restart", message, lock_wait):
             records, current = read_ledger(runner, cluster)
             if not current or not RELEASE_RE.match(current):
-                raise LlmdeployError(f"{cluster.name} has no current release to restart {host} into")
-            name = f"{cluster.name}-{current}"
-            o, e, code = runner.exec(node, dep.start_script(cluster, current, name, int(time.time())))
-            if code != 0:
-                lock.audit(runner, cluster, f"restart {host}", "failed", current)
-                raise LlmdeployError(f"{host}: the container did not start: {(e or o).strip()}")
-            con.print(f"{host}: restarted {name} (start rank {node.start_rank}); waiting for /health")
-            end = time.monotonic() + cluster.deploy.ready_timeout_s
-            while time.monotonic() < end:
-                st = runner.exec(node, dep.inspect_script(name))[0].split()
-                if not st or st[0] != "running":
-                    lock.audit(runner, cluster, f"restart {host}", "failed", current)
-                    log = runner.exec(node, f"docker logs {shlex.quote(name)} 2>&1 | tail -c 100000")[0]
-                    from .logs import match
-
-                    found = match(log)
-                    raise LlmdeployError(f"{host}: the restarted worker exited: {found[0] if found else ' '.join(st)}")
+                raise LlmdeployError(f"{cluster.name} has no current release to restart{' ' + host + ' into' if host else ''}")
+            res = runner.run(Step(name="read release", build=lambda n: verify_script(cluster, current)))
+            metas, plan_text = {}, ""
+            for h, r in res.items():
+                sec = split_sections(r.stdout)
                 try:
-                    code, _ = dep.http_via_ssh(runner, cluster.node0, cluster.profile.port, "GET", "/health", None, 10)
-                    if code == 200:
-                        lock.audit(runner, cluster, f"restart {host}", "good", current, message=message or "")
-                        con.print(f"[bold green]{cluster.name} healthy[/]: {host} re-joined with start rank {node.start_rank}")
-                        return 0
-                except Exception:
-                    pass
-                time.sleep(cluster.deploy.poll_s)
-            lock.audit(runner, cluster, f"restart {host}", "failed", current)
-            raise LlmdeployError(f"{cluster.name} not healthy within {cluster.deploy.ready_timeout_s:g}s after restarting {host}")
+                    metas[h] = json.loads(sec["meta"][0])
+                except (KeyError, ValueError):
+                    raise LlmdeployError(f"{h}: the current release {current} has no readable release.json ({r.msg or 'missing'})") from None
+                if h == cluster.node0.name:
+                    plan_text = sec.get("plan", ("", 0))[0]
+            plan = plan_of(cluster, current, plan_text, metas)
+            eng = dep.engine_for(cluster, runner, con, False, plan.system)
+            out = Outcome(ok=False, release=current)
+            if node is None:
+                con.print(f"{cluster.name}: restarting release {current} as a whole ({' -> '.join(s.name for s in plan.services)})")
+                eng.stop(None, "stop", cleanup=systems_cleanup(plan))
+                ok = eng.start(plan, out)
+            else:
+                units = plan.units(host)
+                if not units:
+                    raise LlmdeployError(f"--host {host} runs nothing in release {current}")
+                todo = []
+                for u in units:
+                    svc = plan.service_of(u)
+                    if svc.restart == "none":
+                        raise LlmdeployError(f"--host {host} is {who(u, svc)}: restarting it alone cannot re-form the group; "
+                                             f"restart without --host restarts the whole release in order")
+                    todo += [x for x in (svc.units if svc.restart == "group" else [u]) if x not in todo]
+                for svc in plan.services:
+                    mine = [u for u in svc.units if u in todo]
+                    if mine and svc.restart == "group":
+                        eng.stop_service(plan, svc, f"restart-{int(time.time())}")
+                for u in todo:
+                    out.attempts[unit_key(u)] = int(time.time()) - 1  # a fresh attempt number: earlier logs are kept
+                ok = eng.start_units(plan, todo, out)
+                rank = next((u.show.get("start_rank") for u in units if u.show.get("start_rank") is not None), None)
+                con.print(f"{host}: restarted {', '.join(u.container for u in todo if u.host == host)}"
+                          + (f" (start rank {rank})" if rank is not None else "") + f"; waiting for {plan.ready[0].name if plan.ready else 'the containers'}")
+                out.attempts = {k: 1 for k in out.attempts}
+                ok = ok and eng.watch(plan, out)
+                for p in plan.ready[1:2]:
+                    problem = eng.probe(p) if ok else None
+                    if problem:
+                        ok = eng._fail(out, p.host, f"{p.name}: {problem}")
+            if not ok:
+                lock.audit(runner, cluster, what, "failed", current, reason=out.reason)
+                raise LlmdeployError(f"{out.where}: {out.reason}")
+            lock.audit(runner, cluster, what, "good", current, message=message or "")
+            if node is None:
+                con.print(f"[bold green]{cluster.name} healthy[/]: release {current} restarted")
+            else:
+                rank = next((u.show.get("start_rank") for u in plan.units(host) if u.show.get("start_rank") is not None), None)
+                con.print(f"[bold green]{cluster.name} healthy[/]: {host} re-joined" + (f" with start rank {rank}" if rank is not None else ""))
+            return 0
+
+
+def systems_cleanup(plan: ReleasePlan) -> str:
+    from . import systems
+
+    return systems.module_for(plan.system).STOP_CLEANUP
 
 
 def audit_log(cluster: Cluster, con: Console, last: int | None, json_out: bool) -> int:

@@ -6,7 +6,7 @@ flag and variable of the guides lives here once.
 
 from __future__ import annotations
 
-from .inventory import DynamoProfile, DynamoWorker, Image, TrtllmProfile, VllmAscendProfile
+from .inventory import TRTLLM_CURATED, DynamoProfile, DynamoWorker, Image, TrtllmProfile, VllmAscendProfile
 
 # vLLM-Ascend 0.23.0, Qwen3.8-2.4T-A95B (seed 001)
 IMAGE_A3 = "quay.io/ascend/vllm-ascend:qwen3.8-a3"
@@ -96,11 +96,16 @@ def vllm_a2_w4a8(**overrides) -> VllmAscendProfile:
 
 
 def trtllm_qwen38_fp8(config: str = "qwen3.8-low-latency.yaml", **overrides) -> TrtllmProfile:
-    """Qwen3.8-2.4T-A95B FP8 at TP16 (16 GPUs minimum); one of the curated profiles:
-    qwen3.8-low-latency.yaml, qwen3.8-low-latency-mtp3.yaml,
-    qwen3.8-high-throughput.yaml, qwen3.8-high-throughput-mtp3.yaml."""
-    values = dict(served_model_name="Qwen/Qwen3.8-2.4T-A95B-FP8", tp=16, ep=1, config=config)
+    """Qwen3.8-2.4T-A95B FP8 at TP16 (16 GPUs minimum) with one of the curated
+    profiles: qwen3.8-low-latency.yaml, qwen3.8-low-latency-mtp3.yaml (EP1),
+    qwen3.8-high-throughput.yaml, qwen3.8-high-throughput-mtp3.yaml (attention
+    DP, EP = TP; the guide measured them at tp=32 on 32 GPUs; ``eplb_map=``
+    for its 544-slot static placement)."""
+    curated = TRTLLM_CURATED.get(config)
+    values = dict(served_model_name="Qwen/Qwen3.8-2.4T-A95B-FP8", tp=16, config=config)
     values.update(overrides)
+    if "ep" not in values:
+        values["ep"] = values["tp"] if curated is not None and curated.high_throughput else 1
     return TrtllmProfile(**values)
 
 

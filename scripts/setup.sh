@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS=(openssh-server openssh-client iproute2 iputils-ping util-linux procps psmisc)
+# openmpi-bin: the real mpirun/orted that launch trtllm-serve's MPI world across simulated NVIDIA hosts
+DEBS=(openssh-server openssh-client iproute2 iputils-ping util-linux procps psmisc openmpi-bin)
 missing=()
 for p in "${DEBS[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -27,7 +27,7 @@ from pathlib import Path
 from llmdeploy.errors import SimError
 from llmdeploy.inventory import Cluster
 
-from . import hardware
+from . import curated, hardware
 from .paths import (
     HOST_STATE_DIR,
     PRIVATE_DIRS,
@@ -45,7 +45,27 @@ REPO = Path(__file__).resolve().parent.parent
 STANDINS_ASCEND = ["npu-smi", "hccn_tool", "lscpu", "numactl", "docker"]
 STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "docker", "ibstat", "mpirun", "all_reduce_perf"]
 # on PATH inside simulated containers (before the host's own directories)
-CONTAINER_STANDINS = {"python3": "container-python3", "vllm": "vllm"}
+CONTAINER_STANDINS = {"python3": "container-python3", "vllm": "vllm", "trtllm-serve": "trtllm-serve"}
+# TensorRT-LLM's launcher (a shell script in the image): rank 0 runs the
+# command (the real one in the background, with a proxy), the other ranks
+# the MPI worker loop; the simulated trtllm-serve acts by rank, so every rank
+# runs the command
+TRTLLM_LLMAPI_LAUNCH = """#!/bin/sh
+# simulated trtllm-llmapi-launch: see sim/standins/trtllm.py
+mpi_rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-0}}}
+world=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_NTASKS:-1}}}
+if [ $# -eq 0 ]; then
+    echo "usage: trtllm-llmapi-launch COMMAND [ARGS...]" >&2
+    exit 2
+fi
+export TLLM_SPAWN_PROXY_PROCESS=1
+if [ "$mpi_rank" -eq 0 ]; then
+    echo "rank${mpi_rank} run $* in background" >&2
+else
+    echo "rank${mpi_rank} run mgmn worker node with mpi_world_size: ${world} ..." >&2
+fi
+exec "$@"
+"""
 
 
 def _sh(*args: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
@@ -187,9 +207,13 @@ def up(cluster: Cluster, echo=print) -> dict:
     made_file = sim_root() / "created_dirs.json"
     made = json.loads(made_file.read_text()) if made_file.exists() else []
     for d in PRIVATE_DIRS:
-        if not os.path.isdir(d):
-            os.makedirs(d, exist_ok=True)
-            made.append(d)
+        # every directory made (parents too), so that down removes them all
+        parts = Path(d).parts
+        for k in range(2, len(parts) + 1):
+            p = str(Path(*parts[:k]))
+            if not os.path.isdir(p):
+                os.mkdir(p)
+                made.append(p)
     ascend = cluster.platform_info.vendor == "ascend"
     if ascend and not os.path.exists(HCCN_CONF):
         # mount point for each host's own /etc/hccn.conf (an empty file here)
@@ -273,6 +297,9 @@ def up(cluster: Cluster, echo=print) -> dict:
             _write(hdir / "hccn.conf", hardware.hccn_conf(hw))
         for name, tool in CONTAINER_STANDINS.items():
             _write(hdir / "cbin" / name, _standin_wrapper(tool, keep_pythonpath=True), 0o755)
+        _write(hdir / "cbin" / "trtllm-llmapi-launch", TRTLLM_LLMAPI_LAUNCH, 0o755)
+        if not ascend:
+            curated.write(root / curated.CURATED_DIR.lstrip("/"))
         # a small stand-in checkpoint at the model (and tokenizer) path
         for path in {cluster.model.path, cluster.model.tokenizer_path}:
             if path.startswith("/root/.cache/"):
@@ -429,7 +456,8 @@ def down(name: str, echo=print) -> bool:
     root = sim_root()
     made_file = root / "created_dirs.json"
     if not running() and made_file.exists():
-        for d in json.loads(made_file.read_text()):
+        # deepest first: a parent made for a mount point goes after its children
+        for d in sorted(json.loads(made_file.read_text()), key=lambda p: (-p.count("/"), p)):
             try:
                 if os.path.isfile(d):
                     if os.path.getsize(d) == 0:

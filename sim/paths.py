@@ -18,6 +18,8 @@ PRIVATE_DIRS = [
     "/root/.cache",
     "/usr/local/Ascend",
     "/etc/llmdeploy-sim",
+    # TensorRT-LLM's curated configs "inside the image" (written on NVIDIA hosts)
+    "/app/tensorrt_llm/examples/configs/curated",
 ]
 # Inside a host, the stand-ins read their state here.
 HOST_STATE_DIR = "/etc/llmdeploy-sim"

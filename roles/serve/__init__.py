@@ -11,6 +11,7 @@ import shlex
 
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node, VllmAscendProfile
+from roles import containers
 
 # seed 001, "Docker Image Installation": every node gets these
 ASCEND_CONTROL_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
@@ -22,7 +23,6 @@ ASCEND_MOUNTS = [
     "/usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info",
     "/etc/ascend_install.info:/etc/ascend_install.info",
 ]
-LABEL = "llmdeploy"
 
 
 def _json_arg(value: dict) -> str:
@@ -96,17 +96,15 @@ def cache_mount(cluster: Cluster) -> str:
     return "/root/.cache:/root/.cache"
 
 
-def docker_run_args(cluster: Cluster, node: Node, release: str, env_file: str, image: str, binding_args: list[str] | None = None) -> list[str]:
+def docker_run_args(cluster: Cluster, node: Node, release: str, env_file: str, image: str, binding_args: list[str] | None = None,
+                    service: str = "serve", stop_phase: int = 0) -> list[str]:
     """The seed's ``docker run``, detached, named for the cluster and release,
     with the release's environment file. Logs are kept: no ``--rm``."""
     profile_of(cluster)
     args = [
         "docker", "run", "-d",
         "--name", container_name(cluster, release),
-        "--label", f"{LABEL}.cluster={cluster.name}",
-        "--label", f"{LABEL}.release={release}",
-        "--label", f"{LABEL}.role={cluster.role_of(node)}",
-        "--label", f"{LABEL}.start_rank={node.start_rank}",
+        *containers.labels(cluster.name, release, service, cluster.role_of(node), stop_phase, start_rank=node.start_rank),
         "--net=host",
         "--shm-size=1g",
     ]
@@ -126,5 +124,5 @@ def docker_run_args(cluster: Cluster, node: Node, release: str, env_file: str, i
     return args + vllm_args(cluster, node)
 
 
-def container_command(cluster: Cluster, node: Node, release: str, env_file: str, image: str) -> str:
-    return shlex.join(docker_run_args(cluster, node, release, env_file, image))
+def container_command(cluster: Cluster, node: Node, release: str, env_file: str, image: str, service: str = "serve", stop_phase: int = 0) -> str:
+    return shlex.join(docker_run_args(cluster, node, release, env_file, image, service=service, stop_phase=stop_phase))

@@ -12,6 +12,7 @@ import os
 import sys
 
 from . import docker as docker_sim
+from . import trtllm as trtllm_sim
 from . import vllm as vllm_sim
 
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
@@ -367,6 +368,7 @@ TOOLS = {
     "container-python3": docker_sim.container_python,
     "container-init": docker_sim.container_init,
     "vllm": vllm_sim.main,
+    "trtllm-serve": trtllm_sim.main,
     "mpirun": mpirun,
     "all_reduce_perf": all_reduce_perf,
 }

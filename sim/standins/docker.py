@@ -8,6 +8,17 @@ container's own site directory (where ``pip install`` writes dist-info, so
 ``importlib.metadata`` answers as it would in the image). Output formats and
 error messages follow the real CLI.
 
+``docker exec`` runs a command with the container's environment (the same
+``PATH``, ``PYTHONPATH``, env-file variables and markers as the container's
+own command). Every process of a container, its command's and every exec'd
+one's (and their descendants, e.g. the ranks an ``orted`` forks), carries
+``LLMDEPLOY_SIM_CONTAINER`` and ``LLMDEPLOY_SIM_HOSTDIR`` in its environment;
+the simulated hosts share one pid namespace and the same container name can
+exist on several hosts, so both markers together name one container. When a
+container stops (``docker stop``, ``docker rm -f``, or its command exits) the
+processes found by these markers are killed, as the kernel kills a pid
+namespace's processes when its init exits.
+
 The simulated registry knows the seed images (and any ``sim.local/...``
 reference). A node's ``node.json`` can change what its registry serves
 (``registry``: {ref: {"id": ...}}) or cut it off (``registry_reachable``:
@@ -51,6 +62,9 @@ RUN_VALUE_FLAGS = {
     "--hostname", "--pid", "--privileged-mode",
 }
 RUN_BOOL_FLAGS = {"-d", "--detach", "--rm", "-i", "-t", "-it", "-ti", "--init", "--privileged", "--interactive", "--tty"}
+# flags of `docker exec`
+EXEC_VALUE_FLAGS = {"-e", "--env", "--env-file", "-w", "--workdir", "-u", "--user", "--detach-keys"}
+EXEC_BOOL_FLAGS = {"-i", "--interactive", "-t", "--tty", "-d", "--detach", "--privileged"}
 
 
 def _dir() -> Path:
@@ -436,6 +450,31 @@ def _env_of(run: dict) -> dict[str, str]:
     return env
 
 
+def _hostdir_of(c: dict) -> str:
+    return c.get("SimHostDir", os.environ.get("LLMDEPLOY_SIM_HOSTDIR", ""))
+
+
+def process_env(c: dict) -> dict[str, str]:
+    """The environment of a container's processes (its command and every
+    ``docker exec``): the container stand-ins first on PATH, the container's
+    site directory as PYTHONPATH, the markers that name the container, and
+    the variables of ``-e``/``--env-file`` from ``docker run``."""
+    hostdir = _hostdir_of(c)
+    penv = {
+        "PATH": f"{hostdir or '/nonexistent'}/cbin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": "/root",
+        "HOSTNAME": os.uname().nodename,
+        "PYTHONPATH": str(_cdir() / c["Name"] / "site"),
+        "LLMDEPLOY_SIM_STATE": STATE_DIR,
+        "LLMDEPLOY_SIM_CONTAINER": c["Name"],
+        "LLMDEPLOY_SIM_HOSTDIR": hostdir,
+    }
+    for item in c["Config"].get("Env") or []:
+        k, _, v = item.partition("=")
+        penv[k] = v
+    return penv
+
+
 def run(argv: list[str]) -> int:
     try:
         r = parse_run(argv)
@@ -485,18 +524,11 @@ def run(argv: list[str]) -> int:
         "Args": argv,
         "Created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "State": {"Status": "created", "Running": False, "Pid": 0, "ExitCode": 0, "StartedAt": "", "FinishedAt": ""},
+        # the simulated host this container belongs to (see process_env)
+        "SimHostDir": os.environ.get("LLMDEPLOY_SIM_HOSTDIR", ""),
     }
     _save_json(cdir / "config.json", cfg)
-    penv = {
-        "PATH": f"{os.environ.get('LLMDEPLOY_SIM_HOSTDIR', '/nonexistent')}/cbin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "HOME": "/root",
-        "HOSTNAME": os.uname().nodename,
-        "PYTHONPATH": str(site),
-        "LLMDEPLOY_SIM_STATE": STATE_DIR,
-        "LLMDEPLOY_SIM_CONTAINER": name,
-        "LLMDEPLOY_SIM_HOSTDIR": os.environ.get("LLMDEPLOY_SIM_HOSTDIR", ""),
-    }
-    penv.update(env)
+    penv = process_env(cfg)
     if "-d" in r["flags"]:
         log = open(cdir / "log", "ab")
         proc = subprocess.Popen(
@@ -516,6 +548,7 @@ def run(argv: list[str]) -> int:
         code = 127
         print(f'docker: Error response from daemon: failed to create task for container: exec: "{cmd[0]}": executable file not found in $PATH', file=sys.stderr)
     (cdir / "exitcode").write_text(str(code))
+    kill_container_processes(name, cfg["SimHostDir"])  # what the command left behind (docker exec'd ones too)
     cfg["State"].update({"Status": "exited", "Running": False, "Pid": 0, "ExitCode": code, "FinishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     _save_json(cdir / "config.json", cfg)
     if "--rm" in r["flags"]:
@@ -546,6 +579,9 @@ def container_init(argv: list[str]) -> int:
     code = proc.wait()
     code = 128 - code if code < 0 else code
     (cdir / "exitcode").write_text(str(code))
+    # the container's init is gone: so are its other processes (docker exec'd
+    # ones included), as in a pid namespace whose init exits
+    kill_container_processes(cdir.name, os.environ.get("LLMDEPLOY_SIM_HOSTDIR", ""))
     return code
 
 
@@ -577,6 +613,8 @@ def rm(argv: list[str]) -> int:
                 code = _err(f"Error response from daemon: You cannot remove a running container {c['Id']}. Stop the container before attempting removal or force remove")
                 continue
             _kill(c, signal.SIGKILL, 0)
+        else:
+            kill_container_processes(c["Name"], _hostdir_of(c))
         shutil.rmtree(_cdir() / c["Name"], ignore_errors=True)
         print(name)
     return code
@@ -584,23 +622,86 @@ def rm(argv: list[str]) -> int:
 
 def _kill(c: dict, sig: int, grace: float) -> None:
     pid = c["State"].get("Pid")
-    if not pid:
-        return
     try:
-        os.killpg(pid, sig)
+        if pid:
+            os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
-        return
-    end = time.monotonic() + grace
-    while time.monotonic() < end and _alive(pid):
-        time.sleep(0.05)
-    if _alive(pid):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        end = time.monotonic() + 2
+        pid = 0
+    if pid:
+        end = time.monotonic() + grace
         while time.monotonic() < end and _alive(pid):
-            time.sleep(0.02)
+            time.sleep(0.05)
+        if _alive(pid):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            end = time.monotonic() + 2
+            while time.monotonic() < end and _alive(pid):
+                time.sleep(0.02)
+    # everything else of the container (docker exec'd processes and their
+    # children, whatever their session) dies with it
+    kill_container_processes(c["Name"], _hostdir_of(c))
+
+
+def environ_names_container(environ: bytes, name: str, hostdir: str) -> bool:
+    """Whether a /proc/<pid>/environ (NUL-separated) belongs to container
+    ``name`` of the simulated host whose directory is ``hostdir``."""
+    want = {b"LLMDEPLOY_SIM_CONTAINER": name.encode(), b"LLMDEPLOY_SIM_HOSTDIR": hostdir.encode()}
+    found = {}
+    for item in environ.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep and k in want:
+            found[k] = v
+    return found.get(b"LLMDEPLOY_SIM_CONTAINER") == want[b"LLMDEPLOY_SIM_CONTAINER"] and (
+        found.get(b"LLMDEPLOY_SIM_HOSTDIR", b"") == want[b"LLMDEPLOY_SIM_HOSTDIR"]
+    )
+
+
+def _ancestors() -> set[int]:
+    out, pid = set(), os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+def container_processes(name: str, hostdir: str) -> list[int]:
+    """Live processes of a container on this simulated host, found by their
+    markers (this process and its ancestors excepted)."""
+    mine = _ancestors()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in mine:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        if data and environ_names_container(data, name, hostdir):
+            pids.append(int(entry))
+    return pids
+
+
+def kill_container_processes(name: str, hostdir: str, timeout: float = 5.0) -> None:
+    """SIGKILL every process of the container until none is left (a process
+    may fork while we look)."""
+    end = time.monotonic() + timeout
+    while True:
+        pids = [p for p in container_processes(name, hostdir) if _alive(p)]
+        if not pids or time.monotonic() > end:
+            return
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
 
 
 def stop(argv: list[str]) -> int:
@@ -627,6 +728,131 @@ def stop(argv: list[str]) -> int:
             shutil.rmtree(_cdir() / c["Name"], ignore_errors=True)
         print(name)
     return code
+
+
+def parse_exec(argv: list[str]) -> dict:
+    """`docker exec` arguments -> options, flags, container, command. Raises
+    ValueError with the CLI's message."""
+    opts: dict[str, list[str]] = {}
+    flags: set[str] = set()
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if not a.startswith("-") or a == "-":
+            break
+        if a == "--":
+            i += 1
+            break
+        name, eq, value = a.partition("=")
+        if not name.startswith("--") and len(name) > 2 and not eq:
+            # combined short flags: -it, -id; the last may take a value (-ie K=V)
+            letters = name[1:]
+            for j, ch in enumerate(letters):
+                short = "-" + ch
+                if short in EXEC_BOOL_FLAGS:
+                    flags.add(short)
+                    continue
+                if short in EXEC_VALUE_FLAGS:
+                    rest = letters[j + 1 :]
+                    if rest:
+                        opts.setdefault(short, []).append(rest)
+                    elif i + 1 < len(argv):
+                        i += 1
+                        opts.setdefault(short, []).append(argv[i])
+                    else:
+                        raise ValueError(f"flag needs an argument: '{ch}' in -{ch}")
+                    break
+                raise ValueError(f"unknown shorthand flag: '{ch}' in {name}\nSee 'docker exec --help'.")
+            i += 1
+            continue
+        if name in EXEC_BOOL_FLAGS:
+            flags.add({"--interactive": "-i", "--tty": "-t", "--detach": "-d"}.get(name, name))
+            i += 1
+            continue
+        long = name.startswith("--")
+        if name in EXEC_VALUE_FLAGS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"flag needs an argument: {name}" if long else f"flag needs an argument: '{name[1:]}' in {name}")
+                value = argv[i + 1]
+                i += 1
+            key = {"--env": "-e", "--workdir": "-w", "--user": "-u"}.get(name, name)
+            opts.setdefault(key, []).append(value)
+            i += 1
+            continue
+        if long:
+            raise ValueError(f"unknown flag: {name}\nSee 'docker exec --help'.")
+        raise ValueError(f"unknown shorthand flag: '{name[1:2]}' in {name}\nSee 'docker exec --help'.")
+    if len(argv) - i < 2:
+        raise ValueError(
+            '"docker exec" requires at least 2 arguments.\nSee \'docker exec --help\'.\n\n'
+            "Usage:  docker exec [OPTIONS] CONTAINER COMMAND [ARG...]\n\nExecute a command in a running container"
+        )
+    return {"opts": opts, "flags": flags, "container": argv[i], "cmd": argv[i + 1 :]}
+
+
+def exec_env(c: dict, r: dict, caller: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of an exec'd command: the container's, then --env-file,
+    then -e (``-e K`` copies K from the caller, and is skipped when unset)."""
+    caller = os.environ if caller is None else caller
+    env = process_env(c)
+    extra = _env_of({"opts": {"--env-file": r["opts"].get("--env-file", []), "-e": []}})
+    env.update(extra)
+    for e in r["opts"].get("-e", []):
+        k, sep, v = e.partition("=")
+        if sep:
+            env[k] = v
+        elif k in caller:
+            env[k] = caller[k]
+    return env
+
+
+def exec_cmd(argv: list[str]) -> int:
+    """``docker exec [-i] [-d] [-t] [-e K=V]... [--env-file F] [-w DIR] CONTAINER CMD...``:
+    CMD replaces this process (its exit status is exec's), in the container's
+    environment; stdin only with -i; -d starts it in its own session and returns."""
+    try:
+        r = parse_exec(argv)
+    except ValueError as exc:
+        # flag errors exit 125 (like every CLI parse error); a missing container/command 1
+        return _err(str(exc), 1 if str(exc).startswith('"docker exec" requires') else 125)
+    c = _find_container(r["container"])
+    if c is None:
+        return _err(f"Error response from daemon: No such container: {r['container']}")
+    if not c["State"]["Running"]:
+        return _err(f"Error response from daemon: container {c['Id']} is not running")
+    try:
+        env = exec_env(c, r)
+    except ValueError as exc:
+        return _err(str(exc), 125)
+    cmd = r["cmd"]
+    workdir = (r["opts"].get("-w") or [None])[-1] or "/"
+    if not os.path.isdir(workdir):
+        return _err(
+            "OCI runtime exec failed: exec failed: unable to start container process: "
+            f"chdir to cwd (\"{workdir}\") set in config.json failed: no such file or directory: unknown", 126
+        )
+    prog = cmd[0] if "/" in cmd[0] else shutil.which(cmd[0], path=env["PATH"])
+    if prog is None or not os.access(prog, os.X_OK):
+        return _err(
+            "OCI runtime exec failed: exec failed: unable to start container process: "
+            f'exec: "{cmd[0]}": executable file not found in $PATH: unknown', 127
+        )
+    if "-d" in r["flags"]:
+        subprocess.Popen(cmd, executable=prog, env=env, cwd=workdir, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.chdir(workdir)
+    if "-i" not in r["flags"]:
+        fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(fd, 0)
+        os.close(fd)
+    for s in (signal.SIGINT, signal.SIGPIPE):
+        signal.signal(s, signal.SIG_DFL)
+    os.execve(prog, cmd, env)
+    return 127  # not reached
 
 
 def ps(argv: list[str]) -> int:
@@ -744,7 +970,7 @@ def docker(argv: list[str]) -> int:
         cmd = {"ls": "ps", "list": "ps"}.get(cmd, cmd)
     table = {
         "pull": pull, "load": load, "images": images_cmd, "rmi": rmi, "run": run, "commit": commit, "rm": rm,
-        "stop": stop, "ps": ps, "inspect": inspect, "logs": logs,
+        "stop": stop, "ps": ps, "inspect": inspect, "logs": logs, "exec": exec_cmd,
     }
     fn = table.get(cmd)
     if fn is None:

@@ -107,5 +107,5 @@ def test_container_command_has_every_device_and_mount_of_the_seed(cluster, which
 
 
 def test_deploy_refuses_profiles_it_cannot_start_yet():
-    res = run_invoke("deploy", "--cluster", "b200", "--check")
-    assert res.returncode == 1 and "starting trtllm-serve is not built yet" in res.stderr
+    res = run_invoke("deploy", "--cluster", "gb300-agentic", "--check")
+    assert res.returncode == 1 and "deploy cannot start dynamo profiles yet" in res.stderr

@@ -1,0 +1,177 @@
+"""A release plan: the services a release runs, in start order.
+
+A *service* is one or more *units*; a unit is one container on one host.
+How a service is launched is in its units' commands (a container per node; an
+MPI world whose launcher container runs ``mpirun`` and whose other containers
+hold the ranks; a plain process in a container); what the engine needs to
+know is data:
+
+- ``after``: services whose ``started`` probe must pass before it starts;
+- ``started``: the probe that tells dependents they may start (e.g. vLLM's
+  DP RPC port on node 0);
+- ``restart``: ``each`` (an exited unit is started again on its own, with
+  backoff), ``group`` (any exited unit ends the service: every unit of it is
+  stopped and the whole service started again, as an MPI world must be) or
+  ``none`` (an exit fails the release: node 0 of a DP group);
+- units start in ``order`` within a service (an MPI world's holders before
+  its launcher); services stop in reverse start order.
+
+Everything here is plain data and pure functions: no connection is opened.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+RestartPolicy = Literal["each", "group", "none"]
+
+
+@dataclass
+class Probe:
+    """How readiness is read. ``kind``: ``port`` (``ip:port`` accepts a TCP
+    connection, tested on ``host``) or ``http`` (a request to
+    ``127.0.0.1:port`` on ``host`` through its SSH connection, whose status
+    must be ``status`` and whose body must satisfy the named ``check``)."""
+
+    name: str
+    kind: Literal["port", "http"]
+    host: str
+    port: int
+    ip: str = "127.0.0.1"
+    method: str = "GET"
+    path: str = "/"
+    body: dict | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    status: int = 200
+    # a predicate from llmdeploy.engine.probes.CHECKS, with its argument
+    check: str = ""
+    arg: str = ""
+
+    def describe(self) -> str:
+        if self.kind == "port":
+            return f"{self.name} ({self.ip}:{self.port} on {self.host})"
+        return f"{self.method} {self.path} on {self.host}:{self.port}"
+
+
+@dataclass
+class Unit:
+    """One container of a service on one host."""
+
+    host: str
+    container: str
+    # release files of this unit are named <prefix>run.sh, ...; "" for a host's main unit
+    prefix: str = ""
+    order: int = 0
+    role: str = ""
+    # what `deploy --check` shows for this unit (command lines, ranks, ...)
+    show: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_file(self) -> str:
+        return f"{self.prefix}run.sh"
+
+
+@dataclass
+class Service:
+    name: str
+    units: list[Unit]
+    after: list[str] = field(default_factory=list)
+    started: Probe | None = None
+    restart: RestartPolicy = "each"
+
+    def hosts(self) -> list[str]:
+        out: list[str] = []
+        for u in self.units:
+            if u.host not in out:
+                out.append(u.host)
+        return out
+
+
+@dataclass
+class ReleasePlan:
+    system: str
+    cluster: str
+    release: str
+    services: list[Service]
+    # where clients reach the release (the HTTP endpoint)
+    entry_host: str
+    entry_port: int
+    # readiness, in order: the first is polled until it passes, the others
+    # must then pass once each
+    ready: list[Probe] = field(default_factory=list)
+    # shell run on every node after its containers stopped (stale files)
+    stop_cleanup: str = ""
+    # container environment prefixes that status --diff compares
+    drift_env_prefixes: list[str] = field(default_factory=list)
+    # release files per host: name -> (content, mode); not part of plan.json
+    files: dict[str, dict[str, tuple[str, int]]] = field(default_factory=dict, repr=False)
+
+    # -- views -------------------------------------------------------------------------
+    def service(self, name: str) -> Service:
+        for s in self.services:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def units(self, host: str | None = None) -> list[Unit]:
+        return [u for s in self.services for u in s.units if host is None or u.host == host]
+
+    def service_of(self, unit: Unit) -> Service:
+        return next(s for s in self.services if unit in s.units)
+
+    def hosts(self) -> list[str]:
+        out: list[str] = []
+        for u in self.units():
+            if u.host not in out:
+                out.append(u.host)
+        return out
+
+    def stop_phase(self, service: Service) -> int:
+        """0 is stopped first: the reverse of the start order."""
+        return len(self.services) - 1 - self.services.index(service)
+
+    # -- (de)serialisation: plan.json in every release -----------------------------------
+    def to_json(self) -> str:
+        doc = asdict(self)
+        doc.pop("files")
+        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "ReleasePlan":
+        doc = json.loads(text)
+        services = []
+        for s in doc["services"]:
+            services.append(
+                Service(
+                    name=s["name"],
+                    units=[Unit(**u) for u in s["units"]],
+                    after=list(s.get("after") or []),
+                    started=Probe(**s["started"]) if s.get("started") else None,
+                    restart=s.get("restart", "each"),
+                )
+            )
+        return cls(
+            system=doc["system"],
+            cluster=doc["cluster"],
+            release=doc["release"],
+            services=services,
+            entry_host=doc["entry_host"],
+            entry_port=int(doc["entry_port"]),
+            ready=[Probe(**p) for p in doc.get("ready") or []],
+            stop_cleanup=doc.get("stop_cleanup", ""),
+            drift_env_prefixes=list(doc.get("drift_env_prefixes") or []),
+        )
+
+
+def order_services(services: list[Service]) -> list[Service]:
+    """Check that every ``after`` names an earlier service (the playbook's
+    order is the start order); raise ValueError otherwise."""
+    seen: set[str] = set()
+    for s in services:
+        for dep in s.after:
+            if dep not in seen:
+                raise ValueError(f"service {s.name!r} starts after {dep!r}, which is not started before it")
+        seen.add(s.name)
+    return services

@@ -1,0 +1,286 @@
+"""The starter, the watcher and the ordered stop: one implementation for every
+serving system, driven by a :class:`~llmdeploy.engine.model.ReleasePlan`.
+
+- ``start``: stop what else runs (reverse start order, in phases across the
+  nodes), then each service in the plan's order: its units in ``order``
+  groups, all hosts of a group at once; a service with a ``started`` probe
+  gates the services after it;
+- ``watch``: one round trip per host per poll reads every unit's state; an
+  exited unit is matched against the system's failure signatures and handled
+  by its service's restart policy (``each``: that unit again, with
+  exponential backoff; ``group``: every unit of the service stopped and the
+  service started again; ``none``: the release fails); the first readiness
+  probe is polled until it passes, then the others must pass once;
+- ``stop``: phase by phase (phase 0 first), every node at once within a phase.
+
+Deadlines and the retry policy are the inventory's ``DeploySettings``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.markup import escape
+
+from roles import containers as ctr
+
+from .. import logs
+from ..inventory import Cluster, Node
+from ..release import release_dir, releases_dir
+from ..runner import HostResult, Runner, Step
+from .model import Probe, ReleasePlan, Service, Unit
+from .probes import http_probe
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    release: str
+    reason: str = ""
+    where: str = ""
+    bundle: str = ""
+    phases: dict[str, float] = field(default_factory=dict)
+    # starts per unit, keyed "host/container"
+    attempts: dict[str, int] = field(default_factory=dict)
+
+
+def unit_key(u: Unit) -> str:
+    return f"{u.host}/{u.container}"
+
+
+def who(u: Unit, svc: Service) -> str:
+    """How messages name a unit: its role (node 0, worker, ...) or its service."""
+    return {"node0": "node 0"}.get(u.role, u.role) or svc.name
+
+
+class Engine:
+    def __init__(self, cluster: Cluster, runner: Runner, con: Console, quiet: bool = False, signatures=None):
+        self.c = cluster
+        self.r = runner
+        self.con = con
+        self.quiet = quiet
+        self.d = cluster.deploy
+        self.signatures = signatures
+
+    def say(self, msg: str) -> None:
+        if not self.quiet:
+            self.con.print(msg)
+
+    def node(self, host: str) -> Node:
+        return self.c.node(host)
+
+    def _fail(self, out: Outcome, where: str, reason: str) -> bool:
+        out.ok, out.where, out.reason = False, where, reason
+        return False
+
+    # -- stopping ---------------------------------------------------------------------------
+    def stop(self, keep_release: str | None, name: str = "stop", cleanup: str = "", hosts: list[Node] | None = None) -> dict[str, HostResult]:
+        """Stop this cluster's containers (except ``keep_release``'s) in
+        reverse start order: the phases found on the nodes, phase 0 first.
+        ``cleanup`` runs on every node afterwards."""
+        c = self.c
+        nodes = hosts if hosts is not None else list(c.nodes)
+        found = self.r.run(Step(name=f"{name}: phases", build=lambda n: ctr.phases_script(c.name, keep_release)), nodes)
+        results: dict[str, HostResult] = {h: r for h, r in found.items() if r.failed}
+        phases = sorted({int(x) for r in found.values() if not r.failed for x in r.stdout.split() if x.isdigit()})
+        for ph in phases:
+            group = [n for n in nodes if n.name not in results and str(ph) in found[n.name].stdout.split()]
+            res = self.r.run(Step(name=name, build=lambda n, ph=ph: ctr.stop_script(c.name, releases_dir(c), keep_release, c.deploy.stop_timeout_s, ph),
+                                  timeout=c.deploy.stop_timeout_s + 60), group)
+            for h, r in res.items():
+                for line in r.stdout.splitlines():
+                    self.say(f"  {h}: {escape(line)}")
+                if r.failed:
+                    results[h] = r
+        if cleanup:
+            for h, r in self.r.run(Step(name=f"{name}: clean up", build=lambda n: cleanup), [n for n in nodes if n.name not in results]).items():
+                if r.failed:
+                    results[h] = r
+        for n in nodes:
+            results.setdefault(n.name, HostResult(n.name))
+        return results
+
+    def stop_service(self, plan: ReleasePlan, svc: Service, log_suffix: str) -> None:
+        """Stop every unit of one service, launcher (highest order) first."""
+        rd = release_dir(self.c, plan.release)
+        for order in sorted({u.order for u in svc.units}, reverse=True):
+            units = [u for u in svc.units if u.order == order]
+            by_host: dict[str, list[str]] = {}
+            for u in units:
+                by_host.setdefault(u.host, []).append(u.container)
+            self.r.run(Step(name=f"stop {svc.name}", build=lambda n: ctr.stop_units_script(rd, by_host[n.name], self.d.stop_timeout_s, log_suffix),
+                            timeout=self.d.stop_timeout_s + 60), [self.node(h) for h in by_host])
+
+    # -- starting ------------------------------------------------------------------------------
+    def start_units(self, plan: ReleasePlan, units: list[Unit], out: Outcome) -> bool:
+        """Start ``units`` in ``order`` groups; all hosts of a group at once."""
+        rd = release_dir(self.c, plan.release)
+        for order in sorted({u.order for u in units}):
+            group = [u for u in units if u.order == order]
+            by_host: dict[str, list[Unit]] = {}
+            for u in group:
+                out.attempts[unit_key(u)] = out.attempts.get(unit_key(u), 0) + 1
+                by_host.setdefault(u.host, []).append(u)
+            res = self.r.run(
+                Step(name="start", build=lambda n: "set -e\n" + "".join(ctr.start_script(rd, u.container, u.run_file, out.attempts[unit_key(u)]) for u in by_host[n.name])),
+                [self.node(h) for h in by_host],
+            )
+            for h, r in res.items():
+                if r.failed:
+                    return self._fail(out, h, f"{', '.join(u.container for u in by_host[h])} did not start: {r.msg}")
+        return True
+
+    def wait_started(self, plan: ReleasePlan, svc: Service, out: Outcome) -> bool:
+        p = svc.started
+        if p is None:
+            return True
+        unit = next((u for u in svc.units if u.host == p.host), svc.units[0])
+        if p.kind == "port":
+            o, e, code = self.r.exec(self.node(p.host), ctr.wait_port_script(unit.container, p.ip, p.port, self.d.rpc_timeout_s),
+                                     timeout=self.d.rpc_timeout_s + 30)
+            if code != 0:
+                why = "exited" if code == 3 else f"did not open port {p.port} within {self.d.rpc_timeout_s:g}s"
+                reason = self.exit_reason(unit) if code == 3 else ""
+                return self._fail(out, p.host, f"{svc.name} {why} ({o.strip()}{'; ' + reason if reason else ''})")
+            return True
+        end = time.monotonic() + self.d.rpc_timeout_s
+        while True:
+            problem = http_probe(self.r, self.node(p.host), p, min(10, self.d.request_timeout_s))
+            if problem is None:
+                return True
+            if time.monotonic() >= end:
+                return self._fail(out, p.host, f"{svc.name} not started within {self.d.rpc_timeout_s:g}s: {problem}")
+            time.sleep(self.d.poll_s)
+
+    def start(self, plan: ReleasePlan, out: Outcome) -> bool:
+        """Stop what else runs, start ``plan`` in order, wait until it is ready."""
+        t = time.monotonic()
+        self.stop(plan.release, "stop previous")
+        out.phases["stop previous"] = time.monotonic() - t
+        for svc in plan.services:
+            t = time.monotonic()
+            if not self.start_units(plan, svc.units, out):
+                return False
+            hosts = svc.hosts()
+            gate = f"; waiting for {svc.started.describe()}" if svc.started else ""
+            self.say(f"[bold]{escape(svc.name)}[/]: started on {', '.join(hosts[:6])}{' and more' if len(hosts) > 6 else ''}{escape(gate)}")
+            if not self.wait_started(plan, svc, out):
+                return False
+            out.phases[f"{svc.name} started"] = time.monotonic() - t
+        t = time.monotonic()
+        if not self.watch(plan, out):
+            return False
+        out.phases[f"{plan.ready[0].name if plan.ready else 'running'}"] = time.monotonic() - t
+        t = time.monotonic()
+        for p in plan.ready[1:]:
+            problem = self.probe(p)
+            if problem:
+                return self._fail(out, p.host, f"{p.name}: {problem}")
+        if plan.ready[1:]:
+            out.phases[" + ".join(p.name for p in plan.ready[1:])] = time.monotonic() - t
+        return True
+
+    def probe(self, p: Probe) -> str | None:
+        if p.kind == "http":
+            return http_probe(self.r, self.node(p.host), p, self.d.request_timeout_s)
+        o, e, code = self.r.exec(self.node(p.host), f"timeout 2 bash -c 'exec 3<>/dev/tcp/{p.ip}/{int(p.port)}' 2>/dev/null && echo open")
+        return None if "open" in o else f"{p.describe()}: closed"
+
+    # -- watching ---------------------------------------------------------------------------
+    def states(self, plan: ReleasePlan, units: list[Unit] | None = None) -> dict[str, tuple[str, str]]:
+        """{unit key: (status, exit code)}; unreachable hosts give ``unreachable``."""
+        units = units if units is not None else plan.units()
+        by_host: dict[str, list[Unit]] = {}
+        for u in units:
+            by_host.setdefault(u.host, []).append(u)
+        res = self.r.run(Step(name="watch", build=lambda n: ctr.states_script([u.container for u in by_host[n.name]])), [self.node(h) for h in by_host])
+        out = {}
+        for h, us in by_host.items():
+            r = res[h]
+            st = ctr.parse_states(r.stdout) if not r.failed else {}
+            for u in us:
+                out[unit_key(u)] = st.get(u.container, ("unreachable" if r.failed else "missing", r.msg if r.failed else ""))
+        return out
+
+    def exit_reason(self, u: Unit) -> str:
+        """The known failure in a unit's log, or ''."""
+        try:
+            text = self.r.exec(self.node(u.host), ctr.log_tail_script(u.container))[0]
+        except Exception:  # the node went away: the state says so
+            return ""
+        found = logs.match(text, self.signatures)
+        return f"{found[0]} [{found[1]}]" if found else ""
+
+    def watch(self, plan: ReleasePlan, out: Outcome) -> bool:
+        """Until the first readiness probe passes: restart what exits, by policy."""
+        d = self.d
+        end = time.monotonic() + d.ready_timeout_s
+        pending: dict[str, float] = {}  # unit key or "service:<name>" -> when to restart
+        reasons: dict[str, str] = {}
+        last_probe = ""
+        keyed = {unit_key(u): u for u in plan.units()}
+        while True:
+            now = time.monotonic()
+            states = self.states(plan)
+            for key, (status, code) in states.items():
+                if status == "running":
+                    continue
+                u = keyed[key]
+                svc = plan.service_of(u)
+                if key in pending or f"service:{svc.name}" in pending:
+                    continue
+                why = self.exit_reason(u) or f"container {status} {code}".strip()
+                reasons[key] = why
+                where = f"{u.host}"
+                if svc.restart == "none":
+                    return self._fail(out, where, f"{who(u, svc)} exited: {why}")
+                n = out.attempts.get(key, 1)
+                if n > d.worker_retries:
+                    what = svc.name if svc.restart == "group" else who(u, svc)
+                    return self._fail(out, where, f"{what} exited {n} times; last reason: {why}")
+                delay = min(d.backoff_s * (2 ** (n - 1)), d.backoff_max_s)
+                if svc.restart == "group":
+                    self.say(f"  [yellow]{escape(svc.name)}: {u.host} {escape(u.container)} {status}[/] (attempt {n}): {escape(why)}; "
+                             f"restarting the whole group ({len(svc.units)} containers) in {delay:g}s")
+                    pending[f"service:{svc.name}"] = now + delay
+                else:
+                    rank = f" (start rank {u.show['start_rank']})" if "start_rank" in u.show else ""
+                    self.say(f"  [yellow]{escape(who(u, svc))} {u.host}{rank} exited[/] (attempt {n}): {escape(why)}; again in {delay:g}s")
+                    pending[key] = now + delay
+            for key, when in list(pending.items()):
+                if time.monotonic() < when:
+                    continue
+                del pending[key]
+                if key.startswith("service:"):
+                    svc = plan.service(key.split(":", 1)[1])
+                    n = max(out.attempts.get(unit_key(u), 1) for u in svc.units)
+                    self.stop_service(plan, svc, f"attempt-{n}")
+                    if not self.start_units(plan, svc.units, out):
+                        return False
+                else:
+                    if not self.start_units(plan, [keyed[key]], out):
+                        return False
+            if not pending and plan.ready:
+                problem = self.probe(plan.ready[0])
+                if problem is None:
+                    return True
+                last_probe = problem
+            elif not pending:
+                return True
+            if time.monotonic() >= end:
+                waiting = ", ".join(f"{k}: {m}" for k, m in reasons.items()) or last_probe or "no unit reported an error"
+                return self._fail(out, plan.entry_host, f"not ready within {d.ready_timeout_s:g}s ({waiting})")
+            time.sleep(d.poll_s)
+
+    # -- after a failure ----------------------------------------------------------------------
+    def collect_bundle(self, plan: ReleasePlan, secrets: list[str]) -> tuple[str, str]:
+        rd = release_dir(self.c, plan.release)
+        res = self.r.run(Step(name="collect logs", build=lambda n: logs.bundle_script(self.c, n, rd, [u.container for u in plan.units(n.name)])))
+        per_host = {h: logs.split_bundle(r.stdout) for h, r in res.items() if not r.failed}
+        for h, r in res.items():
+            if r.failed:
+                per_host[h] = {"unreachable.txt": f"could not collect from {h}: {r.msg}\n"}
+        root, tgz = logs.save_bundle(self.c, plan.release, per_host, secrets)
+        return str(root), str(tgz)

@@ -1,0 +1,98 @@
+"""Serving systems: each module turns the inventory (and prepare's records)
+into a release plan (``llmdeploy.engine.model.ReleasePlan``). The start order
+of each is a playbook in ``playbooks/serve-<system>.yaml``, read here; the
+module builds the units and probes the playbook names.
+
+Nothing outside this package knows a system by name: flows call
+:func:`build` and :func:`signatures`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from ..engine.model import ReleasePlan, Service, order_services
+from ..errors import LlmdeployError
+from ..inventory import Cluster
+
+PLAYBOOKS = Path(__file__).resolve().parent.parent.parent / "playbooks"
+TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
+_jinja = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+# profile kind -> module
+MODULES = {"vllm-ascend": "vllm_ascend", "trtllm-serve": "trtllm"}
+
+
+def render(template: str, **values) -> str:
+    return _jinja.get_template(template).render(**values)
+
+
+def module_for(kind: str):
+    name = MODULES.get(kind)
+    if name is None:
+        raise LlmdeployError(f"deploy cannot start {kind} profiles yet (it starts: {', '.join(MODULES)})")
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def playbook(kind: str) -> dict:
+    path = PLAYBOOKS / f"serve-{kind}.yaml"
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise LlmdeployError(f"{path}: no start order for {kind}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("services"), list):
+        raise LlmdeployError(f"{path}: expected 'services:' (a list)")
+    return doc
+
+
+def hosts_of(cluster: Cluster, selection: str) -> list:
+    if selection == "all":
+        return list(cluster.nodes)
+    if selection == "node0":
+        return [cluster.node0]
+    if selection == "workers":
+        return list(cluster.nodes[1:])
+    raise LlmdeployError(f"unknown host selection {selection!r} in a serve playbook (all, node0, workers)")
+
+
+def build(cluster: Cluster, prepared: dict[str, dict], rid: str, image_id: str | None) -> ReleasePlan:
+    """The release plan of ``cluster``: the playbook's services, built by the system's module."""
+    kind = cluster.profile.kind
+    mod = module_for(kind)
+    pb = playbook(kind)
+    present = [(dict(e), hosts_of(cluster, e.get("hosts", "all"))) for e in pb["services"]]
+    present = [(e, nodes) for e, nodes in present if nodes]
+    services = []
+    for i, (entry, nodes) in enumerate(present):
+        name = entry["name"]
+        entry["stop_phase"] = len(present) - 1 - i  # the reverse of the start order
+        units, started = mod.units(cluster, name, nodes, prepared, rid, entry)
+        services.append(Service(name=name, units=units, after=[a for a in entry.get("after", []) if a in {s.name for s in services}],
+                                started=started, restart=entry.get("restart", "each")))
+    try:
+        order_services(services)
+    except ValueError as exc:
+        raise LlmdeployError(f"playbooks/serve-{kind}.yaml: {exc}") from None
+    plan = ReleasePlan(system=kind, cluster=cluster.name, release=rid, services=services, entry_host=cluster.node0.name,
+                       entry_port=mod.entry_port(cluster))
+    plan.ready = [mod.probe(cluster, name) for name in pb.get("ready", [])]
+    plan.stop_cleanup = getattr(mod, "STOP_CLEANUP", "")
+    plan.drift_env_prefixes = list(getattr(mod, "DRIFT_ENV_PREFIXES", []))
+    plan.files = mod.files(cluster, plan, prepared, image_id)
+    return plan
+
+
+def signatures(kind: str) -> list[tuple[str, str]]:
+    """The system's failure signatures (the common ones are added by llmdeploy.logs)."""
+    name = MODULES.get(kind)
+    return list(importlib.import_module(f"{__name__}.{name}").SIGNATURES) if name else []
+
+
+def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
+    """What ``deploy --check --json`` shows: per node its main unit's commands, then every service."""
+    mod = module_for(plan.system)
+    return mod.check_doc(cluster, plan, secrets)

@@ -1,0 +1,290 @@
+"""TensorRT-LLM ``trtllm-serve`` (seed 000) as a release plan: one MPI world
+across the nodes, one rank per GPU, the HTTP server on rank 0's node.
+
+Every node runs the seed's container, long-lived and detached. The launch
+node's (node 0's) runs ``serve.sh``: it layers the release's overrides on
+the curated profile inside the container (``merge-config.py``), then
+``exec mpirun ... trtllm-llmapi-launch trtllm-serve ...``. The other nodes'
+containers hold the ranks: mpirun's launch agent (``mpi-agent.sh``, its
+``plm_rsh_agent``) reaches each host over SSH and starts OpenMPI's daemon
+inside that host's container with ``docker exec``, so every rank runs with
+the same image, mounts and environment, and mpirun, orted and the ranks are
+the container's own OpenMPI. One rank's death ends the MPI job: the service's
+restart policy is ``group``: the world is stopped everywhere and started
+again, with backoff.
+
+Ready: ``/health`` 200 on node 0, ``/v1/models`` lists the model (trtllm-serve
+names it by its model argument), and a chat request with thinking on answers
+200 with reasoning content (the ``qwen3_5`` reasoning parser splits it out).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+
+from roles import commenv, containers, trtllm, wheels
+from roles.trtllm import eplb
+
+from ..engine.model import Probe, ReleasePlan, Unit
+from ..errors import LlmdeployError
+from ..inventory import Cluster, Node, TrtllmProfile
+from ..release import release_dir
+from . import render
+
+CHAT_PROMPT = "Where is New York?"
+STOP_CLEANUP = ""
+DRIFT_ENV_PREFIXES = ["NCCL_", "GLOO_", "UCX_", "TLLM_", "TRTLLM_"]
+SIGNATURES: list[tuple[str, str]] = [
+    (r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError",
+     "CUDA out of memory on a rank (lower kv_cache_config.free_gpu_memory_fraction, max_batch_size or max_num_tokens)"),
+    (r"NCCL error|ncclSystemError|ncclInternalError|ncclRemoteError|NCCL WARN .*(failed|error)",
+     "NCCL error between ranks (check NCCL_SOCKET_IFNAME and the fabric: invoke verify-comm)"),
+    (r"There are not enough slots available",
+     "more ranks than slots in the hostfile"),
+    (r"ORTE was unable to reliably start one or more daemons|ORTE does not know how to route|An ORTE daemon has unexpectedly failed|PRRTE has lost communication|ssh: connect to host|Host key verification failed",
+     "MPI could not start its daemons on every node (the launch agent's SSH from node 0, launch_ssh_config, and every node's container running)"),
+    (r"mpirun noticed that process rank \d+ .*exited|mpirun detected that one or more processes exited with non-zero status|Primary job +terminated normally, but 1 process returned",
+     "a rank exited and mpirun ended the world"),
+    (r"LLM is unavailable", "the executor died (/health answers 503)"),
+]
+SERVE_FILES = {"hostfile": "hostfile", "agent": "mpi-agent.sh", "serve": "serve.sh", "hold": "hold.sh", "config": "config.yaml"}
+EPLB_NAME = "eplb.yaml"
+
+
+def profile_of(cluster: Cluster) -> TrtllmProfile:
+    if not isinstance(cluster.profile, TrtllmProfile):
+        raise LlmdeployError(f"{cluster.name}: the profile is {cluster.profile.kind}, not trtllm-serve")
+    return cluster.profile
+
+
+def container_name(cluster: Cluster, rid: str) -> str:
+    return f"{cluster.name}-{rid}"
+
+
+def image_of(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> str:
+    rec = prepared.get(node.name) or {}
+    return (rec.get("image") or {}).get("serving_ref") or wheels.serving_ref(cluster)
+
+
+def placement(cluster: Cluster) -> list[tuple[Node, int, range]]:
+    """(node, slots, its global ranks) in rank order, node 0 first."""
+    prof = profile_of(cluster)
+    out, first = [], 0
+    for name, slots in prof.ranks(cluster.nodes):
+        out.append((cluster.node(name), slots, range(first, first + slots)))
+        first += slots
+    return out
+
+
+def _ranks_text(r: range) -> str:
+    return f"{r.start}" if len(r) == 1 else f"{r.start}-{r.stop - 1}"
+
+
+def nics(cluster: Cluster) -> str:
+    out: list[str] = []
+    for n in cluster.nodes:
+        if n.nic not in out:
+            out.append(n.nic)
+    return ",".join(out)
+
+
+def world_env(cluster: Cluster) -> list[str]:
+    """The variables every rank needs (``-x NAME``: the value comes from the
+    launch container's environment file, so no value, secrets included, is on
+    the command line)."""
+    return list(commenv.env_vars(cluster, cluster.node0))
+
+
+def mpirun_args(cluster: Cluster, rid: str) -> list[str]:
+    prof = profile_of(cluster)
+    rd = release_dir(cluster, rid)
+    world = prof.tp * prof.pp
+    args = ["mpirun", "--allow-run-as-root", "-np", str(world), "--hostfile", f"{rd}/{SERVE_FILES['hostfile']}"]
+    if len(placement(cluster)) > 1:
+        # every daemon is started from node 0 (only it needs SSH to the others);
+        # OpenMPI's daemons check the agent's path too: it is on every node
+        args += ["--mca", "plm_rsh_agent", f"{rd}/{SERVE_FILES['agent']}", "--mca", "plm_rsh_no_tree_spawn", "1"]
+    args += ["--mca", "oob_tcp_if_include", nics(cluster), "--mca", "btl_tcp_if_include", nics(cluster)]
+    for name in world_env(cluster):
+        args += ["-x", name]
+    args += ["trtllm-llmapi-launch", "trtllm-serve", cluster.model.path, "--host", "0.0.0.0", "--port", str(prof.port),
+             "--reasoning_parser", prof.reasoning_parser, "--tool_parser", prof.tool_parser,
+             "--config", f"{rd}/{SERVE_FILES['config']}"]
+    return args
+
+
+def ssh_mounts(cluster: Cluster) -> list[str]:
+    """What the launch agent needs inside the launch container: root's SSH
+    files, and the directory of ``launch_ssh_config`` when it lives elsewhere."""
+    prof = profile_of(cluster)
+    out = ["/root/.ssh:/root/.ssh:ro"]
+    if prof.launch_ssh_config:
+        d = posixpath.dirname(prof.launch_ssh_config)
+        if not (d + "/").startswith("/root/.ssh/"):
+            out.append(f"{d}:{d}:ro")
+    return out
+
+
+def docker_run_args(cluster: Cluster, node: Node, rid: str, image: str, launcher: bool, stop_phase: int, ranks: range) -> list[str]:
+    """The seed's ``docker run`` (``--ipc=host --gpus all -p 8000:8000 -v
+    ~/.cache:/root/.cache:rw``), detached and long-lived, named for the
+    cluster and release. Across nodes it also gets the host network (MPI's
+    and NCCL's connections between nodes; docker then ignores ``-p``) and
+    the launch agent's SSH files; the release directory is mounted so the
+    container reads its files and writes the merged config."""
+    prof = profile_of(cluster)
+    rd = release_dir(cluster, rid)
+    multi = len(placement(cluster)) > 1
+    args = ["docker", "run", "-d", "--name", container_name(cluster, rid),
+            *containers.labels(cluster.name, rid, "world", "launcher" if launcher else "ranks", stop_phase, ranks=_ranks_text(ranks)),
+            "--ipc=host", "--gpus", "all", "-p", f"{prof.port}:{prof.port}"]
+    if multi:
+        args += ["--network", "host", "--ulimit", "memlock=-1"]
+    args += ["-v", "/root/.cache:/root/.cache:rw"]
+    if not cluster.model.path.startswith("/root/.cache/"):
+        args += ["-v", f"{cluster.model.path}:{cluster.model.path}:ro"]
+    args += ["-v", f"{rd}:{rd}"]
+    if multi and launcher:
+        for m in ssh_mounts(cluster):
+            args += ["-v", m]
+    args += ["--env-file", f"{rd}/env", image]
+    args += ["sh", f"{rd}/{SERVE_FILES['serve' if launcher else 'hold']}"]
+    return args
+
+
+def units(cluster: Cluster, service: str, nodes: list[Node], prepared: dict, rid: str, entry: dict):
+    if service != "world":
+        raise LlmdeployError(f"playbooks/serve-trtllm-serve.yaml: trtllm-serve has one service, 'world', not {service!r}")
+    rd = release_dir(cluster, rid)
+    out = []
+    for node, slots, ranks in placement(cluster):
+        if node not in nodes:
+            continue
+        launcher = node is cluster.node0
+        image = image_of(cluster, node, prepared)
+        show = {
+            "ranks": _ranks_text(ranks),
+            "slots": slots,
+            "image": image,
+            "container_command": shlex.join(docker_run_args(cluster, node, rid, image, launcher, entry["stop_phase"], ranks)),
+        }
+        if launcher:
+            show["serve_command"] = shlex.join(mpirun_args(cluster, rid))
+            show["config"] = f"{rd}/{SERVE_FILES['config']}"
+        out.append(Unit(host=node.name, container=container_name(cluster, rid), order=1 if launcher else 0,
+                        role="launcher" if launcher else "ranks", show=show))
+    return out, None
+
+
+def entry_port(cluster: Cluster) -> int:
+    return profile_of(cluster).port
+
+
+def chat_request(model: str) -> dict:
+    """The seed's test request, with thinking on (the reasoning parser splits it out)."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": CHAT_PROMPT}],
+        "max_tokens": 1024,
+        "top_p": 1.0,
+        "chat_template_kwargs": {"enable_thinking": True},
+    }
+
+
+def probe(cluster: Cluster, name: str) -> Probe:
+    prof = profile_of(cluster)
+    host = cluster.node0.name
+    model = cluster.model.path  # trtllm-serve serves the model under its argument
+    if name == "health":
+        return Probe(name="/health 200", kind="http", host=host, port=prof.port, path="/health")
+    if name == "models":
+        return Probe(name="/v1/models", kind="http", host=host, port=prof.port, path="/v1/models", check="models", arg=model)
+    if name == "chat":
+        return Probe(name="chat check", kind="http", host=host, port=prof.port, method="POST", path="/v1/chat/completions",
+                     body=chat_request(model), check="reasoning")
+    raise KeyError(f"trtllm-serve has no readiness probe {name!r}")
+
+
+def eplb_map(cluster: Cluster) -> eplb.EplbMap | None:
+    """The inventory's static EPLB map, checked; LlmdeployError naming what is wrong."""
+    prof = profile_of(cluster)
+    path = prof.eplb_map_file()
+    if path is None:
+        return None
+    try:
+        return eplb.load_map(path, prof.config)
+    except (ValueError, OSError) as exc:
+        raise LlmdeployError(f"profile.eplb_map: {exc}") from None
+
+
+def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | None) -> dict[str, dict[str, tuple[str, int]]]:
+    prof = profile_of(cluster)
+    rd = release_dir(cluster, plan.release)
+    emap = eplb_map(cluster)
+    out = {}
+    for n in cluster.nodes:
+        us = plan.units(n.name)
+        if not us:
+            continue
+        u = us[0]
+        config = f"{rd}/{SERVE_FILES['config']}"
+        files: dict[str, tuple[str, int]] = {
+            "env": (commenv.render(cluster, n), commenv.env_mode(cluster)),
+            "run.sh": (render("run.sh.j2", what="this node's trtllm-serve container", release=plan.release, host=n.name,
+                              command=u.show["container_command"], wait_for_file="" if u.role == "launcher" else shlex.quote(config),
+                              container=shlex.quote(u.container)), 0o755),
+        }
+        # every node merges the same config (the curated file is inside the image)
+        eplb_path = f"{rd}/{EPLB_NAME}" if emap else None
+        files[trtllm.OVERRIDES_NAME] = (trtllm.overrides_yaml(cluster, eplb_path), 0o644)
+        files[trtllm.MERGE_SCRIPT_NAME] = (trtllm.merge_script(), 0o644)
+        if emap:
+            files[EPLB_NAME] = (emap.text, 0o644)
+        merge = dict(release=plan.release, cluster=cluster.name, merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"),
+                     curated=shlex.quote(trtllm.curated_path(prof)), overrides=shlex.quote(f"{rd}/{trtllm.OVERRIDES_NAME}"),
+                     config=shlex.quote(config))
+        meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "role": u.role, "ranks": u.show["ranks"],
+                "container": u.container, "image": u.show["image"], "image_id": image_id, "system": plan.system,
+                "command": shlex.split(u.show["container_command"])[shlex.split(u.show["container_command"]).index(u.show["image"]) + 1:]}
+        if len(placement(cluster)) > 1:
+            files[SERVE_FILES["agent"]] = (render("mpi-agent.sh.j2", release=plan.release, cluster=cluster.name, container=u.container,
+                                                  ssh_config=shlex.quote(prof.launch_ssh_config) if prof.launch_ssh_config else ""), 0o755)
+        if emap:
+            meta["eplb_map"] = {"source": str(emap.path), "sha256": emap.sha256, "num_slots": emap.num_slots, "layers": emap.layers}
+        if u.role != "launcher":
+            files[SERVE_FILES["hold"]] = (render("trtllm-hold.sh.j2", **merge), 0o755)
+        else:
+            files[SERVE_FILES["hostfile"]] = (render("hostfile.j2", release=plan.release, cluster=cluster.name,
+                                                     ranks=[(node.name, slots) for node, slots, _ in placement(cluster)]), 0o644)
+            files[SERVE_FILES["serve"]] = (render("trtllm-serve.sh.j2", command=u.show["serve_command"], **merge), 0o755)
+        meta["curated"] = trtllm.curated_path(prof)
+        files["release.json"] = (json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644)
+        out[n.name] = files
+    return out
+
+
+def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
+    from roles.files import mask
+
+    nodes = []
+    for n in cluster.nodes:
+        us = plan.units(n.name)
+        if not us:
+            continue
+        u = us[0]
+        env = commenv.env_vars(cluster, n)
+        doc = {"host": n.name, "role": u.role, "ranks": u.show["ranks"], "slots": u.show["slots"],
+               "env": {k: ("***" if v in secrets and v else v) for k, v in env.items()},
+               "container": u.container, "image": u.show["image"],
+               "container_command": mask(u.show["container_command"], secrets)}
+        if u.role == "launcher":
+            doc["serve_command"] = mask(u.show["serve_command"], secrets)
+            doc["files"] = {name: mask(text, secrets) for name, (text, _) in sorted(plan.files[n.name].items())
+                            if name in (trtllm.OVERRIDES_NAME, SERVE_FILES["hostfile"], SERVE_FILES["agent"], SERVE_FILES["serve"])}
+        nodes.append(doc)
+    prof = profile_of(cluster)
+    return {"nodes": nodes, "launch": {"host": cluster.node0.name, "mpirun": nodes[0].get("serve_command"),
+                                       "curated": trtllm.curated_path(prof), "config": f"{release_dir(cluster, plan.release)}/{SERVE_FILES['config']}",
+                                       "overrides_yaml": plan.files[cluster.node0.name][trtllm.OVERRIDES_NAME][0]}}

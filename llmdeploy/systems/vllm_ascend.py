@@ -1,0 +1,136 @@
+"""vLLM-Ascend (seed 001) as a release plan: one container per node running
+``vllm serve``; node 0 first (its DP RPC port gates the workers), then the
+headless workers, each with its own ``--data-parallel-start-rank``. A worker
+that exits is retried alone; node 0 leaving fails the release. Ready: ``/health``
+200 on node 0 (every DP rank joined), ``/v1/models`` lists the served name, and
+the seed's chat request answers with a ``<think>`` block.
+
+The command lines come from ``roles/serve`` (the seed's ``docker run`` and
+``vllm serve``), the environment file from ``roles/commenv``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from roles import commenv, serve, wheels
+
+from ..engine.model import Probe, ReleasePlan, Unit
+from ..inventory import Cluster, Node
+from ..release import release_dir
+from . import render
+
+CHAT_PROMPT = "Write a Python function to merge two sorted linked lists."
+STOP_CLEANUP = "rm -f /dev/shm/moe_* 2>/dev/null; true\n"
+DRIFT_ENV_PREFIXES = ["HCCL_", "GLOO_", "TP_", "VLLM_", "ASCEND_"]
+# vLLM's DP handshake and vllm-ascend failures (shared/DOMAIN.md), most specific first
+SIGNATURES: list[tuple[str, str]] = [
+    (r"HcclCommInitRootInfo failed|socket ifname \S+ has no ip",
+     "HCCL init failed: HCCL_SOCKET_IFNAME must be the NIC that owns HCCL_IF_IP on this node"),
+    (r"Did not receive response from front-end process within 5 minutes",
+     "node 0 absent: the worker never reached node 0's DP RPC port (is node 0 running? same --data-parallel-address and --data-parallel-rpc-port everywhere?)"),
+    (r"Message from engine with unexpected data parallel rank",
+     "wrong DP rank: every worker needs a unique --data-parallel-start-rank in 1..DP-1"),
+    (r"Configuration mismatch detected for engine",
+     "configuration mismatch: this worker's model, image or flags differ from node 0's"),
+    (r"must use --headless", "a worker was started without --headless"),
+    (r"data_parallel_size_local must be > 0 in headless mode", "--data-parallel-size-local must be > 0 on headless workers"),
+    (r"Insufficient CPUs for binding|NPU topo affinity not found|Bind cpus failed", "CPU binding failed (enable_cpu_binding)"),
+    (r"lost the connection to the front-end process", "node 0 went away after the group formed"),
+    (r"EngineCore encountered a fatal error", "the engine core died"),
+]
+
+
+def image_of(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> str:
+    rec = prepared.get(node.name) or {}
+    return (rec.get("image") or {}).get("serving_ref") or wheels.serving_ref(cluster)
+
+
+def env_file(cluster: Cluster, rid: str) -> str:
+    return f"{release_dir(cluster, rid)}/env"
+
+
+def units(cluster: Cluster, service: str, nodes: list[Node], prepared: dict, rid: str, entry: dict):
+    prof = serve.profile_of(cluster)
+    out = []
+    for n in nodes:
+        image = image_of(cluster, n, prepared)
+        out.append(Unit(
+            host=n.name,
+            container=serve.container_name(cluster, rid),
+            role=cluster.role_of(n),
+            show={
+                "start_rank": n.start_rank,
+                "container_command": serve.container_command(cluster, n, rid, env_file(cluster, rid), image, service, entry["stop_phase"]),
+                "serve_command": serve.serve_command(cluster, n),
+                "image": image,
+            },
+        ))
+    started = None
+    if entry.get("started") == "rpc_port":
+        started = Probe(name="the DP RPC port", kind="port", host=cluster.node0.name, ip=str(cluster.node0.ip), port=prof.rpc_port)
+    return out, started
+
+
+def entry_port(cluster: Cluster) -> int:
+    return serve.profile_of(cluster).port
+
+
+def chat_request(served: str) -> dict:
+    """The seed's functional check (stream, thinking on)."""
+    return {
+        "model": served,
+        "messages": [{"role": "user", "content": CHAT_PROMPT}],
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "stream": True,
+        "chat_template_kwargs": {"enable_thinking": True, "preserve_thinking": True},
+    }
+
+
+def probe(cluster: Cluster, name: str) -> Probe:
+    prof = serve.profile_of(cluster)
+    host = cluster.node0.name
+    if name == "health":
+        return Probe(name="/health 200", kind="http", host=host, port=prof.port, path="/health")
+    if name == "models":
+        return Probe(name="/v1/models", kind="http", host=host, port=prof.port, path="/v1/models", check="models", arg=prof.served_model_name)
+    if name == "chat":
+        return Probe(name="chat check", kind="http", host=host, port=prof.port, method="POST", path="/v1/chat/completions",
+                     body=chat_request(prof.served_model_name), check="think")
+    raise KeyError(f"vllm-ascend has no readiness probe {name!r}")
+
+
+def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | None) -> dict[str, dict[str, tuple[str, int]]]:
+    """Per host: env, serve.sh, run.sh, release.json (and plan.json, added by the flow)."""
+    out = {}
+    for n in cluster.nodes:
+        u = plan.units(n.name)[0]
+        meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "role": u.role, "start_rank": n.start_rank,
+                "container": u.container, "image": u.show["image"], "image_id": image_id, "system": plan.system,
+                "command": shlex.split(u.show["serve_command"])}
+        out[n.name] = {
+            "env": (commenv.render(cluster, n), commenv.env_mode(cluster)),
+            "serve.sh": (render("serve.sh.j2", command=u.show["serve_command"]), 0o755),
+            "run.sh": (render("run.sh.j2", what="this node's serving container", release=plan.release, host=n.name,
+                              command=u.show["container_command"]), 0o755),
+            "release.json": (json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644),
+        }
+    return out
+
+
+def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
+    from roles.files import mask
+
+    nodes = []
+    for n in cluster.nodes:
+        u = plan.units(n.name)[0]
+        env = commenv.env_vars(cluster, n)
+        nodes.append({
+            "host": n.name, "role": u.role, "start_rank": n.start_rank,
+            "env": {k: ("***" if v in secrets and v else v) for k, v in env.items()},
+            "container": u.container, "image": u.show["image"],
+            "container_command": mask(u.show["container_command"], secrets),
+            "serve_command": mask(u.show["serve_command"], secrets),
+        })
+    return {"nodes": nodes}
