@@ -39,6 +39,8 @@ DRIFT_ENV_PREFIXES = ["NCCL_", "GLOO_", "UCX_", "TLLM_", "TRTLLM_"]
 SIGNATURES: list[tuple[str, str]] = [
     (r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError",
      "CUDA out of memory on a rank (lower kv_cache_config.free_gpu_memory_fraction, max_batch_size or max_num_tokens)"),
+    (r"mpirun noticed that process rank \d+ .*exited on signal",
+     "a rank was killed (mpirun ended the world; the rank's node and signal are in this line)"),
     (r"NCCL error|ncclSystemError|ncclInternalError|ncclRemoteError|NCCL WARN .*(failed|error)",
      "NCCL error between ranks (check NCCL_SOCKET_IFNAME and the fabric: invoke verify-comm)"),
     (r"There are not enough slots available",
