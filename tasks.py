@@ -100,7 +100,7 @@ def check_nodes(c, cluster, limit=None, select=None):
     auto_shortflags=False,
     help={
         "cluster": "cluster name: a module in inventory/",
-        "check": "change nothing: print per node the exact container and serve commands it would run",
+        "check": "change nothing: print per node the exact container and serve commands (and rendered files) it would run",
         "json": "print the plan (with --check) or the result as JSON on stdout",
         "skip_prepare": "do not run prepare first (the nodes must have been prepared)",
         "force": "deploy even though the last verify-comm failed or is too old (and say so)",
@@ -110,7 +110,7 @@ def check_nodes(c, cluster, limit=None, select=None):
 )
 @_guard
 def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False, message=None, lock_wait=0, rollback_on_failure=False):
-    """Prepare, then start serving as a new release: node 0, then the headless workers; ready = health, models, chat."""
+    """Prepare, then start serving as a new release in the system's order (playbooks/serve-*.yaml); ready = health, models, chat."""
     return app.deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare, force=force, message=message,
                       lock_wait=float(lock_wait), rollback_on_failure=rollback_on_failure)
 
@@ -172,21 +172,25 @@ def rollback(c, cluster, to=None, json=False, message=None, lock_wait=0):
 @task(positional=[], help={"cluster": "cluster name", "diff": "compare what runs with the current release's record and name every drift", "json": "print as JSON"})
 @_guard
 def status(c, cluster, diff=False, json=False):
-    """Per node: the current release's container, start rank, image, uptime; and node 0's /health."""
+    """Per node: the current release's containers, start rank or MPI ranks, image, uptime; and the endpoint's /health (exit 1 unless serving)."""
     return app.ops_call("status", cluster, json_out=json, diff=diff)
 
 
 @task(positional=[], help={"cluster": "cluster name", **LOCK_HELP})
 @_guard
 def stop(c, cluster, message=None, lock_wait=0):
-    """Stop serving: workers first, then node 0 (logs kept); remove stale /dev/shm/moe_* files."""
+    """Stop serving in reverse start order (vLLM: workers, then node 0), logs kept; remove stale /dev/shm/moe_* files."""
     return app.ops_call("stop", cluster, message=message, lock_wait=float(lock_wait))
 
 
-@task(auto_shortflags=False, positional=[], help={"cluster": "cluster name", "host": "the worker to restart", **LOCK_HELP})
+@task(auto_shortflags=False, positional=[], help={
+    "cluster": "cluster name",
+    "host": "only this node's containers (a vLLM worker; for an MPI world, the whole world); default: the whole current release in order",
+    **LOCK_HELP,
+})
 @_guard
-def restart(c, cluster, host, message=None, lock_wait=0):
-    """Restart one worker into the current release with its own start rank; wait until healthy."""
+def restart(c, cluster, host=None, message=None, lock_wait=0):
+    """Restart the current release (or one node's part of it) from its own files; wait until healthy."""
     return app.ops_call("restart", cluster, host=host, message=message, lock_wait=float(lock_wait))
 
 
