@@ -136,10 +136,10 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
            lock_wait: float, rollback_on_failure: bool, prepare_fn) -> int:
     secrets = list(cluster.secret_values().values())
     systems.module_for(cluster.profile.kind)  # refuses unsupported profiles before touching a node
+    # the plan needs no node (prepare's records only repeat what the inventory
+    # decides): what it refuses, an unusable EPLB map say, is refused before any connection
+    rid, chash, plan = plan_release(cluster, {}, cluster.image.ref)
     if check:
-        # the plan needs no node: prepare's records only repeat what the
-        # inventory decides (the image to run); nothing is read or changed
-        rid, chash, plan = plan_release(cluster, {}, cluster.image.ref)
         doc = check_doc(cluster, plan, chash, secrets)
         if json_out:
             report.emit_json(doc)

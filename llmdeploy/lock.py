@@ -21,6 +21,7 @@ from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 from .errors import LlmdeployError
 from .inventory import Cluster
 from .release import append_script, root, who
+from .runner import UnreachableError
 
 
 class LockHeld(LlmdeployError):
@@ -108,7 +109,10 @@ def held(runner, cluster: Cluster, command: str, message: str | None = None, wai
     node0 = cluster.node0
 
     def attempt() -> dict | None:
-        out, err, code = runner.exec(node0, acquire_script(cluster, holder))
+        try:
+            out, err, code = runner.exec(node0, acquire_script(cluster, holder))
+        except UnreachableError as exc:
+            raise LlmdeployError(f"{node0.name}: cannot take the deploy lock: unreachable: {exc}") from None
         if code != 0 or not out.strip():
             raise LlmdeployError(f"{node0.name}: cannot take the deploy lock: {err.strip() or out.strip()}")
         return None if out.startswith("acquired") else parse_holder(out)

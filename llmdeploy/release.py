@@ -47,7 +47,7 @@ def ledger_path(cluster: Cluster) -> str:
 
 def new_id(content_hash: str, now: float | None = None) -> str:
     """Time + short hash of the rendered files and the image digest."""
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now or time.time())) + "-" + content_hash[:8]
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now)) + "-" + content_hash[:8]
 
 
 def content_hash(parts: list[str]) -> str:

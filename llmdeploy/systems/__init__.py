@@ -65,13 +65,14 @@ def build(cluster: Cluster, prepared: dict[str, dict], rid: str, image_id: str |
     mod = module_for(kind)
     pb = playbook(kind)
     present = [(dict(e), hosts_of(cluster, e.get("hosts", "all"))) for e in pb["services"]]
+    absent = {e["name"] for e, nodes in present if not nodes}
     present = [(e, nodes) for e, nodes in present if nodes]
     services = []
     for i, (entry, nodes) in enumerate(present):
         name = entry["name"]
         entry["stop_phase"] = len(present) - 1 - i  # the reverse of the start order
         units, started = mod.units(cluster, name, nodes, prepared, rid, entry)
-        services.append(Service(name=name, units=units, after=[a for a in entry.get("after", []) if a in {s.name for s in services}],
+        services.append(Service(name=name, units=units, after=[a for a in entry.get("after", []) if a not in absent],
                                 started=started, restart=entry.get("restart", "each")))
     try:
         order_services(services)

@@ -144,6 +144,9 @@ def docker_run_args(cluster: Cluster, node: Node, rid: str, image: str, launcher
             "--ipc=host", "--gpus", "all", "-p", f"{prof.port}:{prof.port}"]
     if multi:
         args += ["--network", "host", "--ulimit", "memlock=-1"]
+    else:
+        # mpirun takes a hostfile entry that is not its own host name for a remote host (ssh)
+        args += ["--hostname", node.name]
     args += ["-v", "/root/.cache:/root/.cache:rw"]
     if not cluster.model.path.startswith("/root/.cache/"):
         args += ["-v", f"{cluster.model.path}:{cluster.model.path}:ro"]

@@ -79,7 +79,7 @@ def log_tail_script(container: str, max_bytes: int = 200000) -> str:
 
 _LIST = (
     "docker ps -a --filter label={LABEL}.cluster={cluster} "
-    "--format '{{{{.Names}}}} {{{{.Label \"{LABEL}.release\"}}}} {{{{.Label \"{LABEL}.stop_phase\"}}}} {{{{.Label \"{LABEL}.role\"}}}}'"
+    "--format '{{{{.Names}}}}|{{{{.Label \"{LABEL}.release\"}}}}|{{{{.Label \"{LABEL}.stop_phase\"}}}}|{{{{.Label \"{LABEL}.role\"}}}}'"
 )
 
 
@@ -95,7 +95,7 @@ def phases_script(cluster: str, keep_release: str | None) -> str:
     """The stop phases present on this node (one number per line), except ``keep_release``'s containers."""
     keep = shlex.quote(keep_release or "")
     return (
-        f"{_list(cluster)} | while read -r name rel ph role; do "
+        f"{_list(cluster)} | while IFS='|' read -r name rel ph role; do "
         f'[ "$rel" = {keep} ] && continue; {_PHASE}; echo "$ph"; done | sort -un; true\n'
     )
 
@@ -107,7 +107,7 @@ def stop_script(cluster: str, releases_dir: str, keep_release: str | None, timeo
     keep = q(keep_release or "")
     only = "" if phase is None else f'[ "$ph" = {int(phase)} ] || continue; '
     return (
-        f"{_list(cluster)} | while read -r name rel ph role; do "
+        f"{_list(cluster)} | while IFS='|' read -r name rel ph role; do "
         f'[ "$rel" = {keep} ] && continue; {_PHASE}; {only}'
         f'd={q(releases_dir)}/"$rel"/logs; mkdir -p "$d"; '
         'docker logs "$name" > "$d/$name.final.log" 2>&1; '

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import os
 import shutil
 import signal
@@ -893,6 +894,8 @@ def ps(argv: list[str]) -> int:
             out = out.replace("{{.Status}}", status).replace("{{.State}}", c["State"]["Status"])
             for k, v in c["Config"]["Labels"].items():
                 out = out.replace('{{.Label "%s"}}' % k, v)
+            # like docker: a label the container does not have prints as ""
+            out = re.sub(r'\{\{\.Label "[^"]*"\}\}', "", out)
             print(out)
         else:
             print(f"{c['Id'][:12]:<14} {c['Config']['Image']:<50} {status:<24} {c['Name']}")

@@ -156,7 +156,6 @@ def test_order_services_refuses_a_service_that_starts_after_a_later_one():
     assert order_services(ok) is ok
 
 
-@pytest.mark.xfail(strict=True, reason="bug: systems.build drops every 'after' that names a later service, so a misordered playbook starts without a gate")
 def test_a_misordered_playbook_is_refused(tmp_path, monkeypatch):
     (tmp_path / "serve-vllm-ascend.yaml").write_text(textwrap.dedent("""
         services:
@@ -200,9 +199,6 @@ class _Unreachable:
         raise UnreachableError("connection refused: [Errno None] Unable to connect to port 22 on 192.0.2.10")
 
 
-@pytest.mark.xfail(strict=True, raises=UnreachableError,
-                   reason="bug: an unreachable node 0 escapes lock.held as UnreachableError (not a LlmdeployError): "
-                          "deploy/rollback/stop/restart print a traceback instead of a message")
 def test_an_unreachable_node0_is_a_clear_lock_error():
     with pytest.raises(LlmdeployError, match="a3-node-0"):
         with lock.held(_Unreachable(), load_cluster("a3"), "deploy"):
@@ -350,8 +346,6 @@ def test_legacy_worker_without_a_phase_label_stops_in_phase_0(docker, tmp_path):
     assert res.stdout.splitlines() == ["stopped k-old-w"]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: docker prints '' for a missing stop_phase label and `read` collapses the empty field, "
-                                       "so a legacy node 0 (no phase) lands in phase 0 with the workers instead of phase 1")
 def test_legacy_node0_without_a_phase_label_stops_last(docker, tmp_path):
     fleet = _fleet()
     for c in fleet.values():
