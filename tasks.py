@@ -1,4 +1,4 @@
-"""Invoke entry points: parse flags, call llmdeploy.app, set the exit status.
+"""Invoke entry points: parse flags, call flows.app, set the exit status.
 
 `invoke --list` shows them; `invoke --help TASK` explains each flag.
 """
@@ -9,9 +9,8 @@ import sys
 
 from invoke import Collection, Exit, task
 
-from llmdeploy import app
+from flows import app
 from llmdeploy.errors import LlmdeployError
-
 
 LOCK_HELP = {
     "message": "a note kept with the deploy lock and in the audit log",

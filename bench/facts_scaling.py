@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.console import Console  # noqa: E402
 
-from llmdeploy.app import run_playbook  # noqa: E402
+from flows.app import run_playbook  # noqa: E402
 from llmdeploy.inventory import load_cluster  # noqa: E402
 from sim import cluster as simc  # noqa: E402
 

@@ -40,7 +40,7 @@ def main() -> int:
         os.environ["LLMDEPLOY_INVENTORY"] = inv
         for i, n in enumerate(sizes):
             Path(inv, f"sim_bench{n}.py").write_text(INVENTORY.format(n=n, octet=40 + i))
-        from llmdeploy import verify
+        from flows import verify
         from llmdeploy.inventory import load_cluster
         from sim import cluster as simc
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from .inventory import Cluster, Node
 
 # (pattern, reason), most specific first. Each serving system has its own
-# (``llmdeploy.systems.<system>.SIGNATURES``); these apply to every system.
+# (``systems.<system>.SIGNATURES``); these apply to every system.
 COMMON: list[tuple[str, str]] = [
     (r"[Oo]ut of memory", "out of device memory"),
     (r"Address already in use", "a port it binds is already in use"),
@@ -91,7 +91,7 @@ def bundle_root(cluster: Cluster, rid: str) -> Path:
 
 def save_bundle(cluster: Cluster, rid: str, per_host: dict[str, dict[str, str]], secrets: list[str]) -> tuple[Path, Path]:
     """Write each host's files, masking secrets; returns (directory, .tar.gz)."""
-    from roles.files import mask
+    from .report import mask
 
     root = bundle_root(cluster, rid)
     for host, files in per_host.items():

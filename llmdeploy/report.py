@@ -9,7 +9,13 @@ from typing import Iterable
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from .runner import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, HostResult
@@ -106,3 +112,10 @@ def emit_json(doc: dict) -> None:
     json.dump(doc, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+def mask(text: str, secrets: list[str]) -> str:
+    """Replace every secret value in ``text`` with ***."""
+    for value in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(value, "***")
+    return text

@@ -16,6 +16,7 @@ import shlex
 from typing import Callable
 
 from llmdeploy.inventory import PATH_RE, Node
+from llmdeploy.report import mask
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
 
 RESULT = "@@llmdeploy-put@@"
@@ -51,13 +52,6 @@ def put_script(path: str, content: str, mode: int = 0o644, check: bool = False, 
             f'mv -f "$tmp" "$f"; trap - EXIT; echo "{RESULT} changed"',
         ]
     return "\n".join(lines) + "\n"
-
-
-def mask(text: str, secrets: list[str]) -> str:
-    """Replace every secret value in ``text`` with ***."""
-    for value in sorted((s for s in secrets if s), key=len, reverse=True):
-        text = text.replace(value, "***")
-    return text
 
 
 def parse_put(node: Node, out: str, err: str, code: int, check: bool, secrets: list[str] | None = None, path: str = "") -> HostResult:

@@ -14,7 +14,7 @@ import yaml
 
 from llmdeploy.release import parse_ledger
 from sim import hardware
-from sim.paths import cluster_dir, host_dir, netns_name
+from sim.paths import host_dir, netns_name
 from tests.conftest import INVOKE, REPO, run_invoke
 
 SIM_CLUSTER = "sim-b200"

@@ -69,7 +69,9 @@ def test_jump_host_reaches_a_node_only_its_neighbour_can_see(sim_cluster, tmp_pa
     data["nodes"][1]["ssh_host"] = "198.19.20.11"
     data["nodes"] = data["nodes"][1:]
     data["nodes"][0]["start_rank"] = None
-    data["profile"]["tp"] = 8
+    # one node left: a profile that fits it (qwen3.5.yaml at TP4 on 4 of its GPUs)
+    data["profile"].update(tp=4, config="qwen3.5.yaml", served_model_name="nvidia/Qwen3.5-397B-A17B-NVFP4", config_dir=None)
+    data["nodes"][0]["devices"] = 4
     cluster = type(base).model_validate(data)
 
     direct = dict(data)

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from llmdeploy import verify
+from flows import verify
 from llmdeploy.inventory import load_cluster
 from roles import comm
 from roles.facts import MARK

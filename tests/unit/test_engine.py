@@ -15,13 +15,14 @@ import time
 
 import pytest
 
-from llmdeploy import deploy as dep
-from llmdeploy import lock, release, systems
-from llmdeploy.engine.model import Probe, ReleasePlan, Service, Unit, order_services
-from llmdeploy.engine.probes import CHECKS, chat_message
+import systems
+from flows import deploy as dep
+from flows.probes import CHECKS, chat_message
+from llmdeploy import lock, release
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import DeploySettings, load_cluster
 from llmdeploy.profiles import trtllm_qwen38_fp8
+from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit, order_services
 from llmdeploy.runner import UnreachableError
 from roles import containers as ctr
 

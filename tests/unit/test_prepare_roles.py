@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from llmdeploy import check
+from flows import check
 from llmdeploy.errors import InventoryError
 from llmdeploy.inventory import Budget, load_cluster
 from llmdeploy.runner import FAILED, OK, HostResult

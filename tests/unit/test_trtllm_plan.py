@@ -14,7 +14,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from llmdeploy import deploy as dep
+from flows import deploy as dep
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import load_cluster
 from tests.conftest import run_invoke
@@ -330,7 +330,7 @@ def test_a_bad_eplb_map_is_refused_in_check_mode_without_a_runner(tmp_path, monk
     monkeypatch.setattr(dep, "Runner", _NoConnection)
     c = load_cluster("ht-bad")  # the inventory itself loads: the map is a file
     with pytest.raises(LlmdeployError, match=r"(?s)profile\.eplb_map: .*layer 7 has 543 slots, expected 544"):
-        dep.deploy(c, Console(quiet=True), True, True, False, False, None, 0, False, prepare_fn=lambda *a: 0)
+        dep.deploy(c, Console(quiet=True), True, True, False, False, None, 0, False, prepare_fn=lambda *a: 0, rollback_fn=lambda *a: 0)
 
 
 def test_a_bad_eplb_map_is_refused_before_a_real_deploy_connects(tmp_path, monkeypatch):
@@ -339,4 +339,4 @@ def test_a_bad_eplb_map_is_refused_before_a_real_deploy_connects(tmp_path, monke
     monkeypatch.setattr(dep, "Runner", _NoConnection)
     c = load_cluster("ht-bad")
     with pytest.raises(LlmdeployError, match=r"profile\.eplb_map"):
-        dep.deploy(c, Console(quiet=True), False, True, False, False, None, 0, False, prepare_fn=lambda *a: 0)
+        dep.deploy(c, Console(quiet=True), False, True, False, False, None, 0, False, prepare_fn=lambda *a: 0, rollback_fn=lambda *a: 0)

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from .errors import InventoryError, LlmdeployError
-from .inventory import Cluster, Node
-from .runner import HostResult, Step
+from llmdeploy.errors import InventoryError, LlmdeployError
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.runner import HostResult, Step
 
 PLAYBOOK_DIR = Path(__file__).resolve().parent.parent / "playbooks"
 

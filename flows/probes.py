@@ -15,9 +15,9 @@ from typing import Callable
 
 import paramiko
 
-from ..inventory import Node
-from ..runner import Runner
-from .model import Probe
+from llmdeploy.inventory import Node
+from llmdeploy.releaseplan import Probe
+from llmdeploy.runner import Runner
 
 PROBE_ERRORS = (OSError, ValueError, http.client.HTTPException, paramiko.SSHException)
 

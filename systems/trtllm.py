@@ -24,14 +24,13 @@ import json
 import posixpath
 import shlex
 
+from llmdeploy.errors import LlmdeployError
+from llmdeploy.inventory import Cluster, Node, TrtllmProfile
+from llmdeploy.release import release_dir
+from llmdeploy.releaseplan import Probe, ReleasePlan, Unit
 from roles import commenv, containers, trtllm, wheels
 from roles.trtllm import eplb
-
-from ..engine.model import Probe, ReleasePlan, Unit
-from ..errors import LlmdeployError
-from ..inventory import Cluster, Node, TrtllmProfile
-from ..release import release_dir
-from . import render
+from systems import render
 
 CHAT_PROMPT = "Where is New York?"
 STOP_CLEANUP = ""
@@ -271,7 +270,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
 
 
 def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
-    from roles.files import mask
+    from llmdeploy.report import mask
 
     nodes = []
     for n in cluster.nodes:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 
-from . import lock, report
-from .errors import LlmdeployError
-from .inventory import Cluster, load_cluster
-from .plan import Context, load_playbook, resolve_step, select_nodes
-from .runner import SKIPPED, Runner
+from flows.plan import Context, load_playbook, resolve_step, select_nodes
+from llmdeploy import report
+from llmdeploy.errors import LlmdeployError
+from llmdeploy.inventory import Cluster, load_cluster
+from llmdeploy.runner import SKIPPED, Runner
 
 
 def run_playbook(
@@ -151,7 +150,7 @@ def prepare(
         verb = "would change" if check else "changed"
         con.print(f"{changed} {verb}" + ("" if status == 0 else ", [bold red]FAILED[/] (see the failed lines above)"))
     if status == 0 and run_checks and not check:
-        from . import check as node_check
+        from flows import check as node_check
 
         if not json_out:
             con.print("[bold]node acceptance tests[/] (invoke check)")
@@ -160,7 +159,7 @@ def prepare(
 
 
 def check(cluster_name: str, limit: str | None = None, select: str | None = None) -> int:
-    from . import check as node_check
+    from flows import check as node_check
 
     cluster = load_cluster(cluster_name)
     return node_check.run(cluster, limit=limit, select=select)
@@ -207,16 +206,21 @@ def deploy(
     rollback_on_failure: bool = False,
 ) -> int:
     """Prepare (unless skipped), then start serving as a new release, under the
-    deploy lock; see llmdeploy.deploy."""
-    from . import deploy as dep
+    deploy lock; see flows.deploy."""
+    from flows import deploy as dep
 
     con = report.console(json_out)
     cluster = load_cluster(cluster_name)
 
+    from flows import ops
+
     def prepare_fn(name: str, quiet: bool) -> int:
         return _prepare_quiet(name) if quiet else prepare(name, run_checks=False)
 
-    return dep.deploy(cluster, con, check, json_out, skip_prepare, force, message, lock_wait, rollback_on_failure, prepare_fn)
+    def rollback_fn(cluster, runner, con, message, json_out) -> int:
+        return ops.rollback_locked(cluster, runner, con, None, message, json_out, after_failed=True)
+
+    return dep.deploy(cluster, con, check, json_out, skip_prepare, force, message, lock_wait, rollback_on_failure, prepare_fn, rollback_fn)
 
 
 def _prepare_quiet(cluster_name: str) -> int:
@@ -233,8 +237,8 @@ def serving_logs(cluster_name: str, host: str | None = None, follow: bool = Fals
     import shlex
     import sys
 
-    from .errors import InventoryError
-    from .runner import Step
+    from llmdeploy.errors import InventoryError
+    from llmdeploy.runner import Step
 
     cluster = load_cluster(cluster_name)
     problems = []
@@ -267,8 +271,8 @@ def serving_logs(cluster_name: str, host: str | None = None, follow: bool = Fals
 
 
 def ops_call(name: str, cluster_name: str, json_out: bool = False, **kwargs) -> int:
-    """releases, rollback, status, stop, restart, audit, lock.status, lock.break: see llmdeploy.ops."""
-    from . import ops
+    """releases, rollback, status, stop, restart, audit, lock.status, lock.break: see flows.ops."""
+    from flows import ops
 
     con = report.console(json_out)
     cluster = load_cluster(cluster_name)
@@ -292,7 +296,7 @@ def ops_call(name: str, cluster_name: str, json_out: bool = False, **kwargs) -> 
 
 
 def verify_comm(cluster_name: str, json_out: bool = False, full: bool = False) -> int:
-    from . import verify
+    from flows import verify
 
     cluster = load_cluster(cluster_name)
     return verify.run(cluster, report.console(json_out), json_out, full)

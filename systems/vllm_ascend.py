@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import shlex
 
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.release import release_dir
+from llmdeploy.releaseplan import Probe, ReleasePlan, Unit
 from roles import commenv, serve, wheels
-
-from ..engine.model import Probe, ReleasePlan, Unit
-from ..inventory import Cluster, Node
-from ..release import release_dir
-from . import render
+from systems import render
 
 CHAT_PROMPT = "Write a Python function to merge two sorted linked lists."
 STOP_CLEANUP = "rm -f /dev/shm/moe_* 2>/dev/null; true\n"
@@ -120,7 +119,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
 
 
 def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
-    from roles.files import mask
+    from llmdeploy.report import mask
 
     nodes = []
     for n in cluster.nodes:

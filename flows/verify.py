@@ -22,10 +22,10 @@ from collections import Counter
 from rich.console import Console
 from rich.markup import escape
 
-from . import report
-from .inventory import Cluster
-from .release import root
-from .runner import Runner, Step
+from llmdeploy import report
+from llmdeploy.inventory import Cluster
+from llmdeploy.release import root
+from llmdeploy.runner import Runner, Step
 
 
 def report_path(cluster: Cluster) -> str:
@@ -182,7 +182,7 @@ def run(cluster: Cluster, con: Console, json_out: bool, full: bool) -> int:
         from roles.files import put_script
 
         saved = runner.exec(cluster.node0, put_script(report_path(cluster), json.dumps(doc, indent=1) + "\n", 0o644))
-        from . import lock
+        from llmdeploy import lock
 
         lock.audit(runner, cluster, "verify-comm", "passed" if ok else "failed", None,
                    failed=[f"{x['from']}/npu{x['npu']} -> {x['to']}/npu{x['to_npu']}" for x in (result.get("links") or {}).get("failed", [])][:20])

@@ -24,10 +24,10 @@ import paramiko
 from rich.console import Console
 from rich.markup import escape
 
-from . import report
-from .inventory import Cluster, Node
-from .plan import select_nodes
-from .runner import known_hosts_files
+from flows.plan import select_nodes
+from llmdeploy import report
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.runner import known_hosts_files
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_TESTS = REPO / "tests" / "node"

@@ -1,5 +1,5 @@
 """The starter, the watcher and the ordered stop: one implementation for every
-serving system, driven by a :class:`~llmdeploy.engine.model.ReleasePlan`.
+serving system, driven by a :class:`~llmdeploy.releaseplan.ReleasePlan`.
 
 - ``start``: stop what else runs (reverse start order, in phases across the
   nodes), then each service in the plan's order: its units in ``order``
@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.markup import escape
 
+from flows.probes import http_probe
+from llmdeploy import logs
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.release import release_dir, releases_dir
+from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
+from llmdeploy.runner import HostResult, Runner, Step
 from roles import containers as ctr
-
-from .. import logs
-from ..inventory import Cluster, Node
-from ..release import release_dir, releases_dir
-from ..runner import HostResult, Runner, Step
-from .model import Probe, ReleasePlan, Service, Unit
-from .probes import http_probe
 
 
 @dataclass

@@ -14,17 +14,23 @@ import time
 from rich.console import Console
 from rich.markup import escape
 
+from flows import deploy as dep
+from flows.engine import Engine, Outcome, unit_key, who
+from flows.probes import http_via_ssh
+from llmdeploy import lock, report
+from llmdeploy.errors import LlmdeployError
+from llmdeploy.inventory import Cluster
+from llmdeploy.release import (
+    RELEASE_RE,
+    current_link,
+    ledger_path,
+    parse_ledger,
+    release_dir,
+    root,
+)
+from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
+from llmdeploy.runner import Runner, Step
 from roles.facts import section, split_sections
-
-from . import deploy as dep
-from . import lock, report
-from .engine.model import Probe, ReleasePlan, Service, Unit
-from .engine.probes import http_via_ssh
-from .engine.run import Engine, Outcome, unit_key, who
-from .errors import LlmdeployError
-from .inventory import Cluster
-from .release import RELEASE_RE, current_link, ledger_path, parse_ledger, release_dir, root
-from .runner import Runner, Step
 
 
 def read_ledger(runner: Runner, cluster: Cluster) -> tuple[list[dict], str | None]:
@@ -100,7 +106,7 @@ def verify_script(cluster: Cluster, rid: str) -> str:
 def legacy_plan(cluster: Cluster, rid: str, metas: dict[str, dict]) -> ReleasePlan:
     """The plan of a release written before plans were recorded (vLLM-Ascend
     only then): one container per node, node 0 first, then the workers."""
-    from .systems import vllm_ascend
+    from systems import vllm_ascend
 
     prof = cluster.profile
     node0 = cluster.node0
@@ -402,7 +408,7 @@ def stop(cluster: Cluster, con: Console, message: str | None, lock_wait: float) 
 
 def _cleanups() -> str:
     """Every system's clean-up after stop (stale files only: safe on any node)."""
-    from . import systems
+    import systems
 
     parts = []
     for kind in systems.MODULES:
@@ -484,7 +490,7 @@ def restart(cluster: Cluster, con: Console, host: str | None, message: str | Non
 
 
 def systems_cleanup(plan: ReleasePlan) -> str:
-    from . import systems
+    import systems
 
     return systems.module_for(plan.system).STOP_CLEANUP
 

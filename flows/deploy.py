@@ -1,12 +1,12 @@
 """``invoke deploy``, the flow: prepare, then start serving as a recorded release.
 
-1. the serving system builds the release plan (``llmdeploy.systems``): the
+1. the serving system builds the release plan (``systems``): the
    services in their playbook's order, every file each node needs, and a
    release id from the time and a hash of those files and the image digest;
 2. the files go under ``releases/<id>/`` on every node (staged, then renamed),
    with ``plan.json``, from which rollback, status, stop and restart work;
    the ledger on node 0 says ``started``;
-3. the engine (``llmdeploy.engine.run``) stops what the previous release left
+3. the engine (``flows.engine``) stops what the previous release left
    running (reverse start order, logs kept), starts the services in order,
    watches every container (restart policies, failure signatures) and
    probes readiness through the SSH connection;
@@ -25,13 +25,23 @@ import time
 from rich.console import Console
 from rich.markup import escape
 
-from . import lock, report, systems, verify
-from .engine.model import ReleasePlan
-from .engine.run import Engine, Outcome, unit_key
-from .errors import LlmdeployError
-from .inventory import Cluster
-from .release import append_script, content_hash, ledger_path, ledger_record, new_id, set_current_script, write_script
-from .runner import Runner, Step
+import systems
+from flows import verify
+from flows.engine import Engine, Outcome, unit_key
+from llmdeploy import lock, report
+from llmdeploy.errors import LlmdeployError
+from llmdeploy.inventory import Cluster
+from llmdeploy.release import (
+    append_script,
+    content_hash,
+    ledger_path,
+    ledger_record,
+    new_id,
+    set_current_script,
+    write_script,
+)
+from llmdeploy.releaseplan import ReleasePlan
+from llmdeploy.runner import Runner, Step
 
 DRAFT_ID = "00000000T000000Z-00000000"
 # files whose content names the release itself: not part of the config hash
@@ -133,7 +143,9 @@ def engine_for(cluster: Cluster, runner: Runner, con: Console, quiet: bool, syst
 
 
 def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_prepare: bool, force: bool, message: str | None,
-           lock_wait: float, rollback_on_failure: bool, prepare_fn) -> int:
+           lock_wait: float, rollback_on_failure: bool, prepare_fn, rollback_fn) -> int:
+    """``prepare_fn(name, quiet)`` runs prepare; ``rollback_fn(cluster, runner,
+    con, message, json_out)`` brings back the last good release under the lock held here."""
     secrets = list(cluster.secret_values().values())
     systems.module_for(cluster.profile.kind)  # refuses unsupported profiles before touching a node
     # the plan needs no node (prepare's records only repeat what the inventory
@@ -155,10 +167,8 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
                 raise
             lock.audit(runner, cluster, "deploy", "good" if status == 0 else "failed", rid, message=message or "")
             if status and rid and rollback_on_failure:
-                from . import ops
-
                 con.print("[bold]--rollback-on-failure[/]: bringing back the last good release")
-                back = ops.rollback_locked(cluster, runner, con, None, message, json_out, after_failed=True)
+                back = rollback_fn(cluster, runner, con, message, json_out)
                 con.print("the last good release is serving again; the deploy still failed" if back == 0 else "[bold red]the rollback failed too[/]: the cluster is stopped")
             return status
 

@@ -45,7 +45,7 @@ class Probe:
     body: dict | None = None
     headers: dict[str, str] = field(default_factory=dict)
     status: int = 200
-    # a predicate from llmdeploy.engine.probes.CHECKS, with its argument
+    # a predicate from flows.probes.CHECKS, with its argument
     check: str = ""
     arg: str = ""
 

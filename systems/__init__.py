@@ -1,5 +1,5 @@
 """Serving systems: each module turns the inventory (and prepare's records)
-into a release plan (``llmdeploy.engine.model.ReleasePlan``). The start order
+into a release plan (``llmdeploy.releaseplan.ReleasePlan``). The start order
 of each is a playbook in ``playbooks/serve-<system>.yaml``, read here; the
 module builds the units and probes the playbook names.
 
@@ -15,12 +15,12 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from ..engine.model import ReleasePlan, Service, order_services
-from ..errors import LlmdeployError
-from ..inventory import Cluster
+from llmdeploy.errors import LlmdeployError
+from llmdeploy.inventory import Cluster
+from llmdeploy.releaseplan import ReleasePlan, Service, order_services
 
-PLAYBOOKS = Path(__file__).resolve().parent.parent.parent / "playbooks"
-TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
+PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 _jinja = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 # profile kind -> module
