@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from flows import deploy as dep
 from flows.engine import Engine, Outcome, unit_key, who
-from flows.probes import http_via_ssh
+from flows.probes import CHECKS, http_via_ssh
 from llmdeploy import lock, report
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
@@ -86,8 +86,8 @@ def verify_script(cluster: Cluster, rid: str) -> str:
     q = shlex.quote
     listed = f"sed -n '/\"files\": \\[/,/\\]/p' {q(d)}/release.json 2>/dev/null | grep -o '\"[^\"]*\"' | tr -d '\"' | grep -vx files"
     problems = (
-        f"for f in env run.sh release.json $({listed}); do [ -f {q(d)}/\"$f\" ] || echo \"missing {d}/$f\"; done\n"
-        f"[ -f {q(d)}/plan.json ] || [ -f {q(d)}/serve.sh ] || echo \"missing {d}/serve.sh\"\n"
+        f"for f in env release.json $({listed}); do [ -f {q(d)}/\"$f\" ] || echo \"missing {d}/$f\"; done\n"
+        f"[ -f {q(d)}/plan.json ] || for f in run.sh serve.sh; do [ -f {q(d)}/$f ] || echo \"missing {d}/$f\"; done\n"
         f"if [ -f {q(d)}/release.json ]; then\n"
         f"  img=$(sed -n 's/.*\"image\": \"\\([^\"]*\\)\".*/\\1/p' {q(d)}/release.json)\n"
         f"  want=$(sed -n 's/.*\"image_id\": \"\\([^\"]*\\)\".*/\\1/p' {q(d)}/release.json)\n"
@@ -333,12 +333,17 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool) -> i
         res = runner.run(Step(name="status", build=lambda n: status_script(cluster)))
         sts = {h: (parse_status(r.stdout) if not r.failed else None) for h, r in res.items()}
         plan = current_plan(cluster, sts)
-        health = None
+        health, health_problem = None, None
         if plan is not None and plan.ready:
             p = plan.ready[0]
             try:
-                code, _ = http_via_ssh(runner, cluster.node(p.host), p.port, p.method, p.path, p.body, 10, p.headers)
+                code, body = http_via_ssh(runner, cluster.node(p.host), p.port, p.method, p.path, p.body, 10, p.headers, dest=p.ip)
                 health = code
+                if code == p.status:
+                    try:
+                        health_problem = CHECKS[p.check](body, p.arg)
+                    except (ValueError, KeyError, AttributeError, TypeError) as exc:
+                        health_problem = f"unreadable answer ({type(exc).__name__}): {body[:200]!r}"
             except Exception as exc:  # any way the endpoint can be down
                 health = f"unreachable ({type(exc).__name__})"
     rows, doc, bad = [], {}, plan is None
@@ -374,10 +379,10 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool) -> i
             if i == 0:
                 node_doc["image_id"], node_doc["uptime"] = (c or {}).get("Image"), _uptime(c)
         doc[n.name] = node_doc
-    healthy = health == 200
+    healthy = plan is not None and plan.ready and health == plan.ready[0].status and not health_problem
     if json_out:
         report.emit_json({"cluster": cluster.name, "release": plan.release if plan else None, "system": plan.system if plan else None,
-                          "health": health, "healthy": healthy and not bad, "nodes": doc})
+                          "health": health, "health_problem": health_problem, "healthy": bool(healthy and not bad), "nodes": doc})
     else:
         cols = ["host", "release", "role", "start rank" if plan is None or plan.system == "vllm-ascend" else "ranks", "container", "image", "uptime"]
         cols += ["drift"] if show_diff else [""]
@@ -387,7 +392,8 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool) -> i
             con.print(f"[bold red]{cluster.name} has no current release[/] (invoke releases --cluster {cluster.name})")
         else:
             p = plan.ready[0] if plan.ready else None
-            con.print(f"endpoint http://{cluster.node(plan.entry_host).ip}:{plan.entry_port}{p.path if p else ''}: [{style}]{health}[/]")
+            con.print(f"endpoint http://{cluster.node(plan.entry_host).ip}:{plan.entry_port}{p.path if p else ''}: [{style}]{health}[/]"
+                      + (f" [bold red]{escape(health_problem)}[/]" if health_problem else ""))
     return 0 if healthy and not bad else 1
 
 

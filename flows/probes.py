@@ -23,11 +23,12 @@ PROBE_ERRORS = (OSError, ValueError, http.client.HTTPException, paramiko.SSHExce
 
 
 def http_via_ssh(runner: Runner, node: Node, port: int, method: str, path: str, body: dict | None, timeout: float,
-                 headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    """One HTTP request to ``127.0.0.1:port`` on ``node`` over its SSH connection."""
+                 headers: dict[str, str] | None = None, dest: str = "127.0.0.1") -> tuple[int, bytes]:
+    """One HTTP request to ``dest:port`` as seen from ``node`` (default: its
+    own loopback) over its SSH connection."""
     conn = runner.connection(node)
     transport = conn.client.get_transport()
-    chan = transport.open_channel("direct-tcpip", ("127.0.0.1", port), ("127.0.0.1", 0), timeout=timeout)
+    chan = transport.open_channel("direct-tcpip", (dest, port), ("127.0.0.1", 0), timeout=timeout)
     chan.settimeout(timeout)
     hc = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     hc.sock = chan
@@ -90,13 +91,54 @@ def _any(body: bytes, _: str) -> str | None:
     return None
 
 
-CHECKS: dict[str, Callable[[bytes, str], str | None]] = {"": _any, "models": _models, "think": _think, "reasoning": _reasoning}
+def _answer(body: bytes, _: str) -> str | None:
+    """A chat completion with an answer (content or reasoning)."""
+    reasoning, content = chat_message(body)
+    return None if (content or reasoning).strip() else f"answered no content: {body[:160]!r}"
+
+
+def _json_field(body: bytes, arg: str) -> str | None:
+    """``arg`` is ``key=value``: the JSON body has that value (as text), e.g. etcd's health=true."""
+    key, _, want = arg.partition("=")
+    doc = json.loads(body)
+    have = doc.get(key) if isinstance(doc, dict) else None
+    return None if str(have).lower() == want.lower() else f"says {key}={have!r} (expected {want})"
+
+
+def _metric(body: bytes, name: str) -> str | None:
+    """Prometheus text that has a sample of ``name``."""
+    for line in body.decode(errors="replace").splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+            return None
+    return f"has no {name} sample"
+
+
+def _dynamo_health(body: bytes, arg: str) -> str | None:
+    """Dynamo's frontend answers 200 even when unhealthy: the body must say
+    healthy and list every expected worker. ``arg``: JSON list of the
+    expected instances, each {"name", "host", "port"}."""
+    doc = json.loads(body)
+    want = json.loads(arg) if arg else []
+    if doc.get("status") != "healthy":
+        return f"says {doc.get('status')!r}: {doc.get('message') or ''} (0 of {len(want)} workers registered)"
+    have = doc.get("instances") or []
+    ports = {str(i.get("system_port") or i.get("port") or "") for i in have if isinstance(i, dict)}
+    missing = [w["name"] for w in want if str(w["port"]) not in ports]
+    if len(have) < len(want) or missing:
+        return f"lists {len(have)} of {len(want)} workers" + (f"; missing {', '.join(missing)}" if missing else "")
+    return None
+
+
+CHECKS: dict[str, Callable[[bytes, str], str | None]] = {
+    "": _any, "models": _models, "think": _think, "reasoning": _reasoning, "answer": _answer,
+    "json": _json_field, "metric": _metric, "dynamo_health": _dynamo_health,
+}
 
 
 def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | None:
     """None when ``p`` passes, else what was seen."""
     try:
-        status, body = http_via_ssh(runner, node, p.port, p.method, p.path, p.body, timeout, p.headers)
+        status, body = http_via_ssh(runner, node, p.port, p.method, p.path, p.body, timeout, p.headers, dest=p.ip)
     except PROBE_ERRORS as exc:
         return f"{p.describe()}: {type(exc).__name__}: {exc}"
     if status != p.status:

@@ -1,7 +1,7 @@
-"""The simulated twin of gb300_agentic.py: one 4-GPU GB300 host, Dynamo 1P1D."""
+"""The simulated twin of gb300_agentic.py: one 4-GPU GB300 host, Dynamo 1P1D-B8."""
 
-from llmdeploy.inventory import Budget, Cluster, Model
-from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300_1p1d, image
+from llmdeploy.inventory import Budget, Cluster, DeploySettings, Model
+from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
 from sim.paths import sim_nodes, sim_ssh
 
 cluster = Cluster(
@@ -12,8 +12,11 @@ cluster = Cluster(
     nodes=sim_nodes("sim-gb300-", 1, "198.19.30.10"),
     model=Model(path="/root/.cache/models/Qwen3.5-397B-A17B-NVFP4-V2"),
     image=image(IMAGE_DYNAMO),
-    # host memory: 3 ranks x 128 GiB host KV cache (from the profile), plus the
-    # ~208 GiB NVFP4 checkpoint staged while loading, plus the OS margin
+    # host memory: 3 ranks x 128 GiB host KV cache (from the placement), plus
+    # the ~208 GiB NVFP4 checkpoint staged while loading, plus the OS margin
     budget=Budget(weights_host_gib=208),
-    profile=dynamo_gb300_1p1d(node="sim-gb300-0"),
+    # seconds, not the hours a real load takes
+    deploy=DeploySettings(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5, stop_timeout_s=5),
+    # the TensorRT-LLM checkout with the base role files, on each simulated host
+    profile=dynamo_gb300("1P1D-B8", recipes_dir="/root/.cache/trtllm-recipes"),
 )

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -520,28 +521,259 @@ class TrtllmProfile(Strict):
         return {"port": self.port}
 
 
+# --- Dynamo disaggregated serving (seed 000, "Qwen3.5 GB300 NVL72 Agentic
+# Disaggregated Serving"): the role profiles and topologies as data ------------------
+class DynamoPrefillProfile(BaseModel):
+    """A row of the seed's prefill table. GPUs = TP = EP per worker."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    gpus: int
+    enable_attention_dp: bool
+    max_num_tokens: int
+
+    @property
+    def role(self) -> str:
+        return "prefill"
+
+    @property
+    def tp(self) -> int:
+        return self.gpus
+
+    @property
+    def ep(self) -> int:
+        return self.gpus
+
+    @property
+    def capture_num_tokens(self) -> list[int]:
+        """torch_compile_config.capture_num_tokens: the powers of two from 1
+        through max_num_tokens, complete."""
+        out, n = [], 1
+        while n <= self.max_num_tokens:
+            out.append(n)
+            n *= 2
+        return out
+
+
+class DynamoDecodeProfile(BaseModel):
+    """A row of the seed's decode table. GPUs = TP = EP per worker."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    gpus: int
+    enable_attention_dp: bool
+    enable_lm_head_tp_in_adp: bool
+    max_batch_size: int
+    max_num_tokens: int
+    cuda_graph_batch_sizes: tuple[int, ...]
+    moe_backend: str
+
+    @property
+    def role(self) -> str:
+        return "decode"
+
+    @property
+    def tp(self) -> int:
+        return self.gpus
+
+    @property
+    def ep(self) -> int:
+        return self.gpus
+
+
+class DynamoTopology(BaseModel):
+    """A row of the seed's topology table: replicas x profile per role and the
+    physical four-GPU nodes it occupies. The colocated ones run both roles on
+    one node and keep the bounce buffer and TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    title: str  # the seed's wording
+    prefill_replicas: int
+    prefill_profile: str
+    decode_replicas: int
+    decode_profile: str
+    nodes: int
+    colocated: bool
+
+
+DYNAMO_PREFILL_PROFILES: dict[str, DynamoPrefillProfile] = {
+    p.name: p
+    for p in (
+        DynamoPrefillProfile(name="P1", gpus=1, enable_attention_dp=True, max_num_tokens=8192),
+        DynamoPrefillProfile(name="P4-TEP", gpus=4, enable_attention_dp=False, max_num_tokens=32768),
+        DynamoPrefillProfile(name="P4-DEP", gpus=4, enable_attention_dp=True, max_num_tokens=8192),
+    )
+}
+
+DYNAMO_DECODE_PROFILES: dict[str, DynamoDecodeProfile] = {
+    d.name: d
+    for d in (
+        DynamoDecodeProfile(name="D2-B8", gpus=2, enable_attention_dp=False, enable_lm_head_tp_in_adp=False,
+                            max_batch_size=8, max_num_tokens=56, cuda_graph_batch_sizes=(1, 2, 4, 8), moe_backend="TRTLLM"),
+        DynamoDecodeProfile(name="D2-B4", gpus=2, enable_attention_dp=False, enable_lm_head_tp_in_adp=False,
+                            max_batch_size=4, max_num_tokens=28, cuda_graph_batch_sizes=(1, 2, 4), moe_backend="TRTLLM"),
+        DynamoDecodeProfile(name="D8-B4", gpus=8, enable_attention_dp=False, enable_lm_head_tp_in_adp=False,
+                            max_batch_size=4, max_num_tokens=28, cuda_graph_batch_sizes=(1, 2, 4), moe_backend="CUTEDSL"),
+        DynamoDecodeProfile(name="D8-B1", gpus=8, enable_attention_dp=False, enable_lm_head_tp_in_adp=False,
+                            max_batch_size=1, max_num_tokens=7, cuda_graph_batch_sizes=(1, 2, 4), moe_backend="CUTEDSL"),
+        DynamoDecodeProfile(name="D16-B8", gpus=16, enable_attention_dp=True, enable_lm_head_tp_in_adp=True,
+                            max_batch_size=8, max_num_tokens=56, cuda_graph_batch_sizes=(1, 2, 4, 8), moe_backend="CUTEDSL"),
+        DynamoDecodeProfile(name="D4-B32", gpus=4, enable_attention_dp=True, enable_lm_head_tp_in_adp=True,
+                            max_batch_size=32, max_num_tokens=224, cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 24, 32),
+                            moe_backend="CUTEDSL"),
+    )
+}
+
+DYNAMO_TOPOLOGIES: dict[str, DynamoTopology] = {
+    t.name: t
+    for t in (
+        DynamoTopology(name="1P1D-B8", title="1P1D, decode batch 8", prefill_replicas=1, prefill_profile="P1",
+                       decode_replicas=1, decode_profile="D2-B8", nodes=1, colocated=True),
+        DynamoTopology(name="1P1D-B4", title="1P1D, decode batch 4", prefill_replicas=1, prefill_profile="P1",
+                       decode_replicas=1, decode_profile="D2-B4", nodes=1, colocated=True),
+        DynamoTopology(name="1P2D", title="1P2D", prefill_replicas=1, prefill_profile="P4-TEP",
+                       decode_replicas=2, decode_profile="D8-B4", nodes=5, colocated=False),
+        DynamoTopology(name="1P4D-B1", title="1P4D, decode batch 1", prefill_replicas=1, prefill_profile="P4-TEP",
+                       decode_replicas=4, decode_profile="D8-B1", nodes=9, colocated=False),
+        DynamoTopology(name="1P4D-B4", title="1P4D, decode batch 4", prefill_replicas=1, prefill_profile="P4-TEP",
+                       decode_replicas=4, decode_profile="D8-B4", nodes=9, colocated=False),
+        DynamoTopology(name="2P3D", title="2P3D", prefill_replicas=2, prefill_profile="P4-TEP",
+                       decode_replicas=3, decode_profile="D8-B4", nodes=8, colocated=False),
+        DynamoTopology(name="3P1D", title="3P1D", prefill_replicas=3, prefill_profile="P4-DEP",
+                       decode_replicas=1, decode_profile="D16-B8", nodes=7, colocated=False),
+        DynamoTopology(name="3P2D", title="3P2D", prefill_replicas=3, prefill_profile="P4-DEP",
+                       decode_replicas=2, decode_profile="D4-B32", nodes=5, colocated=False),
+    )
+}
+
+# never set in production or accuracy runs (seed 000); the workers unset it
+DYNAMO_FORBIDDEN_ENV = "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS"
+# set from the topology and the placement, never through an env dict
+DYNAMO_PLACEMENT_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "DYN_SYSTEM_PORT",
+    "CUDA_SCALE_LAUNCH_QUEUES",
+    "TRTLLM_SKIP_KV_CACHE_ESTIMATION",
+    "TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL",
+)
+# the seed's per-shell setup block: from the profile's fields (roles.dynamo.common_env)
+DYNAMO_COMMON_ENV = (
+    "MODEL_PATH",
+    "CONFIG_DIR",
+    "ETCD_ENDPOINTS",
+    "NATS_SERVER",
+    "DYN_NAMESPACE",
+    "DYN_DISCOVERY_BACKEND",
+    "DYN_REQUEST_PLANE",
+)
+
+_ETCD_URL_RE = r"https?://[A-Za-z0-9.-]+:\d{1,5}"
+_NATS_URL_RE = r"nats://[A-Za-z0-9.-]+:\d{1,5}"
+
+
 class DynamoWorker(Strict):
-    role: Literal["prefill", "decode"]
-    profile: str = Field(pattern=r"^[A-Za-z0-9-]+$")  # P1, P4-TEP, D2-B8, ...
-    node: str = Field(pattern=NAME_RE.pattern)
-    cuda_visible_devices: list[int]
-    system_port: Port
-    extra_engine_args: str = Field(pattern=r"^[A-Za-z0-9._-]+\.yaml$")
+    """Optional settings of one worker of the topology, in its order (the
+    prefill replicas, then the decode replicas). Every field is optional."""
+
+    # node name -> GPU ids on it, in rank order (the nodes in the given order);
+    # None: derived from the topology. Set it on every worker or on none.
+    gpus: dict[Annotated[str, Field(pattern=NAME_RE.pattern)], list[Annotated[int, Field(ge=0, le=63)]]] | None = None
+    # DYN_SYSTEM_PORT; None: profile.system_port_base + the worker's index
+    system_port: Port | None = None
+    # variables for this worker only (after profile.worker_env)
     env: dict[str, str] = Field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class DynamoPlacedWorker:
+    """One worker (one MPI group) of a Dynamo release, placed on the nodes.
+    ``env`` is the worker's own environment in the seed's order, without
+    CUDA_VISIBLE_DEVICES, which is per node: ``cuda_visible_devices(node)``."""
+
+    name: str  # prefill0, prefill1, ..., decode0, ...
+    role: str  # prefill / decode
+    profile: str  # P1, P4-TEP, D8-B4, ...
+    index: int  # position in the topology's order (0 = first prefill replica)
+    replica: int  # position among the workers of its role
+    tp: int
+    ep: int
+    pp: int
+    ranks: int  # = tp * pp, one per GPU
+    nodes: list  # [(node name, [GPU ids])] in rank order; rank 0 on the first
+    system_port: int
+    env: dict
+
+    @property
+    def node_names(self) -> list[str]:
+        return [name for name, _ in self.nodes]
+
+    @property
+    def rank0_node(self) -> str:
+        """The node of rank 0: where dynamo.trtllm and its system port run."""
+        return self.nodes[0][0]
+
+    def gpus_on(self, node: str) -> list[int]:
+        for name, gpus in self.nodes:
+            if name == node:
+                return list(gpus)
+        return []
+
+    def ranks_on(self, node: str) -> int:
+        return len(self.gpus_on(node))
+
+    def cuda_visible_devices(self, node: str) -> str:
+        """CUDA_VISIBLE_DEVICES on ``node``, e.g. "1,2"; KeyError if the worker has no rank there."""
+        gpus = self.gpus_on(node)
+        if not gpus:
+            raise KeyError(f"{self.name} has no rank on {node}")
+        return ",".join(str(g) for g in gpus)
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name, "role": self.role, "profile": self.profile, "index": self.index,
+            "replica": self.replica, "tp": self.tp, "ep": self.ep, "pp": self.pp, "ranks": self.ranks,
+            "nodes": [[n, list(g)] for n, g in self.nodes], "system_port": self.system_port, "env": dict(self.env),
+        }
+
+
 class DynamoProfile(Strict):
-    """Dynamo disaggregated prefill/decode with etcd and NATS."""
+    """Dynamo disaggregated prefill/decode (frontend, etcd and NATS on node 0)
+    in one of the seed's topologies; the workers are placed from it."""
 
     kind: Literal["dynamo"] = "dynamo"
     served_model_name: str = Field(pattern=r"^[A-Za-z0-9._/-]+$")
     namespace: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    # one of DYNAMO_TOPOLOGIES: 1P1D-B8, 1P1D-B4, 1P2D, 1P4D-B1, 1P4D-B4, 2P3D, 3P1D, 3P2D
+    topology: str
+    # the base role files the rendered role settings layer on, in config_dir
+    base_prefill_yaml: str = Field(default="qwen3.5-gb300-agentic-prefill.yaml", pattern=r"^[A-Za-z0-9._-]+\.yaml$")
+    base_decode_yaml: str = Field(default="qwen3.5-gb300-agentic-decode.yaml", pattern=r"^[A-Za-z0-9._-]+\.yaml$")
+    # the TensorRT-LLM checkout on every node (host path), mounted read-only
+    # at recipes_mount; the base files come from it, not from the image
+    recipes_dir: SafePath
+    recipes_mount: SafePath = "/opt/trtllm-recipes"
+    # CONFIG_DIR inside the container: under recipes_mount
+    config_dir: SafePath = "/opt/trtllm-recipes/examples/configs/curated"
+    # the model directory (cluster.model.path) inside the container: MODEL_PATH
+    model_mount: SafePath = "/models/qwen35"
     frontend_port: Port = 8000
     etcd_port: Port = 2379
+    etcd_peer_port: Port = 2380
     nats_port: Port = 4222
     nats_monitor_port: Port = 8222
-    config_dir: SafePath = "/opt/trtllm-recipes/examples/configs/curated"
-    host_cache_bytes_per_rank: int = 137438953472
+    # DYN_SYSTEM_PORT of the workers in order: 8081, 8082, ... (the seed's)
+    system_port_base: Port = 8081
+    # An external control plane: when set, the tool checks its health and
+    # does not start it on node 0. "http://host:2379[,http://host2:2379]".
+    etcd_endpoints: str | None = Field(default=None, pattern=rf"^{_ETCD_URL_RE}(,{_ETCD_URL_RE})*$")
+    # "nats://host:4222"
+    nats_server: str | None = Field(default=None, pattern=rf"^{_NATS_URL_RE}$")
+    # kv_cache_config.host_cache_size of every rank (128 GiB, the seed's)
+    host_cache_bytes_per_rank: int = Field(default=137438953472, ge=1)
     # Pinned wheels installed into the image (name==version), from the seed's
     # indexes or, on clusters without PyPI access, from ``wheel_dir`` on each node.
     wheels: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+==[A-Za-z0-9._+!-]+$")]] = Field(default_factory=list)
@@ -556,16 +788,241 @@ class DynamoProfile(Strict):
     # as "0,1" demands it (prepare refuses a node that cannot give it).
     numa_membind: str = Field(default="auto", pattern=r"^(auto|off|\d+(,\d+)*)$")
     frontend_env: dict[str, str] = Field(default_factory=dict)
+    # every worker, after the topology's own variables
     worker_env: dict[str, str] = Field(default_factory=dict)
-    workers: list[DynamoWorker]
+    # optional per-worker settings, one per worker of the topology
+    workers: list[DynamoWorker] | None = None
+
+    _check_paths = field_validator("recipes_dir", "recipes_mount", "config_dir", "model_mount", "wheel_dir")(
+        classmethod(lambda cls, v: v if v is None else _safe_path(v))
+    )
+
+    @field_validator("topology")
+    @classmethod
+    def _known_topology(cls, v: str) -> str:
+        if v not in DYNAMO_TOPOLOGIES:
+            raise ValueError(f"{v!r} is not a topology; use one of: {', '.join(DYNAMO_TOPOLOGIES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _check_profile(self) -> "DynamoProfile":
+        problems: list[tuple[str, str]] = []
+        mount = self.recipes_mount.rstrip("/")
+        if not (self.config_dir == mount or self.config_dir.startswith(mount + "/")):
+            problems.append(
+                ("config_dir", f"{self.config_dir} is not under recipes_mount {self.recipes_mount}: "
+                 "the base files come from the recipes checkout, not from the image")
+            )
+        envs = [("frontend_env", self.frontend_env), ("worker_env", self.worker_env)]
+        envs += [(f"workers[{i}].env", w.env) for i, w in enumerate(self.workers or [])]
+        for field, env in envs:
+            for key, value in env.items():
+                where = f"{field}.{key}"
+                if not ENV_NAME_RE.match(key):
+                    problems.append((where, f"environment variable name {key!r} is not valid"))
+                elif key == DYNAMO_FORBIDDEN_ENV:
+                    problems.append((where, "must never be set in production or accuracy runs (seed 000); the workers unset it"))
+                elif key in DYNAMO_COMMON_ENV:
+                    problems.append((where, "comes from the profile's fields (the seed's setup block); set those instead"))
+                elif key in DYNAMO_PLACEMENT_ENV and field != "frontend_env":
+                    problems.append((where, "comes from the topology and the placement, not from an env dict"))
+                elif "\n" in value or "\r" in value or "\0" in value:
+                    problems.append((where, "a value must be one line"))
+        if problems:
+            raise ClusterProblems(problems)
+        return self
+
+    @property
+    def topology_info(self) -> DynamoTopology:
+        return DYNAMO_TOPOLOGIES[self.topology]
+
+    def worker_specs(self) -> list[tuple[str, DynamoPrefillProfile | DynamoDecodeProfile, int]]:
+        """(name, role profile, replica) of every worker in the topology's
+        order: the prefill replicas, then the decode replicas."""
+        t = self.topology_info
+        out: list = []
+        for r in range(t.prefill_replicas):
+            out.append((f"prefill{r}", DYNAMO_PREFILL_PROFILES[t.prefill_profile], r))
+        for r in range(t.decode_replicas):
+            out.append((f"decode{r}", DYNAMO_DECODE_PROFILES[t.decode_profile], r))
+        return out
 
     def ports(self) -> dict[str, int]:
-        return {
-            "frontend_port": self.frontend_port,
-            "etcd_port": self.etcd_port,
-            "nats_port": self.nats_port,
-            "nats_monitor_port": self.nats_monitor_port,
-        }
+        """The ports node 0 binds: the frontend, and etcd and NATS unless external."""
+        out = {"frontend_port": self.frontend_port}
+        if self.etcd_endpoints is None:
+            out["etcd_port"] = self.etcd_port
+            out["etcd_peer_port"] = self.etcd_peer_port
+        if self.nats_server is None:
+            out["nats_port"] = self.nats_port
+            out["nats_monitor_port"] = self.nats_monitor_port
+        return out
+
+    def placement(self, nodes: list[Node]) -> list[DynamoPlacedWorker]:
+        """The workers on ``nodes`` (see dynamo_placement); ClusterProblems if they do not fit."""
+        workers, problems = dynamo_placement(self, nodes)
+        if problems:
+            raise ClusterProblems(problems)
+        return workers
+
+
+def _derive_gpus(sizes: list[int], nodes: list[Node], spare_devices: int) -> list[list[tuple[str, list[int]]]]:
+    """GPUs per worker, in order: a worker that fits in what is left of the
+    current node goes there (the colocated 1P1D: P1 on GPU 0, D2 on 1,2),
+    any other starts on a fresh node and takes whole nodes in order (TP8: two
+    four-GPU nodes, TP16: four). Past the inventory's nodes it continues on
+    virtual nodes named "+1", "+2", ... of ``spare_devices`` GPUs."""
+    out: list[list[tuple[str, list[int]]]] = []
+    cur, used = 0, 0
+
+    def node_at(i: int) -> tuple[str, int]:
+        if i < len(nodes):
+            return nodes[i].name, nodes[i].devices or spare_devices
+        return f"+{i - len(nodes) + 1}", spare_devices
+
+    for size in sizes:
+        name, devices = node_at(cur)
+        if used and size <= devices - used:
+            out.append([(name, list(range(used, used + size)))])
+            used += size
+            continue
+        if used:
+            cur, used = cur + 1, 0
+        parts, left = [], size
+        while left > 0:
+            name, devices = node_at(cur)
+            take = min(left, devices)
+            parts.append((name, list(range(take))))
+            left -= take
+            if take == devices:
+                cur, used = cur + 1, 0
+            else:
+                used = take
+        out.append(parts)
+    return out
+
+
+def dynamo_placement(profile: DynamoProfile, nodes: list[Node]) -> tuple[list[DynamoPlacedWorker], list[tuple[str, str]]]:
+    """(workers, problems): the topology's workers placed on ``nodes`` (node 0
+    first; it also runs the frontend, etcd and NATS), each its own MPI group of
+    TP x PP ranks, one per GPU; DYN_SYSTEM_PORT 8081, 8082, ... in order.
+    Pure; the problems name the field or node."""
+    problems: list[tuple[str, str]] = []
+    topo = profile.topology_info
+    specs = profile.worker_specs()
+    explicit = profile.workers
+    if explicit is not None and len(explicit) != len(specs):
+        names = ", ".join(name for name, _, _ in specs)
+        problems.append(("profile.workers", f"{len(explicit)} entries but topology {topo.name} has {len(specs)} workers ({names})"))
+        return [], problems
+    per = [explicit[i] if explicit else DynamoWorker() for i in range(len(specs))]
+    given = [w.gpus is not None for w in per]
+    spare = (nodes[0].devices if nodes else None) or PLATFORMS["gb300"].devices
+    if any(given) and not all(given):
+        i = given.index(False)
+        problems.append((f"profile.workers[{i}].gpus", "set gpus on every worker or on none (derived from the topology)"))
+        return [], problems
+
+    if all(given) and per:
+        layout = [list((n, list(g)) for n, g in w.gpus.items()) for w in per]
+    else:
+        layout = _derive_gpus([p.gpus for _, p, _ in specs], nodes, spare)
+        virtual = sorted({n for parts in layout for n, _ in parts if n.startswith("+")})
+        if virtual:
+            need_nodes = len(nodes) + len(virtual)
+            need_gpus = sum(p.gpus for _, p, _ in specs)
+            have_gpus = sum(n.devices or 0 for n in nodes)
+            desc = f"{topo.prefill_replicas} x {topo.prefill_profile} + {topo.decode_replicas} x {topo.decode_profile}"
+            problems.append(
+                ("profile.topology",
+                 f"{topo.name} ({desc}) needs {need_nodes} nodes of {spare} GPUs ({need_gpus} GPUs in use) "
+                 f"but the inventory has {len(nodes)} node{'s' if len(nodes) != 1 else ''} ({have_gpus} GPUs)")
+            )
+            return [], problems
+
+    by_name = {n.name: (i, n) for i, n in enumerate(nodes)}
+    owner: dict[tuple[str, int], str] = {}
+    workers: list[DynamoPlacedWorker] = []
+    for i, ((name, prof, replica), w, parts) in enumerate(zip(specs, per, layout)):
+        field = f"profile.workers[{i}].gpus" if w.gpus is not None else "profile.topology"
+        ok = True
+        for node_name, gpus in parts:
+            if node_name not in by_name:
+                problems.append((f"{field}.{node_name}", f"no node named {node_name!r} (nodes: {', '.join(by_name)})"))
+                ok = False
+                continue
+            j, node = by_name[node_name]
+            if not gpus:
+                problems.append((f"{field}.{node_name}", f"{name} has no GPU on nodes[{j}] ({node_name})"))
+                ok = False
+            for g in gpus:
+                if g >= (node.devices or 0):
+                    problems.append((f"{field}.{node_name}", f"GPU {g} does not exist on nodes[{j}] ({node_name}), which has {node.devices} GPUs"))
+                    ok = False
+                elif owner.get((node_name, g)) == name:
+                    problems.append((f"{field}.{node_name}", f"GPU {g} is listed twice for {name}"))
+                    ok = False
+                elif (node_name, g) in owner:
+                    problems.append((f"{field}.{node_name}", f"{name}'s GPU mask overlaps {owner[(node_name, g)]}: GPU {g} on nodes[{j}] ({node_name})"))
+                    ok = False
+                else:
+                    owner[(node_name, g)] = name
+        ranks = sum(len(g) for _, g in parts)
+        pp = 1
+        if ranks != prof.tp * pp:
+            problems.append((field, f"{name} ({prof.name}) has {ranks} ranks (GPUs) but runs TP {prof.tp} x PP {pp} = {prof.tp * pp}"))
+            ok = False
+        port = w.system_port if w.system_port is not None else profile.system_port_base + i
+        env: dict[str, str] = {"DYN_SYSTEM_PORT": str(port)}
+        if prof.role == "prefill":
+            env["CUDA_SCALE_LAUNCH_QUEUES"] = "4x"
+            env["TRTLLM_SKIP_KV_CACHE_ESTIMATION"] = "1"
+        if topo.colocated:
+            env["TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL"] = "1"
+        env.update(profile.worker_env)
+        env.update(w.env)
+        if ok:
+            workers.append(
+                DynamoPlacedWorker(
+                    name=name, role=prof.role, profile=prof.name, index=i, replica=replica, tp=prof.tp, ep=prof.ep,
+                    pp=pp, ranks=ranks, nodes=[(n, list(g)) for n, g in parts], system_port=port, env=env,
+                )
+            )
+    if problems:
+        return [], problems
+
+    # ports: node 0's services, then each worker's system port on its rank-0 node
+    used_ports: dict[tuple[str, int], str] = {}
+    if nodes:
+        for key, port in profile.ports().items():
+            used_ports.setdefault((nodes[0].name, port), f"profile.{key}")
+    seen_ports: dict[int, str] = {}
+    for w, spec in zip(workers, per):
+        field = (f"profile.workers[{w.index}].system_port" if spec.system_port is not None
+                 else f"profile.system_port_base (+{w.index})")
+        what = f"{w.name}'s DYN_SYSTEM_PORT {w.system_port}"
+        key = (w.rank0_node, w.system_port)
+        if w.system_port > 65535:
+            problems.append((field, f"{what} is above 65535"))
+        elif w.system_port in seen_ports:
+            problems.append((field, f"{what} is also {seen_ports[w.system_port]}'s: every worker needs its own DYN_SYSTEM_PORT"))
+        elif key in used_ports:
+            j = by_name[w.rank0_node][0]
+            problems.append((field, f"{what} on nodes[{j}] ({w.rank0_node}) is also {used_ports[key]}"))
+        else:
+            used_ports[key] = field
+        seen_ports.setdefault(w.system_port, w.name)
+
+    # every node runs something
+    busy = {n for w in workers for n in w.node_names}
+    for j, n in enumerate(nodes):
+        if n.name not in busy and j != 0:
+            problems.append(
+                (f"nodes[{j}] ({n.name})",
+                 f"topology {topo.name} places no worker on this node (it uses {len(busy | {nodes[0].name})} of "
+                 f"{len(nodes)} nodes): remove it or choose a larger topology")
+            )
+    return (workers if not problems else []), problems
 
 
 Profile = Annotated[
@@ -764,36 +1221,15 @@ class Cluster(Strict):
         elif isinstance(prof, DynamoProfile):
             if plat.vendor != "nvidia":
                 problems.append(("profile.kind", f"dynamo needs an NVIDIA platform, not {self.platform}"))
-            names = {n.name: n for n in self.nodes}
-            used: dict[tuple[str, int], int] = {}
-            host_ports: dict[tuple[str, int], str] = {}
-            for key, port in prof.ports().items():
-                host_ports[(self.nodes[0].name, port)] = f"profile.{key}"
-            for w_i, w in enumerate(prof.workers):
-                f = f"profile.workers[{w_i}]"
-                node = names.get(w.node)
-                if node is None:
-                    problems.append((f"{f}.node", f"no node named {w.node!r}"))
-                    continue
-                for d in w.cuda_visible_devices:
-                    if not 0 <= d < (node.devices or 0):
-                        problems.append((f"{f}.cuda_visible_devices", f"GPU {d} does not exist on {w.node}"))
-                    elif (w.node, d) in used:
-                        problems.append(
-                            (f"{f}.cuda_visible_devices", f"GPU {d} on {w.node} is also used by profile.workers[{used[(w.node, d)]}]")
-                        )
-                    else:
-                        used[(w.node, d)] = w_i
-                if (w.node, w.system_port) in host_ports:
+            else:
+                # GPU masks, ranks = TP x PP, nodes and GPUs the topology needs,
+                # ports per node (node 0's services and every DYN_SYSTEM_PORT)
+                problems += dynamo_placement(prof, self.nodes)[1]
+            for key in self.secret_env:
+                if key == DYNAMO_FORBIDDEN_ENV:
                     problems.append(
-                        (f"{f}.system_port", f"port {w.system_port} on {w.node} is also {host_ports[(w.node, w.system_port)]}")
+                        (f"secret_env.{key}", "must never be set in production or accuracy runs (seed 000); the workers unset it")
                     )
-                else:
-                    host_ports[(w.node, w.system_port)] = f"{f}.system_port"
-            if not any(w.role == "prefill" for w in prof.workers) or not any(
-                w.role == "decode" for w in prof.workers
-            ):
-                problems.append(("profile.workers", "needs at least one prefill and one decode worker"))
 
         ports = getattr(prof, "ports")()
         by_port: dict[int, str] = {}

@@ -6,7 +6,7 @@ flag and variable of the guides lives here once.
 
 from __future__ import annotations
 
-from .inventory import TRTLLM_CURATED, DynamoProfile, DynamoWorker, Image, TrtllmProfile, VllmAscendProfile
+from .inventory import TRTLLM_CURATED, DynamoProfile, Image, TrtllmProfile, VllmAscendProfile
 
 # vLLM-Ascend 0.23.0, Qwen3.8-2.4T-A95B (seed 001)
 IMAGE_A3 = "quay.io/ascend/vllm-ascend:qwen3.8-a3"
@@ -116,12 +116,18 @@ def trtllm_qwen35_nvfp4(**overrides) -> TrtllmProfile:
     return TrtllmProfile(**values)
 
 
-def dynamo_gb300_1p1d(node: str, **overrides) -> DynamoProfile:
-    """Qwen3.5 GB300 NVL72 agentic, 1P1D decode batch 8 on one four-GPU node:
-    prefill P1 on GPU 0 (system port 8081), decode D2-B8 on GPUs 1,2 (8082)."""
+def dynamo_gb300(topology: str = "1P1D-B8", *, recipes_dir: str, **overrides) -> DynamoProfile:
+    """Qwen3.5 GB300 NVL72 agentic disaggregated serving on Dynamo in one of
+    the seed's topologies (``DYNAMO_TOPOLOGIES``): 1P1D-B8 and 1P1D-B4 on one
+    four-GPU node (prefill P1 on GPU 0, decode D2 on GPUs 1,2), 1P2D (5 nodes),
+    1P4D-B1 and 1P4D-B4 (9), 2P3D (8), 3P1D (7), 3P2D (5). ``recipes_dir`` is
+    the TensorRT-LLM checkout on every node (mounted at /opt/trtllm-recipes);
+    the workers are placed from the topology (roles.dynamo.placement)."""
     values = dict(
         served_model_name="nvidia/Qwen3.5-397B-A17B-NVFP4-V2",
         namespace="qwen35-gb300",
+        topology=topology,
+        recipes_dir=recipes_dir,
         wheels=["ai-dynamo==1.6.0.dev20261010", "ai-dynamo-runtime==1.6.0.dev20261010"],
         frontend_env={
             "ETCD_LEASE_TTL": "120",
@@ -129,18 +135,6 @@ def dynamo_gb300_1p1d(node: str, **overrides) -> DynamoProfile:
             "DYN_TOKENIZER_CACHE_BYTES": "8000000000",
             "DYN_TOKENIZER": "fastokens",
         },
-        worker_env={"TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL": "1"},
-        workers=[
-            DynamoWorker(
-                role="prefill", profile="P1", node=node, cuda_visible_devices=[0], system_port=8081,
-                extra_engine_args="qwen3.5-gb300-agentic-prefill.yaml",
-                env={"CUDA_SCALE_LAUNCH_QUEUES": "4x", "TRTLLM_SKIP_KV_CACHE_ESTIMATION": "1"},
-            ),
-            DynamoWorker(
-                role="decode", profile="D2-B8", node=node, cuda_visible_devices=[1, 2], system_port=8082,
-                extra_engine_args="qwen3.5-gb300-agentic-decode.yaml",
-            ),
-        ],
     )
     values.update(overrides)
     return DynamoProfile(**values)

@@ -67,20 +67,36 @@ def build(cluster: Cluster, prepared: dict[str, dict], rid: str, image_id: str |
     present = [(dict(e), hosts_of(cluster, e.get("hosts", "all"))) for e in pb["services"]]
     absent = {e["name"] for e, nodes in present if not nodes}
     present = [(e, nodes) for e, nodes in present if nodes]
-    services = []
+    services: list[Service] = []
+    # a playbook entry may stand for several services (a Dynamo role: one MPI
+    # group per replica) or none (a control plane the inventory says exists)
+    expanded: dict[str, list[str]] = {name: [] for name in absent}
     for i, (entry, nodes) in enumerate(present):
         name = entry["name"]
         entry["stop_phase"] = len(present) - 1 - i  # the reverse of the start order
-        units, started = mod.units(cluster, name, nodes, prepared, rid, entry)
-        services.append(Service(name=name, units=units, after=[a for a in entry.get("after", []) if a not in absent],
-                                started=started, restart=entry.get("restart", "each")))
+        after: list[str] = []
+        for a in entry.get("after", []):
+            after += expanded.get(a, [a])
+        if hasattr(mod, "services"):
+            made = mod.services(cluster, entry, nodes, prepared, rid)
+            for svc in made:
+                svc.after = after + [a for a in svc.after if a not in after]
+                svc.restart = entry.get("restart", svc.restart)
+        else:
+            units, started = mod.units(cluster, name, nodes, prepared, rid, entry)
+            made = [Service(name=name, units=units, after=after, started=started, restart=entry.get("restart", "each"))]
+        expanded[name] = [s.name for s in made]
+        services += made
     try:
         order_services(services)
     except ValueError as exc:
         raise LlmdeployError(f"playbooks/serve-{kind}.yaml: {exc}") from None
     plan = ReleasePlan(system=kind, cluster=cluster.name, release=rid, services=services, entry_host=cluster.node0.name,
                        entry_port=mod.entry_port(cluster))
-    plan.ready = [mod.probe(cluster, name) for name in pb.get("ready", [])]
+    plan.ready = []
+    for name in pb.get("ready", []):
+        p = mod.probe(cluster, name)
+        plan.ready += p if isinstance(p, list) else [p]
     plan.stop_cleanup = getattr(mod, "STOP_CLEANUP", "")
     plan.drift_env_prefixes = list(getattr(mod, "DRIFT_ENV_PREFIXES", []))
     plan.files = mod.files(cluster, plan, prepared, image_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from llmdeploy.inventory import Cluster, DynamoProfile, Node, TrtllmProfile, VllmAscendProfile
 from llmdeploy.runner import FAILED, OK, HostResult, Step
-from roles import from_facts
+from roles import dynamo, from_facts
 
 GIB = 1024**3
 
@@ -22,11 +22,13 @@ def ports_for(cluster: Cluster, node: Node) -> dict[int, str]:
         if is0:
             out = {port: f"profile.{key}" for key, port in prof.ports().items()}
     elif isinstance(prof, DynamoProfile):
+        # node 0: the frontend, and etcd and NATS unless external; every
+        # worker's DYN_SYSTEM_PORT on the node of its rank 0
         if is0:
             out = {port: f"profile.{key}" for key, port in prof.ports().items()}
-        for i, w in enumerate(prof.workers):
-            if w.node == node.name:
-                out[w.system_port] = f"profile.workers[{i}].system_port"
+        for w in dynamo.placement(cluster):
+            if w.rank0_node == node.name:
+                out[w.system_port] = f"{w.name} DYN_SYSTEM_PORT"
     return out
 
 
@@ -35,7 +37,8 @@ def memory_need(cluster: Cluster, node: Node) -> dict[str, float]:
     need: dict[str, float] = {}
     prof = cluster.profile
     if isinstance(prof, DynamoProfile):
-        ranks = sum(len(w.cuda_visible_devices) for w in prof.workers if w.node == node.name)
+        # 128 GiB of host KV cache per rank on this node, from the placement
+        ranks = sum(dynamo.ranks_on(cluster, node).values())
         if ranks:
             per = prof.host_cache_bytes_per_rank / GIB
             need[f"host KV cache ({ranks} ranks x {per:g} GiB)"] = ranks * per

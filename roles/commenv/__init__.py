@@ -11,6 +11,7 @@ from pathlib import Path
 import jinja2
 
 from llmdeploy.inventory import Cluster, DynamoProfile, Node, TrtllmProfile, VllmAscendProfile
+from roles import dynamo
 from roles.files import put_step
 
 TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
@@ -38,18 +39,14 @@ def env_vars(cluster: Cluster, node: Node) -> dict[str, str]:
         out["GLOO_SOCKET_IFNAME"] = node.nic
         out.update(prof.env)
     elif isinstance(prof, DynamoProfile):
-        node0 = cluster.node0
         out["NCCL_SOCKET_IFNAME"] = node.nic
         out["GLOO_SOCKET_IFNAME"] = node.nic
-        # the seed's per-shell setup block
-        out["MODEL_PATH"] = cluster.model.path
-        out["CONFIG_DIR"] = prof.config_dir
-        out["ETCD_ENDPOINTS"] = f"http://{node0.ip}:{prof.etcd_port}"
-        out["NATS_SERVER"] = f"nats://{node0.ip}:{prof.nats_port}"
-        out["DYN_NAMESPACE"] = prof.namespace
-        out["DYN_DISCOVERY_BACKEND"] = "etcd"
-        out["DYN_REQUEST_PLANE"] = "tcp"
-        out.update(prof.worker_env)
+        # the seed's per-shell setup block (roles.dynamo.common_env), then
+        # what every worker of this node shares (the colocated 1P1D's
+        # TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1); per-worker variables
+        # come from roles.dynamo.worker_env
+        out.update(dynamo.common_env(cluster, node))
+        out.update(dynamo.node_env(cluster, node))
     # secrets last, so that no profile value can shadow them
     out.update(cluster.secret_values())
     for key, value in out.items():

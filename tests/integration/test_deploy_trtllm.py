@@ -5,6 +5,7 @@ when a rank dies; status, restart, rollback and stop on the same engine."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -130,12 +131,15 @@ def test_killing_one_rank_makes_the_watcher_restart_the_world(faults):
         if p.poll() is None:
             p.kill()
     assert p.returncode == 0, out
-    assert "a rank was killed" in out and "restarting the whole group (2 containers)" in out, out
+    # which line names the death first is a race between mpirun and the ranks
+    # that lose their peer: either way the whole world is restarted
+    assert "restarting the whole group (2 containers)" in out, out
+    assert re.search(r"world: sim-b200-0 \S+ exited \(attempt 1\): (a rank was killed|NCCL error between ranks|a rank exited)", out), out
     rid = _ledger()[-1]["release"]
     assert _ledger()[-1]["result"] == "good"
     # the first world's output is kept, with mpirun's own words
     kept = (_base("sim-b200-0") / "releases" / rid / "logs" / f"sim-b200-{rid}.attempt-1.log").read_text()
-    assert "mpirun noticed that process rank 13" in kept
+    assert re.search(r"mpirun noticed that process rank \d+|mpirun detected that one or more processes exited|lost rank", kept), kept[-2000:]
     assert sorted(_ranks("sim-b200-1")) == list(range(8, 16))
 
 

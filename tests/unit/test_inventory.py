@@ -11,7 +11,7 @@ from llmdeploy.inventory import list_clusters, load_cluster, load_cluster_file
 REAL = ["a3", "a2", "b200", "gb200", "qwen35-b200", "gb300-agentic"]
 
 
-@pytest.mark.parametrize("name", REAL + ["sim-a3", "sim-a2", "sim-b200", "sim-gb300-agentic"])
+@pytest.mark.parametrize("name", REAL + ["sim-a3", "sim-a2", "sim-b200", "sim-gb300-agentic", "sim-gb300-1p2d"])
 def test_every_shipped_inventory_loads(name):
     c = load_cluster(name)
     assert c.name == name
@@ -48,9 +48,10 @@ def test_nvidia_profiles():
     assert load_cluster("b200").profile.tp == 16
     assert sum(n.devices for n in load_cluster("gb200").nodes) == 16
     assert load_cluster("qwen35-b200").profile.tp == 4
-    d = load_cluster("gb300-agentic").profile
-    assert [(w.role, w.cuda_visible_devices, w.system_port) for w in d.workers] == [("prefill", [0], 8081), ("decode", [1, 2], 8082)]
-    assert d.workers[0].env == {"CUDA_SCALE_LAUNCH_QUEUES": "4x", "TRTLLM_SKIP_KV_CACHE_ESTIMATION": "1"}
+    c = load_cluster("gb300-agentic")
+    workers = c.profile.placement(c.nodes)
+    assert [(w.role, w.cuda_visible_devices("gb300-node-0"), w.system_port) for w in workers] == [("prefill", "0", 8081), ("decode", "1,2", 8082)]
+    assert workers[0].env == {"DYN_SYSTEM_PORT": "8081", "CUDA_SCALE_LAUNCH_QUEUES": "4x", "TRTLLM_SKIP_KV_CACHE_ESTIMATION": "1", "TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL": "1"}
 
 
 def test_list_clusters_names_the_modules():
