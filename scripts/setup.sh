@@ -6,7 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # openmpi-bin: the real mpirun/orted that launch trtllm-serve's MPI world across simulated NVIDIA hosts
-DEBS=(openssh-server openssh-client iproute2 iputils-ping util-linux procps psmisc openmpi-bin)
+# etcd-server, nats-server: the real control plane of Dynamo deployments (run by the tool on simulated hosts)
+DEBS=(openssh-server openssh-client iproute2 iputils-ping util-linux procps psmisc openmpi-bin etcd-server nats-server)
+# packages whose postinst may start a system daemon: package -> service and process name
+# (the Debian services run as the packages' own users: processes of other users are not theirs)
+declare -A DAEMONS=([etcd-server]="etcd etcd etcd" [nats-server]="nats-server nats-server nats")
 missing=()
 for p in "${DEBS[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -17,9 +21,29 @@ if [ "${#missing[@]}" -gt 0 ]; then
         exit 1
     fi
     echo "setup: installing ${missing[*]}"
+    # the daemons running before the install are not ours to stop
+    before=$( { pgrep -x etcd; pgrep -x nats-server; } | tr '\n' ' ' || true)
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # a postinst may have started etcd or nats-server as a system service:
+    # the tool runs its own, per release, so leave none running or enabled
+    for p in "${missing[@]}"; do
+        [ -n "${DAEMONS[$p]:-}" ] || continue
+        read -r svc proc user <<<"${DAEMONS[$p]}"
+        # (not /etc/init.d/$svc stop: it may stop every etcd on the machine,
+        # simulated hosts' included; only the processes that appeared are ours)
+        if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+            systemctl disable --now "$svc" >/dev/null 2>&1 || true
+        elif command -v update-rc.d >/dev/null; then
+            update-rc.d "$svc" disable >/dev/null 2>&1 || true
+        fi
+        for pid in $(pgrep -x -u "$user" "$proc" 2>/dev/null); do
+            case " $before " in *" $pid "*) continue ;; esac
+            echo "setup: stopping the $proc daemon the $p package started (pid $pid)"
+            kill "$pid" 2>/dev/null || true
+        done
+    done
 fi
 
 PY=${PYTHON:-python3}

@@ -45,7 +45,9 @@ REPO = Path(__file__).resolve().parent.parent
 STANDINS_ASCEND = ["npu-smi", "hccn_tool", "lscpu", "numactl", "docker"]
 STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "docker", "ibstat", "mpirun", "all_reduce_perf"]
 # on PATH inside simulated containers (before the host's own directories)
-CONTAINER_STANDINS = {"python3": "container-python3", "vllm": "vllm", "trtllm-serve": "trtllm-serve"}
+# (python3 runs the Dynamo stand-ins for `python3 -m dynamo.frontend|trtllm`;
+# numactl: the seed's `numactl -m 0,1 trtllm-llmapi-launch ...` inside the container)
+CONTAINER_STANDINS = {"python3": "container-python3", "vllm": "vllm", "trtllm-serve": "trtllm-serve", "numactl": "numactl"}
 # TensorRT-LLM's launcher (a shell script in the image): rank 0 runs the
 # command (the real one in the background, with a proxy), the other ranks
 # the MPI worker loop; the simulated trtllm-serve acts by rank, so every rank
@@ -304,6 +306,10 @@ def up(cluster: Cluster, echo=print) -> dict:
         for path in {cluster.model.path, cluster.model.tokenizer_path}:
             if path.startswith("/root/.cache/"):
                 write_model(root / path.lstrip("/"))
+        # a Dynamo profile's TensorRT-LLM checkout (the agentic base role files)
+        recipes = getattr(cluster.profile, "recipes_dir", None)
+        if not ascend and recipes and recipes.startswith("/root/.cache/"):
+            curated.write_recipes(root / recipes.lstrip("/"))
 
         # sshd
         hostkey = hdir / "ssh_host_ed25519_key"

@@ -232,15 +232,46 @@ def numactl(argv: list[str]) -> int:
         for x in nodes:
             print(f"{x['id']:>3}: " + "".join(f"{(10 if x is y else 20):>4}" for y in nodes))
         return 0
-    # numactl [options] command ...: run the command (binding is simulated)
+    # numactl [options] command ...: run the command (binding is simulated);
+    # a node list naming a NUMA node the host does not have fails like numactl
     rest = list(argv)
+    node_opts = {"-m": "membind", "--membind": "membind", "-N": "cpunodebind", "--cpunodebind": "cpunodebind",
+                 "-i": "interleave", "--interleave": "interleave", "-p": "preferred", "--preferred": "preferred"}
+    ids = {x["id"] for x in hw.get("numa_nodes") or []}
     while rest and rest[0].startswith("-"):
         opt = rest.pop(0)
-        if opt in ("-m", "-N", "-C", "-p") and rest:
-            rest.pop(0)
+        name, eq, value = opt.partition("=")
+        if name in node_opts or opt in ("-C", "--physcpubind"):
+            if not eq:
+                if not rest:
+                    break
+                value = rest.pop(0)
+            if name in node_opts and ids:
+                bad = _bad_numa_node(value, ids)
+                if bad is not None:
+                    return _fail(f"libnuma: Warning: node argument {bad} is out of range\n\n<{value}> is invalid\n"
+                                 "usage: numactl [--all | -a] [--interleave= | -i <nodes>] [--preferred= | -p <node>]\n"
+                                 "               [--physcpubind= | -C <cpus>] [--cpunodebind= | -N <nodes>]\n"
+                                 "               [--membind= | -m <nodes>] [--localalloc | -l] command args ...", 1)
     if rest:
         os.execvp(rest[0], rest)
     return _fail("usage: numactl [--hardware] [-m nodes] command", 1)
+
+
+def _bad_numa_node(spec: str, ids: set[int]) -> int | str | None:
+    """The first node of a numactl node list (``0,1``, ``0-3``, ``all``) the host lacks."""
+    if spec in ("all", ""):
+        return None
+    for part in spec.lstrip("!+").split(","):
+        lo, sep, hi = part.partition("-")
+        try:
+            rng = range(int(lo), int(hi) + 1) if sep else [int(lo)]
+        except ValueError:
+            return part
+        for n in rng:
+            if n not in ids:
+                return n
+    return None
 
 
 # --- ibstat ------------------------------------------------------------------------------

@@ -10,7 +10,13 @@ error messages follow the real CLI.
 
 ``docker exec`` runs a command with the container's environment (the same
 ``PATH``, ``PYTHONPATH``, env-file variables and markers as the container's
-own command). Every process of a container, its command's and every exec'd
+own command). Bind mounts (``--mount type=bind,...``, ``-v S:D``) are not
+applied, since a container sees the host's filesystem: ``docker inspect``
+shows them under ``Mounts``, and every process of the container gets the map
+in ``LLMDEPLOY_SIM_MOUNTS`` (see mounts.py), which the Dynamo stand-ins use
+to open container paths. ``python3 -m dynamo.frontend`` and ``python3 -m
+dynamo.trtllm`` inside a container run the Dynamo stand-ins (dynamo.py).
+Every process of a container, its command's and every exec'd
 one's (and their descendants, e.g. the ranks an ``orted`` forks), carries
 ``LLMDEPLOY_SIM_CONTAINER`` and ``LLMDEPLOY_SIM_HOSTDIR`` in its environment;
 the simulated hosts share one pid namespace and the same container name can
@@ -30,8 +36,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -39,6 +45,8 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+
+from . import mounts as sim_mounts
 
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
 
@@ -470,10 +478,36 @@ def process_env(c: dict) -> dict[str, str]:
         "LLMDEPLOY_SIM_CONTAINER": c["Name"],
         "LLMDEPLOY_SIM_HOSTDIR": hostdir,
     }
+    binds = sim_mounts.mount_map(c.get("Mounts") or [])
+    if binds:
+        # the container's bind mounts, for the stand-ins that open files at
+        # container paths (see sim/standins/mounts.py)
+        penv[sim_mounts.ENV] = sim_mounts.encode(binds)
     for item in c["Config"].get("Env") or []:
         k, _, v = item.partition("=")
         penv[k] = v
     return penv
+
+
+def mounts_of(run: dict) -> list[dict]:
+    """The ``Mounts`` of ``docker inspect`` from ``--mount`` and ``-v``. A bind
+    ``--mount`` whose source does not exist fails like the daemon (``-v``
+    would create it on a real host; here it is recorded as given)."""
+    out = []
+    for spec in run["opts"].get("--mount", []):
+        try:
+            m = sim_mounts.parse_mount(spec)
+        except sim_mounts.MountError as exc:
+            raise ValueError(str(exc)) from None
+        if m["Type"] == "bind" and not os.path.exists(m["Source"]):
+            raise ValueError(f'Error response from daemon: invalid mount config for type "bind": bind source path does not exist: {m["Source"]}.')
+        out.append({**m, "From": "--mount"})
+    for spec in run["opts"].get("-v", []):
+        try:
+            out.append({**sim_mounts.parse_volume(spec), "From": "-v"})
+        except sim_mounts.MountError:
+            pass  # recorded in HostConfig.Binds as given, as before
+    return out
 
 
 def run(argv: list[str]) -> int:
@@ -485,7 +519,10 @@ def run(argv: list[str]) -> int:
     if img is None:
         return _err(f"Unable to find image '{_normalize(r['image'])}' locally\ndocker: Error response from daemon: pull access denied for {_repo(r['image'])}, repository does not exist or may require 'docker login'.", 125)
     # device nodes: the simulated host's own list (node.json "devices"), since
-    # /dev is this machine's; bind-mount sources are recorded, not checked
+    # /dev is this machine's. Bind mounts are not applied (the container sees
+    # the host's filesystem): they are recorded (Mounts) and exported to the
+    # container's processes as LLMDEPLOY_SIM_MOUNTS (sim/standins/mounts.py);
+    # a --mount bind source must exist, a -v source is not checked
     devices = _node().get("devices")
     for dev in r["opts"].get("--device", []):
         src = dev.split(":", 1)[0]
@@ -499,6 +536,10 @@ def run(argv: list[str]) -> int:
         env = _env_of(r)
     except ValueError as exc:
         return _err(str(exc), 125)
+    try:
+        mounts = mounts_of(r)
+    except ValueError as exc:
+        return _err(f"docker: {exc}", 125)
     cmd = r["cmd"]
     if r["opts"].get("--entrypoint"):
         cmd = [r["opts"]["--entrypoint"][-1]] + cmd
@@ -521,7 +562,10 @@ def run(argv: list[str]) -> int:
             "NetworkMode": (r["opts"].get("--net") or ["default"])[-1],
             "ShmSize": (r["opts"].get("--shm-size") or [""])[-1],
             "AutoRemove": "--rm" in r["flags"],
+            "Mounts": [{"Type": m["Type"], "Source": m["Source"], "Target": m["Destination"], "ReadOnly": not m["RW"]}
+                       for m in mounts if m.get("From") == "--mount"],
         },
+        "Mounts": [{k: v for k, v in m.items() if k != "From"} for m in mounts],
         "Args": argv,
         "Created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "State": {"Status": "created", "Running": False, "Pid": 0, "ExitCode": 0, "StartedAt": "", "FinishedAt": ""},
@@ -985,8 +1029,29 @@ def docker(argv: list[str]) -> int:
 def container_python(argv: list[str]) -> int:
     if argv[:3] == ["-m", "pip", "install"]:
         return _pip_install(argv[3:])
-    os.execv(sys.executable, [sys.executable, *argv])
+    if len(argv) >= 2 and argv[0] == "-m" and (argv[1] == "dynamo" or argv[1].startswith("dynamo.")):
+        # NVIDIA Dynamo (the ai-dynamo wheel): see sim/standins/dynamo.py
+        from . import dynamo as dynamo_sim
+
+        return dynamo_sim.main(argv[1], argv[2:])
+    os.execv(sys.executable, [sys.executable, *python_argv(argv)])
     return 127  # not reached
+
+
+def python_argv(argv: list[str], env=None) -> list[str]:
+    """A script's arguments with container paths under a bind mount whose
+    destination differs from its source replaced by the host path (e.g.
+    ``merge-config.py /opt/trtllm-recipes/...yaml ...``): the real python
+    opens the host's files. Only whole arguments that are such paths; the
+    code of ``-c`` is left alone. Without such mounts nothing changes."""
+    env = os.environ if env is None else env
+    if not sim_mounts.decode(env.get(sim_mounts.ENV)):
+        return list(argv)
+    out, skip = [], False
+    for a in argv:
+        out.append(a if skip or not a.startswith("/") else sim_mounts.host_path(a, env))
+        skip = a == "-c"
+    return out
 
 
 def _pip_install(argv: list[str]) -> int:
@@ -996,7 +1061,8 @@ def _pip_install(argv: list[str]) -> int:
         a = argv[i]
         if a in ("--index-url", "-i", "--extra-index-url", "--find-links", "-f") and i + 1 < len(argv):
             if a in ("--find-links", "-f"):
-                find_links.append(argv[i + 1])
+                # a wheel directory mounted into the container (-v DIR:/wheels:ro)
+                find_links.append(sim_mounts.host_path(argv[i + 1]))
             i += 2
             continue
         if a == "--no-index":

@@ -272,15 +272,16 @@ def _gpus() -> int | None:
         return None
 
 
-def count_world_start(world: str) -> int:
+def count_world_start(world: str, counter: str = "trtllm-starts") -> int:
     """How many worlds have started on this host, this one included (every
-    rank of the host calls this; the first one of a world counts it)."""
+    rank of the host calls this; the first one of a world counts it). The
+    count lives in ``<state>/<counter>``."""
     import fcntl
 
     d = Path(STATE_DIR)
-    with open(d / "trtllm-starts.lock", "a+") as lock:
+    with open(d / f"{counter}.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        p = d / "trtllm-starts"
+        p = d / counter
         try:
             data = json.loads(p.read_text())
             if isinstance(data, int):
