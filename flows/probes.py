@@ -119,13 +119,18 @@ def _dynamo_health(body: bytes, arg: str) -> str | None:
     expected instances, each {"name", "host", "port"}."""
     doc = json.loads(body)
     want = json.loads(arg) if arg else []
+    have = [i for i in (doc.get("instances") or []) if isinstance(i, dict)]
     if doc.get("status") != "healthy":
-        return f"says {doc.get('status')!r}: {doc.get('message') or ''} (0 of {len(want)} workers registered)"
-    have = doc.get("instances") or []
-    ports = {str(i.get("system_port") or i.get("port") or "") for i in have if isinstance(i, dict)}
-    missing = [w["name"] for w in want if str(w["port"]) not in ports]
-    if len(have) < len(want) or missing:
-        return f"lists {len(have)} of {len(want)} workers" + (f"; missing {', '.join(missing)}" if missing else "")
+        return f"says {doc.get('status')!r}: {doc.get('message') or ''} ({len(have)} of {len(want)} workers registered)"
+    # instances name their component (prefill, decode, ...): count them per role
+    missing = []
+    for role in sorted({w.get("role", "") for w in want} - {""}):
+        expected = [w["name"] for w in want if w.get("role") == role]
+        found = sum(1 for i in have if role in str(i.get("component", "")))
+        if found < len(expected):
+            missing.append(f"{len(expected) - found} of {len(expected)} {role} ({', '.join(expected)})")
+    if missing or len(have) < len(want):
+        return f"lists {len(have)} of {len(want)} workers" + (f"; missing {'; '.join(missing)}" if missing else "")
     return None
 
 

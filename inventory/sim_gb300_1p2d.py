@@ -21,5 +21,5 @@ cluster = Cluster(
     # seconds, not the hours a real load takes
     deploy=DeploySettings(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5, stop_timeout_s=5),
     # the TensorRT-LLM checkout with the base role files, on each simulated host
-    profile=dynamo_gb300("1P2D", recipes_dir="/root/.cache/trtllm-recipes"),
+    profile=dynamo_gb300("1P2D", recipes_dir="/opt/trtllm-recipes"),
 )

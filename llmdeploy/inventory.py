@@ -772,6 +772,13 @@ class DynamoProfile(Strict):
     etcd_endpoints: str | None = Field(default=None, pattern=rf"^{_ETCD_URL_RE}(,{_ETCD_URL_RE})*$")
     # "nats://host:4222"
     nats_server: str | None = Field(default=None, pattern=rf"^{_NATS_URL_RE}$")
+    # the control plane the tool starts on node 0 (unless the endpoints above
+    # are given): one container each, pulled by prepare like Kamal's accessories
+    etcd_image: str = Field(default="quay.io/coreos/etcd:v3.5.17", pattern=IMAGE_RE.pattern)
+    nats_image: str = Field(default="nats:2.10.24-alpine", pattern=IMAGE_RE.pattern)
+    # the ssh_config mpirun's launch agent uses to reach the other nodes of a
+    # worker that spans several (None: ssh's default for root)
+    launch_ssh_config: SafePath | None = None
     # kv_cache_config.host_cache_size of every rank (128 GiB, the seed's)
     host_cache_bytes_per_rank: int = Field(default=137438953472, ge=1)
     # Pinned wheels installed into the image (name==version), from the seed's
@@ -846,6 +853,10 @@ class DynamoProfile(Strict):
         for r in range(t.decode_replicas):
             out.append((f"decode{r}", DYNAMO_DECODE_PROFILES[t.decode_profile], r))
         return out
+
+    def accessory_images(self) -> list[str]:
+        """Images node 0 needs besides the serving image: the control plane the tool starts."""
+        return ([] if self.etcd_endpoints else [self.etcd_image]) + ([] if self.nats_server else [self.nats_image])
 
     def ports(self) -> dict[str, int]:
         """The ports node 0 binds: the frontend, and etcd and NATS unless external."""

@@ -308,7 +308,7 @@ def up(cluster: Cluster, echo=print) -> dict:
                 write_model(root / path.lstrip("/"))
         # a Dynamo profile's TensorRT-LLM checkout (the agentic base role files)
         recipes = getattr(cluster.profile, "recipes_dir", None)
-        if not ascend and recipes and recipes.startswith("/root/.cache/"):
+        if not ascend and recipes and recipes.startswith(("/root/.cache/", "/opt/trtllm-recipes")):
             curated.write_recipes(root / recipes.lstrip("/"))
 
         # sshd

@@ -24,7 +24,7 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 _jinja = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 # profile kind -> module
-MODULES = {"vllm-ascend": "vllm_ascend", "trtllm-serve": "trtllm"}
+MODULES = {"vllm-ascend": "vllm_ascend", "trtllm-serve": "trtllm", "dynamo": "dynamo"}
 
 
 def render(template: str, **values) -> str:

@@ -117,12 +117,15 @@ def mpirun_args(cluster: Cluster, rid: str) -> list[str]:
 
 
 def ssh_mounts(cluster: Cluster) -> list[str]:
+    return ssh_mounts_for(profile_of(cluster).launch_ssh_config)
+
+
+def ssh_mounts_for(launch_ssh_config: str | None) -> list[str]:
     """What the launch agent needs inside the launch container: root's SSH
     files, and the directory of ``launch_ssh_config`` when it lives elsewhere."""
-    prof = profile_of(cluster)
     out = ["/root/.ssh:/root/.ssh:ro"]
-    if prof.launch_ssh_config:
-        d = posixpath.dirname(prof.launch_ssh_config)
+    if launch_ssh_config:
+        d = posixpath.dirname(launch_ssh_config)
         if not (d + "/").startswith("/root/.ssh/"):
             out.append(f"{d}:{d}:ro")
     return out

@@ -86,4 +86,46 @@ def ensure_step(ctx) -> Step:
     )
 
 
-STEPS = {"ensure": ensure_step}
+def accessories(cluster: Cluster) -> list[str]:
+    """Images node 0 needs besides the serving image (Dynamo's etcd and NATS
+    when the tool starts them); none for the other profiles."""
+    fn = getattr(cluster.profile, "accessory_images", None)
+    return list(fn()) if fn else []
+
+
+def accessories_build(cluster: Cluster, node: Node, check: bool) -> str | None:
+    """Pull (or, in check mode, say it would pull) each accessory image node 0 lacks."""
+    refs = accessories(cluster)
+    if node.name != cluster.node0.name or not refs:
+        return None
+    lines = []
+    for ref in refs:
+        q = shlex.quote(ref)
+        lines.append(f"if docker image inspect --format '{{{{.Id}}}}' {q} >/dev/null 2>&1; then echo \"{MARK} present {ref}\"; "
+                     + (f"else echo \"{MARK} would-pull {ref}\"; fi" if check else
+                        f"else docker pull {q} >&2 || {{ echo \"docker pull {ref} failed\" >&2; exit 3; }}; echo \"{MARK} pulled {ref}\"; fi"))
+    return "\n".join(lines) + "\n"
+
+
+def accessories_parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostResult:
+    states = re.findall(rf"^{re.escape(MARK)} (\S+) (\S+)$", out, re.M)
+    if code != 0:
+        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+        return HostResult(node.name, FAILED, msg=lines[-1] if lines else f"exit {code}")
+    changed = [f"{st} {ref}" for st, ref in states if st != "present"]
+    if changed:
+        return HostResult(node.name, CHANGED, msg="; ".join(changed), data=dict((ref, st) for st, ref in states))
+    return HostResult(node.name, OK, msg=f"present: {', '.join(ref for _, ref in states)}", data=dict((ref, st) for st, ref in states))
+
+
+def accessories_step(ctx) -> Step:
+    cluster = ctx.cluster
+    return Step(
+        name="accessory images",
+        build=lambda node: accessories_build(cluster, node, ctx.check),
+        parse=lambda node, out, err, code: accessories_parse(cluster, node, out, err, code),
+        timeout=max(cluster.ssh.command_timeout, 3600.0),
+    )
+
+
+STEPS = {"ensure": ensure_step, "accessories": accessories_step}

@@ -56,6 +56,9 @@ REGISTRY: dict[str, dict[str, str]] = {
     "quay.io/ascend/vllm-ascend:v0.23.0": {"vllm": "0.23.0", "vllm-ascend": "0.23.0"},
     "nvcr.io/nvidia/tensorrt-llm/release:1.4.0rc1": {"tensorrt-llm": "1.4.0rc1"},
     "nvcr.io/nvidia/tensorrt-llm/release:1.3.0a0.dev202610151219": {"tensorrt-llm": "1.3.0a0.dev202610151219"},
+    # Dynamo's control plane (their containers run this machine's Debian etcd and nats-server)
+    "quay.io/coreos/etcd:v3.5.17": {},
+    "nats:2.10.24-alpine": {},
 }
 # what the simulated package index serves
 PIP_INDEX: dict[str, list[str]] = {

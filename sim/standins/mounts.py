@@ -112,7 +112,8 @@ def host_path(path: str, env=None) -> str:
 # image's curated directory excepted): a real container does not see them
 # unless they are mounted, so inside a simulated container a path there that
 # no mount covers is missing (a release file passed by its host path, say).
-HOST_ONLY = ("/var/lib/llmdeploy", "/etc/llmdeploy", "/var/log/llmdeploy", "/root/.cache", "/usr/local/Ascend", "/etc/llmdeploy-sim")
+HOST_ONLY = ("/var/lib/llmdeploy", "/etc/llmdeploy", "/var/log/llmdeploy", "/root/.cache", "/usr/local/Ascend", "/etc/llmdeploy-sim",
+             "/opt/trtllm-recipes")
 
 
 def container_path(path: str, env=None) -> str | None:

@@ -106,6 +106,10 @@ def test_container_command_has_every_device_and_mount_of_the_seed(cluster, which
         assert ours[ours.index(image) + 1 : ours.index(image) + 3] == ["vllm", "serve"]
 
 
-def test_deploy_refuses_profiles_it_cannot_start_yet():
-    res = run_invoke("deploy", "--cluster", "gb300-agentic", "--check")
-    assert res.returncode == 1 and "deploy cannot start dynamo profiles yet" in res.stderr
+def test_deploy_refuses_a_profile_kind_it_does_not_know(monkeypatch):
+    import systems
+    from llmdeploy.errors import LlmdeployError
+
+    monkeypatch.delitem(systems.MODULES, "dynamo")
+    with pytest.raises(LlmdeployError, match="deploy cannot start dynamo profiles yet"):
+        systems.module_for("dynamo")

@@ -1,0 +1,342 @@
+"""NVIDIA Dynamo disaggregated serving on TensorRT-LLM (seed 000, "Qwen3.5 GB300
+NVL72 Agentic Disaggregated Serving") as a release plan.
+
+Services, in the playbook's order (``playbooks/serve-dynamo.yaml``):
+
+- ``etcd`` and ``nats``: the control plane on node 0, each in a container of
+  its own image (like Kamal's accessories), data under the release directory;
+  when the inventory names existing endpoints they are not started, only
+  their health is checked (from node 0) before anything else starts;
+- ``frontend``: ``python3 -m dynamo.frontend --http-port 8000 --router-mode kv
+  --router-session-affinity-ttl-secs 14400`` in a container of the TensorRT-LLM
+  image on node 0;
+- one service per worker (``prefill0``, ``decode0``, ...): its own MPI group
+  (replicas never share one): a container per node it spans; the container
+  on its first node merges the worker's role settings onto the base file of
+  the recipes checkout and runs ``mpirun ... [numactl -m 0,1]
+  trtllm-llmapi-launch python3 -m dynamo.trtllm ... --publish-metrics``; the
+  others hold its ranks (entered by mpirun's launch agent, as for
+  trtllm-serve). A group that dies is restarted as a group.
+
+Every container of the TensorRT-LLM image gets the seed's ``docker run``
+flags and mounts, an environment file with the seed's setup block, sources
+the profile's ``qwen3.5-gb300-agentic.env`` and unsets
+``TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS``.
+
+Ready: the frontend's ``/health`` body says healthy and lists every worker
+(it answers 200 while unhealthy), every worker's system port ``/health``,
+``/v1/models`` lists the served model, a chat request with an
+``x-dynamo-session-id`` answers, then every worker's ``/metrics`` shows
+``trtllm_kv_cache_utilization``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from urllib.parse import urlparse
+
+from llmdeploy.errors import LlmdeployError
+from llmdeploy.inventory import Cluster, DynamoProfile, Node
+from llmdeploy.release import release_dir
+from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
+from roles import commenv, containers, dynamo, trtllm, wheels
+from systems import render
+
+PROFILE_ENV = "qwen3.5-gb300-agentic.env"
+SESSION_ID = "qwen35-example-session"
+CHAT_PROMPT = "Write a Python function that adds two integers."
+STOP_CLEANUP = "rm -f /dev/shm/moe_* 2>/dev/null; true\n"
+DRIFT_ENV_PREFIXES = ["DYN_", "ETCD_", "NATS_", "NCCL_", "TRTLLM_", "TLLM_", "CUDA_"]
+SIGNATURES: list[tuple[str, str]] = [
+    (r"Failed to connect to etcd server|etcd.*connection refused",
+     "the worker cannot reach etcd (ETCD_ENDPOINTS; is the control plane up?)"),
+    (r"Failed to connect to NATS server|nats: no servers available",
+     "the worker cannot reach NATS (NATS_SERVER; is the control plane up?)"),
+    (r"primary lease is lost", "the worker lost its etcd lease (etcd unreachable or too slow)"),
+    (r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError",
+     "CUDA out of memory on a rank (lower free_gpu_memory_fraction, max_batch_size or max_num_tokens; no other worker on these GPUs?)"),
+    (r"invalid device ordinal", "CUDA_VISIBLE_DEVICES names a GPU this node does not have"),
+    (r"does not match the MPI world size", "the MPI group's ranks do not match TP x PP of its role settings"),
+    (r"is missing: is the recipes checkout mounted|merge-config: ", "the recipes checkout or a base role file is missing (profile.recipes_dir)"),
+    (r"No module named 'dynamo'", "the image lacks the ai-dynamo wheels (invoke prepare installs them)"),
+    (r"mpirun noticed that process rank \d+ .*exited on signal",
+     "a rank was killed (mpirun ended the group; the rank's node and signal are in this line)"),
+    (r"NCCL error|ncclSystemError|ncclInternalError|ncclRemoteError",
+     "NCCL error between ranks (check NCCL_SOCKET_IFNAME and the fabric: invoke verify-comm)"),
+    (r"ORTE was unable to reliably start one or more daemons|An ORTE daemon has unexpectedly failed|Host key verification failed",
+     "MPI could not start its daemons on every node of the group (the launch agent's SSH from the group's first node)"),
+    (r"mpirun detected that one or more processes exited with non-zero status|Primary job +terminated normally, but 1 process returned",
+     "a rank exited and mpirun ended the group"),
+]
+ETCD_DATA = "etcd"
+NATS_DATA = "nats"
+
+
+def profile_of(cluster: Cluster) -> DynamoProfile:
+    if not isinstance(cluster.profile, DynamoProfile):
+        raise LlmdeployError(f"{cluster.name}: the profile is {cluster.profile.kind}, not dynamo")
+    return cluster.profile
+
+
+def container(cluster: Cluster, rid: str, service: str) -> str:
+    return f"{cluster.name}-{rid}-{service}"
+
+
+def image_of(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> str:
+    rec = prepared.get(node.name) or {}
+    return (rec.get("image") or {}).get("serving_ref") or wheels.serving_ref(cluster)
+
+
+def membind(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> list[str]:
+    """``numactl -m 0,1`` where prepare found that layout (its record), else nothing."""
+    binding = (prepared.get(node.name) or {}).get("binding") or {}
+    if binding.get("kind") == "numactl" and binding.get("prefix"):
+        return shlex.split(binding["prefix"])
+    return []
+
+
+def nics(cluster: Cluster, nodes: list[str]) -> str:
+    out: list[str] = []
+    for n in nodes:
+        nic = cluster.node(n).nic
+        if nic not in out:
+            out.append(nic)
+    return ",".join(out)
+
+
+# --- command lines -------------------------------------------------------------------------------
+def trtllm_run_args(cluster: Cluster, rid: str, name: str, service: str, role: str, stop_phase: int, image: str,
+                    env_file: str, command: list[str], ssh: bool = False, **labels) -> list[str]:
+    """The seed's ``docker run`` for the TensorRT-LLM container, detached and
+    long-lived, named for the cluster, release and service; the release
+    directory mounted at its own path (scripts, role settings, merged YAML)."""
+    prof = profile_of(cluster)
+    rd = release_dir(cluster, rid)
+    args = ["docker", "run", "-d", "--name", name,
+            *containers.labels(cluster.name, rid, service, role, stop_phase, **labels),
+            "--gpus", "all", "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1",
+            "--mount", f"type=bind,src={cluster.model.path},dst={prof.model_mount},readonly",
+            "--mount", f"type=bind,src={prof.recipes_dir},dst={prof.recipes_mount},readonly",
+            "-v", f"{rd}:{rd}"]
+    if ssh:
+        from systems.trtllm import ssh_mounts_for
+
+        for m in ssh_mounts_for(prof.launch_ssh_config):
+            args += ["-v", m]
+    args += ["--env-file", env_file, image, *command]
+    return args
+
+
+def etcd_args(cluster: Cluster, rid: str, stop_phase: int) -> list[str]:
+    prof = profile_of(cluster)
+    n0 = cluster.node0
+    rd = release_dir(cluster, rid)
+    peer = f"http://127.0.0.1:{prof.etcd_peer_port}"
+    return ["docker", "run", "-d", "--name", container(cluster, rid, "etcd"),
+            *containers.labels(cluster.name, rid, "etcd", "control-plane", stop_phase),
+            "--network", "host", "-v", f"{rd}:{rd}", prof.etcd_image,
+            "etcd", "--name", f"{cluster.name}-etcd", "--data-dir", f"{rd}/{ETCD_DATA}",
+            "--listen-client-urls", f"http://0.0.0.0:{prof.etcd_port}",
+            "--advertise-client-urls", f"http://{n0.ip}:{prof.etcd_port}",
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"{cluster.name}-etcd={peer}"]
+
+
+def nats_args(cluster: Cluster, rid: str, stop_phase: int) -> list[str]:
+    prof = profile_of(cluster)
+    rd = release_dir(cluster, rid)
+    return ["docker", "run", "-d", "--name", container(cluster, rid, "nats"),
+            *containers.labels(cluster.name, rid, "nats", "control-plane", stop_phase),
+            "--network", "host", "-v", f"{rd}:{rd}", prof.nats_image,
+            "nats-server", "-js", "-p", str(prof.nats_port), "-m", str(prof.nats_monitor_port), "-sd", f"{rd}/{NATS_DATA}"]
+
+
+def mpirun_args(cluster: Cluster, rid: str, w: dynamo.Worker, prepared: dict) -> tuple[list[str], str]:
+    """(mpirun and its options, the command after the profile's -x list)."""
+    rd = release_dir(cluster, rid)
+    args = ["mpirun", "--allow-run-as-root", "-np", str(w.ranks), "--bind-to", "none"]
+    if len(w.nodes) > 1:
+        args += ["--hostfile", f"{rd}/{w.name}.hostfile", "--mca", "plm_rsh_agent", f"{rd}/{w.name}.mpi-agent.sh",
+                 "--mca", "plm_rsh_no_tree_spawn", "1",
+                 "--mca", "oob_tcp_if_include", nics(cluster, w.node_names), "--mca", "btl_tcp_if_include", nics(cluster, w.node_names)]
+    first = cluster.node(w.rank0_node)
+    # every variable of the environment file except the per-node GPU mask (each node's container has its own)
+    for name in env_of(cluster, first, w):
+        if name != "CUDA_VISIBLE_DEVICES":
+            args += ["-x", name]
+    tail = shlex.join(membind(cluster, first, prepared) + [
+        "trtllm-llmapi-launch", "python3", "-m", "dynamo.trtllm"]) + ' --model-path "$MODEL_PATH" ' + shlex.join([
+        "--disaggregation-mode", w.role, "--extra-engine-args", f"{rd}/{w.name}.config.yaml", "--publish-metrics"])
+    return args, tail
+
+
+def env_of(cluster: Cluster, node: Node, w: dynamo.Worker | None = None, frontend: bool = False) -> dict[str, str]:
+    """A container's environment file: the node's communication environment
+    (NCCL/GLOO interface, the seed's setup block), then the frontend's or the
+    worker's own variables (its GPU mask on this node first)."""
+    env = commenv.env_vars(cluster, node)
+    if frontend:
+        for k in dynamo.node_env(cluster, node):  # the workers' variables (weight loading), not the frontend's
+            env.pop(k, None)
+        env.update(dynamo.frontend_env(cluster))
+    if w is not None:
+        env.update(dynamo.worker_env(cluster, w, node.name))
+    return env
+
+
+def env_text(cluster: Cluster, node: Node, env: dict[str, str], what: str) -> str:
+    lines = [f"# environment of {what} on {node.name} ({cluster.name}), rendered by llmdeploy", "# docker --env-file format"]
+    return "\n".join(lines + [f"{k}={v}" for k, v in env.items()]) + "\n"
+
+
+# --- the plan ------------------------------------------------------------------------------------
+def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, rid: str) -> list[Service]:
+    prof = profile_of(cluster)
+    name, phase = entry["name"], entry["stop_phase"]
+    n0 = cluster.node0
+    rd = release_dir(cluster, rid)
+    if name == "etcd":
+        if prof.etcd_endpoints:
+            url = urlparse(prof.etcd_endpoints.split(",")[0])
+            return [Service(name="etcd", units=[], started=Probe(name="external etcd /health", kind="http", host=n0.name, ip=url.hostname,
+                                                                 port=url.port or 2379, path="/health", check="json", arg="health=true"))]
+        unit = Unit(host=n0.name, container=container(cluster, rid, "etcd"), prefix="etcd.", role="control-plane",
+                    show={"container_command": shlex.join(etcd_args(cluster, rid, phase)), "image": prof.etcd_image})
+        return [Service(name="etcd", units=[unit], started=Probe(name="etcd /health", kind="http", host=n0.name, port=prof.etcd_port,
+                                                                 path="/health", check="json", arg="health=true"))]
+    if name == "nats":
+        if prof.nats_server:
+            url = urlparse(prof.nats_server)
+            # the monitoring port of an external NATS is not known: its client port must accept a connection
+            return [Service(name="nats", units=[], started=Probe(name="external NATS client port", kind="port", host=n0.name,
+                                                                 ip=url.hostname, port=url.port or 4222))]
+        unit = Unit(host=n0.name, container=container(cluster, rid, "nats"), prefix="nats.", role="control-plane",
+                    show={"container_command": shlex.join(nats_args(cluster, rid, phase)), "image": prof.nats_image})
+        return [Service(name="nats", units=[unit], started=Probe(name="NATS /healthz", kind="http", host=n0.name, port=prof.nats_monitor_port,
+                                                                 path="/healthz", check="json", arg="status=ok"))]
+    if name == "frontend":
+        image = image_of(cluster, n0, prepared)
+        cmd = trtllm_run_args(cluster, rid, container(cluster, rid, "frontend"), "frontend", "frontend", phase, image,
+                              f"{rd}/frontend.env", ["sh", f"{rd}/frontend.sh"])
+        unit = Unit(host=n0.name, container=container(cluster, rid, "frontend"), prefix="frontend.", role="frontend",
+                    show={"container_command": shlex.join(cmd), "image": image,
+                          "serve_command": f"python3 -m dynamo.frontend --http-port {prof.frontend_port} --router-mode kv --router-session-affinity-ttl-secs 14400"})
+        return [Service(name="frontend", units=[unit])]
+    if name in ("prefill", "decode"):
+        out = []
+        for w in dynamo.placement(cluster):
+            if w.role != name:
+                continue
+            units = []
+            mpirun, tail = mpirun_args(cluster, rid, w, prepared)
+            for i, (host, gpus) in enumerate(w.nodes):
+                node = cluster.node(host)
+                image = image_of(cluster, node, prepared)
+                launcher = i == 0
+                cmd = trtllm_run_args(cluster, rid, container(cluster, rid, w.name), w.name, w.role, phase, image,
+                                      f"{rd}/{w.name}.env", ["sh", f"{rd}/{w.name}.{'serve' if launcher else 'hold'}.sh"],
+                                      ssh=launcher and len(w.nodes) > 1, ranks=",".join(map(str, gpus)))
+                show = {"container_command": shlex.join(cmd), "image": image, "ranks": f"{w.ranks} ({len(gpus)} here)",
+                        "cuda_visible_devices": w.cuda_visible_devices(host), "system_port": w.system_port}
+                if launcher:
+                    show["serve_command"] = f"{shlex.join(mpirun)} <-x every variable of {PROFILE_ENV}> {tail}"
+                units.append(Unit(host=host, container=container(cluster, rid, w.name), prefix=f"{w.name}.", order=1 if launcher else 0,
+                                  role=w.role, show=show))
+            out.append(Service(name=w.name, units=units, restart="group"))
+        return out
+    raise LlmdeployError(f"playbooks/serve-dynamo.yaml: dynamo has no service {name!r} (etcd, nats, frontend, prefill, decode)")
+
+
+def entry_port(cluster: Cluster) -> int:
+    return profile_of(cluster).frontend_port
+
+
+def chat_request(cluster: Cluster) -> dict:
+    """The seed's request through Dynamo."""
+    return {"model": profile_of(cluster).served_model_name, "messages": [{"role": "user", "content": CHAT_PROMPT}], "max_tokens": 256}
+
+
+def probe(cluster: Cluster, name: str) -> Probe | list[Probe]:
+    prof = profile_of(cluster)
+    n0 = cluster.node0.name
+    workers = dynamo.placement(cluster)
+    if name == "frontend_health":
+        want = [{"name": w.name, "role": w.role, "host": w.rank0_node, "port": w.system_port} for w in workers]
+        return Probe(name="frontend /health lists every worker", kind="http", host=n0, port=prof.frontend_port, path="/health",
+                     check="dynamo_health", arg=json.dumps(want))
+    if name == "worker_health":
+        return [Probe(name=f"{w.name} /health", kind="http", host=w.rank0_node, port=w.system_port, path="/health", check="json", arg="status=ready")
+                for w in workers]
+    if name == "models":
+        return Probe(name="/v1/models", kind="http", host=n0, port=prof.frontend_port, path="/v1/models", check="models", arg=prof.served_model_name)
+    if name == "chat":
+        return Probe(name="chat check", kind="http", host=n0, port=prof.frontend_port, method="POST", path="/v1/chat/completions",
+                     body=chat_request(cluster), headers={"x-dynamo-session-id": SESSION_ID}, check="answer")
+    if name == "worker_metrics":
+        return [Probe(name=f"{w.name} /metrics", kind="http", host=w.rank0_node, port=w.system_port, path="/metrics", check="metric",
+                      arg="trtllm_kv_cache_utilization") for w in workers]
+    raise KeyError(f"dynamo has no readiness probe {name!r}")
+
+
+def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | None) -> dict[str, dict[str, tuple[str, int]]]:
+    prof = profile_of(cluster)
+    rd = release_dir(cluster, plan.release)
+    setup = render("dynamo-setup.sh.j2", profile_env=PROFILE_ENV, recipes_mount=prof.recipes_mount)
+    out: dict[str, dict[str, tuple[str, int]]] = {}
+    for n in cluster.nodes:
+        units = plan.units(n.name)
+        f: dict[str, tuple[str, int]] = {"env": (commenv.render(cluster, n), commenv.env_mode(cluster))}
+        for u in units:
+            f[u.run_file] = (render("run.sh.j2", what=f"{u.container} ({plan.service_of(u).name})", release=plan.release, host=n.name,
+                                    command=u.show["container_command"]), 0o755)
+        if any(u.container == container(cluster, plan.release, "frontend") for u in units):
+            f["frontend.env"] = (env_text(cluster, n, env_of(cluster, n, frontend=True), "the frontend"), commenv.env_mode(cluster))
+            f["frontend.sh"] = (render("dynamo-frontend.sh.j2", release=plan.release, cluster=cluster.name, setup=setup, port=prof.frontend_port), 0o755)
+        workers_here = [w for w in dynamo.placement(cluster) if n.name in w.node_names]
+        if workers_here:
+            f[trtllm.MERGE_SCRIPT_NAME] = (trtllm.merge_script(), 0o644)
+        for w in workers_here:
+            launcher = w.rank0_node == n.name
+            f[f"{w.name}.env"] = (env_text(cluster, n, env_of(cluster, n, w), w.name), commenv.env_mode(cluster))
+            f[f"{w.name}.overrides.yaml"] = (dynamo.role_yaml(cluster, w), 0o644)
+            mpirun, tail = mpirun_args(cluster, plan.release, w, prepared)
+            f[f"{w.name}.{'serve' if launcher else 'hold'}.sh"] = (render(
+                "dynamo-worker.sh.j2", worker=w.name, role=w.role, profile=w.profile, ranks=w.ranks, release=plan.release, cluster=cluster.name,
+                launcher=launcher, setup=setup, merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(cluster, w),
+                overrides=shlex.quote(f"{rd}/{w.name}.overrides.yaml"), config=shlex.quote(f"{rd}/{w.name}.config.yaml"),
+                profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=tail), 0o755)
+            if len(w.nodes) > 1:
+                f[f"{w.name}.mpi-agent.sh"] = (render("mpi-agent.sh.j2", release=plan.release, cluster=cluster.name,
+                                                      container=container(cluster, plan.release, w.name),
+                                                      ssh_config=shlex.quote(prof.launch_ssh_config) if prof.launch_ssh_config else ""), 0o755)
+                if launcher:
+                    f[f"{w.name}.hostfile"] = (render("hostfile.j2", release=plan.release, cluster=cluster.name,
+                                                      ranks=[(host, len(gpus)) for host, gpus in w.nodes]), 0o644)
+        main = units[0] if units else None
+        meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "system": plan.system, "topology": prof.topology,
+                "image": image_of(cluster, n, prepared), "image_id": image_id,
+                "units": [{"service": plan.service_of(u).name, "container": u.container, "role": u.role} for u in units],
+                "container": main.container if main else None, "role": main.role if main else None,
+                "command": shlex.split(main.show["container_command"])[-2:] if main else []}
+        f["release.json"] = (json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644)
+        out[n.name] = f
+    return out
+
+
+def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
+    from llmdeploy.report import mask
+
+    nodes = []
+    for n in cluster.nodes:
+        units = plan.units(n.name)
+        env = commenv.env_vars(cluster, n)
+        doc = {"host": n.name, "role": ", ".join(u.role for u in units) or "-", "env": {k: ("***" if v in secrets and v else v) for k, v in env.items()},
+               "units": [{"service": plan.service_of(u).name, "container": u.container, **{k: (mask(v, secrets) if isinstance(v, str) else v)
+                                                                                            for k, v in u.show.items()}} for u in units],
+               "container_command": "\n  ".join(mask(u.show["container_command"], secrets) for u in units),
+               "files": {name: mask(text, secrets) for name, (text, _) in sorted(plan.files[n.name].items())
+                         if name.endswith((".sh", ".yaml", ".env", "hostfile")) and not name.endswith("run.sh") and name != trtllm.MERGE_SCRIPT_NAME}}
+        nodes.append(doc)
+    return {"nodes": nodes, "topology": profile_of(cluster).topology,
+            "workers": [w.as_dict() for w in dynamo.placement(cluster)]}
