@@ -185,12 +185,13 @@ def stop(c, cluster, message=None, lock_wait=0):
 @task(auto_shortflags=False, positional=[], help={
     "cluster": "cluster name",
     "host": "only this node's containers (a vLLM worker; for an MPI world, the whole world); default: the whole current release in order",
+    "service": "only this service of the release (e.g. decode0 of a Dynamo release; an MPI group is restarted whole)",
     **LOCK_HELP,
 })
 @_guard
-def restart(c, cluster, host=None, message=None, lock_wait=0):
-    """Restart the current release (or one node's part of it) from its own files; wait until healthy."""
-    return app.ops_call("restart", cluster, host=host, message=message, lock_wait=float(lock_wait))
+def restart(c, cluster, host=None, service=None, message=None, lock_wait=0):
+    """Restart the current release (or one node's or one service's part of it) from its own files; wait until healthy."""
+    return app.ops_call("restart", cluster, host=host, service=service, message=message, lock_wait=float(lock_wait))
 
 
 @task(positional=[], help={"cluster": "cluster name", "last": "only the last N lines", "json": "print as JSON"})

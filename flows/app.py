@@ -285,7 +285,7 @@ def ops_call(name: str, cluster_name: str, json_out: bool = False, **kwargs) -> 
     if name == "stop":
         return ops.stop(cluster, con, kwargs.get("message"), kwargs.get("lock_wait") or 0)
     if name == "restart":
-        return ops.restart(cluster, con, kwargs.get("host"), kwargs.get("message"), kwargs.get("lock_wait") or 0)
+        return ops.restart(cluster, con, kwargs.get("host"), kwargs.get("message"), kwargs.get("lock_wait") or 0, kwargs.get("service"))
     if name == "audit":
         return ops.audit_log(cluster, con, kwargs.get("last"), json_out)
     if name == "lock.status":

@@ -94,6 +94,8 @@ def verify_script(cluster: Cluster, rid: str) -> str:
         "  have=$(docker image inspect --format '{{.Id}}' \"$img\" 2>/dev/null)\n"
         '  [ -n "$have" ] || echo "missing image $img"\n'
         '  [ -z "$have" ] || [ -z "$want" ] || [ "$have" = "$want" ] || echo "image $img is $have, the release ran $want"\n'
+        f"  simg=$(sed -n 's/.*\"serving_image\": \"\\([^\"]*\\)\".*/\\1/p' {q(d)}/release.json)\n"
+        '  [ -z "$simg" ] || docker image inspect "$simg" >/dev/null 2>&1 || echo "missing image $simg"\n'
         "fi"
     )
     return "\n".join([
@@ -424,16 +426,18 @@ def _cleanups() -> str:
     return "".join(parts)
 
 
-def restart(cluster: Cluster, con: Console, host: str | None, message: str | None, lock_wait: float) -> int:
+def restart(cluster: Cluster, con: Console, host: str | None, message: str | None, lock_wait: float, service: str | None = None) -> int:
     """``host``: that node's units into the current release (by their service's
-    policy: a group such as an MPI world is restarted whole); none: the whole
-    current release, in the system's order."""
+    policy: a group such as an MPI world is restarted whole); ``service``: that
+    service's units; neither: the whole current release, in the system's order."""
+    if host and service:
+        raise LlmdeployError("restart takes --host or --service, not both")
     node = None
     if host:
         node = next((n for n in cluster.nodes if n.name == host), None)
         if node is None:
             raise LlmdeployError(f"--host {host}: no such node in {cluster.name} (nodes: {', '.join(n.name for n in cluster.nodes)})")
-    what = f"restart {host}" if host else "restart"
+    what = f"restart {host}" if host else (f"restart {service}" if service else "restart")
     with Runner(cluster) as runner:
         with lock.held(runner, cluster, "restart", message, lock_wait):
             records, current = read_ledger(runner, cluster)
@@ -452,20 +456,22 @@ def restart(cluster: Cluster, con: Console, host: str | None, message: str | Non
             plan = plan_of(cluster, current, plan_text, metas)
             eng = dep.engine_for(cluster, runner, con, False, plan.system)
             out = Outcome(ok=False, release=current)
-            if node is None:
+            if service is not None and service not in {s.name for s in plan.services}:
+                raise LlmdeployError(f"--service {service}: release {current} has no such service (it has {', '.join(s.name for s in plan.services)})")
+            if node is None and service is None:
                 con.print(f"{cluster.name}: restarting release {current} as a whole ({' -> '.join(s.name for s in plan.services)})")
                 eng.stop(None, "stop", cleanup=systems_cleanup(plan))
                 ok = eng.start(plan, out)
             else:
-                units = plan.units(host)
+                units = plan.units(host) if host else plan.service(service).units
                 if not units:
-                    raise LlmdeployError(f"--host {host} runs nothing in release {current}")
+                    raise LlmdeployError(f"--host {host} runs nothing in release {current}" if host else f"--service {service} runs nothing here")
                 todo = []
                 for u in units:
                     svc = plan.service_of(u)
                     if svc.restart == "none":
-                        raise LlmdeployError(f"--host {host} is {who(u, svc)}: restarting it alone cannot re-form the group; "
-                                             f"restart without --host restarts the whole release in order")
+                        raise LlmdeployError(f"--{'host ' + host if host else 'service ' + service} is {who(u, svc)}: restarting it alone cannot re-form "
+                                             f"what depends on it; restart without --host restarts the whole release in order")
                     todo += [x for x in (svc.units if svc.restart == "group" else [u]) if x not in todo]
                 for svc in plan.services:
                     mine = [u for u in svc.units if u in todo]
@@ -475,7 +481,7 @@ def restart(cluster: Cluster, con: Console, host: str | None, message: str | Non
                     out.attempts[unit_key(u)] = int(time.time()) - 1  # a fresh attempt number: earlier logs are kept
                 ok = eng.start_units(plan, todo, out)
                 rank = next((u.show.get("start_rank") for u in units if u.show.get("start_rank") is not None), None)
-                con.print(f"{host}: restarted {', '.join(u.container for u in todo if u.host == host)}"
+                con.print(f"{host or service}: restarted {', '.join(u.container for u in todo if host is None or u.host == host)}"
                           + (f" (start rank {rank})" if rank is not None else "") + f"; waiting for {plan.ready[0].name if plan.ready else 'the containers'}")
                 out.attempts = {k: 1 for k in out.attempts}
                 ok = ok and eng.watch(plan, out)
@@ -487,8 +493,10 @@ def restart(cluster: Cluster, con: Console, host: str | None, message: str | Non
                 lock.audit(runner, cluster, what, "failed", current, reason=out.reason)
                 raise LlmdeployError(f"{out.where}: {out.reason}")
             lock.audit(runner, cluster, what, "good", current, message=message or "")
-            if node is None:
+            if node is None and service is None:
                 con.print(f"[bold green]{cluster.name} healthy[/]: release {current} restarted")
+            elif service is not None:
+                con.print(f"[bold green]{cluster.name} healthy[/]: {service} is back")
             else:
                 rank = next((u.show.get("start_rank") for u in plan.units(host) if u.show.get("start_rank") is not None), None)
                 con.print(f"[bold green]{cluster.name} healthy[/]: {host} re-joined" + (f" with start rank {rank}" if rank is not None else ""))

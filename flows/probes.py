@@ -120,8 +120,6 @@ def _dynamo_health(body: bytes, arg: str) -> str | None:
     doc = json.loads(body)
     want = json.loads(arg) if arg else []
     have = [i for i in (doc.get("instances") or []) if isinstance(i, dict)]
-    if doc.get("status") != "healthy":
-        return f"says {doc.get('status')!r}: {doc.get('message') or ''} ({len(have)} of {len(want)} workers registered)"
     # instances name their component (prefill, decode, ...): count them per role
     missing = []
     for role in sorted({w.get("role", "") for w in want} - {""}):
@@ -129,8 +127,11 @@ def _dynamo_health(body: bytes, arg: str) -> str | None:
         found = sum(1 for i in have if role in str(i.get("component", "")))
         if found < len(expected):
             missing.append(f"{len(expected) - found} of {len(expected)} {role} ({', '.join(expected)})")
+    gone = f"; missing {'; '.join(missing)}" if missing else ""
+    if doc.get("status") != "healthy":
+        return f"says {doc.get('status')!r}: {doc.get('message') or ''} ({len(have)} of {len(want)} workers registered{gone})"
     if missing or len(have) < len(want):
-        return f"lists {len(have)} of {len(want)} workers" + (f"; missing {'; '.join(missing)}" if missing else "")
+        return f"lists {len(have)} of {len(want)} workers{gone}"
     return None
 
 

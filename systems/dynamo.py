@@ -315,7 +315,8 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
                                                       ranks=[(host, len(gpus)) for host, gpus in w.nodes]), 0o644)
         main = units[0] if units else None
         meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "system": plan.system, "topology": prof.topology,
-                "image": image_of(cluster, n, prepared), "image_id": image_id,
+                # the image prepare pulled (its ID is image_id) and the one the containers run (with the wheels)
+                "image": cluster.image.ref, "image_id": image_id, "serving_image": image_of(cluster, n, prepared),
                 "units": [{"service": plan.service_of(u).name, "container": u.container, "role": u.role} for u in units],
                 "container": main.container if main else None, "role": main.role if main else None,
                 "command": shlex.split(main.show["container_command"])[-2:] if main else []}
