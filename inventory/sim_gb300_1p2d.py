@@ -4,7 +4,7 @@ MPI group across two nodes (1,2 and 3,4)."""
 
 from llmdeploy.inventory import Budget, Cluster, DeploySettings, Model
 from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
-from sim.paths import sim_nodes, sim_ssh
+from sim.paths import cluster_dir, sim_nodes, sim_ssh
 
 cluster = Cluster(
     name="sim-gb300-1p2d",
@@ -21,5 +21,6 @@ cluster = Cluster(
     # seconds, not the hours a real load takes
     deploy=DeploySettings(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5, stop_timeout_s=5),
     # the TensorRT-LLM checkout with the base role files, on each simulated host
-    profile=dynamo_gb300("1P2D", recipes_dir="/opt/trtllm-recipes"),
+    # a decode worker's launch agent reaches its second node with the simulator's ssh_config
+    profile=dynamo_gb300("1P2D", recipes_dir="/opt/trtllm-recipes", launch_ssh_config=str(cluster_dir("sim-gb300-1p2d") / "ssh_config")),
 )

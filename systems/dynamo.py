@@ -58,7 +58,9 @@ SIGNATURES: list[tuple[str, str]] = [
      "CUDA out of memory on a rank (lower free_gpu_memory_fraction, max_batch_size or max_num_tokens; no other worker on these GPUs?)"),
     (r"invalid device ordinal", "CUDA_VISIBLE_DEVICES names a GPU this node does not have"),
     (r"does not match the MPI world size", "the MPI group's ranks do not match TP x PP of its role settings"),
-    (r"is missing: is the recipes checkout mounted|merge-config: ", "the recipes checkout or a base role file is missing (profile.recipes_dir)"),
+    (r"is missing: is the recipes checkout mounted|merge-config: .*(missing|not a mapping|not valid|cannot)",
+     "the recipes checkout or a base role file is missing (profile.recipes_dir)"),
+    (r"There are not enough slots available", "more ranks than slots for an MPI group"),
     (r"No module named 'dynamo'", "the image lacks the ai-dynamo wheels (invoke prepare installs them)"),
     (r"mpirun noticed that process rank \d+ .*exited on signal",
      "a rank was killed (mpirun ended the group; the rank's node and signal are in this line)"),
@@ -156,7 +158,10 @@ def mpirun_args(cluster: Cluster, rid: str, w: dynamo.Worker, prepared: dict) ->
     """(mpirun and its options, the command after the profile's -x list)."""
     rd = release_dir(cluster, rid)
     args = ["mpirun", "--allow-run-as-root", "-np", str(w.ranks), "--bind-to", "none"]
-    if len(w.nodes) > 1:
+    if len(w.nodes) == 1:
+        # its slots said outright: OpenMPI's default is the node's core count
+        args += ["--host", f"localhost:{w.ranks}"]
+    else:
         args += ["--hostfile", f"{rd}/{w.name}.hostfile", "--mca", "plm_rsh_agent", f"{rd}/{w.name}.mpi-agent.sh",
                  "--mca", "plm_rsh_no_tree_spawn", "1",
                  "--mca", "oob_tcp_if_include", nics(cluster, w.node_names), "--mca", "btl_tcp_if_include", nics(cluster, w.node_names)]
@@ -271,8 +276,11 @@ def probe(cluster: Cluster, name: str) -> Probe | list[Probe]:
     if name == "models":
         return Probe(name="/v1/models", kind="http", host=n0, port=prof.frontend_port, path="/v1/models", check="models", arg=prof.served_model_name)
     if name == "chat":
-        return Probe(name="chat check", kind="http", host=n0, port=prof.frontend_port, method="POST", path="/v1/chat/completions",
-                     body=chat_request(cluster), headers={"x-dynamo-session-id": SESSION_ID}, check="answer")
+        # one conversation per replica of the larger role, so that every worker serves one (its metrics need traffic)
+        n = max(sum(w.role == "prefill" for w in workers), sum(w.role == "decode" for w in workers))
+        return [Probe(name="chat check" if i == 0 else f"chat check {i + 1}", kind="http", host=n0, port=prof.frontend_port, method="POST",
+                      path="/v1/chat/completions", body=chat_request(cluster),
+                      headers={"x-dynamo-session-id": SESSION_ID if i == 0 else f"{SESSION_ID}-{i + 1}"}, check="answer") for i in range(n)]
     if name == "worker_metrics":
         return [Probe(name=f"{w.name} /metrics", kind="http", host=w.rank0_node, port=w.system_port, path="/metrics", check="metric",
                       arg="trtllm_kv_cache_utilization") for w in workers]

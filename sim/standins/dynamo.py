@@ -1111,7 +1111,7 @@ class Frontend:
         self.models: set[str] = set()
         self.lock = threading.Lock()
         self.sessions: dict[str, tuple[int, float]] = {}
-        self.rr = 0
+        self.rr: dict[str, int] = {}
         self.etcd_ok = True
         self.requests: dict[tuple[str, str, str], int] = {}
         self.inflight = 0
@@ -1158,8 +1158,9 @@ class Frontend:
                      and (i.get("mode") == role or i.get("mode") == "prefill_and_decode")]
             if not cands:
                 return []
-            self.rr += 1
-            order = cands[self.rr % len(cands):] + cands[: self.rr % len(cands)]
+            # round robin per role: new conversations spread over the instances
+            n = self.rr[role] = self.rr.get(role, -1) + 1
+            order = cands[n % len(cands):] + cands[: n % len(cands)]
             ttl = self.a.router_session_affinity_ttl_secs
             if role == "decode" and session and ttl > 0:
                 now = time.monotonic()
