@@ -239,9 +239,8 @@ def sim_status(c):
 @task(positional=[], help={"cluster": "simulated cluster to run the demo on"})
 @_guard
 def demo(c, cluster="sim-a3"):
-    """The main job on the built-in simulated cluster: bring it up, then prepare it (and check it)."""
-    code = app.sim_up(cluster)
-    return code or app.prepare(cluster)
+    """The main job on the simulated cluster: sim.up, prepare, verify-comm, deploy, the model's answer, status."""
+    return app.demo(cluster)
 
 
 sim = Collection("sim")

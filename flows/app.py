@@ -175,6 +175,57 @@ def sim_up(cluster_name: str) -> int:
     return 0
 
 
+def demo(cluster_name: str) -> int:
+    """The main job end to end on a simulated cluster: bring it up, prepare,
+    verify communication, deploy, ask the model the seed's question and show
+    its answer, then the status and the commands for the next steps."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from flows import deploy as dep
+    from flows import ops, verify
+    from flows.probes import chat_message, http_via_ssh
+
+    con = Console()
+    cluster = load_cluster(cluster_name)
+    steps = [
+        ("sim.up", lambda: sim_up(cluster_name)),
+        ("prepare", lambda: prepare(cluster_name, run_checks=True)),
+        ("verify-comm", lambda: verify.run(cluster, con, False, False)),
+        ("deploy", lambda: dep.deploy(cluster, con, False, False, True, False, "demo", 0, False,
+                                      lambda name, quiet: 0, lambda *a: 1)),
+    ]
+    for name, fn in steps:
+        con.rule(f"[bold]invoke {name} --cluster {cluster_name}")
+        code = fn()
+        if code:
+            con.print(f"[bold red]the demo stopped at {name}[/] (exit {code}); the cluster is still up: invoke sim.down --cluster {cluster_name}")
+            return code
+    con.rule("[bold]the model's answer")
+    import systems
+
+    plan = systems.build(cluster, {}, dep.DRAFT_ID, None)
+    chat = next(p for p in plan.ready if p.path == "/v1/chat/completions")
+    with Runner(cluster, nodes=[cluster.node(chat.host)]) as runner:
+        code, body = http_via_ssh(runner, cluster.node(chat.host), chat.port, "POST", chat.path, chat.body, cluster.deploy.request_timeout_s, chat.headers)
+    reasoning, content = chat_message(body)
+    if content.lstrip().startswith("<think>") and "</think>" in content:
+        reasoning, content = content.split("</think>", 1)[0].replace("<think>", "", 1), content.split("</think>", 1)[1]
+    question = chat.body["messages"][0]["content"]
+    con.print(f"[bold]{escape(question)}[/] (POST {chat.path}: {code})")
+    con.print(f"[dim]<think>{escape(reasoning.strip())}</think>[/]")
+    con.print(escape(content.strip()))
+    con.rule(f"[bold]invoke status --cluster {cluster_name}")
+    status = ops.status(cluster, con, False, False)
+    con.print("\nnext: " + "; ".join([
+        f"invoke releases --cluster {cluster_name}",
+        f"invoke rollback --cluster {cluster_name} (after a second deploy)",
+        f"invoke stop --cluster {cluster_name}",
+        f"invoke sim.down --cluster {cluster_name}",
+    ]))
+    return status
+
+
 def sim_down(cluster_name: str | None) -> int:
     """Take down ``cluster_name``, or every simulated cluster that is up."""
     from sim import cluster as simc

@@ -52,6 +52,8 @@ class Probe:
     def describe(self) -> str:
         if self.kind == "port":
             return f"{self.name} ({self.ip}:{self.port} on {self.host})"
+        if self.ip not in ("127.0.0.1", "localhost"):
+            return f"{self.method} {self.path} on {self.ip}:{self.port} (from {self.host})"
         return f"{self.method} {self.path} on {self.host}:{self.port}"
 
 

@@ -119,3 +119,8 @@ def mask(text: str, secrets: list[str]) -> str:
     for value in sorted((s for s in secrets if s), key=len, reverse=True):
         text = text.replace(value, "***")
     return text
+
+
+def mask_env(env: dict[str, str], secrets: list[str]) -> dict[str, str]:
+    """``env`` with every value that is a secret shown as ***."""
+    return {k: ("***" if v and v in secrets else v) for k, v in env.items()}

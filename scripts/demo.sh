@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fresh machine to working demo: install, bring up the simulated A3 cluster
-# (4 hosts, real sshd in network namespaces) and run the main job on it.
+# Fresh machine to the main job: install, bring up the simulated A3 cluster
+# (4 hosts, real sshd in network namespaces), prepare, verify-comm, deploy, the model's answer, status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

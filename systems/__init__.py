@@ -10,6 +10,7 @@ Nothing outside this package knows a system by name: flows call
 from __future__ import annotations
 
 import importlib
+import shlex
 from pathlib import Path
 
 import jinja2
@@ -22,6 +23,7 @@ from llmdeploy.releaseplan import ReleasePlan, Service, order_services
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 _jinja = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+_jinja.filters["q"] = shlex.quote
 
 # profile kind -> module
 MODULES = {"vllm-ascend": "vllm_ascend", "trtllm-serve": "trtllm", "dynamo": "dynamo"}

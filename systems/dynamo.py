@@ -290,7 +290,9 @@ def probe(cluster: Cluster, name: str) -> Probe | list[Probe]:
 def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | None) -> dict[str, dict[str, tuple[str, int]]]:
     prof = profile_of(cluster)
     rd = release_dir(cluster, plan.release)
-    setup = render("dynamo-setup.sh.j2", profile_env=PROFILE_ENV, recipes_mount=prof.recipes_mount)
+    def setup(exports: dict[str, str]) -> str:
+        return render("dynamo-setup.sh.j2", profile_env=PROFILE_ENV, recipes_mount=prof.recipes_mount, exports=exports)
+
     out: dict[str, dict[str, tuple[str, int]]] = {}
     for n in cluster.nodes:
         units = plan.units(n.name)
@@ -300,7 +302,8 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
                                     command=u.show["container_command"]), 0o755)
         if any(u.container == container(cluster, plan.release, "frontend") for u in units):
             f["frontend.env"] = (env_text(cluster, n, env_of(cluster, n, frontend=True), "the frontend"), commenv.env_mode(cluster))
-            f["frontend.sh"] = (render("dynamo-frontend.sh.j2", release=plan.release, cluster=cluster.name, setup=setup, port=prof.frontend_port), 0o755)
+            f["frontend.sh"] = (render("dynamo-frontend.sh.j2", release=plan.release, cluster=cluster.name, setup=setup(dynamo.frontend_env(cluster)),
+                                       port=prof.frontend_port), 0o755)
         workers_here = [w for w in dynamo.placement(cluster) if n.name in w.node_names]
         if workers_here:
             f[trtllm.MERGE_SCRIPT_NAME] = (trtllm.merge_script(), 0o644)
@@ -311,7 +314,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
             mpirun, tail = mpirun_args(cluster, plan.release, w, prepared)
             f[f"{w.name}.{'serve' if launcher else 'hold'}.sh"] = (render(
                 "dynamo-worker.sh.j2", worker=w.name, role=w.role, profile=w.profile, ranks=w.ranks, release=plan.release, cluster=cluster.name,
-                launcher=launcher, setup=setup, merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(cluster, w),
+                launcher=launcher, setup=setup(dynamo.worker_env(cluster, w, n.name)), merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(cluster, w),
                 overrides=shlex.quote(f"{rd}/{w.name}.overrides.yaml"), config=shlex.quote(f"{rd}/{w.name}.config.yaml"),
                 profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=tail), 0o755)
             if len(w.nodes) > 1:
@@ -334,13 +337,13 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
 
 
 def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
-    from llmdeploy.report import mask
+    from llmdeploy.report import mask, mask_env
 
     nodes = []
     for n in cluster.nodes:
         units = plan.units(n.name)
         env = commenv.env_vars(cluster, n)
-        doc = {"host": n.name, "role": ", ".join(u.role for u in units) or "-", "env": {k: ("***" if v in secrets and v else v) for k, v in env.items()},
+        doc = {"host": n.name, "role": ", ".join(u.role for u in units) or "-", "env": mask_env(env, secrets),
                "units": [{"service": plan.service_of(u).name, "container": u.container, **{k: (mask(v, secrets) if isinstance(v, str) else v)
                                                                                             for k, v in u.show.items()}} for u in units],
                "container_command": "\n  ".join(mask(u.show["container_command"], secrets) for u in units),

@@ -273,7 +273,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
 
 
 def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
-    from llmdeploy.report import mask
+    from llmdeploy.report import mask, mask_env
 
     nodes = []
     for n in cluster.nodes:
@@ -283,7 +283,7 @@ def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
         u = us[0]
         env = commenv.env_vars(cluster, n)
         doc = {"host": n.name, "role": u.role, "ranks": u.show["ranks"], "slots": u.show["slots"],
-               "env": {k: ("***" if v in secrets and v else v) for k, v in env.items()},
+               "env": mask_env(env, secrets),
                "container": u.container, "image": u.show["image"],
                "container_command": mask(u.show["container_command"], secrets)}
         if u.role == "launcher":

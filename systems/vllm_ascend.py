@@ -119,7 +119,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
 
 
 def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
-    from llmdeploy.report import mask
+    from llmdeploy.report import mask, mask_env
 
     nodes = []
     for n in cluster.nodes:
@@ -127,7 +127,7 @@ def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
         env = commenv.env_vars(cluster, n)
         nodes.append({
             "host": n.name, "role": u.role, "start_rank": n.start_rank,
-            "env": {k: ("***" if v in secrets and v else v) for k, v in env.items()},
+            "env": mask_env(env, secrets),
             "container": u.container, "image": u.show["image"],
             "container_command": mask(u.show["container_command"], secrets),
             "serve_command": mask(u.show["serve_command"], secrets),
