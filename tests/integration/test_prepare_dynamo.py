@@ -57,7 +57,7 @@ def test_prepare_installs_and_verifies_wheels_binds_numa(sim_cluster):
     res, doc = _prepare("--no-check")
     assert res.returncode == 0 and doc["changed"] == 0
     assert "384 GiB" not in doc["steps"]["budget"][NODE]["msg"]  # the ok line is short
-    assert doc["steps"]["budget"][NODE]["msg"].startswith("ports 2379,4222,8000,8081,8082,8222 free; memory 656/840 GiB")
+    assert doc["steps"]["budget"][NODE]["msg"].startswith("ports 2379,2380,4222,8000,8081,8082,8222 free; memory 656/840 GiB")
 
 
 def test_too_little_memory_names_the_numbers(node_json):
