@@ -207,9 +207,11 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
         if bad:
             h, msg = next(iter(bad.items()))
             outcome.where, outcome.reason = h, f"writing the release files failed: {msg}"
+            started = False
         else:
             ledger(runner, cluster, ledger_record(cluster, rid, "started", image_id, chash[:16]))
             outcome.phases["write"] = time.monotonic() - t
+            started = True
             if eng.start(plan, outcome):
                 finish(runner, cluster, plan, outcome, image_id, chash[:16])
     except KeyboardInterrupt:
@@ -217,7 +219,8 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
         eng.stop(None, "stop")
         ledger(runner, cluster, ledger_record(cluster, rid, "failed", image_id, chash[:16], reason="interrupted"))
         raise
-    return report_outcome(cluster, runner, con, eng, plan, outcome, image_id, chash[:16], secrets, json_out, time.monotonic() - t0), rid
+    return report_outcome(cluster, runner, con, eng, plan, outcome, image_id, chash[:16], secrets, json_out, time.monotonic() - t0,
+                          stopped_nothing=not started), rid
 
 
 def summary(cluster: Cluster, plan: ReleasePlan, states: dict[str, tuple[str, str]], attempts: dict[str, int]):
@@ -237,7 +240,9 @@ def endpoint(cluster: Cluster, plan: ReleasePlan) -> str:
 
 
 def report_outcome(cluster, runner, con, eng: Engine, plan: ReleasePlan, outcome: Outcome, image_id, config_hash, secrets, json_out, took,
-                   verb="deploy") -> int:
+                   verb="deploy", stopped_nothing: bool = False) -> int:
+    """The summary; on failure the log bundle, the ledger line and the stop
+    (unless the release never started: then what serves keeps serving)."""
     rid = outcome.release
     states = eng.states(plan)
     if outcome.ok:
@@ -255,11 +260,15 @@ def report_outcome(cluster, runner, con, eng: Engine, plan: ReleasePlan, outcome
         ledger(runner, cluster, ledger_record(cluster, rid, "failed", image_id, config_hash, reason=outcome.reason, where=outcome.where))
     except LlmdeployError as exc:
         con.print(f"[red]{escape(str(exc))}[/]")
-    eng.stop(None, "stop", cleanup=systems.module_for(plan.system).STOP_CLEANUP)
+    if not stopped_nothing:
+        eng.stop(None, "stop", cleanup=systems.module_for(plan.system).STOP_CLEANUP)
     con.print(summary(cluster, plan, states, outcome.attempts))
     con.print(f"[bold red]{verb} failed[/] on {outcome.where}: {escape(outcome.reason)}")
     con.print(f"logs: {root} ({tgz})")
-    con.print(f"release {rid} is marked failed; the cluster is stopped (no serving container runs)")
+    if stopped_nothing:
+        con.print(f"release {rid} is marked failed before anything was stopped or started: what served before still serves")
+    else:
+        con.print(f"release {rid} is marked failed; the cluster is stopped (no serving container runs)")
     if json_out:
         report.emit_json({"cluster": cluster.name, "release": rid, "ok": False, "where": outcome.where, "reason": outcome.reason,
                           "bundle": root, "archive": tgz, "attempts": outcome.attempts})

@@ -18,6 +18,7 @@ Deadlines and the retry policy are the inventory's ``DeploySettings``.
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass, field
 
@@ -29,7 +30,7 @@ from llmdeploy import logs
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir, releases_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
-from llmdeploy.runner import HostResult, Runner, Step
+from llmdeploy.runner import SKIPPED, HostResult, Runner, Step, UnreachableError
 from roles import containers as ctr
 
 
@@ -127,7 +128,7 @@ class Engine:
                 [self.node(h) for h in by_host],
             )
             for h, r in res.items():
-                if r.failed:
+                if r.failed or r.status == SKIPPED:  # skipped: the runner gave up on this host earlier
                     return self._fail(out, h, f"{', '.join(u.container for u in by_host[h])} did not start: {r.msg}")
         return True
 
@@ -145,8 +146,11 @@ class Engine:
                 time.sleep(self.d.poll_s)
             return True
         if p.kind == "port":
-            o, e, code = self.r.exec(self.node(p.host), ctr.wait_port_script(unit.container, p.ip, p.port, self.d.rpc_timeout_s),
-                                     timeout=self.d.rpc_timeout_s + 30)
+            try:
+                o, e, code = self.r.exec(self.node(p.host), ctr.wait_port_script(unit.container, p.ip, p.port, self.d.rpc_timeout_s),
+                                         timeout=self.d.rpc_timeout_s + 30)
+            except UnreachableError as exc:
+                return self._fail(out, p.host, f"{p.host} unreachable while waiting for {p.describe()}: {exc}")
             if code != 0:
                 why = "exited" if code == 3 else f"did not open port {p.port} within {self.d.rpc_timeout_s:g}s"
                 reason = self.exit_reason(unit) if code == 3 else ""
@@ -192,7 +196,11 @@ class Engine:
     def probe(self, p: Probe) -> str | None:
         if p.kind == "http":
             return http_probe(self.r, self.node(p.host), p, self.d.request_timeout_s)
-        o, e, code = self.r.exec(self.node(p.host), f"timeout 2 bash -c 'exec 3<>/dev/tcp/{p.ip}/{int(p.port)}' 2>/dev/null && echo open")
+        test = shlex.quote(f"exec 3<>/dev/tcp/{p.ip}/{int(p.port)}")
+        try:
+            o, e, code = self.r.exec(self.node(p.host), f"timeout 2 bash -c {test} 2>/dev/null && echo open")
+        except UnreachableError as exc:
+            return f"{p.describe()}: {p.host} unreachable: {exc}"
         return None if "open" in o else f"{p.describe()}: closed"
 
     # -- watching ---------------------------------------------------------------------------
@@ -206,9 +214,10 @@ class Engine:
         out = {}
         for h, us in by_host.items():
             r = res[h]
-            st = ctr.parse_states(r.stdout) if not r.failed else {}
+            gone = r.failed or r.status == SKIPPED
+            st = ctr.parse_states(r.stdout) if not gone else {}
             for u in us:
-                out[unit_key(u)] = st.get(u.container, ("unreachable" if r.failed else "missing", r.msg if r.failed else ""))
+                out[unit_key(u)] = st.get(u.container, ("unreachable" if gone else "missing", r.msg if gone else ""))
         return out
 
     def exit_reason(self, u: Unit) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import calendar
 import json
+import re
 import shlex
 import time
 
@@ -142,8 +143,35 @@ def plan_of(cluster: Cluster, rid: str, plan_text: str, metas: dict[str, dict]) 
         unknown = sorted(set(plan.hosts()) - {n.name for n in cluster.nodes})
         if unknown:
             raise LlmdeployError(f"release {rid} runs on {', '.join(unknown)}, which the inventory of {cluster.name} no longer has")
+        bad = plan_problems(cluster, rid, plan)
+        if bad:
+            raise LlmdeployError(f"release {rid}: plan.json on {cluster.node0.name} is not one this tool wrote ({'; '.join(bad[:4])}): refusing to run it")
         return plan
     return legacy_plan(cluster, rid, metas)
+
+
+_SAFE = {
+    "container": re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"),
+    "prefix": re.compile(r"^([a-z0-9][a-z0-9-]*\.)?$"),
+    "ip": re.compile(r"^[A-Za-z0-9.:-]+$"),
+    "path": re.compile(r"^/[A-Za-z0-9/._-]*$"),
+}
+
+
+def plan_problems(cluster: Cluster, rid: str, plan: ReleasePlan) -> list[str]:
+    """What in a plan read back from a node does not look like one this tool
+    wrote: its values reach remote shells and probes, so they are checked."""
+    out = []
+    if plan.release != rid or plan.cluster != cluster.name:
+        out.append(f"it names release {plan.release} of {plan.cluster}")
+    nodes = {n.name for n in cluster.nodes}
+    for u in plan.units():
+        if not _SAFE["container"].match(u.container) or not _SAFE["prefix"].match(u.prefix):
+            out.append(f"unit {u.container!r} (prefix {u.prefix!r})")
+    for p in plan.ready + [s.started for s in plan.services if s.started]:
+        if p.host not in nodes or not _SAFE["ip"].match(p.ip) or not _SAFE["path"].match(p.path) or p.kind not in ("port", "http"):
+            out.append(f"probe {p.name!r} ({p.host} {p.ip} {p.path})")
+    return out
 
 
 def rollback(cluster: Cluster, con: Console, to: str | None, message: str | None, lock_wait: float, json_out: bool) -> int:
@@ -259,14 +287,16 @@ def parse_status(out: str) -> dict:
             "plan": text("plan"), "containers": containers}
 
 
-def drift(plan: ReleasePlan, st: dict, c: dict | None, main: bool) -> list[str]:
+def drift(plan: ReleasePlan, st: dict, c: dict | None, main: bool, secret_keys: set[str] = frozenset()) -> list[str]:
     """How a running container differs from the current release's record.
-    The host's main unit is compared with release.json (image, command) and the env file."""
+    A host's main unit (vLLM's and trtllm's container) is compared with
+    release.json (image, command) and the env file; other units (Dynamo's
+    services) with their release label. Secret values are never shown."""
     meta = st["meta"] or {}
     if c is None:
         return ["the release's container is missing"]
     out = []
-    if meta.get("image_id") and c.get("Image") != meta["image_id"]:
+    if main and not meta.get("serving_image") and meta.get("image_id") and c.get("Image") != meta["image_id"]:
         out.append(f"image {c.get('Image', '')[:19]} runs, the release has {meta['image_id'][:19]}")
     labels = (c.get("Config") or {}).get("Labels") or {}
     if labels.get("llmdeploy.release") != st["release"]:
@@ -277,7 +307,10 @@ def drift(plan: ReleasePlan, st: dict, c: dict | None, main: bool) -> list[str]:
     prefixes = tuple(plan.drift_env_prefixes)
     for k in sorted(set(st["env"]) | set(k for k in env if k in st["env"] or (prefixes and k.startswith(prefixes)))):
         if st["env"].get(k) != env.get(k):
-            out.append(f"environment {k}: running {env.get(k)!r}, release {st['env'].get(k)!r}")
+            if k in secret_keys:
+                out.append(f"environment {k}: the running value differs from the release's (a secret: not shown)")
+            else:
+                out.append(f"environment {k}: running {env.get(k)!r}, release {st['env'].get(k)!r}")
     cmd = (c.get("Config") or {}).get("Cmd") or []
     want = meta.get("command")
     if want and cmd != want:
@@ -360,13 +393,14 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool) -> i
         if not units:
             rows.append([n.name, st["release"] or "-", "-", "-", "[bold red]no current release[/]" if not st["release"] else "[bold red]not in the release[/]", "-", "-", ""])
             doc[n.name] = {"release": st["release"], "state": "missing", "drift": [], "units": {}}
-            bad = bad or not st["release"]
+            # not serving: no release here, or another one than the current release runs here
+            bad = bad or not st["release"] or (plan is not None and bool(plan.units(n.name)))
             continue
         node_doc = {"release": st["release"], "state": "running", "image_id": None, "uptime": "-", "drift": [], "units": {}}
         for i, u in enumerate(units):
             c = st["containers"].get(u.container)
             state = _state(c)
-            drifts = drift(plan, st, c, i == 0) if show_diff else []
+            drifts = drift(plan, st, c, u.prefix == "", set(cluster.secret_env)) if show_diff else []
             if state != "running" or drifts:
                 bad = True
             if state != "running" and node_doc["state"] == "running":

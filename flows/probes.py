@@ -17,9 +17,9 @@ import paramiko
 
 from llmdeploy.inventory import Node
 from llmdeploy.releaseplan import Probe
-from llmdeploy.runner import Runner
+from llmdeploy.runner import Runner, UnreachableError
 
-PROBE_ERRORS = (OSError, ValueError, http.client.HTTPException, paramiko.SSHException)
+PROBE_ERRORS = (OSError, ValueError, http.client.HTTPException, paramiko.SSHException, UnreachableError)
 
 
 def http_via_ssh(runner: Runner, node: Node, port: int, method: str, path: str, body: dict | None, timeout: float,

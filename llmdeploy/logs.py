@@ -66,7 +66,7 @@ def bundle_script(cluster: Cluster, node: Node, release_dir: str, containers: li
     # earlier attempts and the rendered files of the release (env values are
     # masked locally before anything is written)
     out.append(
-        f"for f in {d}/logs/* {d}/*.sh {d}/*.json {d}/*.yaml {d}/hostfile {d}/env; do "
+        f"for f in {d}/logs/* {d}/*.sh {d}/*.json {d}/*.yaml {d}/*hostfile {d}/env {d}/*.env; do "
         f"[ -f \"$f\" ] || continue; echo \"{MARK} release/$(basename \"$f\")\"; tail -c {max_bytes} \"$f\"; done"
     )
     return "\n".join(out) + "\n"

@@ -298,8 +298,12 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
         units = plan.units(n.name)
         f: dict[str, tuple[str, int]] = {"env": (commenv.render(cluster, n), commenv.env_mode(cluster))}
         for u in units:
-            f[u.run_file] = (render("run.sh.j2", what=f"{u.container} ({plan.service_of(u).name})", release=plan.release, host=n.name,
-                                    command=u.show["container_command"]), 0o755)
+            svc = plan.service_of(u)
+            # a worker's holder merges its config first: the group's mpirun may enter as soon as run.sh returns
+            holder = u.role in ("prefill", "decode") and u.order == 0 and len(svc.units) > 1
+            f[u.run_file] = (render("run.sh.j2", what=f"{u.container} ({svc.name})", release=plan.release, host=n.name,
+                                    command=u.show["container_command"], container=shlex.quote(u.container),
+                                    wait_for_file=shlex.quote(f"{rd}/{svc.name}.config.yaml") if holder else ""), 0o755)
         if any(u.container == container(cluster, plan.release, "frontend") for u in units):
             f["frontend.env"] = (env_text(cluster, n, env_of(cluster, n, frontend=True), "the frontend"), commenv.env_mode(cluster))
             f["frontend.sh"] = (render("dynamo-frontend.sh.j2", release=plan.release, cluster=cluster.name, setup=setup(dynamo.frontend_env(cluster)),

@@ -12,6 +12,7 @@ have no phase: their workers stop in phase 0 and node 0 in phase 1.
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 
 LABEL = "llmdeploy"
@@ -60,6 +61,7 @@ def parse_states(out: str) -> dict[str, tuple[str, str]]:
 
 def wait_port_script(container: str, ip: str, port: int, timeout: float) -> str:
     """Until ``ip:port`` accepts a connection; exit 3 as soon as the container is not running."""
+    ipaddress.ip_address(ip)  # an address, never shell text (it comes back from a node's plan.json)
     q = shlex.quote
     return (
         f"end=$(( $(date +%s) + {int(timeout)} ))\n"
