@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+import yaml
 from rich.console import Console
 
 from flows import deploy as dep
@@ -272,6 +273,12 @@ TEMP_CLUSTERS = {
     "t-3p1d": ("3P1D", 7, 10, ""),
     "t-ext-1p1d": ("1P1D-B8", 1, 30, EXTERNAL),
     "t-ext-3p1d": ("3P1D", 7, 40, EXTERNAL),
+    # one inventory per other multi-node topology
+    "t-1p2d": ("1P2D", 5, 100, ""),
+    "t-1p4d-b1": ("1P4D-B1", 9, 110, ""),
+    "t-1p4d-b4": ("1P4D-B4", 9, 120, ""),
+    "t-2p3d": ("2P3D", 8, 130, ""),
+    "t-3p2d": ("3P2D", 5, 140, ""),
 }
 
 
@@ -908,3 +915,39 @@ def test_engine_gates_on_an_external_control_plane(temp_cluster, monkeypatch):
     # NATS: its client port from node 0, with no container to watch
     ((host, script),) = runner.ran
     assert host == c.node0.name and "192.0.2.5" in script and "4222" in script and "docker inspect" not in script
+
+
+# --- every multi-node topology through deploy --check --json ---------------------------------------
+@pytest.mark.parametrize("name", ["t-1p2d", "t-1p4d-b1", "t-1p4d-b4", "t-2p3d", "t-3p1d", "t-3p2d"])
+def test_every_multi_node_topology_in_check_json(name, temp_cluster, inventory):
+    """Per worker: its role settings are the topology's (checked against the
+    seed's tables in test_dynamo_topology), the seed's mpirun line with its
+    rank count, a hostfile and launch agent exactly when it spans nodes, and
+    each node's own GPU mask and the worker's system port; the bounce buffer
+    is removed (no multi-node topology is colocated)."""
+    c = temp_cluster(name)
+    doc = check_json(name, inventory)
+    rd = rdir(doc)
+    placed = {w.name: w for w in dynamo.placement(c)}
+    assert [w["name"] for w in doc["workers"]] == list(placed)
+    ports = [w.system_port for w in placed.values()]
+    assert ports == list(range(8081, 8081 + len(ports)))
+    for w in placed.values():
+        first = w.nodes[0][0]
+        files = node_doc(doc, first)["files"]
+        overrides = yaml.safe_load(files[f"{w.name}.overrides.yaml"])
+        assert overrides == dynamo.role_overrides(c, w)
+        assert "cache_transceiver_config.kv_cache_bounce_size_mb" in overrides.get("__delete__", [])
+        assert overrides["tensor_parallel_size"] == w.tp == w.ranks
+        ours = _exec_line(files[f"{w.name}.serve.sh"])
+        assert_seeds_mpirun(ours, w.role, w.ranks, rd, w.name)
+        if len(w.nodes) > 1:
+            hosts = [ln.split() for ln in files[f"{w.name}.hostfile"].splitlines() if ln.strip() and not ln.startswith("#")]
+            assert hosts == [[h, f"slots={len(g)}"] for h, g in w.nodes]
+        else:
+            assert ["--host", f"localhost:{w.ranks}"] == ours[6:8]
+        for host, gpus in w.nodes:
+            f = node_doc(doc, host)["files"]
+            env = _env_file(f[f"{w.name}.env"])
+            assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, gpus)) and env["DYN_SYSTEM_PORT"] == str(w.system_port)
+            assert (f"{w.name}.mpi-agent.sh" in f) == (len(w.nodes) > 1)
