@@ -212,17 +212,15 @@ def demo(cluster_name: str) -> int:
     if content.lstrip().startswith("<think>") and "</think>" in content:
         reasoning, content = content.split("</think>", 1)[0].replace("<think>", "", 1), content.split("</think>", 1)[1]
     question = chat.body["messages"][0]["content"]
-    con.print(f"[bold]{escape(question)}[/] (POST {chat.path}: {code})")
-    con.print(f"[dim]<think>{escape(reasoning.strip())}</think>[/]")
-    con.print(escape(content.strip()))
+    con.print(f"[bold]{escape(question)}[/] (POST {chat.path}: {code})", soft_wrap=True)
+    con.print(f"[dim]<think>{escape(reasoning.strip())}</think>[/]", soft_wrap=True)
+    con.print(escape(content.strip()), soft_wrap=True)
     con.rule(f"[bold]invoke status --cluster {cluster_name}")
     status = ops.status(cluster, con, False, False)
-    con.print("\nnext: " + "; ".join([
-        f"invoke releases --cluster {cluster_name}",
-        f"invoke rollback --cluster {cluster_name} (after a second deploy)",
-        f"invoke stop --cluster {cluster_name}",
-        f"invoke sim.down --cluster {cluster_name}",
-    ]))
+    con.print("\nnext steps:")
+    for line in (f"invoke releases --cluster {cluster_name}", f"invoke rollback --cluster {cluster_name}    # after a second deploy",
+                 f"invoke stop --cluster {cluster_name}", f"invoke sim.down --cluster {cluster_name}"):
+        con.print(f"  {line}", soft_wrap=True)
     return status
 
 
