@@ -523,19 +523,13 @@ class TrtllmProfile(Strict):
 
 # --- Dynamo disaggregated serving (seed 000, "Qwen3.5 GB300 NVL72 Agentic
 # Disaggregated Serving"): the role profiles and topologies as data ------------------
-class DynamoPrefillProfile(BaseModel):
-    """A row of the seed's prefill table. GPUs = TP = EP per worker."""
+class _DynamoRoleRow(BaseModel):
+    """A row of one of the seed's role tables: "TP=EP in every row", one GPU per rank."""
 
     model_config = ConfigDict(frozen=True)
 
     name: str
     gpus: int
-    enable_attention_dp: bool
-    max_num_tokens: int
-
-    @property
-    def role(self) -> str:
-        return "prefill"
 
     @property
     def tp(self) -> int:
@@ -544,6 +538,17 @@ class DynamoPrefillProfile(BaseModel):
     @property
     def ep(self) -> int:
         return self.gpus
+
+
+class DynamoPrefillProfile(_DynamoRoleRow):
+    """A row of the seed's prefill table. GPUs = TP = EP per worker."""
+
+    enable_attention_dp: bool
+    max_num_tokens: int
+
+    @property
+    def role(self) -> str:
+        return "prefill"
 
     @property
     def capture_num_tokens(self) -> list[int]:
@@ -556,13 +561,9 @@ class DynamoPrefillProfile(BaseModel):
         return out
 
 
-class DynamoDecodeProfile(BaseModel):
+class DynamoDecodeProfile(_DynamoRoleRow):
     """A row of the seed's decode table. GPUs = TP = EP per worker."""
 
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    gpus: int
     enable_attention_dp: bool
     enable_lm_head_tp_in_adp: bool
     max_batch_size: int
@@ -573,14 +574,6 @@ class DynamoDecodeProfile(BaseModel):
     @property
     def role(self) -> str:
         return "decode"
-
-    @property
-    def tp(self) -> int:
-        return self.gpus
-
-    @property
-    def ep(self) -> int:
-        return self.gpus
 
 
 class DynamoTopology(BaseModel):

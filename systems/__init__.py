@@ -33,6 +33,25 @@ def render(template: str, **values) -> str:
     return _jinja.get_template(template).render(**values)
 
 
+def serving_image(cluster: Cluster, node, prepared: dict[str, dict]) -> str:
+    """The image a node's serving containers run: what prepare recorded (the
+    image with its wheels, if any), else what the inventory implies."""
+    from roles import wheels
+
+    rec = prepared.get(node.name) or {}
+    return (rec.get("image") or {}).get("serving_ref") or wheels.serving_ref(cluster)
+
+
+def nics(cluster: Cluster, names: list[str]) -> str:
+    """The serving NICs of these nodes, each once (OpenMPI's *_if_include)."""
+    out: list[str] = []
+    for name in names:
+        nic = cluster.node(name).nic
+        if nic not in out:
+            out.append(nic)
+    return ",".join(out)
+
+
 def module_for(kind: str):
     name = MODULES.get(kind)
     if name is None:

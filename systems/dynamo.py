@@ -40,8 +40,9 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, DynamoProfile, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
-from roles import commenv, containers, dynamo, trtllm, wheels
-from systems import render
+from roles import commenv, containers, dynamo, trtllm
+from systems import nics, render, serving_image
+from systems.trtllm import launch_agent_args, ssh_mounts_for, tcp_if_args
 
 PROFILE_ENV = "qwen3.5-gb300-agentic.env"
 SESSION_ID = "qwen35-example-session"
@@ -85,10 +86,6 @@ def container(cluster: Cluster, rid: str, service: str) -> str:
     return f"{cluster.name}-{rid}-{service}"
 
 
-def image_of(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> str:
-    rec = prepared.get(node.name) or {}
-    return (rec.get("image") or {}).get("serving_ref") or wheels.serving_ref(cluster)
-
 
 def membind(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> list[str]:
     """``numactl -m 0,1`` where prepare found that layout (its record), else nothing."""
@@ -96,15 +93,6 @@ def membind(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> list[str
     if binding.get("kind") == "numactl" and binding.get("prefix"):
         return shlex.split(binding["prefix"])
     return []
-
-
-def nics(cluster: Cluster, nodes: list[str]) -> str:
-    out: list[str] = []
-    for n in nodes:
-        nic = cluster.node(n).nic
-        if nic not in out:
-            out.append(nic)
-    return ",".join(out)
 
 
 # --- command lines -------------------------------------------------------------------------------
@@ -122,8 +110,6 @@ def trtllm_run_args(cluster: Cluster, rid: str, name: str, service: str, role: s
             "--mount", f"type=bind,src={prof.recipes_dir},dst={prof.recipes_mount},readonly",
             "-v", f"{rd}:{rd}"]
     if ssh:
-        from systems.trtllm import ssh_mounts_for
-
         for m in ssh_mounts_for(prof.launch_ssh_config):
             args += ["-v", m]
     args += ["--env-file", env_file, image, *command]
@@ -162,9 +148,8 @@ def mpirun_args(cluster: Cluster, rid: str, w: dynamo.Worker, prepared: dict) ->
         # its slots said outright: OpenMPI's default is the node's core count
         args += ["--host", f"localhost:{w.ranks}"]
     else:
-        args += ["--hostfile", f"{rd}/{w.name}.hostfile", "--mca", "plm_rsh_agent", f"{rd}/{w.name}.mpi-agent.sh",
-                 "--mca", "plm_rsh_no_tree_spawn", "1",
-                 "--mca", "oob_tcp_if_include", nics(cluster, w.node_names), "--mca", "btl_tcp_if_include", nics(cluster, w.node_names)]
+        args += ["--hostfile", f"{rd}/{w.name}.hostfile", *launch_agent_args(f"{rd}/{w.name}.mpi-agent.sh"),
+                 *tcp_if_args(nics(cluster, w.node_names))]
     first = cluster.node(w.rank0_node)
     # every variable of the environment file except the per-node GPU mask (each node's container has its own)
     for name in env_of(cluster, first, w):
@@ -221,7 +206,7 @@ def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, r
         return [Service(name="nats", units=[unit], started=Probe(name="NATS /healthz", kind="http", host=n0.name, port=prof.nats_monitor_port,
                                                                  path="/healthz", check="json", arg="status=ok"))]
     if name == "frontend":
-        image = image_of(cluster, n0, prepared)
+        image = serving_image(cluster, n0, prepared)
         cmd = trtllm_run_args(cluster, rid, container(cluster, rid, "frontend"), "frontend", "frontend", phase, image,
                               f"{rd}/frontend.env", ["sh", f"{rd}/frontend.sh"])
         unit = Unit(host=n0.name, container=container(cluster, rid, "frontend"), prefix="frontend.", role="frontend",
@@ -237,7 +222,7 @@ def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, r
             mpirun, tail = mpirun_args(cluster, rid, w, prepared)
             for i, (host, gpus) in enumerate(w.nodes):
                 node = cluster.node(host)
-                image = image_of(cluster, node, prepared)
+                image = serving_image(cluster, node, prepared)
                 launcher = i == 0
                 cmd = trtllm_run_args(cluster, rid, container(cluster, rid, w.name), w.name, w.role, phase, image,
                                       f"{rd}/{w.name}.env", ["sh", f"{rd}/{w.name}.{'serve' if launcher else 'hold'}.sh"],
@@ -331,7 +316,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
         main = units[0] if units else None
         meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "system": plan.system, "topology": prof.topology,
                 # the image prepare pulled (its ID is image_id) and the one the containers run (with the wheels)
-                "image": cluster.image.ref, "image_id": image_id, "serving_image": image_of(cluster, n, prepared),
+                "image": cluster.image.ref, "image_id": image_id, "serving_image": serving_image(cluster, n, prepared),
                 "units": [{"service": plan.service_of(u).name, "container": u.container, "role": u.role} for u in units],
                 "container": main.container if main else None, "role": main.role if main else None,
                 "command": shlex.split(main.show["container_command"])[-2:] if main else []}

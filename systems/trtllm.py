@@ -28,9 +28,9 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node, TrtllmProfile
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Unit
-from roles import commenv, containers, trtllm, wheels
+from roles import commenv, containers, trtllm
 from roles.trtllm import eplb
-from systems import render
+from systems import nics, render, serving_image
 
 CHAT_PROMPT = "Where is New York?"
 STOP_CLEANUP = ""
@@ -64,10 +64,6 @@ def container_name(cluster: Cluster, rid: str) -> str:
     return f"{cluster.name}-{rid}"
 
 
-def image_of(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> str:
-    rec = prepared.get(node.name) or {}
-    return (rec.get("image") or {}).get("serving_ref") or wheels.serving_ref(cluster)
-
 
 def placement(cluster: Cluster) -> list[tuple[Node, int, range]]:
     """(node, slots, its global ranks) in rank order, node 0 first."""
@@ -83,12 +79,16 @@ def _ranks_text(r: range) -> str:
     return f"{r.start}" if len(r) == 1 else f"{r.start}-{r.stop - 1}"
 
 
-def nics(cluster: Cluster) -> str:
-    out: list[str] = []
-    for n in cluster.nodes:
-        if n.nic not in out:
-            out.append(n.nic)
-    return ",".join(out)
+def launch_agent_args(agent: str) -> list[str]:
+    """mpirun reaches the other nodes' containers through ``agent``; every
+    daemon is started from the launch node (only it needs SSH to the others).
+    OpenMPI's daemons check the agent's path too: it is on every node."""
+    return ["--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1"]
+
+
+def tcp_if_args(nic_list: str) -> list[str]:
+    """OpenMPI's own TCP traffic (daemons, byte transfer) on the serving NICs only."""
+    return ["--mca", "oob_tcp_if_include", nic_list, "--mca", "btl_tcp_if_include", nic_list]
 
 
 def world_env(cluster: Cluster) -> list[str]:
@@ -104,10 +104,8 @@ def mpirun_args(cluster: Cluster, rid: str) -> list[str]:
     world = prof.tp * prof.pp
     args = ["mpirun", "--allow-run-as-root", "-np", str(world), "--hostfile", f"{rd}/{SERVE_FILES['hostfile']}"]
     if len(placement(cluster)) > 1:
-        # every daemon is started from node 0 (only it needs SSH to the others);
-        # OpenMPI's daemons check the agent's path too: it is on every node
-        args += ["--mca", "plm_rsh_agent", f"{rd}/{SERVE_FILES['agent']}", "--mca", "plm_rsh_no_tree_spawn", "1"]
-    args += ["--mca", "oob_tcp_if_include", nics(cluster), "--mca", "btl_tcp_if_include", nics(cluster)]
+        args += launch_agent_args(f"{rd}/{SERVE_FILES['agent']}")
+    args += tcp_if_args(nics(cluster, [n.name for n in cluster.nodes]))
     for name in world_env(cluster):
         args += ["-x", name]
     args += ["trtllm-llmapi-launch", "trtllm-serve", cluster.model.path, "--host", "0.0.0.0", "--port", str(prof.port),
@@ -170,7 +168,7 @@ def units(cluster: Cluster, service: str, nodes: list[Node], prepared: dict, rid
         if node not in nodes:
             continue
         launcher = node is cluster.node0
-        image = image_of(cluster, node, prepared)
+        image = serving_image(cluster, node, prepared)
         show = {
             "ranks": _ranks_text(ranks),
             "slots": slots,

@@ -16,8 +16,8 @@ import shlex
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Unit
-from roles import commenv, serve, wheels
-from systems import render
+from roles import commenv, serve
+from systems import render, serving_image
 
 CHAT_PROMPT = "Write a Python function to merge two sorted linked lists."
 STOP_CLEANUP = "rm -f /dev/shm/moe_* 2>/dev/null; true\n"
@@ -40,10 +40,6 @@ SIGNATURES: list[tuple[str, str]] = [
 ]
 
 
-def image_of(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> str:
-    rec = prepared.get(node.name) or {}
-    return (rec.get("image") or {}).get("serving_ref") or wheels.serving_ref(cluster)
-
 
 def env_file(cluster: Cluster, rid: str) -> str:
     return f"{release_dir(cluster, rid)}/env"
@@ -53,7 +49,7 @@ def units(cluster: Cluster, service: str, nodes: list[Node], prepared: dict, rid
     prof = serve.profile_of(cluster)
     out = []
     for n in nodes:
-        image = image_of(cluster, n, prepared)
+        image = serving_image(cluster, n, prepared)
         out.append(Unit(
             host=n.name,
             container=serve.container_name(cluster, rid),
