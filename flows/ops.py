@@ -106,6 +106,30 @@ def verify_script(cluster: Cluster, rid: str) -> str:
     ]) + "\n"
 
 
+def read_release(runner: Runner, cluster: Cluster, rid: str, step: str) -> tuple[dict[str, dict], str, dict[str, str], dict[str, str]]:
+    """Release ``rid`` as every node has it, in one round trip each:
+    (release.json per host, node 0's plan.json text, {host: why its release.json
+    cannot be read}, {host: files or images it lacks})."""
+    res = runner.run(Step(name=step, build=lambda n: verify_script(cluster, rid)))
+    metas, plan_text, unreadable, missing = {}, "", {}, {}
+    for h, r in res.items():
+        sec = split_sections(r.stdout)
+        lines = [ln for ln in sec.get("problems", ("", 0))[0].splitlines() if ln.startswith(("missing", "image "))]
+        if lines:
+            missing[h] = "; ".join(lines)
+        if r.failed or "meta" not in sec:
+            unreadable[h] = r.msg if r.failed else (missing.get(h) or "no release.json")
+            continue
+        try:
+            metas[h] = json.loads(sec["meta"][0])
+        except ValueError:
+            unreadable[h] = missing.get(h) or f"{release_dir(cluster, rid)}/release.json is unreadable"
+            continue
+        if h == cluster.node0.name:
+            plan_text = sec.get("plan", ("", 0))[0]
+    return metas, plan_text, unreadable, missing
+
+
 def legacy_plan(cluster: Cluster, rid: str, metas: dict[str, dict]) -> ReleasePlan:
     """The plan of a release written before plans were recorded (vLLM-Ascend
     only then): one container per node, node 0 first, then the workers."""
@@ -192,21 +216,8 @@ def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | No
     target = rollback_target(records, current, to)
     con.print(f"[bold]rollback {cluster.name}[/]: {current} -> {target}")
     # everything must be there on every node before anything is stopped
-    res = runner.run(Step(name="verify target", build=lambda n: verify_script(cluster, target)))
-    problems, metas, plan_text = {}, {}, ""
-    for h, r in res.items():
-        sec = split_sections(r.stdout)
-        lines = [ln for ln in sec.get("problems", ("", 0))[0].splitlines() if ln.startswith(("missing", "image "))]
-        if r.failed or lines or "meta" not in sec:
-            problems[h] = r.msg if r.failed else ("; ".join(lines) or "no release.json")
-            continue
-        try:
-            metas[h] = json.loads(sec["meta"][0])
-        except ValueError:
-            problems[h] = f"{release_dir(cluster, target)}/release.json is unreadable"
-            continue
-        if h == cluster.node0.name:
-            plan_text = sec.get("plan", ("", 0))[0]
+    metas, plan_text, unreadable, missing = read_release(runner, cluster, target, "verify target")
+    problems = {**missing, **unreadable}
     if problems:
         lock.audit(runner, cluster, "rollback", "refused", target, problems=problems)
         raise LlmdeployError(
@@ -477,16 +488,10 @@ def restart(cluster: Cluster, con: Console, host: str | None, message: str | Non
             records, current = read_ledger(runner, cluster)
             if not current or not RELEASE_RE.match(current):
                 raise LlmdeployError(f"{cluster.name} has no current release to restart{' ' + host + ' into' if host else ''}")
-            res = runner.run(Step(name="read release", build=lambda n: verify_script(cluster, current)))
-            metas, plan_text = {}, ""
-            for h, r in res.items():
-                sec = split_sections(r.stdout)
-                try:
-                    metas[h] = json.loads(sec["meta"][0])
-                except (KeyError, ValueError):
-                    raise LlmdeployError(f"{h}: the current release {current} has no readable release.json ({r.msg or 'missing'})") from None
-                if h == cluster.node0.name:
-                    plan_text = sec.get("plan", ("", 0))[0]
+            metas, plan_text, unreadable, _ = read_release(runner, cluster, current, "read release")
+            if unreadable:
+                h, why = next(iter(unreadable.items()))
+                raise LlmdeployError(f"{h}: the current release {current} has no readable release.json ({why})")
             plan = plan_of(cluster, current, plan_text, metas)
             eng = dep.engine_for(cluster, runner, con, False, plan.system)
             out = Outcome(ok=False, release=current)
