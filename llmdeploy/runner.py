@@ -4,10 +4,18 @@ A step is built by pure functions (see :class:`Step`); the runner only
 executes: all selected hosts in parallel on a bounded pool, a deadline on
 every remote command and on the whole step, and one :class:`HostResult` per
 host. Host keys are checked against known_hosts with paramiko's RejectPolicy.
+
+Every SSH failure reads as what happened, where and how to fix it (refused,
+no banner, unknown or changed host key, authentication, connection lost,
+deadline) and names the step it happened in; see ``_unreachable_reason``.
 """
 
 from __future__ import annotations
 
+import base64
+import errno
+import hashlib
+import io
 import logging
 import os
 import socket
@@ -19,7 +27,8 @@ from typing import Any, Callable
 
 import paramiko
 from fabric import Config, Connection
-from invoke.exceptions import CommandTimedOut
+from fabric.runners import Remote
+from invoke.exceptions import CommandTimedOut, ThreadException
 
 from .inventory import Cluster, Node
 
@@ -64,6 +73,9 @@ class Step:
     # Called with every host's result once all are in, for checks that
     # compare hosts (same image digest, same MTU); it may change results.
     aggregate: Callable[[dict[str, HostResult]], None] | None = None
+    # Text sent to the command's standard input (file contents, secrets among
+    # them: what goes here never appears in a process command line on the node).
+    stdin: Callable[[Node], str | None] | None = None
 
 
 def default_parse(node: Node, stdout: str, stderr: str, code: int) -> HostResult:
@@ -75,6 +87,58 @@ def default_parse(node: Node, stdout: str, stderr: str, code: int) -> HostResult
 
 class UnreachableError(Exception):
     pass
+
+
+class ConnectionLost(UnreachableError):
+    """An open connection died under a command (the runner adds the step)."""
+
+    def __init__(self, detail: str, elapsed: float):
+        self.detail, self.elapsed = detail, elapsed
+        super().__init__(f"connection lost after {elapsed:.1f}s: {detail}")
+
+
+class UnknownHostKey(paramiko.SSHException):
+    """RejectPolicy's refusal, with the key the server offered (for the fingerprint)."""
+
+    def __init__(self, hostname: str, key: paramiko.PKey):
+        super().__init__(f"Server {hostname!r} not found in known_hosts")
+        self.hostname, self.key = hostname, key
+
+
+class RejectUnknownHosts(paramiko.RejectPolicy):
+    """paramiko's RejectPolicy that keeps the offered key for the message."""
+
+    def missing_host_key(self, client, hostname, key):
+        raise UnknownHostKey(hostname, key)
+
+
+class StoppingRemote(Remote):
+    """Fabric's Remote runner; when a command's deadline fires it asks sshd to
+    send SIGTERM to the command's process group (the SSH "signal" channel
+    request) before closing the channel, so the command does not keep running
+    on the host. Servers that do not support the request ignore it."""
+
+    def read_our_stdin(self, input_):
+        # Invoke reads a stream that is not a terminal one byte per 10 ms;
+        # the runner's stdin (release files, 40 kB and more) goes in 64 kB pieces.
+        if isinstance(input_, io.StringIO):
+            return input_.read(65536)
+        return super().read_our_stdin(input_)
+
+    def kill(self) -> None:
+        chan = getattr(self, "channel", None)
+        if chan is not None and not chan.closed:
+            try:
+                m = paramiko.Message()
+                m.add_byte(paramiko.common.cMSG_CHANNEL_REQUEST)
+                m.add_int(chan.remote_chanid)
+                m.add_string("signal")
+                m.add_boolean(False)
+                m.add_string("TERM")
+                chan.transport._send_user_message(m)
+            except Exception:  # best effort: the channel is closed below anyway
+                pass
+        super().kill()
 
 
 def known_hosts_files(cluster: Cluster, ssh_config: dict) -> list[str]:
@@ -91,12 +155,14 @@ def known_hosts_files(cluster: Cluster, ssh_config: dict) -> list[str]:
 
 
 def _harden(conn: Connection, known_hosts: list[str]) -> None:
-    """Check host keys: load known_hosts and reject unknown keys (also on gateways)."""
+    """Check host keys: load known_hosts and reject unknown keys (also on gateways).
+    A missing known_hosts file means every key is unknown, hence refused."""
     client = conn.client
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.set_missing_host_key_policy(RejectUnknownHosts())
     for path in known_hosts:
         if os.path.exists(path):
             client.load_host_keys(path)
+    conn._llmdeploy_known_hosts = list(known_hosts)
     if isinstance(conn.gateway, Connection):
         _harden(conn.gateway, known_hosts)
 
@@ -105,9 +171,19 @@ def make_connection(cluster: Cluster, node: Node) -> Connection:
     """Build (not open) the Fabric connection for one node. Call from the main
     thread: building Connections concurrently races inside Invoke's Config."""
     ssh = cluster.ssh
-    overrides: dict[str, Any] = {"load_ssh_configs": True}
+    overrides: dict[str, Any] = {"load_ssh_configs": True, "runners": {"remote": StoppingRemote}}
     config = Config(overrides=overrides, runtime_ssh_path=ssh.config_file) if ssh.config_file else Config(overrides=overrides)
-    connect_kwargs: dict[str, Any] = {"allow_agent": True, "look_for_keys": True, "banner_timeout": ssh.connect_timeout, "auth_timeout": ssh.connect_timeout}
+    # Every phase has a deadline: TCP connect (timeout), the server's banner and
+    # key exchange (banner_timeout; Transport.start_client also waits at most
+    # ``timeout``), authentication (auth_timeout) and opening a session or a
+    # jump-host channel (channel_timeout; paramiko's default is an hour).
+    connect_kwargs: dict[str, Any] = {
+        "allow_agent": True,
+        "look_for_keys": True,
+        "banner_timeout": ssh.connect_timeout,
+        "auth_timeout": ssh.connect_timeout,
+        "channel_timeout": ssh.connect_timeout,
+    }
     if ssh.identity_file:
         connect_kwargs["key_filename"] = [ssh.identity_file]
     kwargs: dict[str, Any] = dict(
@@ -128,18 +204,175 @@ def make_connection(cluster: Cluster, node: Node) -> Connection:
     return conn
 
 
-def _unreachable_reason(exc: BaseException) -> str:
+# -- what went wrong, in words ---------------------------------------------------
+def fingerprint(key: paramiko.PKey) -> str:
+    """The key's fingerprint as ssh-keygen -l shows it (SHA256:base64)."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+
+
+def _key_type(key: paramiko.PKey) -> str:
+    """ssh-keyscan -t's name for the key's type."""
+    name = key.get_name()
+    if name.startswith("ecdsa"):
+        return "ecdsa"
+    if "rsa" in name:
+        return "rsa"
+    return name.removeprefix("ssh-")
+
+
+def _known_hosts_entry(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def _secs(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _describe_key(key: paramiko.PKey | None) -> str:
+    return f"{key.get_name()} {fingerprint(key)}" if key is not None else "no key"
+
+
+def _keyscan(host: str, port: int, key: paramiko.PKey, path: str) -> str:
+    p = f"-p {port} " if port != 22 else ""
+    return f"ssh-keyscan {p}-t {_key_type(key)} {host} >> {path}"
+
+
+def _unreachable_reason(exc: BaseException, conn: Connection | None = None) -> str:
+    """One sentence for why ``conn`` could not be opened: what happened, where,
+    and what to do about it. ``conn`` (when given) supplies the address, user,
+    keys, known_hosts and timeouts the message names."""
+    host = conn.host if conn is not None else "?"
+    port = int(conn.port) if conn is not None and conn.port else 22
+    where = f"{host}:{port}"
+    kwargs = dict(conn.connect_kwargs) if conn is not None else {}
+    timeout = kwargs.get("banner_timeout") or (conn.connect_timeout if conn is not None else None)
+    after = f" after {_secs(timeout)}" if timeout else ""
+    known = getattr(conn, "_llmdeploy_known_hosts", None) or ["known_hosts"]
+    known_text = " ".join(known)
+
+    if isinstance(exc, UnknownHostKey):
+        entry = exc.hostname
+        return (
+            f"host key of {entry} is not in known_hosts ({known_text}): unknown host, refused. If this is the host you mean, "
+            f"add its key: {_keyscan(host, port, exc.key, known[0])} "
+            f"(check the fingerprint {exc.key.get_name()} {fingerprint(exc.key)} first, e.g. ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on its console)"
+        )
     if isinstance(exc, paramiko.BadHostKeyException):
-        return f"host key mismatch for {exc.hostname}: refusing to connect"
+        entry = _known_hosts_entry(exc.hostname, port)
+        return (
+            f"host key of {entry} CHANGED: known_hosts ({known_text}) expects {_describe_key(exc.expected_key)}, "
+            f"the host offered {_describe_key(exc.key)}; refused (a reinstalled host, or someone in the middle). "
+            f"If you verified the new key, remove the old one: ssh-keygen -R '{entry}' -f {known[0]}, "
+            f"then add the new one: {_keyscan(exc.hostname, port, exc.key, known[0])}"
+        )
     if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
-        return f"{exc} (host key not known: add it to known_hosts)"
-    if isinstance(exc, paramiko.AuthenticationException):
-        return f"authentication failed: {exc}"
-    if isinstance(exc, (socket.timeout, TimeoutError)):
-        return "connection timed out"
+        return f"{exc}: host key of {where} not known, refused (add it to {known[0]} with ssh-keyscan after checking its fingerprint)"
+    keys = [k for k in (kwargs.get("key_filename") or []) if k]
+    auth_missing = isinstance(exc, paramiko.SSHException) and "No authentication methods available" in str(exc)
+    # paramiko gives up at the first identity file it cannot read
+    key_unreadable = isinstance(exc, OSError) and getattr(exc, "filename", None) in keys
+    if isinstance(exc, paramiko.AuthenticationException) or auth_missing or key_unreadable:
+        user = conn.user if conn is not None else "?"
+        if "timeout" in str(exc).lower():
+            return f"timed out{after} during authentication as {user}@{where} (the server stopped answering)"
+        shown = ", ".join(k if os.path.exists(k) else f"{k} (missing)" for k in keys) or "no identity_file set"
+        others = " and ssh-agent/~/.ssh keys" if (kwargs.get("allow_agent") or kwargs.get("look_for_keys")) and not key_unreadable else ""
+        if key_unreadable:
+            why = f"cannot read the identity file: {exc.strerror} (check ssh.identity_file)"
+        elif isinstance(exc, paramiko.PasswordRequiredException):
+            why = "the key is encrypted and no passphrase was given"
+        elif isinstance(exc, paramiko.BadAuthenticationType):
+            why = f"the server allows only: {', '.join(exc.allowed_types) or 'nothing'}"
+        else:
+            why = f"the server accepted none of them: is the public key in {user}'s authorized_keys there?"
+        return f"authentication failed for {user}@{where} (key {shown}{others}): {why}"
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        return f"connection refused: {exc}"
+        parts = []
+        for addr, err in exc.errors.items():
+            a = f"{addr[0]}:{addr[1]}"
+            if err.errno == errno.ECONNREFUSED:
+                parts.append(f"connection refused by {a} (is sshd running there, on port {addr[1]}?)")
+            elif err.errno == errno.EHOSTUNREACH:
+                parts.append(f"no route to host {a} (host down, or a wrong address?)")
+            else:
+                parts.append(f"cannot connect to {a}: {err.strerror or err}")
+        return "; ".join(parts) or f"cannot connect to {where}"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve host name {host!r}: {exc.strerror or exc} (check the node's ssh_host and the ssh_config)"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return f"TCP connect to {where} timed out{after} (nothing answered: the host is down, the address is wrong, or a firewall drops the packets)"
+    if isinstance(exc, paramiko.ChannelException):
+        return f"the jump host could not open a connection to {where}: {exc.text or exc} (code {exc.code})"
+    if isinstance(exc, paramiko.SSHException) and "Timeout opening channel" in str(exc) and conn is not None and conn.gateway:
+        return f"the jump host did not connect to {where} within {_secs(kwargs.get('channel_timeout') or timeout)} (nothing answered behind it)"
+    if isinstance(exc, OSError) and not isinstance(exc, paramiko.SSHException):
+        if exc.errno == errno.ENETUNREACH:
+            return f"network unreachable for {where} (no route on this machine)"
+        return f"cannot connect to {where}: {exc.strerror or exc}"
+    if isinstance(exc, (paramiko.SSHException, EOFError)):
+        transport = conn.client.get_transport() if conn is not None else None
+        version = getattr(transport, "remote_version", None)
+        text = str(exc)
+        cause = exc.__context__
+        timed_out = "No existing session" in text or "timed out" in text.lower() or isinstance(cause, (socket.timeout, TimeoutError))
+        closed = isinstance(exc, EOFError) or isinstance(cause, (EOFError, ConnectionResetError))
+        if not version:
+            if timed_out:
+                return f"timed out{after} during the SSH handshake with {where} (the host accepted the TCP connection but sent no SSH banner)"
+            if closed:
+                return (
+                    f"{where} accepted the TCP connection, then closed it before sending an SSH banner "
+                    "(sshd refusing connections: MaxStartups, tcp wrappers, a firewall; or not an SSH server)"
+                )
+            return f"SSH handshake with {where} failed before the server's banner: {text}"
+        if timed_out:
+            return f"timed out{after} during the SSH key exchange with {where} (the server sent its banner {version!r}, then stopped answering)"
+        if closed:
+            return f"{where} ({version}) closed the connection during the SSH key exchange"
+        return f"SSH handshake with {where} ({version}) failed: {text}"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _lost_detail(conn: Connection, exc: BaseException | None) -> str:
+    """What ended a connection that was open: the exception, else the transport's."""
+    where = f"{conn.host}:{conn.port}"
+    transport = conn.client.get_transport()
+    cause = exc if exc is not None else (transport.get_exception() if transport is not None else None)
+    if cause is None or isinstance(cause, EOFError):
+        return f"{where} closed the connection (sshd or its session killed, the host rebooting, or a network device dropping it)"
+    if isinstance(cause, paramiko.SSHException) and "Timeout opening channel" in str(cause):
+        timeout = conn.connect_kwargs.get("channel_timeout")
+        return f"{where} did not answer a new session request within {_secs(timeout)} (host frozen or network cut)"
+    if isinstance(cause, OSError) and cause.strerror:
+        return f"{cause.strerror} ({where})"
+    return f"{type(cause).__name__}: {cause} ({where})"
+
+
+# Run on a connection whose command timed out: SIGTERM to the process group of
+# every other session of the sshd process serving it (this shell's parent);
+# prints how many were signalled.
+REAP_SCRIPT = (
+    'n=0; for c in $(pgrep -P "$PPID"); do [ "$c" = "$$" ] && continue; '
+    'kill -TERM -- "-$c" 2>/dev/null && n=$((n+1)); done; echo "$n"'
+)
+
+
+def _close_quietly(conn: Connection) -> None:
+    try:
+        conn.client.close()
+    except Exception:
+        pass
+
+
+def _dropped(conn: Connection, wait: float = 0.5) -> bool:
+    """Whether the connection's transport has died. paramiko closes the
+    channels before it marks the transport inactive: wait a moment for it."""
+    end = time.monotonic() + wait
+    while conn.is_connected:
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 class Runner:
@@ -163,6 +396,8 @@ class Runner:
         self.excluded: dict[str, str] = {}
         self.recap: dict[str, dict[str, int]] = {n.name: {OK: 0, CHANGED: 0, FAILED: 0, UNREACHABLE: 0, SKIPPED: 0} for n in self.nodes}
         self.round_trips: dict[str, int] = {n.name: 0 for n in self.nodes}
+        # commands running per host (a timed-out command is only reaped when it was alone)
+        self._inflight: dict[str, int] = {n.name: 0 for n in self.nodes}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=self.forks, thread_name_prefix="llmdeploy-host")
 
@@ -187,27 +422,93 @@ class Runner:
 
     def _open(self, node: Node) -> Connection:
         conn = self.connections[node.name]
-        if not conn.is_connected:
+        if conn.is_connected:
+            return conn
+        gateway = conn.gateway
+        if isinstance(gateway, Connection) and not gateway.is_connected:
             try:
-                conn.open()
+                gateway.open()
             except Exception as exc:  # every way a connection can fail
-                raise UnreachableError(_unreachable_reason(exc)) from exc
+                reason = _unreachable_reason(exc, gateway)
+                _close_quietly(gateway)
+                raise UnreachableError(f"jump host {gateway.user}@{gateway.host}:{gateway.port}: {reason}") from exc
+        try:
+            conn.open()
+        except Exception as exc:  # every way a connection can fail
+            reason = _unreachable_reason(exc, conn)
+            # a failed connect can leave paramiko's transport thread running
+            # (waiting for a banner, or after a refused host key)
+            _close_quietly(conn)
+            raise UnreachableError(reason) from exc
         return conn
 
-    def exec(self, node: Node, command: str, timeout: float | None = None) -> tuple[str, str, int]:
-        """Run one command on one host over its reused connection."""
+    def exec(self, node: Node, command: str, timeout: float | None = None, stdin: str | None = None) -> tuple[str, str, int]:
+        """Run one command on one host over its reused connection; ``stdin``
+        is sent to its standard input (then end of file).
+
+        A command past its deadline gets exit code 124 and "command timed out
+        after Ns" in stderr; a connection that dies under it raises
+        :class:`ConnectionLost` (an UnreachableError)."""
+        out, err, code, _ = self._exec(node, command, timeout, stdin)
+        return out, err, code
+
+    def _exec(
+        self, node: Node, command: str, timeout: float | None, stdin: str | None = None
+    ) -> tuple[str, str, int, tuple[float, str] | None]:
+        """exec, plus (deadline, what became of the command) when its deadline fired."""
         conn = self._open(node)
         deadline = timeout or self.cluster.ssh.command_timeout
         with self._lock:
             self.round_trips[node.name] += 1
+            self._inflight[node.name] += 1
+        start = time.monotonic()
         try:
-            res = conn.run(command, hide=True, warn=True, timeout=deadline, in_stream=False)
-        except CommandTimedOut as exc:
-            r = exc.result
-            return r.stdout, (r.stderr + f"\ncommand timed out after {deadline:g}s").lstrip(), 124
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise UnreachableError(f"connection lost: {exc}") from exc
-        return res.stdout, res.stderr, res.exited
+            try:
+                res = conn.run(command, hide=True, warn=True, timeout=deadline, in_stream=io.StringIO(stdin) if stdin is not None else False)
+            except CommandTimedOut as exc:
+                r = exc.result
+                with self._lock:
+                    alone = self._inflight[node.name] == 1
+                fate = self._reap(conn) if alone else "other commands run on this connection: the timed-out one was left alone"
+                return r.stdout, (r.stderr + f"\ncommand timed out after {deadline:g}s").lstrip(), 124, (deadline, fate)
+            except (paramiko.SSHException, OSError, EOFError, ThreadException) as exc:
+                if isinstance(exc, ThreadException) and conn.is_connected:
+                    raise
+                detail = _lost_detail(conn, None if isinstance(exc, ThreadException) else exc)
+                _close_quietly(conn)
+                raise ConnectionLost(detail, time.monotonic() - start) from exc
+        finally:
+            with self._lock:
+                self._inflight[node.name] -= 1
+        # A channel closed with no exit status (-1): the command was killed by a
+        # signal, or the connection died; the transport tells which.
+        if res.exited == -1 and _dropped(conn):
+            detail = _lost_detail(conn, None)
+            _close_quietly(conn)
+            raise ConnectionLost(detail, time.monotonic() - start)
+        return res.stdout, res.stderr, res.exited, None
+
+    def _reap(self, conn: Connection) -> str:
+        """Stop what a timed-out command left on the host; say what happened.
+
+        Closing the channel does not stop a command without a terminal, and sshd
+        refuses the SSH "signal" request for root logins (no privilege-separated
+        child). So: one more command on the same connection sends SIGTERM to the
+        process groups of its sibling sessions (the sshd process serving this
+        connection started one per command; each leads its own process group).
+        Only called when no other command of ours runs on this connection."""
+        if not conn.is_connected:
+            return "the connection is gone: the command may still run on the host"
+        try:
+            res = conn.run(REAP_SCRIPT, hide=True, warn=True, timeout=max(5.0, self.cluster.ssh.connect_timeout), in_stream=False)
+        except Exception as exc:  # best effort
+            return f"could not stop it on the host ({type(exc).__name__}): it may still run there"
+        count = res.stdout.strip().splitlines()[-1:] if res.exited == 0 else []
+        if count and count[0].isdigit() and int(count[0]) > 0:
+            return "sent SIGTERM to its processes on the host"
+        if count == ["0"]:
+            return "it had already ended on the host"
+        return f"could not stop it on the host (exit {res.exited}): it may still run there"
 
     def _one(self, step: Step, node: Node) -> HostResult:
         start = time.monotonic()
@@ -223,19 +524,36 @@ class Runner:
                 elif command is None:
                     res = HostResult(node.name, SKIPPED, msg="nothing to do here")
                 else:
-                    out, err, code = self.exec(node, command, step.timeout)
-                    res = (step.parse or default_parse)(node, out, err, code)
-                    res.host = node.name
-                    if res.exit_code is None:
-                        res.exit_code = code
-                    if not res.stdout:
-                        res.stdout = out
-                    if not res.stderr:
-                        res.stderr = err
-            except UnreachableError as exc:
+                    out, err, code, fired = self._exec(node, command, step.timeout, step.stdin(node) if step.stdin else None)
+                    if fired is not None:
+                        # partial output: not for the parser
+                        res = HostResult(
+                            node.name,
+                            FAILED,
+                            msg=f"timed out after {fired[0]:g}s at step '{step.name}' (the command's deadline); {fired[1]}",
+                            stdout=out,
+                            stderr=err,
+                            exit_code=code,
+                        )
+                    else:
+                        res = (step.parse or default_parse)(node, out, err, code)
+                        res.host = node.name
+                        if res.exit_code is None:
+                            res.exit_code = code
+                        if not res.stdout:
+                            res.stdout = out
+                        if not res.stderr:
+                            res.stderr = err
+            except ConnectionLost as exc:
+                msg = f"connection lost during step '{step.name}' after {exc.elapsed:.1f}s: {exc.detail}"
                 with self._lock:
-                    self.unreachable[node.name] = str(exc)
-                res = HostResult(node.name, UNREACHABLE, msg=str(exc))
+                    self.unreachable[node.name] = msg
+                res = HostResult(node.name, UNREACHABLE, msg=msg)
+            except UnreachableError as exc:
+                msg = f"unreachable at step '{step.name}': {exc}"
+                with self._lock:
+                    self.unreachable[node.name] = msg
+                res = HostResult(node.name, UNREACHABLE, msg=msg)
             except Exception as exc:  # a bug in a parser must not hide other hosts
                 res = HostResult(node.name, FAILED, msg=f"{type(exc).__name__}: {exc}")
         res.duration = time.monotonic() - start
@@ -266,7 +584,7 @@ class Runner:
         for fut in not_done:
             fut.cancel()
             node = futures[fut]
-            results[node.name] = HostResult(node.name, FAILED, msg=f"step deadline of {budget:g}s passed")
+            results[node.name] = HostResult(node.name, FAILED, msg=f"step '{step.name}' deadline of {budget:g}s passed (no answer from the host)")
         if step.aggregate:
             try:
                 step.aggregate(results)
