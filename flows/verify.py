@@ -7,6 +7,15 @@ node for its share of the ping plan (pings in parallel on every node).
 NVIDIA: the facts (GPUs, topology, ibstat, the NCCL interface), then
 ``all_reduce_perf`` under ``mpirun`` from node 0 against the busbw floor.
 
+Both: the host network that HCCL/Gloo/NCCL bootstrap over (the serving NIC,
+``*_SOCKET_IFNAME``): one round trip per node, which pings every other
+node's serving IP from its NIC and then sends a full-MTU don't-fragment ping
+(the NIC's MTU read on the node), the pings in parallel. Each node's result
+is its ``host_net`` check (a column of the table); every failing pair is
+listed by name (``sim-a3-0 enp189s0f0 -> sim-a3-2 198.19.3.12: no reply``,
+``...: full-MTU (9000) DF ping fails: no reply``) under the table and in
+``host_links`` of the JSON.
+
 The report (a table for people, JSON for machines) is also written on node 0
 (``<base>/<cluster>/verify-comm.json``) with its time, so that ``deploy`` can
 refuse a cluster whose last verification failed or is too old.
@@ -113,7 +122,41 @@ def ascend(cluster: Cluster, runner: Runner, full: bool) -> dict:
         if missing:
             nodes[n.name]["checks"]["pings"]["failures"].append(f"npu{','.join(map(str, missing))}: no NPU IP, not pinged")
             nodes[n.name]["checks"]["pings"]["ok"] = False
-    return {"nodes": nodes, "plan": mode, "links": {"planned": len(links), "failed": failed}}
+    host_links = host_network(cluster, runner, nodes)
+    return {"nodes": nodes, "plan": mode, "links": {"planned": len(links), "failed": failed}, "host_links": host_links}
+
+
+def host_timeout(cluster: Cluster) -> float:
+    """The host network step's deadline: a lane's pairs one after another, a
+    pair at worst ~6 s (no reply to the full-MTU pings, sendmsg retries)."""
+    from roles import comm
+
+    per_lane = -(-max(0, len(cluster.nodes) - 1) // comm.HOST_LANES)
+    return max(120.0, cluster.ssh.command_timeout, 6.0 * per_lane + 30)
+
+
+def host_network(cluster: Cluster, runner: Runner, nodes: dict[str, dict]) -> dict:
+    """Every reachable node pings every other node's serving IP from its
+    serving NIC, plain then full-MTU with don't-fragment; adds the
+    ``host_net`` check to each of them in ``nodes``; returns
+    ``{"planned": n, "failed": [pair, ...]}``."""
+    from roles import comm
+
+    reachable = [n for n in cluster.nodes if nodes[n.name].get("reachable")]
+    res = runner.run(Step(name="host network pings", build=lambda n: comm.host_ping_script(cluster, n), timeout=host_timeout(cluster)), reachable)
+    answers: dict[str, dict | str] = {}
+    for n in reachable:
+        r = res[n.name]
+        if r.failed:
+            answers[n.name] = f"the ping script failed: {r.msg}"
+        elif r.status == "skipped":  # a one-node cluster: no peers
+            answers[n.name] = {"nic": n.nic, "state": "", "mtu": None, "problems": [], "pairs": []}
+        else:
+            answers[n.name] = comm.parse_host_pings(cluster, n, r.stdout, r.stderr)
+    cells, pairs = comm.host_net_report(cluster, answers)
+    for host, cell in cells.items():
+        nodes[host]["checks"]["host_net"] = cell
+    return {"planned": len(pairs), "failed": [x for x in pairs if not x["ok"]]}
 
 
 def nvidia(cluster: Cluster, runner: Runner) -> dict:
@@ -142,6 +185,7 @@ def nvidia(cluster: Cluster, runner: Runner) -> dict:
         nicp = facts.nic_problems(n, f)
         checks["nccl_if"] = {"ok": not nicp, "summary": n.nic, "failures": nicp}
         nodes[n.name] = {"reachable": True, "checks": checks}
+    host_links = host_network(cluster, runner, nodes)
     perf = None
     if all(v.get("reachable") for v in nodes.values()):
         cmd = comm.all_reduce_command(cluster, vs.all_reduce_args, vs.nccl_min_busbw)
@@ -161,7 +205,7 @@ def nvidia(cluster: Cluster, runner: Runner) -> dict:
                 problems.append(f"wrong results on ranks {perf['wrong_ranks']}")
         perf["ok"] = not problems
         perf["failures"] = problems
-    return {"nodes": nodes, "all_reduce": perf}
+    return {"nodes": nodes, "all_reduce": perf, "host_links": host_links}
 
 
 def run(cluster: Cluster, con: Console, json_out: bool, full: bool) -> int:
@@ -183,9 +227,11 @@ def run(cluster: Cluster, con: Console, json_out: bool, full: bool) -> int:
 
         saved = runner.exec(cluster.node0, put_script(report_path(cluster), json.dumps(doc, indent=1) + "\n", 0o644))
         from llmdeploy import lock
+        from roles.comm import pair_name
 
         lock.audit(runner, cluster, "verify-comm", "passed" if ok else "failed", None,
-                   failed=[f"{x['from']}/npu{x['npu']} -> {x['to']}/npu{x['to_npu']}" for x in (result.get("links") or {}).get("failed", [])][:20])
+                   failed=([f"{x['from']}/npu{x['npu']} -> {x['to']}/npu{x['to_npu']}" for x in (result.get("links") or {}).get("failed", [])]
+                           + [pair_name(x) for x in (result.get("host_links") or {}).get("failed", [])])[:20])
     if json_out:
         report.emit_json(doc)
         return 0 if ok else 1
@@ -225,6 +271,15 @@ def _print(con: Console, cluster: Cluster, doc: dict) -> None:
             con.print(f"  [red]{x['from']}/npu{x['npu']} → {x['to']}/npu{x['to_npu']}: {escape(x['reason'])}[/]")
         if len(links["failed"]) > 50:
             con.print(f"  (+{len(links['failed']) - 50} more failing links; --json lists all)")
+    hosts = doc.get("host_links")
+    if hosts is not None:
+        from roles.comm import pair_name
+
+        con.print(f"host network (serving NIC, ping + full-MTU don't-fragment ping): {hosts['planned'] - len(hosts['failed'])}/{hosts['planned']} pairs pass")
+        for x in hosts["failed"][:50]:
+            con.print(f"  [red]{escape(pair_name(x))}: {escape(x['reason'])}[/]")
+        if len(hosts["failed"]) > 50:
+            con.print(f"  (+{len(hosts['failed']) - 50} more failing pairs; --json lists all)")
     perf = doc.get("all_reduce")
     if perf is not None:
         style = "green" if perf["ok"] else "bold red"
@@ -244,9 +299,17 @@ def gate(cluster: Cluster, text: str, force: bool, now: float | None = None) -> 
         doc = json.loads(text) if text.strip() else None
     except ValueError:
         doc = None
+    if not isinstance(doc, dict):
+        doc = None
     if doc is None:
         return True, f"no verify-comm report on {cluster.node0.name}: communication was not verified (run invoke verify-comm --cluster {cluster.name})"
-    age = (now or time.time()) - doc.get("epoch", 0)
+    try:
+        age = (now or time.time()) - float(doc.get("epoch", 0))
+    except (TypeError, ValueError):
+        age = None
+    if age is None or age != age or age in (float("inf"), float("-inf")):
+        return force, ("the last verify-comm report has no readable time (epoch): "
+                       + ("deploying anyway (--force)" if force else f"run invoke verify-comm --cluster {cluster.name}, or deploy with --force"))
     problems = []
     if not doc.get("ok"):
         problems.append(f"the last verify-comm ({doc.get('time')}) FAILED")

@@ -15,15 +15,28 @@ the next peer. ``--full`` forces the full matrix.
 
 NVIDIA: the facts script's GPU, topology and ibstat sections, the NCCL
 interface, and an ``all_reduce_perf`` run under ``mpirun`` from node 0.
+
+Every platform, the host network HCCL/Gloo/NCCL bootstrap over
+(``HCCL_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``, the
+node's serving NIC): every node pings every other node's serving IP from its
+NIC (``ping -I <nic>``), then, when it got a reply, sends full-MTU packets
+with don't-fragment (``ping -M do -s <MTU - 28>``, MTU read from
+``/sys/class/net/<nic>/mtu`` on the node), which proves the path carries the
+MTU, not only the config. One script per node, its pings in parallel lanes,
+the same mechanism (:func:`lanes_script`, :func:`split_marked`) as the NPU
+pings; :func:`ping_verdict` reads ping's own words (no reply, message too
+long, no such device, network is unreachable, ...).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
+from collections import Counter
 
-from llmdeploy.inventory import Cluster, Node
-from roles.facts import section, split_sections
+from llmdeploy.inventory import NIC_RE, Cluster, Node
+from roles.facts import excerpt, number, section, split_sections
 
 CHECKS = ["link", "health", "netdetect", "gateway", "lldp", "optical", "tls", "npu_ip"]
 PING_MARK = "@@llmdeploy-ping@@"
@@ -45,8 +58,17 @@ def ascend_script(cluster: Cluster, node: Node) -> str:
     return "\n".join(parts) + "\n"
 
 
+def _unread(t: str, known: str | None = None, unset: str = "") -> str:
+    """The detail of a check whose answer did not match: ``unset`` when hccn_tool
+    said so in its own words (``known``), else what it printed (or "no answer")."""
+    if known and re.search(known, t, re.IGNORECASE):
+        return unset
+    return f"unreadable: {excerpt(t)}" if t else "no answer"
+
+
 def parse_ascend(cluster: Cluster, node: Node, out: str) -> dict:
-    """{npu: {check: (ok, detail)}}, the NPU IPs, and hccn.conf."""
+    """{npu: {check: (ok, detail)}}, the NPU IPs, and hccn.conf. A detail that
+    is not one of hccn_tool's answers shows what it printed."""
     s = split_sections(out)
     npus: dict[int, dict[str, tuple[bool, str]]] = {}
     ips: dict[int, str] = {}
@@ -66,19 +88,19 @@ def parse_ascend(cluster: Cluster, node: Node, out: str) -> dict:
         r["health"] = (val == "Success", val)
         t, _ = text("netdetect")
         m = re.search(r"netdetect address:\s*(\S+)", t)
-        r["netdetect"] = (bool(m), m.group(1) if m else "not set")
+        r["netdetect"] = (bool(m), m.group(1) if m else _unread(t, r"netdetect address\s*:", "not set"))
         t, _ = text("gateway")
         m = re.search(r"default gateway:\s*([0-9.]+)", t)
-        r["gateway"] = (bool(m), m.group(1) if m else "not set")
+        r["gateway"] = (bool(m), m.group(1) if m else _unread(t, r"default gateway\s*:", "not set"))
         t, _ = text("lldp")
         m = re.search(r"Ifname:\s*(\S+)", t)
-        r["lldp"] = (bool(m), m.group(1) if m else "no switch port (LLDP)")
+        r["lldp"] = (bool(m), m.group(1) if m else _unread(t, r"lldp", "no switch port (LLDP)"))
         t, _ = text("optical")
         m = re.search(r"present\s*:\s*(.+)", t)
-        r["optical"] = (bool(m and m.group(1).strip() == "present"), m.group(1).strip() if m else "no answer")
+        r["optical"] = (bool(m and m.group(1).strip() == "present"), m.group(1).strip() if m else _unread(t))
         t, _ = text("tls")
-        m = re.search(r"tls switch\[(\d+)\]", t)
-        r["tls"] = (bool(m), m.group(1) if m else "no answer")
+        m = re.search(r"tls switch\[([0-9]+)\]", t)
+        r["tls"] = (bool(m), m.group(1) if m else _unread(t))
         t, code = text("npu_ip")
         m = re.search(r"ipaddr:\s*(\S+)", t)
         if m:
@@ -120,6 +142,40 @@ def ping_plan(cluster: Cluster, ips: dict[str, dict[int, str]], full: bool, full
     return mode, plan
 
 
+def lanes_script(prelude: list[str], jobs: list[tuple[int, str]], lanes: int) -> str:
+    """Run ``jobs`` (lane key, shell command) in ``lanes`` parallel lanes, the
+    jobs of a lane one after another. Job ``k``'s output goes to ``"$t/k"``
+    (a job may write more files ``"$t/k.<what>"``; the ``prelude`` may write
+    others); at the end every file is printed behind ``PING_MARK <name>``
+    (:func:`split_marked` reads them back). Commands must be quoted already."""
+    lines = ['t=$(mktemp -d "${TMPDIR:-/tmp}/llmdeploy-ping.XXXXXX")', "trap 'rm -rf \"$t\"' EXIT", *prelude]
+    by_lane: dict[int, list[str]] = {}
+    for k, (lane, cmd) in enumerate(jobs):
+        by_lane.setdefault(lane % max(1, lanes), []).append(f'{{ {cmd} ; }} > "$t/{k}" 2>&1')
+    for _, cmds in sorted(by_lane.items()):
+        lines.append(f"( {'; '.join(cmds)} ) &")
+    lines.append("wait")
+    # a newline before each mark: a file without a final newline cannot hide the next mark
+    lines.append(f'for f in "$t"/*; do [ -f "$f" ] && printf \'\\n{PING_MARK} %s\\n\' "${{f##*/}}" && cat "$f"; done; true')
+    return "\n".join(lines) + "\n"
+
+
+def split_marked(out: str) -> dict[str, str]:
+    """{file name: its text} from :func:`lanes_script`'s output."""
+    results: dict[str, str] = {}
+    cur, buf = None, []
+    for line in out.splitlines():
+        if line.startswith(PING_MARK + " "):
+            if cur is not None:
+                results[cur] = "\n".join(buf).strip("\n")
+            cur, buf = line[len(PING_MARK) + 1:].strip(), []
+        elif cur is not None:
+            buf.append(line)
+    if cur is not None:
+        results[cur] = "\n".join(buf).strip("\n")
+    return results
+
+
 def ping_script(cluster: Cluster, pings: list[tuple[int, str, int, str]], lanes: int = 4) -> str | None:
     """All of a node's pings, in ``lanes`` parallel lanes (each lane runs its
     pings one after another, one NPU's pings in one lane). Bounded: a 32-node
@@ -128,38 +184,192 @@ def ping_script(cluster: Cluster, pings: list[tuple[int, str, int, str]], lanes:
     if not pings:
         return None
     flag = "-hccs_ping" if cluster.platform == "a3" else "-ping"
-    lines = [hccn(cluster), 't=$(mktemp -d "${TMPDIR:-/tmp}/llmdeploy-ping.XXXXXX")', "trap 'rm -rf \"$t\"' EXIT"]
-    by_lane: dict[int, list[str]] = {}
-    for k, (d, _, _, ip) in enumerate(pings):
-        by_lane.setdefault(d % max(1, lanes), []).append(f'"$HCCN" -i {d} {flag} -g address {shlex.quote(ip)} > "$t/{k}" 2>&1')
-    for _, cmds in sorted(by_lane.items()):
-        lines.append(f"( {'; '.join(cmds)} ) &")
-    lines.append("wait")
-    for k in range(len(pings)):
-        lines.append(f'echo "{PING_MARK} {k}"; cat "$t/{k}"')
-    return "\n".join(lines) + "\n"
+    jobs = [(d, f'"$HCCN" -i {d} {flag} -g address {shlex.quote(ip)}') for d, _, _, ip in pings]
+    return lanes_script([hccn(cluster)], jobs, lanes)
 
 
 def parse_pings(out: str, pings: list[tuple[int, str, int, str]]) -> list[dict]:
-    results: dict[int, str] = {}
-    cur, buf = None, []
-    for line in out.splitlines():
-        if line.startswith(PING_MARK + " "):
-            if cur is not None:
-                results[cur] = "\n".join(buf)
-            cur, buf = int(line.split()[-1]), []
-        else:
-            buf.append(line)
-    if cur is not None:
-        results[cur] = "\n".join(buf)
+    results = split_marked(out)
     out_list = []
     for k, (d, b, bd, ip) in enumerate(pings):
-        text = results.get(k, "")
-        m = re.search(r"([0-9.]+)% packet loss", text)
+        text = results.get(str(k), "")
+        m = re.search(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)% packet loss", text)
         loss = float(m.group(1)) if m else 100.0
         reason = f"{m.group(1)}% loss" if m else (text.strip().splitlines()[-1] if text.strip() else "no answer")
         out_list.append({"npu": d, "to": b, "to_npu": bd, "ip": ip, "loss": loss, "ok": loss == 0.0, "reason": reason})
     return out_list
+
+
+# --- the host network (every platform) ------------------------------------------------------------
+# three echo requests 0.2 s apart, 2 s for the last reply (ping(8): -i 0.2 is
+# the smallest interval a user without privileges may ask for)
+HOST_PING = "ping -n -c 3 -i 0.2 -W 2"
+HOST_LANES = 8
+# IPv4 (20) + ICMP (8) headers: -s <MTU - 28> fills the MTU exactly
+ICMP_IPV4_OVERHEAD = 28
+MAX_ICMP_PAYLOAD = 65535 - ICMP_IPV4_OVERHEAD
+# ping's own words (iputils; older versions and routers on the path): (pattern, reason, a "no reply" kind)
+PING_ERRORS: list[tuple[str, str, bool]] = [
+    (r"SO_BINDTODEVICE \S+: No such device|unknown iface", "no such device", False),
+    (r"local error: message too long, mtu=(\d+)", "message too long, mtu={0}", False),
+    (r"Message too long", "message too long", False),
+    (r"Frag needed and DF set \(mtu = (\d+)\)", "fragmentation needed, mtu={0}", False),
+    (r"Network is unreachable", "network is unreachable", False),
+    (r"Cannot assign requested address", "cannot assign requested address", False),
+    (r"Operation not permitted", "operation not permitted", False),
+    (r"ping: (?:command )?not found", "ping not found", False),
+    (r"No buffer space available", "sendmsg: no buffer space available", True),
+    (r"Destination Host Unreachable", "destination host unreachable", True),
+]
+_STATS = re.compile(r"([0-9]+) packets transmitted, ([0-9]+) (?:packets )?received.*?(?<![0-9.])([0-9]+(?:\.[0-9]+)?)% packet loss")
+
+
+def host_ping_plan(cluster: Cluster, node: Node) -> list[tuple[str, str]]:
+    """[(peer, peer's serving IP)]: every other node of the cluster."""
+    return [(n.name, str(n.ip)) for n in cluster.nodes if n.name != node.name]
+
+
+def _nic(cluster: Cluster, node: Node) -> str:
+    nic = node.nic or cluster.nic or ""
+    if not NIC_RE.fullmatch(nic):
+        raise ValueError(f"{node.name}: NIC {nic!r} is not an interface name")
+    return nic
+
+
+def host_ping_script(cluster: Cluster, node: Node, lanes: int = HOST_LANES) -> str | None:
+    """One node's share of the host network pings, one round trip: the NIC's
+    state and MTU (file ``nic``), then per peer ``k`` a ping from the NIC
+    (``k``) and, when it got a reply, the full-MTU don't-fragment ping
+    (``k.df``), in ``lanes`` parallel lanes."""
+    peers = host_ping_plan(cluster, node)
+    if not peers:
+        return None
+    nic = _nic(cluster, node)
+    prelude = [
+        f"nic={shlex.quote(nic)}",
+        'mtu=$(cat "/sys/class/net/$nic/mtu" 2>/dev/null || ip -o link show dev "$nic" 2>/dev/null | sed -n "s/.* mtu \\([0-9]*\\) .*/\\1/p")',
+        'case "$mtu" in ""|*[!0-9]*) mtu= ;; esac',
+        # the payload that fills the MTU; at most an IPv4 packet's 65535 bytes (loopback's MTU is 65536)
+        f'size=$(( ${{mtu:-{ICMP_IPV4_OVERHEAD}}} - {ICMP_IPV4_OVERHEAD} )); [ "$size" -gt {MAX_ICMP_PAYLOAD} ] && size={MAX_ICMP_PAYLOAD}',
+        'state=$(cat "/sys/class/net/$nic/operstate" 2>/dev/null || echo missing)',
+        '{ echo "operstate $state"; echo "mtu ${mtu:-unknown}"; command -v ping >/dev/null 2>&1 || echo "ping missing"; } > "$t/nic"',
+        # one peer: $1 its IP, $2 the file for the full-MTU ping (tried only after a reply)
+        "hp() {",
+        f'    p=$({HOST_PING} -I "$nic" "$1" 2>&1); printf \'%s\\n\' "$p"',
+        '    case "$p" in *" 0 received"*|*" 0 packets received"*) return 0 ;; *" received"*) ;; *) return 0 ;; esac',
+        f'    [ -n "$mtu" ] && {HOST_PING} -M do -s "$size" -I "$nic" "$1" > "$2" 2>&1',
+        "    return 0",
+        "}",
+    ]
+    jobs = [(k, f'hp {shlex.quote(ip)} "$t/{k}.df"') for k, (_, ip) in enumerate(peers)]
+    return lanes_script(prelude, jobs, lanes)
+
+
+def ping_verdict(text: str) -> tuple[bool, str, int]:
+    """(ok, reason, replies) from one ping's output: ok only without loss."""
+    stats = _STATS.search(text)
+    sent, got = (int(stats.group(1)), int(stats.group(2))) if stats else (0, 0)
+    err = None
+    for pattern, reason, no_reply in PING_ERRORS:
+        m = re.search(pattern, text)
+        if m:
+            err = (reason.format(*m.groups()), no_reply)
+            break
+    if stats and sent and got >= sent:
+        return True, "ok", got
+    if stats and got:
+        loss = f"{float(stats.group(3)):g}% loss ({got}/{sent} replies)"
+        return False, loss + (f", {err[0]}" if err else ""), got
+    if err:
+        return False, f"no reply ({err[0]})" if err[1] and stats else err[0], 0
+    if stats:
+        return False, "no reply", 0
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return False, f"unexpected ping output: {lines[-1]}" if lines else "no answer", 0
+
+
+def parse_host_pings(cluster: Cluster, node: Node, out: str, err: str = "") -> dict:
+    """The NIC (name, operstate, MTU, problems) and one record per peer:
+    ``{from, nic, to, ip, mtu, reply, full_mtu, ok, reason, raw}`` (``raw``:
+    ping's own output when the pair fails). ``err``: the script's stderr."""
+    nic = _nic(cluster, node)
+    s = split_marked(out)
+    info = dict(ln.split(" ", 1) for ln in s.get("nic", "").splitlines() if " " in ln)
+    state = info.get("operstate", "").strip()
+    mtu_text = info.get("mtu", "").strip()
+    mtu = number(mtu_text)
+    problems = []
+    down = ""
+    if "nic" not in s:
+        last = [ln.strip() for ln in (err + "\n" + out).splitlines() if ln.strip()][-1:]
+        problems.append("the host network script gave no answer" + (f": {last[0]}" if last else ""))
+    elif state == "missing":
+        problems.append(f"{nic} missing (no such device)")
+        down = f" ({nic} missing)"
+    elif state not in ("up", "unknown"):
+        problems.append(f"{nic} is {state}")
+        down = f" ({nic} is {state})"
+    if "ping" in info:
+        problems.append("ping is not installed (iputils-ping)")
+    pairs = []
+    for k, (peer, ip) in enumerate(host_ping_plan(cluster, node)):
+        text = s.get(str(k), "")
+        reply_ok, reason, got = ping_verdict(text)
+        full = None
+        raw = text
+        if got:
+            df = s.get(f"{k}.df")
+            if df is None:
+                full, df_reason = False, "not run" + (f": the MTU of {nic} could not be read" if mtu is None else "")
+            else:
+                full, df_reason, _ = ping_verdict(df)
+            if not full:
+                raw = df or ""
+                reason = f"full-MTU ({mtu if mtu is not None else '?'}) DF ping fails: {df_reason}" if reply_ok else f"{reason}; full-MTU DF ping: {df_reason}"
+        ok = reply_ok and bool(full)
+        pairs.append({"from": node.name, "nic": nic, "to": peer, "ip": ip, "mtu": mtu, "reply": got > 0, "full_mtu": full, "ok": ok,
+                      "reason": "ok" if ok else reason + down, "raw": "" if ok else raw[-2000:]})
+    return {"nic": nic, "state": state, "mtu": mtu, "problems": problems, "pairs": pairs}
+
+
+def host_net_report(cluster: Cluster, answers: dict[str, dict | str]) -> tuple[dict[str, dict], list[dict]]:
+    """The ``host_net`` check of every node that ran its pings, and every pair.
+
+    ``answers``: per host, :func:`parse_host_pings`'s dict, or the reason its
+    script did not run through (every pair of it fails with that reason).
+    MTUs must also agree across nodes (the odd ones out are named; on a tie, all)."""
+    parsed = {h: a for h, a in answers.items() if isinstance(a, dict)}
+    mtus = {h: p["mtu"] for h, p in parsed.items() if p["mtu"] is not None}
+    counts = Counter(mtus.values())
+    # the odd ones out; on a tie every node is told
+    leaders = {m for m, c in counts.items() if c == max(counts.values())} if counts else set()
+    cells: dict[str, dict] = {}
+    pairs: list[dict] = []
+    for host, a in answers.items():
+        node = next(n for n in cluster.nodes if n.name == host)
+        if isinstance(a, dict):
+            problems = list(a["problems"])
+            if len(counts) > 1 and a["mtu"] is not None and (a["mtu"] not in leaders or len(leaders) > 1):
+                others = sorted({m for h, m in mtus.items() if h != host and m != a["mtu"]})
+                problems.append(f"MTU {a['mtu']} on {a['nic']}, the other nodes have {', '.join(map(str, others))}")
+            mine = a["pairs"]
+            mtu = a["mtu"]
+        else:
+            nic = node.nic or cluster.nic or "?"
+            problems, mtu = [], None
+            mine = [{"from": host, "nic": nic, "to": peer, "ip": ip, "mtu": None, "reply": False, "full_mtu": None, "ok": False,
+                     "reason": a, "raw": ""} for peer, ip in host_ping_plan(cluster, node)]
+        pairs += mine
+        bad = [x for x in mine if not x["ok"]]
+        summary = f"{len(mine) - len(bad)}/{len(mine)}" if mine else "no peers"
+        cells[host] = {"ok": not bad and not problems, "summary": summary + (f" (MTU {mtu})" if mtu is not None else ""),
+                       "failures": problems + [f"{x['nic']} -> {x['to']} {x['ip']}: {x['reason']}" for x in bad]}
+    return cells, pairs
+
+
+def pair_name(x: dict) -> str:
+    """``sim-a3-0 enp189s0f0 -> sim-a3-2 198.19.3.12``"""
+    return f"{x['from']} {x['nic']} -> {x['to']} {x['ip']}"
 
 
 # --- NVIDIA ---------------------------------------------------------------------------------------
@@ -187,7 +397,8 @@ def parse_all_reduce(out: str) -> dict:
                 rows.append({"size": int(f[0]), "busbw": float(f[7]), "wrong": f[8]})
             except ValueError:
                 continue
-    avg = re.search(r"# Avg bus bandwidth\s*:\s*([0-9.]+)", out)
+    rows = [r for r in rows if math.isfinite(r["busbw"])]  # 'nan', 'inf': not a measurement
+    avg = re.search(r"# Avg bus bandwidth\s*:\s*([0-9]+(?:\.[0-9]*)?)", out)
     oob = re.search(r"# Out of bounds values\s*:\s*(\d+)\s+(OK|FAILED)", out)
     wrong = re.findall(r"rank=(\d+) #wrong=(\d+)", out)
     return {
