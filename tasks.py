@@ -11,6 +11,7 @@ from invoke import Collection, Exit, task
 
 from flows import app
 from llmdeploy.errors import LlmdeployError
+from llmdeploy.report import mask
 
 LOCK_HELP = {
     "message": "a note kept with the deploy lock and in the audit log",
@@ -32,7 +33,7 @@ def _guard(fn):
         try:
             code = fn(c, *args, **kwargs)
         except LlmdeployError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {mask(str(exc))}", file=sys.stderr)
             raise Exit(code=exc.exit_code)
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
@@ -71,12 +72,14 @@ def facts(c, cluster, json=False, limit=None):
         "limit": "only these nodes, comma-separated names",
         "json": "print the result as JSON on stdout",
         "no_check": "do not run the node acceptance tests (invoke check) at the end",
+        **LOCK_HELP,
     }
 )
 @_guard
-def prepare(c, cluster, check=False, diff=False, limit=None, json=False, no_check=False):
-    """Make every node ready to serve: checks (NIC, model, budgets, NUMA), then image, wheels, environment file."""
-    return app.prepare(cluster, check=check, diff=diff, limit=limit, json_out=json, run_checks=not no_check)
+def prepare(c, cluster, check=False, diff=False, limit=None, json=False, no_check=False, message=None, lock_wait=0):
+    """Make every node ready to serve (under the deploy lock): checks (NIC, model, budgets, NUMA), then image, wheels, environment file."""
+    return app.prepare(cluster, check=check, diff=diff, limit=limit, json_out=json, run_checks=not no_check, message=message,
+                       lock_wait=float(lock_wait))
 
 
 @task(
@@ -103,15 +106,15 @@ def check_nodes(c, cluster, limit=None, select=None):
         "json": "print the plan (with --check) or the result as JSON on stdout",
         "skip_prepare": "do not run prepare first (the nodes must have been prepared)",
         "force": "deploy even though the last verify-comm failed or is too old (and say so)",
-        "rollback_on_failure": "if the new release fails, bring back the last good one (else the cluster is left stopped)",
+        "no_rollback": "if the new release fails, leave the failed state for debugging (default: bring back the last good release)",
         **LOCK_HELP,
     }
 )
 @_guard
-def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False, message=None, lock_wait=0, rollback_on_failure=False):
+def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False, message=None, lock_wait=0, no_rollback=False):
     """Prepare, then start serving as a new release in the system's order (playbooks/serve-*.yaml); ready = health, models, chat."""
     return app.deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare, force=force, message=message,
-                      lock_wait=float(lock_wait), rollback_on_failure=rollback_on_failure)
+                      lock_wait=float(lock_wait), rollback_on_failure=not no_rollback)
 
 
 @task(auto_shortflags=False, 

@@ -117,8 +117,23 @@ def prepare(
     limit: str | None = None,
     json_out: bool = False,
     run_checks: bool = True,
+    locked: bool = False,
+    message: str | None = None,
+    lock_wait: float = 0,
 ) -> int:
-    """Make every node ready to serve; with ``check`` change nothing and say what would change."""
+    """Make every node ready to serve; with ``check`` change nothing and say
+    what would change. Changes are made under the deploy lock (``locked``: the
+    caller, a deploy, holds it already)."""
+    if not check and not locked:
+        import contextlib
+
+        from llmdeploy import lock
+
+        cluster = load_cluster(cluster_name)
+        with contextlib.ExitStack() as stack:
+            runner = stack.enter_context(Runner(cluster, nodes=[cluster.node0]))
+            stack.enter_context(lock.held(runner, cluster, "prepare", message, lock_wait))
+            return prepare(cluster_name, check, diff, limit, json_out, run_checks, locked=True)
     con = report.console(json_out)
     cluster = load_cluster(cluster_name)
     ctx = Context(cluster, check=check, diff=diff)
@@ -252,7 +267,7 @@ def deploy(
     force: bool = False,
     message: str | None = None,
     lock_wait: float = 0,
-    rollback_on_failure: bool = False,
+    rollback_on_failure: bool = True,
 ) -> int:
     """Prepare (unless skipped), then start serving as a new release, under the
     deploy lock; see flows.deploy."""
@@ -264,10 +279,11 @@ def deploy(
     from flows import ops
 
     def prepare_fn(name: str, quiet: bool) -> int:
-        return _prepare_quiet(name) if quiet else prepare(name, run_checks=False)
+        # the deploy holds the lock
+        return _prepare_quiet(name) if quiet else prepare(name, run_checks=False, locked=True)
 
     def rollback_fn(cluster, runner, con, message, json_out) -> int:
-        return ops.rollback_locked(cluster, runner, con, None, message, json_out, after_failed=True)
+        return ops.rollback_locked(cluster, runner, con, None, message, json_out)
 
     return dep.deploy(cluster, con, check, json_out, skip_prepare, force, message, lock_wait, rollback_on_failure, prepare_fn, rollback_fn)
 
@@ -277,7 +293,7 @@ def _prepare_quiet(cluster_name: str) -> int:
     import io
 
     with contextlib.redirect_stdout(io.StringIO()):
-        return prepare(cluster_name, json_out=True, run_checks=False)
+        return prepare(cluster_name, json_out=True, run_checks=False, locked=True)
 
 
 def serving_logs(cluster_name: str, host: str | None = None, follow: bool = False, since: str | None = None, tail: str | None = None) -> int:

@@ -13,13 +13,16 @@
 4. ``current`` -> the release on every node, ledger ``good``, a summary.
 
 On failure: a log bundle from every node, ledger ``failed``, the new
-release's containers stopped (``--rollback-on-failure`` brings back the last
-good one).
+release's containers stopped, and the last good release brought back
+(``--no-rollback`` leaves the failed state for debugging). Interrupted
+(Ctrl-C, SIGTERM): the new release's containers stopped, the lock released,
+and the one command that rolls back printed.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 from rich.console import Console
@@ -38,6 +41,7 @@ from llmdeploy.release import (
     ledger_record,
     new_id,
     set_current_script,
+    write_payload,
     write_script,
 )
 from llmdeploy.releaseplan import ReleasePlan
@@ -65,6 +69,8 @@ def plan_release(cluster: Cluster, prepared: dict[str, dict], image_key: str, im
         meta_text, mode = files["release.json"]
         meta = json.loads(meta_text)
         meta["files"] = sorted(files)
+        # names only: rollback and log bundles mask these values read from the nodes' own env files
+        meta["secret_keys"] = sorted(cluster.secret_env)
         files["release.json"] = (json.dumps(meta, indent=1, sort_keys=True) + "\n", mode)
     return rid, chash, plan
 
@@ -115,15 +121,17 @@ def read_prepared(runner: Runner, cluster: Cluster) -> dict[str, dict | None]:
     out = {}
     for h, r in res.items():
         try:
-            out[h] = json.loads(r.stdout) if r.stdout.strip() else None
+            doc = json.loads(r.stdout) if r.stdout.strip() else None
         except ValueError:
-            out[h] = None
+            doc = None
+        out[h] = doc if isinstance(doc, dict) else None
     return out
 
 
 def write_release(runner: Runner, cluster: Cluster, plan: ReleasePlan) -> dict[str, str]:
     """The plan's files on every node; {host: problem} where it failed."""
-    res = runner.run(Step(name="write release", build=lambda n: write_script(cluster, plan.release, plan.files[n.name])))
+    res = runner.run(Step(name="write release", build=lambda n: write_script(cluster, plan.release, plan.files[n.name]),
+                          stdin=lambda n: write_payload(plan.files[n.name])))
     return {h: r.msg for h, r in res.items() if r.failed}
 
 
@@ -150,7 +158,11 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
     systems.module_for(cluster.profile.kind)  # refuses unsupported profiles before touching a node
     # the plan needs no node (prepare's records only repeat what the inventory
     # decides): what it refuses, an unusable EPLB map say, is refused before any connection
-    rid, chash, plan = plan_release(cluster, {}, cluster.image.ref)
+    try:
+        rid, chash, plan = plan_release(cluster, {}, cluster.image.ref)
+    except (ValueError, KeyError, TypeError) as exc:
+        # a value the schema let through but a builder cannot use: say which, touch nothing
+        raise LlmdeployError(f"{cluster.name}: cannot build the release plan ({type(exc).__name__}: {exc}); nothing was read or changed on any node") from None
     if check:
         doc = check_doc(cluster, plan, chash, secrets)
         if json_out:
@@ -160,21 +172,37 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
         return 0
     with Runner(cluster) as runner:
         with lock.held(runner, cluster, "deploy", message, lock_wait):
+            where = {"phase": "before anything was stopped"}
             try:
-                status, rid = _deploy_locked(cluster, runner, con, json_out, skip_prepare, secrets, force, prepare_fn)
+                status, rid = _deploy_locked(cluster, runner, con, json_out, skip_prepare, secrets, force, prepare_fn, where)
             except KeyboardInterrupt:
-                lock.audit(runner, cluster, "deploy", "interrupted")
+                with report.shielded():
+                    lock.audit(runner, cluster, "deploy", "interrupted", where.get("release"), phase=where["phase"])
+                    said = where["phase"] if where["phase"] == "before anything was stopped" else "after the serving release was stopped"
+                    print(f"deploy interrupted {said}; the deploy lock is released", file=sys.stderr)
+                    if where["phase"] != "before anything was stopped":
+                        print(f"to bring back the last good release: invoke rollback --cluster {cluster.name}", file=sys.stderr)
                 raise
             lock.audit(runner, cluster, "deploy", "good" if status == 0 else "failed", rid, message=message or "")
-            if status and rid and rollback_on_failure:
-                con.print("[bold]--rollback-on-failure[/]: bringing back the last good release")
-                back = rollback_fn(cluster, runner, con, message, json_out)
-                con.print("the last good release is serving again; the deploy still failed" if back == 0 else "[bold red]the rollback failed too[/]: the cluster is stopped")
+            if status and rid and where["phase"] != "before anything was stopped":
+                if not rollback_on_failure:
+                    con.print(f"--no-rollback: the cluster is left as the failed deploy left it, for debugging; to bring back the last good release: "
+                              f"invoke rollback --cluster {cluster.name}", soft_wrap=True)
+                    return status
+                con.print("[bold]bringing back the last good release[/] (deploy --no-rollback leaves the failed state for debugging)")
+                try:
+                    back = rollback_fn(cluster, runner, con, message, json_out)
+                except LlmdeployError as exc:
+                    con.print(f"[bold red]no rollback[/]: {escape(str(exc))}; the cluster is stopped")
+                    return status
+                con.print("the last good release is serving again; the deploy still failed" if back == 0
+                          else "[bold red]the rollback failed too[/]: the cluster is stopped; see the bundles above")
             return status
 
 
 def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: bool, skip_prepare: bool, secrets: list[str], force: bool,
-                   prepare_fn) -> tuple[int, str | None]:
+                   prepare_fn, where: dict) -> tuple[int, str | None]:
+    """The deploy under the lock; ``where["phase"]`` says how far it got (for an interruption or a failure)."""
     # the last communication check, kept on node 0
     out, _, _ = runner.exec(cluster.node0, verify.last_report_script(cluster))
     go, said = verify.gate(cluster, out, force)
@@ -197,6 +225,7 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
         raise LlmdeployError(f"the nodes' prepare records name {len(image_ids)} image IDs: run invoke prepare --cluster {cluster.name}")
     image_id = image_ids.pop()
     rid, chash, plan = plan_release(cluster, prepared, image_id, image_id)
+    where["release"] = rid
     con.print(f"[bold]deploy {cluster.name}[/]: release {rid} ({plan.system}: {' -> '.join(s.name for s in plan.services)})")
     eng = engine_for(cluster, runner, con, json_out, plan.system)
     t0 = time.monotonic()
@@ -212,12 +241,15 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
             ledger(runner, cluster, ledger_record(cluster, rid, "started", image_id, chash[:16]))
             outcome.phases["write"] = time.monotonic() - t
             started = True
+            where["phase"] = "while the new release was starting"
             if eng.start(plan, outcome):
                 finish(runner, cluster, plan, outcome, image_id, chash[:16])
     except KeyboardInterrupt:
-        con.print("[bold red]interrupted[/]: stopping the new release's containers")
-        eng.stop(None, "stop")
-        ledger(runner, cluster, ledger_record(cluster, rid, "failed", image_id, chash[:16], reason="interrupted"))
+        with report.shielded():
+            if where["phase"] != "before anything was stopped":
+                con.print("[bold red]interrupted[/]: stopping the new release's containers")
+                eng.stop(None, "stop", cleanup=systems.module_for(plan.system).STOP_CLEANUP)
+            ledger(runner, cluster, ledger_record(cluster, rid, "failed", image_id, chash[:16], reason="interrupted"))
         raise
     return report_outcome(cluster, runner, con, eng, plan, outcome, image_id, chash[:16], secrets, json_out, time.monotonic() - t0,
                           stopped_nothing=not started), rid
@@ -240,9 +272,10 @@ def endpoint(cluster: Cluster, plan: ReleasePlan) -> str:
 
 
 def report_outcome(cluster, runner, con, eng: Engine, plan: ReleasePlan, outcome: Outcome, image_id, config_hash, secrets, json_out, took,
-                   verb="deploy", stopped_nothing: bool = False) -> int:
-    """The summary; on failure the log bundle, the ledger line and the stop
-    (unless the release never started: then what serves keeps serving)."""
+                   verb="deploy", stopped_nothing: bool = False, **extra) -> int:
+    """The summary; on failure the log bundle, the ledger line (an attempt of
+    ``verb``, with ``extra``) and the stop (unless the release never started:
+    then what serves keeps serving)."""
     rid = outcome.release
     states = eng.states(plan)
     if outcome.ok:
@@ -256,8 +289,9 @@ def report_outcome(cluster, runner, con, eng: Engine, plan: ReleasePlan, outcome
         return 0
     # failure: bundle, ledger, stop
     root, tgz = eng.collect_bundle(plan, secrets)
+    action = {} if verb == "deploy" else {"action": verb}
     try:
-        ledger(runner, cluster, ledger_record(cluster, rid, "failed", image_id, config_hash, reason=outcome.reason, where=outcome.where))
+        ledger(runner, cluster, ledger_record(cluster, rid, "failed", image_id, config_hash, reason=outcome.reason, where=outcome.where, **action, **extra))
     except LlmdeployError as exc:
         con.print(f"[red]{escape(str(exc))}[/]")
     if not stopped_nothing:

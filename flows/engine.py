@@ -84,7 +84,7 @@ class Engine:
         nodes = hosts if hosts is not None else list(c.nodes)
         found = self.r.run(Step(name=f"{name}: phases", build=lambda n: ctr.phases_script(c.name, keep_release)), nodes)
         results: dict[str, HostResult] = {h: r for h, r in found.items() if r.failed}
-        phases = sorted({int(x) for r in found.values() if not r.failed for x in r.stdout.split() if x.isdigit()})
+        phases = sorted({int(x) for r in found.values() if not r.failed for x in r.stdout.split() if x.isascii() and x.isdigit()})
         for ph in phases:
             group = [n for n in nodes if n.name not in results and str(ph) in found[n.name].stdout.split()]
             res = self.r.run(Step(name=name, build=lambda n, ph=ph: ctr.stop_script(c.name, releases_dir(c), keep_release, c.deploy.stop_timeout_s, ph),
@@ -241,7 +241,8 @@ class Engine:
             now = time.monotonic()
             states = self.states(plan)
             for key, (status, code) in states.items():
-                if status == "running":
+                # a garbled read of a state is read again at the next poll, never taken for an exit
+                if status in ("running", "unreadable"):
                     continue
                 u = keyed[key]
                 svc = plan.service_of(u)

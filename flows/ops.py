@@ -10,6 +10,7 @@ import calendar
 import json
 import re
 import shlex
+import sys
 import time
 
 from rich.console import Console
@@ -24,8 +25,10 @@ from llmdeploy.inventory import Cluster
 from llmdeploy.release import (
     RELEASE_RE,
     current_link,
+    ledger_record,
     ledger_path,
-    parse_ledger,
+    parse_ledger_checked,
+    parse_lines,
     release_dir,
     root,
 )
@@ -34,8 +37,10 @@ from llmdeploy.runner import Runner, Step
 from roles.facts import section, split_sections
 
 
-def read_ledger(runner: Runner, cluster: Cluster) -> tuple[list[dict], str | None]:
-    """(ledger lines, node 0's current release)."""
+def read_ledger(runner: Runner, cluster: Cluster, problems: list[str] | None = None) -> tuple[list[dict], str | None]:
+    """(ledger lines, node 0's current release). Lines that cannot be trusted
+    (torn, edited) are skipped; each is said on stderr, and added to
+    ``problems`` when the caller passes a list."""
     q = shlex.quote
     script = section("ledger", f"cat {q(ledger_path(cluster))} 2>/dev/null || true") + "\n" + section("current", f"readlink {q(current_link(cluster))} || true")
     out, err, code = runner.exec(cluster.node0, script)
@@ -43,37 +48,95 @@ def read_ledger(runner: Runner, cluster: Cluster) -> tuple[list[dict], str | Non
     if code != 0 or "ledger" not in s:
         raise LlmdeployError(f"{cluster.node0.name}: cannot read the ledger: {err.strip() or out.strip()}")
     current = s.get("current", ("", 0))[0].strip().rsplit("/", 1)[-1] or None
-    return parse_ledger(s["ledger"][0]), current
+    records, bad = parse_ledger_checked(s["ledger"][0])
+    for b in bad:
+        print(f"warning: {cluster.node0.name}:{ledger_path(cluster)}: {b}", file=sys.stderr)
+    if problems is not None:
+        problems.extend(bad)
+    return records, current
+
+
+def _event(r: dict) -> str:
+    action = r.get("action") or "deploy"
+    if r.get("result") == "rolled back":
+        text = f"rolled back to {r.get('to')}"
+    else:
+        text = f"{action} {r.get('result')}"
+        if r.get("from"):
+            text += f" (from {r['from']})"
+    text += f" {r.get('time')} by {r.get('who')}"
+    if r.get("reason") and r.get("result") == "failed":
+        text += f": {str(r['reason'])[:80]}"
+    return text
 
 
 def release_table(records: list[dict]) -> list[dict]:
-    """One row per release, oldest first: first time, who, digest, hash, last result, actions."""
+    """One row per release, oldest first: when and by whom it was made, its
+    digest and hash, whether it was ever good (and when last), its latest
+    attempt, and every event it had (nothing is ever rewritten)."""
     rows: dict[str, dict] = {}
     for r in records:
         row = rows.setdefault(r["release"], {"release": r["release"], "time": r.get("time"), "who": r.get("who"),
                                              "image_id": r.get("image_id"), "config_hash": r.get("config_hash"),
-                                             "result": None, "events": []})
-        row["result"] = r.get("result")
-        if r.get("action"):
-            row["events"].append(f"{r['action']} {r.get('time')} by {r.get('who')}" + (f" from {r['from']}" if r.get("from") else ""))
+                                             "was_good": False, "last_good": None, "latest": None, "result": None, "events": []})
+        if r.get("result") == "good":
+            row["was_good"], row["last_good"] = True, r.get("time")
+        if r.get("result") in ("started", "good", "failed"):
+            row["latest"] = {k: r.get(k) for k in ("result", "action", "time", "who", "reason", "from") if r.get(k)}
+            row["latest"].setdefault("action", "deploy")
+            row["result"] = r.get("result")
+        row["events"].append(_event(r))
     return list(rows.values())
 
 
+def latest_attempt(records: list[dict]) -> dict | None:
+    """The newest line that ended an attempt (good or failed)."""
+    return next((r for r in reversed(records) if r.get("result") in ("good", "failed")), None)
+
+
+def failing_release(records: list[dict]) -> str | None:
+    """The release whose deploy failed last, when nothing was good after it: the one currently failing."""
+    for r in reversed(records):
+        if r.get("result") == "good" and (r.get("action") or "deploy") == "deploy":
+            return None
+        if r.get("result") == "failed" and (r.get("action") or "deploy") == "deploy":
+            return r["release"]
+    return None
+
+
+def on_cluster(records: list[dict], current: str | None) -> str | None:
+    """The release the cluster runs, or last tried to: the latest attempt's."""
+    last = latest_attempt(records)
+    return last["release"] if last else current
+
+
 def rollback_target(records: list[dict], current: str | None, to: str | None) -> str:
-    rows = release_table(records)
-    good = [r["release"] for r in rows if r["result"] == "good"]
+    """``to`` when it was ever good; else the release that was good most
+    recently and is not what the cluster runs now (after a good deploy or
+    rollback) nor the release currently failing (after a failed one)."""
+    rows = {r["release"]: r for r in release_table(records)}
     if to:
-        if to not in {r["release"] for r in rows}:
+        if to not in rows:
             raise LlmdeployError(f"--to {to}: no such release in the ledger")
-        if to not in good:
-            raise LlmdeployError(f"--to {to}: that release is not good (its last result is {next(r['result'] for r in rows if r['release'] == to)})")
+        if not rows[to]["was_good"]:
+            raise LlmdeployError(f"--to {to}: that release was never good (its latest attempt: {rows[to]['result']})")
         return to
-    order = [r["release"] for r in rows]
-    before = order[: order.index(current)] if current in order else order
-    candidates = [r for r in before if r in good and r != current]
+    last = latest_attempt(records)
+    exclude = set()
+    if last and last["result"] == "good":
+        exclude.add(last["release"])
+    failing = failing_release(records)
+    if failing:
+        exclude.add(failing)
+    last_good: dict[str, int] = {}
+    for i, r in enumerate(records):
+        if r.get("result") == "good":
+            last_good[r["release"]] = i
+    candidates = sorted((i, rid) for rid, i in last_good.items() if rid not in exclude)
     if not candidates:
-        raise LlmdeployError(f"no good release before the current one ({current}) to roll back to")
-    return candidates[-1]
+        now = last["release"] if last else current
+        raise LlmdeployError(f"no release that was ever good to roll back to from {now or 'nothing'} (invoke releases to see them)")
+    return candidates[-1][1]
 
 
 LEGACY_FILES = ["env", "run.sh", "serve.sh", "release.json"]
@@ -204,55 +267,85 @@ def rollback(cluster: Cluster, con: Console, to: str | None, message: str | None
             return rollback_locked(cluster, runner, con, to, message, json_out)
 
 
-def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | None, message: str | None, json_out: bool, after_failed: bool = False) -> int:
-    """The rollback itself, for a caller that holds the deploy lock. After a
-    failed deploy (``after_failed``) the target is the current release: the
-    last good one, which the failed deploy stopped."""
+def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | None, message: str | None, json_out: bool) -> int:
+    """The rollback itself, for a caller that holds the deploy lock. Needs
+    nothing but SSH: the target's plan, files, image and secrets are the
+    release's own on the nodes (no secret, model path or serving value of
+    today's inventory is read)."""
     records, current = read_ledger(runner, cluster)
-    if after_failed:
-        if not current:
-            raise LlmdeployError("no good release to bring back: this cluster has never served")
-        to = current
+    source = on_cluster(records, current)
     target = rollback_target(records, current, to)
-    con.print(f"[bold]rollback {cluster.name}[/]: {current} -> {target}")
+    con.print(f"[bold]rollback {cluster.name}[/]: {source or 'nothing'} -> {target}")
     # everything must be there on every node before anything is stopped
     metas, plan_text, unreadable, missing = read_release(runner, cluster, target, "verify target")
     problems = {**missing, **unreadable}
     if problems:
-        lock.audit(runner, cluster, "rollback", "refused", target, problems=problems)
+        lock.audit(runner, cluster, "rollback", "refused", target, problems=problems, **{"from": source})
         raise LlmdeployError(
             f"rollback to {target} refused before stopping anything: "
             + "; ".join(f"{h}: {p}" for h, p in problems.items())
         )
     plan = plan_of(cluster, target, plan_text, metas)
-    image_id = next(iter(metas.values())).get("image_id")
+    meta0 = metas.get(cluster.node0.name) or next(iter(metas.values()))
+    image_id = meta0.get("image_id")
     chash = next((r.get("config_hash") for r in records if r["release"] == target), "")
+    recorded = {"action": "rollback", "from": source, "image": meta0.get("image")}
+    dep.ledger(runner, cluster, ledger_record(cluster, target, "started", image_id, chash, **recorded))
     eng = dep.engine_for(cluster, runner, con, json_out, plan.system)
     out = Outcome(ok=False, release=target)
     t0 = time.monotonic()
-    if eng.start(plan, out):
-        dep.finish(runner, cluster, plan, out, image_id, chash, action="rollback", **{"from": current})
-    status = dep.report_outcome(cluster, runner, con, eng, plan, out, image_id, chash, list(cluster.secret_values().values()), json_out,
-                                time.monotonic() - t0, verb="rollback")
-    lock.audit(runner, cluster, "rollback", "good" if status == 0 else "failed", target, **{"from": current, "message": message or ""})
+    try:
+        started = eng.start(plan, out)
+    except KeyboardInterrupt:
+        with report.shielded():
+            con.print("[bold red]interrupted[/]: stopping what the rollback started")
+            eng.stop(None, "stop", cleanup=systems_cleanup(plan))
+            dep.ledger(runner, cluster, ledger_record(cluster, target, "failed", image_id, chash, reason="interrupted", **recorded))
+            lock.audit(runner, cluster, "rollback", "interrupted", target, **{"from": source, "message": message or ""})
+            print(f"rollback interrupted; the deploy lock is released; to run it again: invoke rollback --cluster {cluster.name} --to {target}",
+                  file=sys.stderr)
+        raise
+    if started:
+        dep.finish(runner, cluster, plan, out, image_id, chash, **recorded)
+        if out.ok and source and source != target:
+            dep.ledger(runner, cluster, ledger_record(cluster, source, "rolled back", None, "", to=target,
+                                                      image=(metas.get(cluster.node0.name) or {}).get("image")))
+    status = dep.report_outcome(cluster, runner, con, eng, plan, out, image_id, chash, [], json_out,
+                                time.monotonic() - t0, verb="rollback", **{"from": source, "image": meta0.get("image")})
+    lock.audit(runner, cluster, "rollback", "good" if status == 0 else "failed", target, **{"from": source, "message": message or ""})
     return status
 
 
 def releases(cluster: Cluster, con: Console, json_out: bool) -> int:
+    """Every release in the ledger: was it ever good, its latest attempt, every event."""
+    problems: list[str] = []
     with Runner(cluster, nodes=[cluster.node0]) as runner:
-        records, current = read_ledger(runner, cluster)
+        records, current = read_ledger(runner, cluster, problems)
     rows = release_table(records)
+    try:
+        default = rollback_target(records, current, None)
+    except LlmdeployError:
+        default = None
     if json_out:
-        report.emit_json({"cluster": cluster.name, "current": current, "releases": rows})
+        report.emit_json({"cluster": cluster.name, "current": current, "on_cluster": on_cluster(records, current),
+                          "rollback_target": default, "releases": rows, "problems": problems})
         return 0
     out = []
     for r in rows:
-        cur = "[bold green]current[/]" if r["release"] == current else ""
-        style = {"good": "green", "failed": "red"}.get(r["result"], "yellow")
-        out.append([r["release"], r["time"], r["who"], (r["image_id"] or "-")[:19], r["config_hash"] or "-",
-                    f"[{style}]{r['result']}[/]", "\n".join(r["events"]) or "-", cur])
+        marks = []
+        if r["release"] == current:
+            marks.append("[bold green]current[/]")
+        if r["release"] == default:
+            marks.append("rollback target")
+        latest = r["latest"] or {}
+        style = {"good": "green", "failed": "red"}.get(latest.get("result"), "yellow")
+        was = f"[green]yes[/] (last {r['last_good']})" if r["was_good"] else "[red]never[/]"
+        out.append([r["release"], r["time"], r["who"], (r["image_id"] or "-")[:19], r["config_hash"] or "-", was,
+                    f"[{style}]{latest.get('action', '-')} {latest.get('result', '-')}[/]", escape("\n".join(r["events"])) or "-", "\n".join(marks)])
     con.print(report.table(f"releases of {cluster.name} (ledger on {cluster.node0.name})",
-                           ["release", "time", "who", "image", "config", "result", "events", ""], out))
+                           ["release", "made", "by", "image", "config", "was good", "latest attempt", "events", ""], out))
+    for p in problems:
+        con.print(f"[bold red]ledger problem[/]: {escape(p)}")
     return 0
 
 
@@ -293,7 +386,8 @@ def parse_status(out: str) -> dict:
             c = json.loads(line)
         except ValueError:
             continue
-        containers[c.get("Name", "").lstrip("/")] = c
+        if isinstance(c, dict) and isinstance(c.get("Name"), str):
+            containers[c["Name"].lstrip("/")] = c
     return {"release": text("release").strip() or None, "meta": load("meta"), "env": parse_env_file(text("env")),
             "plan": text("plan"), "containers": containers}
 
@@ -345,9 +439,14 @@ def _flag_pairs(args: list[str]) -> list[str]:
     return out
 
 
+def _docker_state(c: dict | None) -> dict:
+    s = (c or {}).get("State")
+    return s if isinstance(s, dict) else {}
+
+
 def _uptime(c: dict | None) -> str:
-    started = (c or {}).get("State", {}).get("StartedAt") or ""
-    if not started or not (c or {}).get("State", {}).get("Running"):
+    started = str(_docker_state(c).get("StartedAt") or "")
+    if not started or not _docker_state(c).get("Running"):
         return "-"
     try:
         return f"{int(time.time() - calendar.timegm(time.strptime(started[:19], '%Y-%m-%dT%H:%M:%S')))}s"
@@ -358,7 +457,7 @@ def _uptime(c: dict | None) -> str:
 def _state(c: dict | None) -> str:
     if c is None:
         return "missing"
-    s = c["State"]
+    s = _docker_state(c)
     return "running" if s.get("Running") else f"exited ({s.get('ExitCode')})"
 
 
@@ -388,7 +487,7 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool) -> i
                 if code == p.status:
                     try:
                         health_problem = CHECKS[p.check](body, p.arg)
-                    except (ValueError, KeyError, AttributeError, TypeError) as exc:
+                    except (ValueError, KeyError, AttributeError, TypeError, RecursionError) as exc:
                         health_problem = f"unreadable answer ({type(exc).__name__}): {body[:200]!r}"
             except Exception as exc:  # any way the endpoint can be down
                 health = f"unreachable ({type(exc).__name__})"
@@ -397,17 +496,21 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool) -> i
         r, st = res[n.name], sts[n.name]
         if st is None:
             rows.append([n.name, "-", "-", "-", f"[red]unreachable: {escape(r.msg)}[/]", "-", "-", ""])
-            doc[n.name] = {"error": r.msg, "state": "unreachable"}
+            doc[n.name] = {"error": r.msg, "state": "unreachable", "reason": f"unreachable: {r.msg}"}
             bad = True
             continue
         units = plan.units(n.name) if plan is not None and st["release"] == plan.release else []
         if not units:
             rows.append([n.name, st["release"] or "-", "-", "-", "[bold red]no current release[/]" if not st["release"] else "[bold red]not in the release[/]", "-", "-", ""])
-            doc[n.name] = {"release": st["release"], "state": "missing", "drift": [], "units": {}}
+            why = ("no current release here" if not st["release"]
+                   else f"runs release {st['release']}, the current release is {plan.release}" if plan is not None and plan.units(n.name)
+                   else "not in the current release")
+            doc[n.name] = {"release": st["release"], "state": "missing", "drift": [], "units": {}, "reason": why}
             # not serving: no release here, or another one than the current release runs here
             bad = bad or not st["release"] or (plan is not None and bool(plan.units(n.name)))
             continue
-        node_doc = {"release": st["release"], "state": "running", "image_id": None, "uptime": "-", "drift": [], "units": {}}
+        node_doc = {"release": st["release"], "state": "running", "image_id": None, "uptime": "-", "drift": [], "units": {}, "reason": None}
+        whys = []
         for i, u in enumerate(units):
             c = st["containers"].get(u.container)
             state = _state(c)
@@ -422,10 +525,19 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool) -> i
                          state if state == "running" else f"[bold red]{state}[/]", ((c or {}).get("Image") or "-")[:19], _uptime(c),
                          "\n".join(f"[red]{escape(x)}[/]" for x in drifts) if show_diff else ""])
             node_doc["units"][u.container] = {"service": plan.service_of(u).name, "state": state, "uptime": _uptime(c)}
+            if state != "running":
+                whys.append(f"{u.role or plan.service_of(u).name} container {u.container} {state}")
+            whys += drifts
             node_doc["drift"] += drifts
             if i == 0:
                 node_doc["image_id"], node_doc["uptime"] = (c or {}).get("Image"), _uptime(c)
+        node_doc["reason"] = "; ".join(whys) or None
         doc[n.name] = node_doc
+    if plan is not None and health_problem is None and plan.ready and health != plan.ready[0].status:
+        health_problem = f"{plan.ready[0].path} answered {health}, not {plan.ready[0].status}"
+    if plan is not None and health_problem and plan.entry_host in doc:
+        entry = doc[plan.entry_host]
+        entry["reason"] = "; ".join(x for x in (entry.get("reason"), f"endpoint: {health_problem}") if x)
     healthy = plan is not None and plan.ready and health == plan.ready[0].status and not health_problem
     if json_out:
         report.emit_json({"cluster": cluster.name, "release": plan.release if plan else None, "system": plan.system if plan else None,
@@ -441,6 +553,9 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool) -> i
             p = plan.ready[0] if plan.ready else None
             con.print(f"endpoint http://{cluster.node(plan.entry_host).ip}:{plan.entry_port}{p.path if p else ''}: [{style}]{health}[/]"
                       + (f" [bold red]{escape(health_problem)}[/]" if health_problem else ""))
+        for h, d in doc.items():
+            if d.get("reason"):
+                con.print(f"[bold red]not serving[/] {h}: {escape(d['reason'])}", soft_wrap=True)
     return 0 if healthy and not bad else 1
 
 
@@ -551,19 +666,16 @@ def systems_cleanup(plan: ReleasePlan) -> str:
 def audit_log(cluster: Cluster, con: Console, last: int | None, json_out: bool) -> int:
     with Runner(cluster, nodes=[cluster.node0]) as runner:
         out, err, code = runner.exec(cluster.node0, f"cat {shlex.quote(lock.audit_path(cluster))} 2>/dev/null; true")
-    recs = []
-    for line in out.splitlines():
-        try:
-            recs.append(json.loads(line))
-        except ValueError:
-            continue
+    recs, problems = parse_lines(out, "audit log")
+    for b in problems:
+        print(f"warning: {cluster.node0.name}:{lock.audit_path(cluster)}: {b}", file=sys.stderr)
     if last:
         recs = recs[-last:]
     if json_out:
-        report.emit_json({"cluster": cluster.name, "audit": recs})
+        report.emit_json({"cluster": cluster.name, "audit": recs, "problems": problems})
         return 0
     rows = [[r.get("time"), r.get("who"), r.get("command"), r.get("release") or "-", r.get("result"),
-             escape(", ".join(f"{k}={v}" for k, v in r.items() if k not in ("time", "who", "command", "release", "result") and v))] for r in recs]
+             escape(", ".join(f"{k}={v}" for k, v in r.items() if k not in ("time", "who", "command", "release", "result", "sum") and v))] for r in recs]
     con.print(report.table(f"audit log of {cluster.name} (on {cluster.node0.name})", ["time", "who", "command", "release", "result", "details"], rows))
     return 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 from typing import Callable
 
 import paramiko
@@ -20,6 +21,8 @@ from llmdeploy.releaseplan import Probe
 from llmdeploy.runner import Runner, UnreachableError
 
 PROBE_ERRORS = (OSError, ValueError, http.client.HTTPException, paramiko.SSHException, UnreachableError)
+# what a body check raises on an answer it cannot read (RecursionError: JSON nested too deep)
+UNREADABLE = (ValueError, KeyError, AttributeError, TypeError, RecursionError)
 
 
 def http_via_ssh(runner: Runner, node: Node, port: int, method: str, path: str, body: dict | None, timeout: float,
@@ -55,8 +58,11 @@ def chat_message(raw: bytes) -> tuple[str, str]:
             reasoning.append(m.get("reasoning_content") or m.get("reasoning") or "")
             content.append(m.get("content") or "")
     else:
-        for line in text.splitlines():
-            if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
+        events = [line for line in text.splitlines() if line.startswith("data:")]
+        if not events:
+            raise ValueError("neither a JSON chat completion nor server-sent events")
+        for line in events:
+            if line[5:].strip() not in ("", "[DONE]"):
                 doc = json.loads(line[5:])
                 for c in doc.get("choices", []):
                     d = c.get("delta") or {}
@@ -101,16 +107,25 @@ def _json_field(body: bytes, arg: str) -> str | None:
     """``arg`` is ``key=value``: the JSON body has that value (as text), e.g. etcd's health=true."""
     key, _, want = arg.partition("=")
     doc = json.loads(body)
-    have = doc.get(key) if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        return f"answered {body[:200]!r}, not a JSON object (expected {key}={want})"
+    have = doc.get(key)
     return None if str(have).lower() == want.lower() else f"says {key}={have!r} (expected {want})"
 
 
 def _metric(body: bytes, name: str) -> str | None:
     """Prometheus text that has a sample of ``name``."""
-    for line in body.decode(errors="replace").splitlines():
+    lines = body.decode(errors="replace").splitlines()
+    for line in lines:
         if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
             return None
+    if not any(_SAMPLE.match(line) for line in lines):
+        return f"has no {name} sample: not Prometheus text: {body[:200]!r}"
     return f"has no {name} sample"
+
+
+# a Prometheus text-format sample: name{labels} value
+_SAMPLE = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*(\{[^}]*\})?\s+\S")
 
 
 def _dynamo_health(body: bytes, arg: str) -> str | None:
@@ -151,6 +166,6 @@ def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | No
         return f"{p.describe()} answered {status}: {body[:200]!r}"
     try:
         problem = CHECKS[p.check](body, p.arg)
-    except (ValueError, KeyError, AttributeError, TypeError) as exc:
+    except UNREADABLE as exc:
         return f"{p.describe()}: unreadable answer ({type(exc).__name__}: {exc}): {body[:200]!r}"
     return f"{p.describe()} {problem}" if problem else None

@@ -1,4 +1,10 @@
-"""Errors that end a task with a clear message and a defined exit status."""
+"""Errors that end a task with a clear message and a defined exit status,
+and the secret values this process has read (so that no message shows one)."""
+
+# Every secret value read from the operator's environment in this process
+# (inventory.Cluster.secret_values adds them); report.mask and the tasks'
+# error messages replace them with ***.
+SECRETS: set[str] = set()
 
 
 class LlmdeployError(Exception):

@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import InventoryError
+from .errors import SECRETS, InventoryError
 
 # --- safe patterns: every value that reaches a remote shell is either quoted
 # or matches one of these ------------------------------------------------------
@@ -93,7 +93,8 @@ class Ssh(Strict):
     # Port, IdentityFile and ProxyJump entries are honoured.
     config_file: SafePath | None = None
     # "[user@]host[:port]" of a bastion, like ssh -J.
-    jump_host: str | None = Field(default=None, pattern=r"^([a-z_][a-z0-9_-]*@)?[A-Za-z0-9.-]+(:\d{1,5})?$")
+    # (a host never starts with "-": ssh would take it for an option)
+    jump_host: str | None = Field(default=None, pattern=r"^([a-z_][a-z0-9_-]*@)?[A-Za-z0-9][A-Za-z0-9.-]*(:\d{1,5})?$")
     connect_timeout: float = Field(default=10.0, gt=0)
     command_timeout: float = Field(default=120.0, gt=0)
     forks: int = Field(default=32, ge=1, le=512)
@@ -106,7 +107,9 @@ class Ssh(Strict):
         v = os.path.expanduser(v)
         if not v.startswith("/"):
             raise ValueError(f"{v!r} must be an absolute path (or start with ~)")
-        return v
+        # invoke check writes it into an ssh_config: a newline there would add
+        # directives (a ProxyCommand runs on this machine), a space splits it
+        return _safe_path(v)
 
 
 # --- nodes --------------------------------------------------------------------
@@ -119,7 +122,7 @@ class Node(Strict):
     # The interface that owns ``ip``; default: the cluster's ``nic``.
     nic: str | None = Field(default=None, pattern=NIC_RE.pattern)
     # Where SSH connects; default: ``ip``. May be a name from ssh_config.
-    ssh_host: str | None = Field(default=None, pattern=r"^[A-Za-z0-9.:-]+$")
+    ssh_host: str | None = Field(default=None, pattern=r"^[A-Za-z0-9.:][A-Za-z0-9.:-]*$")  # no leading "-" (an ssh option)
     ssh_port: Port | None = None
     devices: int | None = Field(default=None, ge=1, le=64)
     # First global DP rank on this node; default index * DP-local size.
@@ -155,7 +158,8 @@ class Model(Strict):
     )
     # Files (shell globs in the model directory) whose sha256 must agree
     # across nodes on top of names and sizes; [] compares names and sizes only.
-    checksum_files: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._*?+-]+$")]] = Field(
+    # (no leading "-": each name goes to sha256sum)
+    checksum_files: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._*?+][A-Za-z0-9._*?+-]*$")]] = Field(
         default_factory=lambda: ["*.index.json", "config.json"]
     )
 
@@ -224,6 +228,45 @@ class VerifySettings(Strict):
 
 
 # --- serving profiles -----------------------------------------------------------
+def _json_value_problem(value, where: str) -> tuple[str, str] | None:
+    """(dotted key, why) when ``value`` cannot be written as JSON, else None."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where, f"{value!r} is not a finite number")
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            problem = _json_value_problem(item, f"{where}[{i}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str):
+                return where, f"key {k!r} is not a string"
+            problem = _json_value_problem(item, f"{where}.{k}" if where else k)
+            if problem:
+                return problem
+        return None
+    return where, f"a {type(value).__name__} cannot be written as JSON (use str, int, float, bool, None, lists, mappings)"
+
+
+def _env_name_list(v: list[str]) -> list[str]:
+    for k in v:
+        if not ENV_NAME_RE.match(k):
+            raise ValueError(f"environment variable name {k!r} is not valid")
+    return v
+
+
+def _env_values_one_line(v: dict[str, str]) -> dict[str, str]:
+    """The environment file holds one NAME=value per line: a value with a line
+    break would end there (and add a line), so it is refused, naming its key."""
+    bad = [(k, "a value must be one line") for k, value in v.items() if any(c in value for c in "\n\r\0")]
+    if bad:
+        raise ClusterProblems(bad)
+    return v
+
+
 class VllmAscendProfile(Strict):
     """``vllm serve`` on Ascend: node 0 plus headless data-parallel workers."""
 
@@ -232,7 +275,9 @@ class VllmAscendProfile(Strict):
     dp: int = Field(ge=1)
     tp: int = Field(ge=1)
     ep: int = Field(ge=1)
-    dp_local: int = Field(default=1, ge=1)
+    # DP ranks per node: dp_local x TP is the node's devices (at most 64), so
+    # no larger value is valid (and the rank check loops over it per node)
+    dp_local: int = Field(default=1, ge=1, le=64)
     host: str = "0.0.0.0"
     port: Port = 8000
     rpc_port: Port = 13389
@@ -260,6 +305,18 @@ class VllmAscendProfile(Strict):
         for k in v:
             if not ENV_NAME_RE.match(k):
                 raise ValueError(f"environment variable name {k!r} is not valid")
+        return _env_values_one_line(v)
+
+    # names of variables in the node's environment file
+    _env_lists = field_validator("ip_env", "ifname_env")(classmethod(lambda cls, v: _env_name_list(v)))
+
+    @field_validator("speculative_config", "compilation_config", "additional_config")
+    @classmethod
+    def _plain_json(cls, v: dict | None) -> dict | None:
+        # vllm serve gets these as JSON arguments: only what JSON can say
+        problem = _json_value_problem(v, "")
+        if problem:
+            raise ClusterProblems([problem]) if problem[0] else ValueError(problem[1])
         return v
 
     def ports(self) -> dict[str, int]:
@@ -426,6 +483,13 @@ class TrtllmProfile(Strict):
         classmethod(lambda cls, v: v if v is None else _safe_path(v))
     )
 
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        # names of variables in the node's environment file and of mpirun's -x
+        _env_name_list(list(v))
+        return _env_values_one_line(v)
+
     @field_validator("eplb_map")
     @classmethod
     def _eplb_map_text(cls, v: str | None) -> str | None:
@@ -486,9 +550,14 @@ class TrtllmProfile(Strict):
                     ("eplb_map", f"a static EPLB map goes with the high-throughput profiles ({', '.join(ht)}), not {self.config}")
                 )
             else:
-                path = self.eplb_map_file()
-                if not path.is_file():
-                    problems.append(("eplb_map", f"{path} is not a file (relative paths are read from {inventory_dir()})"))
+                try:
+                    path = self.eplb_map_file()
+                    found = path.is_file()
+                except (OSError, RuntimeError) as exc:  # a name too long for the OS, a ~user that does not exist
+                    problems.append(("eplb_map", f"{self.eplb_map!r} is not a readable path: {exc}"))
+                else:
+                    if not found:
+                        problems.append(("eplb_map", f"{path} is not a file (relative paths are read from {inventory_dir()})"))
         if problems:
             raise ClusterProblems(problems)
         return self
@@ -793,7 +862,7 @@ class DynamoProfile(Strict):
     # optional per-worker settings, one per worker of the topology
     workers: list[DynamoWorker] | None = None
 
-    _check_paths = field_validator("recipes_dir", "recipes_mount", "config_dir", "model_mount", "wheel_dir")(
+    _check_paths = field_validator("recipes_dir", "recipes_mount", "config_dir", "model_mount", "wheel_dir", "launch_ssh_config")(
         classmethod(lambda cls, v: v if v is None else _safe_path(v))
     )
 
@@ -1092,6 +1161,7 @@ class Cluster(Strict):
                 missing.append(f"secret_env.{key}: ${src} must be one line")
             else:
                 out[key] = value
+                SECRETS.add(value)
         if missing:
             raise InventoryError(f"cluster {self.name}", missing)
         return out
@@ -1276,6 +1346,10 @@ def list_clusters(directory: Path | None = None) -> list[str]:
     )
 
 
+# a key shown as it is in a field path; any other (empty, spaces, ': ', unicode) is quoted
+_PLAIN_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+
+
 def _describe_loc(loc: tuple, raw_nodes: list | None) -> str:
     parts: list[str] = []
     i = 0
@@ -1293,7 +1367,7 @@ def _describe_loc(loc: tuple, raw_nodes: list | None) -> str:
         elif item in ("vllm-ascend", "trtllm-serve", "dynamo") and parts and parts[-1].startswith("profile"):
             pass  # discriminator tag: not a field
         else:
-            parts.append(str(item))
+            parts.append(str(item) if item == "[key]" or _PLAIN_KEY_RE.match(str(item)) else repr(item))
         i += 1
     return ".".join(parts) or "cluster"
 

@@ -77,17 +77,21 @@ def break_script(cluster: Cluster) -> str:
 def parse_holder(out: str) -> dict:
     lines = out.strip().splitlines()
     try:
-        return json.loads(lines[1]) if len(lines) > 1 else {}
+        doc = json.loads(lines[1]) if len(lines) > 1 else {}
     except ValueError:
         return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def describe(holder: dict) -> str:
     if not holder:
         return "an unknown holder (holder.json is missing or unreadable)"
-    age = int(time.time()) - int(holder.get("since_epoch", time.time()))
+    try:
+        age = f"{int(time.time()) - int(holder.get('since_epoch', time.time()))}s ago"
+    except (TypeError, ValueError):
+        age = f"since_epoch {str(holder.get('since_epoch'))[:40]!r} unreadable"
     msg = f", message {holder['message']!r}" if holder.get("message") else ""
-    return f"{holder.get('who')} (pid {holder.get('pid')}) since {holder.get('since')} ({age}s ago), running {holder.get('command')!r}{msg}"
+    return f"{holder.get('who')} (pid {holder.get('pid')}) since {holder.get('since')} ({age}), running {holder.get('command')!r}{msg}"
 
 
 def audit(runner, cluster: Cluster, command: str, result: str, release: str | None = None, **extra) -> None:

@@ -89,11 +89,42 @@ def bundle_root(cluster: Cluster, rid: str) -> Path:
     return base / cluster.name / rid
 
 
+def bundle_secrets(per_host: dict[str, dict[str, str]], keys: set[str]) -> list[str]:
+    """The secret values a bundle carries: those of ``keys`` (and of the keys
+    each release.json lists as secret) in the release's env files the bundle
+    holds. So a bundle is masked from the nodes' own files, whoever runs the
+    tool and whatever their environment holds."""
+    import json
+
+    values = []
+    for files in per_host.values():
+        names = set(keys)
+        try:
+            names |= set(json.loads(files.get("release/release.json", "{}")).get("secret_keys") or [])
+        except (ValueError, AttributeError, TypeError):
+            pass
+        for name, text in files.items():
+            if name == "release/env" or name.endswith(".env"):
+                for line in text.splitlines():
+                    k, sep, v = line.strip().removeprefix("export ").partition("=")
+                    if sep and k in names and v.strip("'\""):
+                        values += [v, v.strip("'\"")]
+    return values
+
+
 def save_bundle(cluster: Cluster, rid: str, per_host: dict[str, dict[str, str]], secrets: list[str]) -> tuple[Path, Path]:
-    """Write each host's files, masking secrets; returns (directory, .tar.gz)."""
+    """Write each host's files, masking secrets (``secrets`` and those the
+    bundle's own env files hold, see ``bundle_secrets``); returns (directory, .tar.gz).
+    A bundle of the same release collected earlier is kept: this one goes
+    beside it with a numbered suffix."""
     from .report import mask
 
+    secrets = list(secrets) + bundle_secrets(per_host, set(cluster.secret_env))
     root = bundle_root(cluster, rid)
+    n = 1
+    while root.exists() or root.parent.joinpath(f"{root.name}.tar.gz").exists():
+        n += 1
+        root = bundle_root(cluster, rid).with_name(f"{rid}.{n}")
     for host, files in per_host.items():
         for name, text in files.items():
             p = root / host / name
@@ -101,7 +132,7 @@ def save_bundle(cluster: Cluster, rid: str, per_host: dict[str, dict[str, str]],
                 continue
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(mask(text, secrets))
-    tgz = root.parent / f"{rid}.tar.gz"
+    tgz = root.parent / f"{root.name}.tar.gz"
     with tarfile.open(tgz, "w:gz") as tar:
-        tar.add(root, arcname=f"{cluster.name}/{rid}")
+        tar.add(root, arcname=f"{cluster.name}/{root.name}")
     return root, tgz

@@ -3,8 +3,13 @@
 
 Every function here builds a shell script or parses output; the runner
 executes them. The ledger is JSON lines, appended under ``flock`` with one
-``write`` per line, so an interrupted deploy never leaves a torn line; a
-release's result is the last line that names it.
+``write`` per line, so an interrupted deploy never leaves a torn line. It
+records attempts: every line is one event of one release (``started``,
+``good``, ``failed``, ``rolled back``), never rewritten, so a release that
+was good once stays known as such whatever happened to it later. Each line
+carries ``sum``, a hash of the rest of it: a line edited by hand, torn or
+foreign is reported and skipped, never trusted. (The audit log is written
+the same way.)
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ from __future__ import annotations
 import base64
 import getpass
 import hashlib
+import io
 import json
 import re
 import shlex
 import socket
+import tarfile
 import time
 
 from .inventory import Cluster
@@ -63,24 +70,49 @@ def who() -> str:
 
 
 def write_script(cluster: Cluster, rid: str, files: dict[str, tuple[str, int]]) -> str:
-    """Write the release's files into a staging directory, then rename it into
-    place: a release directory is complete or absent."""
-    final = release_dir(cluster, rid)
-    stage = f"{releases_dir(cluster)}/.stage-{rid}"
-    lines = ["set -e", f"rm -rf {shlex.quote(stage)}", f"mkdir -p {shlex.quote(stage)}/logs", f"chmod 700 {shlex.quote(stage)}"]
-    for name, (content, mode) in files.items():
+    """Unpack the release's files (``write_payload``, on standard input: no
+    content, the 0600 env file's secrets included, is ever part of a command
+    line on the node) into a staging directory, then rename it into place: a
+    release directory is complete or absent. A failure (a torn payload, a full
+    disk) leaves no staging directory and touches no other release."""
+    for name in files:
         if not re.match(r"^[A-Za-z0-9._-]+$", name):
             raise ValueError(f"bad release file name {name!r}")
-        b64 = base64.b64encode(content.encode()).decode()
-        target = shlex.quote(f"{stage}/{name}")
-        lines.append(f"printf %s {shlex.quote(b64)} | base64 -d > {target}")
-        lines.append(f"chmod {mode:o} {target}")
-    lines += [
-        f"if [ -d {shlex.quote(final)} ]; then rm -rf {shlex.quote(stage)}; echo exists; exit 0; fi",
-        f"mv {shlex.quote(stage)} {shlex.quote(final)}",
-        "echo written",
+    final = shlex.quote(release_dir(cluster, rid))
+    stage = shlex.quote(f"{releases_dir(cluster)}/.stage-{rid}")
+    size = len(base64.b64decode(write_payload(files)))
+    rd = shlex.quote(releases_dir(cluster))
+    # a failed write says how much room is left where it wrote (a full disk is the usual cause)
+    room = (f"df -Pk {rd} 2>/dev/null | awk 'NR==2 {{printf \"%s KiB free on %s\", $4, $6; "
+            f"if ($4 < 1024) printf \" (the disk is full: No space left on device)\"}}'")
+    lines = [
+        "set -e",
+        f"if [ -d {final} ]; then cat >/dev/null; echo exists; exit 0; fi",
+        f'cannot() {{ echo "cannot write {releases_dir(cluster)}: $1; $({room})" >&2; exit 1; }}',
+        f"rm -rf {stage} {stage}.tar",
+        f"trap 'rm -rf {stage} {stage}.tar' EXIT; trap 'exit 129' HUP INT TERM",
+        f'mkdir -p {stage}/logs || cannot "mkdir failed"',
+        f"chmod 700 {stage}",
+        f'base64 -d > {stage}.tar || cannot "the release archive could not be stored"',
+        f'[ "$(wc -c < {stage}.tar)" -eq {size} ] || {{ echo "the release archive arrived torn" >&2; exit 1; }}',
+        f'tar -x --no-same-owner -f {stage}.tar -C {stage} || cannot "the release files could not be unpacked"',
+        f"rm -f {stage}.tar",
     ]
+    lines += [f"[ -f {stage}/{name} ]" for name in sorted(files)]
+    lines += [f"mv {stage} {final}", "trap - EXIT HUP INT TERM", "echo written"]
     return "\n".join(lines) + "\n"
+
+
+def write_payload(files: dict[str, tuple[str, int]]) -> str:
+    """The release's files as a base64 tar archive (modes kept), for ``write_script``'s standard input."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, (content, mode) in sorted(files.items()):
+            data = content.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, 0
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buf.getvalue()).decode()
 
 
 def ledger_record(cluster: Cluster, rid: str, result: str, image_id: str | None, config_hash: str, **extra) -> dict:
@@ -98,8 +130,18 @@ def ledger_record(cluster: Cluster, rid: str, result: str, image_id: str | None,
     return rec
 
 
+RESULTS = ("started", "good", "failed", "rolled back")
+
+
+def line_sum(record: dict) -> str:
+    """The hash a ledger or audit line carries of the rest of itself."""
+    body = {k: v for k, v in record.items() if k != "sum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
 def append_script(path: str, record: dict) -> str:
-    """Append one JSON line under flock (one write: never a torn line)."""
+    """Append one JSON line, with its ``sum``, under flock (one write: never a torn line)."""
+    record = {**{k: v for k, v in record.items() if k != "sum"}, "sum": line_sum(record)}
     line = json.dumps(record, sort_keys=True, separators=(",", ":"))
     if "\n" in line:
         raise ValueError("a ledger line must be one line")
@@ -117,14 +159,43 @@ def set_current_script(cluster: Cluster, rid: str) -> str:
     return f"ln -sfn {shlex.quote('releases/' + rid)} {shlex.quote(tmp)} && mv -T {shlex.quote(tmp)} {shlex.quote(link)}"
 
 
-def parse_ledger(text: str) -> list[dict]:
-    """Every parsable line; a torn or foreign line is skipped, never fatal."""
-    out = []
-    for line in text.splitlines():
+def parse_lines(text: str, what: str = "ledger") -> tuple[list[dict], list[str]]:
+    """(every trustworthy line, a problem per line that is not): a line that
+    is not JSON (torn), not an object, or whose ``sum`` does not match what it
+    says (edited) is skipped and named by its line number. Lines written
+    before lines carried a sum are kept."""
+    out, problems = [], []
+    for no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
         try:
             rec = json.loads(line)
         except ValueError:
+            problems.append(f"{what} line {no} is not JSON (torn or edited), skipped: {line[:80]!r}")
             continue
-        if isinstance(rec, dict) and "release" in rec:
-            out.append(rec)
-    return out
+        if not isinstance(rec, dict):
+            problems.append(f"{what} line {no} is not a record, skipped: {line[:80]!r}")
+            continue
+        if "sum" in rec and rec["sum"] != line_sum(rec):
+            problems.append(f"{what} line {no} does not match its checksum (edited after it was written), skipped: {line[:80]!r}")
+            continue
+        out.append(rec)
+    return out, problems
+
+
+def parse_ledger_checked(text: str) -> tuple[list[dict], list[str]]:
+    """Ledger records and the problems of the lines that were skipped."""
+    recs, problems = parse_lines(text, "ledger")
+    out = []
+    for rec in recs:
+        rid, result = rec.get("release"), rec.get("result")
+        if not isinstance(rid, str) or not RELEASE_RE.match(rid) or result not in RESULTS:
+            problems.append(f"ledger line for {str(rid)[:40]!r} has no valid release id and result ({str(result)[:20]!r}), skipped")
+            continue
+        out.append(rec)
+    return out, problems
+
+
+def parse_ledger(text: str) -> list[dict]:
+    """Every trustworthy ledger line; a torn, edited or foreign line is skipped, never fatal."""
+    return parse_ledger_checked(text)[0]

@@ -18,6 +18,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from .errors import SECRETS
 from .runner import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, HostResult
 
 STATUS_STYLE = {OK: "green", CHANGED: "yellow", FAILED: "bold red", UNREACHABLE: "bold red", SKIPPED: "cyan"}
@@ -114,13 +115,33 @@ def emit_json(doc: dict) -> None:
     sys.stdout.flush()
 
 
-def mask(text: str, secrets: list[str]) -> str:
-    """Replace every secret value in ``text`` with ***."""
-    for value in sorted((s for s in secrets if s), key=len, reverse=True):
+def mask(text: str, secrets: list[str] | None = None) -> str:
+    """Replace every secret value in ``text`` (``secrets`` and every secret
+    this process has read, errors.SECRETS) with ***."""
+    for value in sorted({s for s in list(secrets or []) + list(SECRETS) if s}, key=len, reverse=True):
         text = text.replace(value, "***")
     return text
 
 
 def mask_env(env: dict[str, str], secrets: list[str]) -> dict[str, str]:
     """``env`` with every value that is a secret shown as ***."""
-    return {k: ("***" if v and v in secrets else v) for k, v in env.items()}
+    return {k: ("***" if v and (v in secrets or v in SECRETS) else v) for k, v in env.items()}
+
+
+@contextmanager
+def shielded():
+    """Ignore SIGINT and SIGTERM while cleaning up after an interruption (the
+    stop, the ledger line, the lock): a second Ctrl-C must not leave the
+    cluster half-stopped with the lock held. Only in the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

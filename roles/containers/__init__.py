@@ -49,13 +49,21 @@ def states_script(containers: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# docker's container states (docker inspect .State.Status), and the script's own "missing"
+STATES = {"created", "restarting", "running", "removing", "paused", "exited", "dead", "missing"}
+
+
 def parse_states(out: str) -> dict[str, tuple[str, str]]:
-    """``states_script``'s output -> {container: (status, exit code)}."""
+    """``states_script``'s output -> {container: (status, exit code)}. A line
+    whose status is not one of docker's is ("unreadable", the line)."""
     res = {}
     for line in out.splitlines():
         parts = line.split()
         if len(parts) >= 2:
-            res[parts[0]] = (parts[1], parts[2] if len(parts) > 2 else "")
+            if parts[1] in STATES:
+                res[parts[0]] = (parts[1], parts[2] if len(parts) > 2 else "")
+            else:
+                res[parts[0]] = ("unreadable", repr(line.strip()[:200]))
     return res
 
 

@@ -67,13 +67,19 @@ def build(cluster: Cluster, node: Node) -> str:
     return "\n".join(parts) + "\n"
 
 
-def split_sections(stdout: str) -> dict[str, tuple[str, int]]:
-    sections: dict[str, tuple[str, int]] = {}
+def split_sections(stdout: str) -> dict[str, tuple[str, int | None]]:
+    """{section: (its text, its exit status)}; the status is None when its
+    line is unreadable (output cut short or garbled): never a success."""
+    sections: dict[str, tuple[str, int | None]] = {}
     name, buf = None, []
     for line in stdout.splitlines():
-        if line.startswith(MARK + "rc "):
+        head, mark, rest = line.partition(MARK + "rc ")
+        if mark:
             if name is not None:
-                sections[name] = ("\n".join(buf), int(line.split()[-1]))
+                if head:  # the last line of an output without a final newline (a file's last line, say)
+                    buf.append(head)
+                m = re.fullmatch(r"[0-9]{1,3}", rest.strip())
+                sections[name] = ("\n".join(buf), int(m.group()) if m else None)
             name, buf = None, []
         elif line.startswith(MARK + " "):
             name, buf = line[len(MARK) + 1 :], []
@@ -82,17 +88,36 @@ def split_sections(stdout: str) -> dict[str, tuple[str, int]]:
     return sections
 
 
+def number(text: str) -> int | None:
+    """``text`` as a non-negative integer if it is ASCII digits only, else None
+    (``str.isdigit`` is also true for '²', which ``int`` refuses)."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def excerpt(text: str, limit: int = 240) -> str:
+    """What a node printed, for a message: stripped, its beginning and its end
+    when longer than ``limit``, quoted (control characters escaped)."""
+    text = text.strip()
+    if len(text) > limit:
+        text = f"{text[: limit // 2]} ... {text[-(limit // 2):]}"
+    return repr(text)
+
+
+# no machine has more CPUs than this; a larger range in a CPU list is garbage
+MAX_CPUS = 65536
+
+
 def _cpulist(text: str) -> list[int]:
     cpus: list[int] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            cpus.extend(range(int(lo), int(hi) + 1))
-        elif part.isdigit():
-            cpus.append(int(part))
+        lo, sep, hi = part.partition("-")
+        a, b = number(lo), number(hi) if sep else number(lo)
+        if a is not None and b is not None and a <= b < MAX_CPUS:
+            cpus.extend(range(a, b + 1))
     return cpus
 
 
@@ -101,22 +126,22 @@ def parse_lscpu(text: str) -> dict[int, int]:
     out: dict[int, int] = {}
     for line in text.splitlines():
         f = line.split()
-        if len(f) >= 2 and f[0].isdigit():
-            out[int(f[0])] = int(f[1]) if f[1].isdigit() else 0
+        if len(f) >= 2 and number(f[0]) is not None:
+            out[number(f[0])] = number(f[1]) or 0
     return out
 
 
 def parse_numactl(text: str) -> list[dict]:
     nodes: dict[int, dict] = {}
     for line in text.splitlines():
-        m = re.match(r"node (\d+) (cpus|size|free):\s*(.*)$", line)
+        m = re.match(r"node ([0-9]+) (cpus|size|free):\s*(.*)$", line)
         if not m:
             continue
         n = nodes.setdefault(int(m.group(1)), {"id": int(m.group(1)), "cpus": 0, "size_mb": 0, "free_mb": 0})
         if m.group(2) == "cpus":
             n["cpus"] = len(m.group(3).split())
         else:
-            n[f"{m.group(2)}_mb"] = int(m.group(3).split()[0])
+            n[f"{m.group(2)}_mb"] = number((m.group(3).split() or [""])[0]) or 0
     return [nodes[k] for k in sorted(nodes)]
 
 
@@ -141,13 +166,14 @@ def parse_npu_smi(text: str) -> list[dict]:
     while i < len(rows) - 1:
         a = [c.strip() for c in rows[i].strip("|").split("|")]
         b = [c.strip() for c in rows[i + 1].strip("|").split("|")]
-        if len(a) >= 2 and len(b) >= 2 and re.match(r"^\d+\s+\S", a[0]) and re.match(r"^\d+", b[0]) and re.match(r"^[0-9A-Fa-f]{4}:", b[1]):
-            npu, name = a[0].split(None, 1)
+        ma, mb = re.match(r"^([0-9]+)\s+(\S.*)$", a[0]), re.match(r"^([0-9]+)", b[0])
+        if len(a) >= 2 and len(b) >= 2 and ma and mb and re.match(r"^[0-9A-Fa-f]{4}:", b[1]):
+            name = ma.group(2)
             devices.append(
                 {
                     "id": len(devices),
-                    "npu": int(npu),
-                    "chip": int(b[0].split()[0]),
+                    "npu": int(ma.group(1)),
+                    "chip": int(mb.group(1)),
                     "name": name.strip(),
                     "health": a[1],
                     "bus_id": b[1],
@@ -167,12 +193,12 @@ def parse_topo_affinity(text: str, prefix: str) -> dict[int, list[int]]:
         return {}
     out: dict[int, list[int]] = {}
     for ln in lines:
-        m = re.match(rf"^{prefix}(\d+)\s", ln)
+        m = re.match(rf"^{prefix}([0-9]+)\s", ln)
         if not m:
             continue
         cells = ln.split()
-        cpu = next((c for c in cells[1:] if re.match(r"^\d+(-\d+)?(,\d+(-\d+)?)*$", c)), None)
-        if cpu is not None:
+        cpu = next((c for c in cells[1:] if re.match(r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$", c)), None)
+        if cpu is not None and _cpulist(cpu):
             out[int(m.group(1))] = _cpulist(cpu)
     return out
 
@@ -181,16 +207,22 @@ def parse_nvsmi(text: str) -> list[dict]:
     gpus = []
     for line in text.splitlines():
         f = [x.strip() for x in line.split(",")]
-        if len(f) >= 6 and f[0].isdigit():
+        if len(f) >= 6 and number(f[0]) is not None:
             ecc = f[5]
+            if ecc in ("0", "[N/A]", "N/A"):
+                health = "OK"
+            elif number(ecc) is not None or re.fullmatch(r"\[[^\]]+\]", ecc):  # a count, or nvidia-smi's [Not Supported]
+                health = f"ECC errors: {ecc}"
+            else:  # cut short or garbled: show the line
+                health = f"unreadable nvidia-smi line: {excerpt(line)}"
             gpus.append(
                 {
-                    "id": int(f[0]),
+                    "id": number(f[0]),
                     "name": f[1],
                     "uuid": f[2],
-                    "mem_mib": int(f[3]) if f[3].isdigit() else None,
+                    "mem_mib": number(f[3]),
                     "bus_id": f[4],
-                    "health": "OK" if ecc in ("0", "[N/A]", "N/A") else f"ECC errors: {ecc}",
+                    "health": health,
                 }
             )
     return gpus
@@ -223,7 +255,10 @@ def parse_df(text: str) -> tuple[float | None, str | None]:
     if len(lines) < 2:
         return None, None
     f = lines[-1].split()
-    return round(int(f[3]) / 1048576, 1), (f[5] if len(f) > 5 else None)
+    free = number(f[3]) if len(f) > 3 else None
+    if free is None:
+        return None, None
+    return round(free / 1048576, 1), (f[5] if len(f) > 5 else None)
 
 
 def parse_listen(text: str) -> list[int]:
@@ -232,9 +267,9 @@ def parse_listen(text: str) -> list[int]:
     for line in text.splitlines():
         f = line.split()
         if len(f) >= 4 and f[0] == "LISTEN":
-            port = f[3].rsplit(":", 1)[-1]
-            if port.isdigit():
-                ports.add(int(port))
+            port = number(f[3].rsplit(":", 1)[-1])
+            if port is not None:
+                ports.add(port)
     return sorted(ports)
 
 
@@ -247,14 +282,15 @@ def parse_ibstat(text: str) -> list[dict]:
         if m:
             ca = m.group(1)
             continue
-        m = re.match(r"^\s+Port (\d+):", line)
+        m = re.match(r"^\s+Port ([0-9]+):", line)
         if m and ca:
             ports.append({"ca": ca, "port": int(m.group(1)), "state": None, "phys": None, "rate": None})
             continue
         m = re.match(r"^\s+(State|Physical state|Rate):\s*(\S+)", line)
         if m and ports and ports[-1]["ca"] == ca:
             key = {"State": "state", "Physical state": "phys", "Rate": "rate"}[m.group(1)]
-            ports[-1][key] = int(m.group(2)) if key == "rate" and m.group(2).isdigit() else m.group(2)
+            rate = number(m.group(2)) if key == "rate" else None
+            ports[-1][key] = rate if rate is not None else m.group(2)
     return ports
 
 
@@ -312,6 +348,15 @@ def parse(cluster: Cluster, node: Node, stdout: str) -> dict:
             d["numa"] = _numa_of(d["cpu_affinity"], cpu_nodes)
         facts["accelerator"] = "gpu"
         facts["ib_ports"] = parse_ibstat(text("ibstat") or "") if text("ibstat") is not None else None
+    # what a device table or ibstat printed when it could not be read (or not all of it)
+    unreadable: dict[str, str] = {}
+    table, tool = ("npusmi", "npu-smi info") if cluster.platform_info.vendor == "ascend" else ("nvsmi", "nvidia-smi")
+    if node.devices and len(accel) < node.devices:
+        unreadable[tool] = _printed(s, table)
+    if "ib_ports" in facts and not facts["ib_ports"]:
+        unreadable["ibstat"] = _printed(s, "ibstat")
+    if unreadable:
+        facts["unreadable"] = unreadable
     for d in accel:
         if d.get("cpu_affinity"):
             d["cpu_list"] = d["cpu_affinity"]
@@ -321,6 +366,16 @@ def parse(cluster: Cluster, node: Node, stdout: str) -> dict:
     facts["devices_expected"] = node.devices
     facts["problems"] = _problems(cluster, node, facts)
     return facts
+
+
+def _printed(s: dict[str, tuple[str, int | None]], name: str) -> str:
+    """What section ``name`` of the facts output says, for a problem."""
+    if name not in s:
+        return "gave no answer (the facts output has no such section: cut short?)"
+    text, rc = s[name]
+    if rc == 0:
+        return f"printed {excerpt(text)}"
+    return f"failed (exit {rc if rc is not None else 'unreadable'}): {excerpt(text)}"
 
 
 def _numa_of(cpus: list[int] | None, cpu_nodes: dict[int, int]) -> int | None:
@@ -367,9 +422,11 @@ def _problems(cluster: Cluster, node: Node, facts: dict) -> list[str]:
     out = []
     if node.devices and len(facts["devices"]) < node.devices:
         out.append(f"{len(facts['devices'])} of {node.devices} {facts['accelerator'].upper()}s visible")
+        out += [f"{tool} {what}" for tool, what in facts.get("unreadable", {}).items() if tool != "ibstat"]
     bad = [str(d["id"]) for d in facts["devices"] if d.get("health") != "OK"]
     if bad:
         out.append(f"{facts['accelerator'].upper()} {','.join(bad)} not healthy")
+        out += [f"{facts['accelerator'].upper()} {d['id']}: {d['health']}" for d in facts["devices"] if str(d.get("health")).startswith("unreadable")]
     out += nic_problems(node, facts)
     if facts["container_engine"] is None:
         out.append("no container engine (docker --version failed)")
@@ -380,7 +437,12 @@ def gather_step(cluster: Cluster) -> Step:
     def _parse(node: Node, out: str, err: str, code: int) -> HostResult:
         facts = parse(cluster, node, out)
         status = OK if facts["hostname"] else FAILED
-        msg = "" if status == OK else (err.strip() or "facts script printed nothing")
+        msg = ""
+        if status == FAILED:
+            said = [err.strip()] if err.strip() else []
+            if out.strip():  # something else answered (a shell's banner, a cut-short run): show what
+                said.append(f"unreadable facts output (no hostname): {excerpt(out)}")
+            msg = "; ".join(said) or "facts script printed nothing"
         return HostResult(node.name, status, msg=msg, data=facts, exit_code=code)
 
     return Step(name="facts", build=lambda node: build(cluster, node), parse=_parse)

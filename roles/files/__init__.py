@@ -1,7 +1,9 @@
 """Writing a file on a node: atomically, with its mode, and only when it changed.
 
-``put_script`` builds one shell script that carries the new content as
-base64 (so no byte of it is interpreted by the shell), compares it with what
+``put_script`` builds one shell script that takes the new content as base64
+(so no byte of it is interpreted by the shell) on its standard input (so no
+content, a secret say, is ever part of a process command line on the node;
+``via_stdin=False`` embeds it for small non-secret files), compares it with what
 is there (content and mode), and then stages it next to the target and
 replaces the file with ``mv`` (atomic on one filesystem). In check mode it
 only compares and reports, writing nothing. With ``diff`` it prints a
@@ -23,13 +25,22 @@ RESULT = "@@llmdeploy-put@@"
 DIFF_MARK = "@@llmdeploy-diff@@"
 
 
-def put_script(path: str, content: str, mode: int = 0o644, check: bool = False, diff: bool = False) -> str:
+def stdin_payload(content: str) -> str:
+    """What ``put_script(..., via_stdin=True)`` reads on its standard input."""
+    return base64.b64encode(content.encode()).decode()
+
+
+def put_script(path: str, content: str | None, mode: int = 0o644, check: bool = False, diff: bool = False, via_stdin: bool = False) -> str:
     if not PATH_RE.match(path) or ".." in path.split("/"):
         raise ValueError(f"unsafe path {path!r}")
     q = shlex.quote(path)
-    b64 = shlex.quote(base64.b64encode(content.encode()).decode())
     m = f"{mode:o}"
-    lines = ["set -e", f"f={q}", 'd=$(dirname "$f")', f"new() {{ printf %s {b64} | base64 -d; }}"]
+    lines = ["set -e", f"f={q}", 'd=$(dirname "$f")']
+    if via_stdin:
+        # held in a shell variable: printf is a builtin, so the content never is an argument of a process
+        lines += ["b64=$(cat)", 'new() { printf %s "$b64" | base64 -d; }']
+    else:
+        lines.append(f"new() {{ printf %s {shlex.quote(stdin_payload(content or ''))} | base64 -d; }}")
     same = f'[ -f "$f" ] && new | cmp -s - "$f" && [ "$(stat -c %a "$f")" = {m} ]'
     lines.append(f'if {same}; then echo "{RESULT} unchanged"; exit 0; fi')
     if diff:
@@ -46,10 +57,11 @@ def put_script(path: str, content: str, mode: int = 0o644, check: bool = False, 
         lines += [
             'mkdir -p "$d"',
             'tmp=$(mktemp "$d/.llmdeploy.XXXXXX")',
-            "trap 'rm -f \"$tmp\"' EXIT",
+            # a signal (the SSH session hung up: the operator's Ctrl-C) removes the temporary file too
+            "trap 'rm -f \"$tmp\"' EXIT; trap 'exit 129' HUP INT TERM",
             'new > "$tmp"',
             f'chmod {m} "$tmp"',
-            f'mv -f "$tmp" "$f"; trap - EXIT; echo "{RESULT} changed"',
+            f'mv -f "$tmp" "$f"; trap - EXIT HUP INT TERM; echo "{RESULT} changed"',
         ]
     return "\n".join(lines) + "\n"
 
@@ -81,10 +93,10 @@ def put_step(
     """A runner Step writing ``spec(node) -> (path, content, mode)`` on each node.
     ``secrets`` are values masked as *** in the diff and in the kept output."""
     def build(node: Node) -> str:
-        path, content, mode = spec(node)
-        return put_script(path, content, mode, check=check, diff=diff)
+        path, _, mode = spec(node)
+        return put_script(path, None, mode, check=check, diff=diff, via_stdin=True)
 
     def parse(node: Node, out: str, err: str, code: int) -> HostResult:
         return parse_put(node, out, err, code, check, secrets, path=spec(node)[0])
 
-    return Step(name=name, build=build, parse=parse)
+    return Step(name=name, build=build, parse=parse, stdin=lambda node: stdin_payload(spec(node)[1]))

@@ -14,6 +14,7 @@ import shlex
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
 from roles import fail_odd_ones, hosts_text
+from roles.facts import excerpt
 
 MARK = "@@llmdeploy-image@@"
 INSPECT = "{{.Id}} {{json .RepoDigests}}"
@@ -49,11 +50,16 @@ def parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostRe
     m = re.search(rf"^{re.escape(MARK)} (\S+)(?: (sha256:[0-9a-f]+) (.*))?$", out, re.M)
     if code != 0 or not m:
         lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-        return HostResult(node.name, FAILED, msg=f"image {cluster.image.ref}: {lines[-1] if lines else f'exit {code}'}")
+        said = f"exit {code}: unreadable output {excerpt(out)}" if out.strip() else f"exit {code}"
+        return HostResult(node.name, FAILED, msg=f"image {cluster.image.ref}: {lines[-1] if lines else said}")
     state, image_id = m.group(1), m.group(2)
+    if image_id is None and not state.startswith("would-"):  # the ID cut short or garbled
+        return HostResult(node.name, FAILED, msg=f"image {cluster.image.ref}: unreadable image ID in {excerpt(m.group(0))}")
     try:
         digests = json.loads(m.group(3)) if m.group(3) else []
-    except ValueError:
+    except (ValueError, RecursionError):
+        digests = []
+    if not isinstance(digests, list):
         digests = []
     data = {"ref": cluster.image.ref, "id": image_id, "repo_digests": digests or [], "state": state}
     if state == "present":
@@ -112,6 +118,9 @@ def accessories_parse(cluster: Cluster, node: Node, out: str, err: str, code: in
     if code != 0:
         lines = [ln for ln in err.strip().splitlines() if ln.strip()]
         return HostResult(node.name, FAILED, msg=lines[-1] if lines else f"exit {code}")
+    unanswered = [ref for ref in accessories(cluster) if ref not in {r for _, r in states}]
+    if unanswered:  # every image the script asked about says its state
+        return HostResult(node.name, FAILED, msg=f"no answer for {', '.join(unanswered)}: unreadable output {excerpt(out)}")
     changed = [f"{st} {ref}" for st, ref in states if st != "present"]
     if changed:
         return HostResult(node.name, CHANGED, msg="; ".join(changed), data=dict((ref, st) for st, ref in states))

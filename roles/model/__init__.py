@@ -11,6 +11,7 @@ import shlex
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import FAILED, OK, HostResult, Step
 from roles import fail_odd_ones, hosts_text
+from roles.facts import excerpt, number
 
 MARK = "@@llmdeploy-model@@"
 
@@ -54,7 +55,7 @@ def parse_manifest(out: str) -> dict[str, dict | None]:
         elif cur and result.get(cur) is not None:
             if section == "files" and "\t" in line:
                 name, size = line.rsplit("\t", 1)
-                result[cur]["files"][name] = int(size) if size.isdigit() else size
+                result[cur]["files"][name] = number(size) if number(size) is not None else size
             elif section == "sums":
                 m = re.match(r"^([0-9a-f]{64})\s+\*?(.+)$", line)
                 if m:
@@ -107,8 +108,12 @@ def check_step(ctx) -> Step:
 
     def parse(node: Node, out: str, err: str, code: int) -> HostResult:
         if code != 0:
-            return HostResult(node.name, FAILED, msg=(err.strip() or f"exit {code}").splitlines()[-1])
+            said = f"exit {code}: {excerpt(out)}" if out.strip() else f"exit {code}"
+            return HostResult(node.name, FAILED, msg=(err.strip() or said).splitlines()[-1])
         manifest = parse_manifest(out)
+        unanswered = [path for path in paths(cluster) if path not in manifest]
+        if unanswered:  # not "does not exist": the listing did not say (cut short, or something else printed)
+            return HostResult(node.name, FAILED, msg=f"no answer for {', '.join(unanswered)}: unreadable output {excerpt(out)}")
         bad = problems(cluster, manifest)
         n = sum(len(m["files"]) for m in manifest.values() if m)
         data = {"manifest": manifest, "key": json.dumps(manifest, sort_keys=True)}

@@ -14,10 +14,13 @@ def ib_problems(cluster: Cluster, facts: dict) -> list[str]:
     if cluster.platform_info.vendor != "nvidia" or cluster.ib_rate is None:
         return []
     ports = facts.get("ib_ports")
+    # what ibstat printed, when it failed or listed no port (roles.facts keeps it)
+    said = (facts.get("unreadable") or {}).get("ibstat")
+    said = f": ibstat {said}" if said else ""
     if ports is None:
-        return ["ibstat failed or is not installed (install infiniband-diags, or set ib_rate=None for clusters without InfiniBand)"]
+        return ["ibstat failed or is not installed (install infiniband-diags, or set ib_rate=None for clusters without InfiniBand)" + said]
     if not ports:
-        return ["ibstat shows no InfiniBand port"]
+        return ["ibstat shows no InfiniBand port" + said]
     out = []
     for p in ports:
         bad = []

@@ -13,6 +13,7 @@ import shlex
 
 from llmdeploy.inventory import Cluster, DynamoProfile, Node
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
+from roles.facts import excerpt
 
 MARK = "@@llmdeploy-wheels@@"
 CONTAINER_WHEELS = "/wheels"
@@ -91,12 +92,18 @@ def parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostRe
     want = pins(cluster)
     states = re.findall(rf"^{re.escape(MARK)} state (\S+)$", out, re.M)
     vm = re.findall(rf"^{re.escape(MARK)} versions (.*)$", out, re.M)
-    versions = json.loads(vm[-1]) if vm else {}
+    try:
+        versions = json.loads(vm[-1]) if vm else {}
+    except (ValueError, RecursionError):
+        versions = None
+    unreadable = f"unreadable versions {excerpt(vm[-1])}" if vm and not isinstance(versions, dict) else ""
+    versions = versions if isinstance(versions, dict) else {}
     data = {"image": derived_ref(cluster), "versions": versions, "pins": want}
     if code != 0 or not states:
-        wrong = [f"{k} is {versions.get(k)} (pinned {v})" for k, v in want.items() if vm and versions.get(k) != v]
+        wrong = [f"{k} is {versions.get(k)} (pinned {v})" for k, v in want.items() if vm and not unreadable and versions.get(k) != v]
         lines = [ln for ln in err.strip().splitlines() if ln.strip() and not ln.startswith("WARNING")]
-        reason = "; ".join(wrong) or (lines[-1] if lines else f"exit {code}")
+        said = f"exit {code}: unreadable output {excerpt(out)}" if out.strip() else f"exit {code}"
+        reason = "; ".join(wrong) or unreadable or (lines[-1] if lines else said)
         return HostResult(node.name, FAILED, msg=f"wheels: {reason}", data=data)
     state = states[-1]
     shown = ", ".join(f"{k}=={versions.get(k, v)}" for k, v in want.items())

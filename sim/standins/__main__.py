@@ -405,9 +405,24 @@ TOOLS = {
 }
 
 
+def _hang(tool: str) -> None:
+    """Fault injection: ``node.json`` ``{"hang": {"npu-smi": 30}}`` makes the
+    tool sleep that long before answering (a wedged driver, a hung command)."""
+    try:
+        seconds = float((_hw().get("hang") or {}).get(tool, 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return
+    if seconds > 0:
+        import time
+
+        time.sleep(seconds)
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:
         return _fail(f"usage: python -m sim.standins {{{','.join(TOOLS)}}} ...", 2)
+    if not sys.argv[1].startswith("container-"):
+        _hang(sys.argv[1])
     return TOOLS[sys.argv[1]](sys.argv[2:])
 
 

@@ -100,7 +100,7 @@ def test_worker_crashing_once_is_retried_and_both_logs_kept(faults):
 
 def test_worker_always_crashing_fails_with_bundle_and_reason(faults, tmp_path):
     faults("sim-a3-1", always_crash=True)
-    res = _deploy("--skip-prepare", env={"LLMDEPLOY_LOG_DIR": str(tmp_path)})
+    res = _deploy("--skip-prepare", "--no-rollback", env={"LLMDEPLOY_LOG_DIR": str(tmp_path)})
     assert res.returncode == 1
     assert "deploy failed on sim-a3-1: worker exited 3 times; last reason: out of device memory" in res.stdout
     rec = _ledger()[-1]
@@ -114,8 +114,9 @@ def test_worker_always_crashing_fails_with_bundle_and_reason(faults, tmp_path):
         assert (bundle / f"sim-a3-{i}" / "npu-smi.txt").read_text().startswith("+")
     attempts = sorted(p.name for p in (bundle / "sim-a3-1" / "release").glob("*.attempt-*.log"))
     assert attempts == [f"sim-a3-{rid}.attempt-1.log", f"sim-a3-{rid}.attempt-2.log"]
-    # the cluster is left stopped
+    # --no-rollback: the cluster is left as the failure left it, and says how to roll back
     assert all(_containers(f"sim-a3-{i}") == {} for i in range(4))
+    assert "--no-rollback: the cluster is left as the failed deploy left it" in res.stdout and f"invoke rollback --cluster {SIM_CLUSTER}" in res.stdout
 
 
 def test_worker_on_the_wrong_nic_fails_with_the_hccl_reason(faults, tmp_path):
@@ -125,7 +126,7 @@ def test_worker_on_the_wrong_nic_fails_with_the_hccl_reason(faults, tmp_path):
     # node 2's serving NIC named wrong: its HCCL_SOCKET_IFNAME does not own HCCL_IF_IP
     text = text.replace('sim_nodes("sim-a3-", 4, "198.19.3.10")', 'sim_nodes("sim-a3-", 4, "198.19.3.10", **{"2": {"nic": "mgmt0"}})')
     (inv / "sim_a3.py").write_text(text)
-    res = _deploy("--skip-prepare", env={"LLMDEPLOY_INVENTORY": str(inv), "LLMDEPLOY_LOG_DIR": str(tmp_path / "logs")})
+    res = _deploy("--skip-prepare", "--no-rollback", env={"LLMDEPLOY_INVENTORY": str(inv), "LLMDEPLOY_LOG_DIR": str(tmp_path / "logs")})
     assert res.returncode == 1
     assert "deploy failed on sim-a3-2" in res.stdout
     assert "HCCL init failed: HCCL_SOCKET_IFNAME must be the NIC that owns HCCL_IF_IP" in res.stdout

@@ -150,7 +150,7 @@ def test_a_rank_that_crashes_once_is_retried_and_one_that_always_crashes_fails_w
     assert "CUDA out of memory on a rank" in res.stdout and "restarting the whole group" in res.stdout
 
     faults("sim-b200-1", crash_starts=10)
-    res = _deploy("--skip-prepare", env={"LLMDEPLOY_LOG_DIR": str(tmp_path)})
+    res = _deploy("--skip-prepare", "--no-rollback", env={"LLMDEPLOY_LOG_DIR": str(tmp_path)})
     assert res.returncode == 1
     assert "deploy failed on sim-b200-0: world exited 3 times; last reason: CUDA out of memory on a rank" in res.stdout
     rid = _ledger()[-1]["release"]

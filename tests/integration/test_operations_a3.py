@@ -89,7 +89,10 @@ def test_rollback_brings_back_a_exact_files_and_image(releases_ab):
     doc = json.loads(run_invoke("releases", "--cluster", SIM_CLUSTER, "--json").stdout)
     rows = {r["release"]: r for r in doc["releases"]}
     assert doc["current"] == a and rows[a]["result"] == "good" and rows[b]["result"] == "good"
-    assert rows[a]["events"][0].startswith("rollback ") and f"from {b}" in rows[a]["events"][0]
+    # every attempt is kept: A's deploy, then the rollback to it from B; B was rolled back
+    assert [" ".join(e.split()[:2]) for e in rows[a]["events"][:2]] == ["deploy started", "deploy good"]
+    assert any(e.startswith(f"rollback good (from {b})") for e in rows[a]["events"])
+    assert rows[b]["was_good"] and rows[b]["events"][-1].startswith(f"rolled back to {a}")
     table = run_invoke("releases", "--cluster", SIM_CLUSTER).stdout
     assert a in table and b in table and "rollback" in table and "current" in table
     assert [(r["command"], r["release"], r["result"]) for r in _audit()][-1] == ("rollback", a, "good")
@@ -215,7 +218,7 @@ def test_a_stale_lock_is_broken_only_with_lock_break(releases_ab):
     assert _ssh("sim-a3-1", "ls /dev/shm/moe_* 2>/dev/null | wc -l").stdout.strip() == "0"
 
 
-def test_failed_deploy_with_rollback_on_failure_brings_back_the_last_good(releases_ab, tmp_path):
+def test_a_failed_deploy_brings_back_the_last_good_by_default(releases_ab, tmp_path):
     good = json.loads(run_invoke("releases", "--cluster", SIM_CLUSTER, "--json").stdout)["current"]
     state = host_dir(SIM_CLUSTER, "sim-a3-1") / "root/etc/llmdeploy-sim"
     saved = hardware.load(state)
@@ -224,7 +227,7 @@ def test_failed_deploy_with_rollback_on_failure_brings_back_the_last_good(releas
     hardware.save(state, dict(saved, vllm={"crash_first": 3}))
     (state / "vllm-starts").unlink(missing_ok=True)
     try:
-        res = run_invoke("deploy", "--cluster", SIM_CLUSTER, "--skip-prepare", "--rollback-on-failure",
+        res = run_invoke("deploy", "--cluster", SIM_CLUSTER, "--skip-prepare",
                          env={"LLMDEPLOY_LOG_DIR": str(tmp_path)}, timeout=400)
     finally:
         hardware.save(state, saved)
@@ -232,6 +235,41 @@ def test_failed_deploy_with_rollback_on_failure_brings_back_the_last_good(releas
     assert "deploy failed on sim-a3-1: worker exited 3 times" in res.stdout
     assert f"-> {good}" in res.stdout and "the last good release is serving again; the deploy still failed" in res.stdout
     ledger = _ledger()
-    assert ledger[-1]["release"] == good and ledger[-1]["action"] == "rollback" and ledger[-1]["result"] == "good"
-    assert ledger[-2]["result"] == "failed"
+    failed = ledger[-4]["release"]
+    assert [(r["release"], r["result"], r.get("action")) for r in ledger[-4:]] == [
+        (failed, "failed", None), (good, "started", "rollback"), (good, "good", "rollback"), (failed, "rolled back", None)]
+    assert ledger[-2]["from"] == failed and ledger[-1]["to"] == good
+    # the audit names the release that was on the cluster before: the failed one
+    assert [(r["command"], r["result"], r.get("from")) for r in _audit()[-2:]] == [("deploy", "failed", None), ("rollback", "good", failed)]
+    assert run_invoke("status", "--cluster", SIM_CLUSTER).returncode == 0
+
+
+def test_a_rollback_that_fails_too_keeps_the_release_good_and_offered(releases_ab, tmp_path):
+    good = json.loads(run_invoke("releases", "--cluster", SIM_CLUSTER, "--json").stdout)["current"]
+    state = host_dir(SIM_CLUSTER, "sim-a3-1") / "root/etc/llmdeploy-sim"
+    saved = hardware.load(state)
+    # node 1 is broken for every release: the deploy fails, and so does the rollback
+    hardware.save(state, dict(saved, vllm={"crash_first": 100}))
+    (state / "vllm-starts").unlink(missing_ok=True)
+    try:
+        res = run_invoke("deploy", "--cluster", SIM_CLUSTER, "--skip-prepare", "--message", "bad node", env={"LLMDEPLOY_LOG_DIR": str(tmp_path)},
+                         timeout=400)
+        assert res.returncode == 1
+        assert "the rollback failed too" in res.stdout and "rollback failed on sim-a3-1" in res.stdout
+        failed = next(r["release"] for r in reversed(_ledger()) if r.get("action") is None and r["result"] == "failed")
+        doc = json.loads(run_invoke("releases", "--cluster", SIM_CLUSTER, "--json").stdout)
+        rows = {r["release"]: r for r in doc["releases"]}
+        # the good release stays known as good, with its failed rollback as its latest attempt, and is still the target
+        assert rows[good]["was_good"] and rows[good]["latest"]["result"] == "failed" and rows[good]["latest"]["action"] == "rollback"
+        assert not rows[failed]["was_good"] and doc["rollback_target"] == good and doc["problems"] == []
+        assert [(r["command"], r["result"], r.get("from")) for r in _audit()[-1:]] == [("rollback", "failed", failed)]
+        table = run_invoke("releases", "--cluster", SIM_CLUSTER).stdout
+        assert "rollback target" in table and "never" in table
+        assert run_invoke("status", "--cluster", SIM_CLUSTER).returncode == 1
+    finally:
+        hardware.save(state, saved)
+    # node 1 mended: the default rollback brings the good release back
+    res = run_invoke("rollback", "--cluster", SIM_CLUSTER, "--message", "node 1 mended", timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"{good} -> {good}" in res.stdout.replace("\n", "") or f"-> {good}" in res.stdout
     assert run_invoke("status", "--cluster", SIM_CLUSTER).returncode == 0

@@ -3,13 +3,16 @@ JSON (plan.json), release files and ids, the start order and stop phases,
 the container lifecycle scripts (run against a stand-in ``docker`` on PATH)
 and the readiness body checks."""
 
+import base64
 import dataclasses
 import functools
+import io
 import json
 import os
 import shlex
 import subprocess
 import sys
+import tarfile
 import textwrap
 import time
 
@@ -94,10 +97,42 @@ def test_every_host_has_plan_json_and_release_json_lists_its_files(name):
         meta = json.loads(files["release.json"][0])
         assert meta["files"] == sorted(files)
         assert (meta["release"], meta["host"], meta["cluster"]) == (rid, host, name)
-        # and every file named is one the release writes (the staging script accepts each name)
-        script = release.write_script(c, rid, files)
-        for f in meta["files"]:
-            assert f"/.stage-{rid}/{f}" in script
+        # and every file named is in what the staging script unpacks, with its mode
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(release.write_payload(files)))) as tar:
+            members = {m.name: m.mode for m in tar.getmembers()}
+        assert sorted(members) == meta["files"]
+        assert all(members[f] == files[f][1] for f in members)
+
+
+def _write_locally(tmp_path, files, payload=None):
+    c = load_cluster("sim-a3").model_copy(update={"base_dir": str(tmp_path)})
+    rid = "20261203T000000Z-0123abcd"
+    res = subprocess.run(["bash", "-c", release.write_script(c, rid, files)], input=release.write_payload(files) if payload is None else payload,
+                         capture_output=True, text=True)
+    return res, tmp_path / "sim-a3" / "releases", rid
+
+
+def test_release_files_arrive_on_stdin_complete_with_modes_or_not_at_all(tmp_path):
+    files = {"env": ("HF_TOKEN=s3cret\n", 0o600), "run.sh": ("#!/bin/sh\necho hi\n", 0o755)}
+    script = release.write_script(load_cluster("sim-a3"), "20261203T000000Z-0123abcd", files)
+    assert "s3cret" not in script and base64.b64encode(b"s3cret").decode()[:6] not in script
+    res, rels, rid = _write_locally(tmp_path, files)
+    assert res.returncode == 0 and res.stdout.strip() == "written", res.stderr
+    assert (rels / rid / "env").read_text() == "HF_TOKEN=s3cret\n"
+    assert oct((rels / rid / "env").stat().st_mode & 0o777) == oct(0o600)
+    assert oct((rels / rid / "run.sh").stat().st_mode & 0o777) == oct(0o755)
+    assert (rels / rid / "logs").is_dir()
+    # written once: a second write changes nothing
+    res, _, _ = _write_locally(tmp_path, {"env": ("other\n", 0o600)})
+    assert res.stdout.strip() == "exists" and (rels / rid / "env").read_text() == "HF_TOKEN=s3cret\n"
+
+
+def test_a_torn_release_payload_leaves_no_directory_behind(tmp_path):
+    files = {"env": ("A=1\n", 0o600)}
+    good = release.write_payload(files)
+    res, rels, rid = _write_locally(tmp_path, files, payload=good[: len(good) // 3])
+    assert res.returncode != 0
+    assert not (rels / rid).exists() and not list(rels.glob(".stage-*"))
 
 
 # --- release ids ------------------------------------------------------------------------------

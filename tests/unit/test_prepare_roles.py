@@ -1,6 +1,8 @@
+
 """The prepare roles' pure parts: command builders, parsers and decisions,
 checked without any host."""
 
+import base64
 import json
 import subprocess
 import xml.etree.ElementTree as ET
@@ -164,7 +166,10 @@ def test_secrets_go_to_a_0600_file_and_never_into_diffs(monkeypatch):
     assert "HF_TOKEN=hf_s3cr3t_value" in commenv.render(c, c.nodes[0])
     step = commenv.render_step(c, check=True, diff=True)
     script = step.build(c.nodes[0])
-    res = subprocess.run(["sh", "-c", script.replace("/etc/llmdeploy/", "/nonexistent-llmdeploy-test/")], capture_output=True, text=True)
+    # the content (the secret) travels on standard input, never in the command
+    assert "hf_s3cr3t_value" not in script and base64.b64encode(b"HF_TOKEN=hf_s3cr3t_value")[:12].decode() not in script
+    res = subprocess.run(["sh", "-c", script.replace("/etc/llmdeploy/", "/nonexistent-llmdeploy-test/")], capture_output=True, text=True,
+                         input=step.stdin(c.nodes[0]))
     r = step.parse(c.nodes[0], res.stdout, res.stderr, res.returncode)
     assert "+HF_TOKEN=***" in r.data["diff"] and "hf_s3cr3t_value" not in r.stdout + r.data["diff"]
 
