@@ -375,26 +375,11 @@ _PARALLEL_KEYS = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp"}
 
 
 def _override_value_problem(value, where: str) -> str | None:
-    """Why ``value`` cannot go into the overrides YAML, or None."""
-    if value is None or isinstance(value, (bool, int, str)):
+    """Why ``value`` cannot go into the overrides YAML, or None (YAML holds what JSON holds)."""
+    problem = _json_value_problem(value, where)
+    if problem is None:
         return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{where}: {value!r} is not a finite number"
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            problem = _override_value_problem(item, f"{where}[{i}]")
-            if problem:
-                return problem
-        return None
-    if isinstance(value, dict):
-        for k, item in value.items():
-            if not isinstance(k, str):
-                return f"{where}: key {k!r} is not a string"
-            problem = _override_value_problem(item, f"{where}.{k}")
-            if problem:
-                return problem
-        return None
-    return f"{where}: a {type(value).__name__} cannot be written to YAML (use str, int, float, bool, None, lists, mappings)"
+    return f"{problem[0]}: {problem[1].replace('written as JSON', 'written to YAML')}"
 
 
 def flatten_overrides(overrides: dict) -> tuple[dict[str, object], list[tuple[str, str]]]:

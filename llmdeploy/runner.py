@@ -30,6 +30,7 @@ from fabric import Config, Connection
 from fabric.runners import Remote
 from invoke.exceptions import CommandTimedOut, ThreadException
 
+from .errors import InventoryError
 from .inventory import Cluster, Node
 
 OK, CHANGED, FAILED, UNREACHABLE, SKIPPED = "ok", "changed", "failed", "unreachable", "skipped"
@@ -171,6 +172,9 @@ def make_connection(cluster: Cluster, node: Node) -> Connection:
     """Build (not open) the Fabric connection for one node. Call from the main
     thread: building Connections concurrently races inside Invoke's Config."""
     ssh = cluster.ssh
+    if ssh.config_file and not os.path.isfile(os.path.expanduser(ssh.config_file)):
+        hint = f" (is the simulated cluster up? invoke sim.up --cluster {cluster.name})" if cluster.name.startswith("sim-") else ""
+        raise InventoryError(f"cluster {cluster.name}", [f"ssh.config_file: {ssh.config_file} does not exist{hint}"])
     overrides: dict[str, Any] = {"load_ssh_configs": True, "runners": {"remote": StoppingRemote}}
     config = Config(overrides=overrides, runtime_ssh_path=ssh.config_file) if ssh.config_file else Config(overrides=overrides)
     # Every phase has a deadline: TCP connect (timeout), the server's banner and

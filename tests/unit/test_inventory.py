@@ -159,3 +159,12 @@ def test_unknown_limit_host_exits_2(invoke):
     res = invoke("facts", "--cluster", "a3", "--limit", "a3-node-9")
     assert res.returncode == 2
     assert "a3-node-9" in res.stderr
+
+
+def test_a_missing_ssh_config_file_is_named_before_any_connection(tmp_path):
+    from llmdeploy.runner import Runner
+
+    c = load_cluster("sim-a3")
+    c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"config_file": str(tmp_path / "gone" / "ssh_config")})})
+    with pytest.raises(InventoryError, match=r"ssh\.config_file: .*/gone/ssh_config does not exist \(is the simulated cluster up\? invoke sim\.up"):
+        Runner(c)
