@@ -91,7 +91,10 @@ def describe(holder: dict) -> str:
     except (TypeError, ValueError):
         age = f"since_epoch {str(holder.get('since_epoch'))[:40]!r} unreadable"
     msg = f", message {holder['message']!r}" if holder.get("message") else ""
-    return f"{holder.get('who')} (pid {holder.get('pid')}) since {holder.get('since')} ({age}), running {holder.get('command')!r}{msg}"
+    def get(key: str) -> str:
+        return str(holder.get(key)) if holder.get(key) is not None else "?"
+
+    return f"{get('who')} (pid {get('pid')}) since {get('since')} ({age}), running {get('command')!r}{msg}"
 
 
 def audit(runner, cluster: Cluster, command: str, result: str, release: str | None = None, **extra) -> None:

@@ -355,3 +355,26 @@ def test_lock_wait_waits_for_the_holder_and_then_runs(healthy):
             lock.rmdir()
     assert _lock_free()
     assert run_invoke("status", "--cluster", SIM_CLUSTER).returncode == 0
+
+
+# --- the records ----------------------------------------------------------------------------
+def test_a_torn_or_edited_ledger_line_is_named_and_skipped(healthy):
+    path = _base("sim-a3-0") / "ledger.jsonl"
+    original = path.read_text()
+    last = json.loads(original.splitlines()[-1])
+    edited = json.dumps({**last, "result": "failed"})  # its sum no longer matches
+    try:
+        path.write_text(original + edited + "\n" + '{"release": "20261203T0' + "\n")
+        res = run_invoke("releases", "--cluster", SIM_CLUSTER, "--json")
+        assert res.returncode == 0
+        doc = json.loads(res.stdout)
+        n = len(original.splitlines())
+        assert len(doc["problems"]) == 2
+        assert f"ledger line {n + 1} does not match its checksum" in doc["problems"][0] and f"ledger line {n + 2} is not JSON" in doc["problems"][1]
+        assert "warning:" in res.stderr and "ledger.jsonl" in res.stderr
+        rows = {r["release"]: r for r in doc["releases"]}
+        assert rows[last["release"]]["result"] == last["result"]  # the edit was not trusted
+        table = run_invoke("releases", "--cluster", SIM_CLUSTER).stdout
+        assert "ledger problem" in table
+    finally:
+        path.write_text(original)
