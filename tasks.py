@@ -145,14 +145,14 @@ def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None):
 )
 @_guard
 def verify_comm(c, cluster, json=False, full=False):
-    """Is multi-node communication healthy? Ascend hccn_tool checks and NPU pings; NVIDIA IB/NIC and all_reduce_perf."""
+    """Is multi-node communication healthy? Ascend hccn_tool checks and NPU pings; NVIDIA IB/NIC and all_reduce_perf; host network pings."""
     return app.verify_comm(cluster, json_out=json, full=full)
 
 
 @task(positional=[], help={"cluster": "cluster name", "json": "print the releases as JSON"})
 @_guard
 def releases(c, cluster, json=False):
-    """The release ledger from node 0: id, time, who, image digest, config hash, result, current."""
+    """The release ledger from node 0: every attempt of every release, was it ever good, current, the rollback target."""
     return app.ops_call("releases", cluster, json_out=json)
 
 
@@ -160,7 +160,7 @@ def releases(c, cluster, json=False):
     positional=[],
     help={
         "cluster": "cluster name",
-        "to": "the release to bring back (default: the newest good one before the current)",
+        "to": "the release to bring back (default: the one good most recently that is neither running nor failing now)",
         "json": "print the result as JSON",
         **LOCK_HELP,
     }
