@@ -200,7 +200,7 @@ def restart(c, cluster, host=None, service=None, message=None, lock_wait=0):
 @task(positional=[], help={"cluster": "cluster name", "last": "only the last N lines", "json": "print as JSON"})
 @_guard
 def audit(c, cluster, last=None, json=False):
-    """The audit log on node 0: deploys, rollbacks, stops, restarts, lock breaks."""
+    """The audit log on node 0: prepares, deploys, rollbacks, stops, restarts, lock breaks."""
     return app.ops_call("audit", cluster, json_out=json, last=int(last) if last else None)
 
 

@@ -228,9 +228,11 @@ def test_sigterm_during_prepare_releases_the_lock_and_leaves_no_half_written_fil
     assert code == 130, out
     assert _lock_free() and _leftovers() == []
     ledger, audit = _records()
+    assert (audit[-1]["command"], audit[-1]["result"]) == ("prepare", "interrupted")
     # the next run starts cleanly, and what served still serves
     res = run_invoke("prepare", "--cluster", SIM_CLUSTER, "--no-check", timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
+    assert (_records()[1][-1]["command"], _records()[1][-1]["result"]) == ("prepare", "good")
     assert _serving(healthy[1])
 
 
