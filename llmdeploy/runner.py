@@ -361,6 +361,20 @@ REAP_SCRIPT = (
 )
 
 
+def _no_delay(conn: Connection) -> None:
+    """Send small packets at once. paramiko leaves Nagle's algorithm on, and
+    with the server's delayed ACK every command then waited ~40 ms for its
+    exit status (measured: 47 ms per `true`, 3 ms with TCP_NODELAY). Through
+    a jump host the socket is an SSH channel: nothing to set."""
+    transport = conn.client.get_transport()
+    sock = getattr(transport, "sock", None)
+    if isinstance(sock, socket.socket):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
+
 def _close_quietly(conn: Connection) -> None:
     try:
         conn.client.close()
@@ -436,6 +450,7 @@ class Runner:
                 reason = _unreachable_reason(exc, gateway)
                 _close_quietly(gateway)
                 raise UnreachableError(f"jump host {gateway.user}@{gateway.host}:{gateway.port}: {reason}") from exc
+            _no_delay(gateway)
         try:
             conn.open()
         except Exception as exc:  # every way a connection can fail
@@ -444,6 +459,7 @@ class Runner:
             # (waiting for a banner, or after a refused host key)
             _close_quietly(conn)
             raise UnreachableError(reason) from exc
+        _no_delay(conn)
         return conn
 
     def exec(self, node: Node, command: str, timeout: float | None = None, stdin: str | None = None) -> tuple[str, str, int]:

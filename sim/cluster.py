@@ -28,6 +28,8 @@ from llmdeploy.errors import SimError
 from llmdeploy.inventory import Cluster
 
 from . import curated, hardware
+from .standins import __main__ as standins
+from .standins import fast
 from .paths import (
     HOST_STATE_DIR,
     PRIVATE_DIRS,
@@ -110,6 +112,8 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 def _standin_wrapper(tool: str, keep_pythonpath: bool = False) -> str:
+    if not keep_pythonpath:
+        return fast.wrapper(tool, sys.executable, str(REPO))
     # inside containers PYTHONPATH is the container's site directory: keep it
     # for the program and find the stand-ins through LLMDEPLOY_SIM_REPO
     if keep_pythonpath:
@@ -153,26 +157,28 @@ def _batch(commands: list[str], netns: str | None = None, tool: str = "ip") -> N
 def _hccn_wrapper() -> str:
     """hccn_tool: pings go over the simulated NPU network for real (ping
     from interface npu<d>), in the tool's output format; the rest is answered
-    by the Python stand-in from node.json."""
-    return (
-        "#!/bin/sh\n"
-        "# simulated hccn_tool: see sim/standins\n"
-        'if [ "$1" = -i ] && { [ "$3" = -ping ] || [ "$3" = -hccs_ping ]; } && [ "$4" = -g ] && [ "$5" = address ] && [ -n "$6" ]; then\n'
-        '    dev=$2; addr=$6\n'
-        '    [ -e /sys/class/net/npu$dev ] || { echo "Device id $dev is invalid."; exit 1; }\n'
-        '    echo "device $dev PING $addr"\n'
-        '    out=$(ping -n -c 3 -i 0.2 -W 2 -I npu$dev "$addr" 2>&1)\n'
-        # this machine's kernel drops a few packets when a 32-host simulation
-        # pings all at once on 2 CPUs (veth backlog): one more try before a
-        # loss is reported; a broken link or pair loses both tries
-        '    echo "$out" | grep -q " 0% packet loss" || out=$(ping -n -c 3 -i 0.2 -W 2 -I npu$dev "$addr" 2>&1)\n'
-        '    echo "$out" | grep -E "bytes from" | sed "s/.*icmp_seq=\\([0-9]*\\).*time=\\(.*\\) ms/recv seq=\\1,time=\\2ms/"\n'
-        '    sent=$(echo "$out" | sed -n "s/^\\([0-9]*\\) packets transmitted.*/\\1/p"); recv=$(echo "$out" | sed -n "s/.* \\([0-9]*\\) received.*/\\1/p")\n'
-        '    sent=${sent:-3}; recv=${recv:-0}\n'
-        '    awk -v s="$sent" -v r="$recv" \'BEGIN { printf "%d packets transmitted, %d received, %.2f%% packet loss\\n", s, r, (s - r) * 100 / s }\'\n'
-        "    exit 0\n"
-        "fi\n"
-        f"PYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -m sim.standins hccn_tool \"$@\"\n"
+    from node.json (rendered, see sim/standins/fast.py)."""
+    return fast.wrapper(
+        "hccn_tool",
+        sys.executable,
+        str(REPO),
+        prelude=(
+            'if [ "$1" = -i ] && { [ "$3" = -ping ] || [ "$3" = -hccs_ping ]; } && [ "$4" = -g ] && [ "$5" = address ] && [ -n "$6" ]; then\n'
+            '    dev=$2; addr=$6\n'
+            '    [ -e /sys/class/net/npu$dev ] || { echo "Device id $dev is invalid."; exit 1; }\n'
+            '    echo "device $dev PING $addr"\n'
+            '    out=$(ping -n -c 3 -i 0.2 -W 2 -I npu$dev "$addr" 2>&1)\n'
+            # this machine's kernel drops a few packets when a 32-host simulation
+            # pings all at once on 2 CPUs (veth backlog): one more try before a
+            # loss is reported; a broken link or pair loses both tries
+            '    echo "$out" | grep -q " 0% packet loss" || out=$(ping -n -c 3 -i 0.2 -W 2 -I npu$dev "$addr" 2>&1)\n'
+            '    echo "$out" | grep -E "bytes from" | sed "s/.*icmp_seq=\\([0-9]*\\).*time=\\(.*\\) ms/recv seq=\\1,time=\\2ms/"\n'
+            '    sent=$(echo "$out" | sed -n "s/^\\([0-9]*\\) packets transmitted.*/\\1/p"); recv=$(echo "$out" | sed -n "s/.* \\([0-9]*\\) received.*/\\1/p")\n'
+            '    sent=${sent:-3}; recv=${recv:-0}\n'
+            '    awk -v s="$sent" -v r="$recv" \'BEGIN { printf "%d packets transmitted, %d received, %.2f%% packet loss\\n", s, r, (s - r) * 100 / s }\'\n'
+            "    exit 0\n"
+            "fi\n"
+        ),
     )
 
 
@@ -289,7 +295,9 @@ def up(cluster: Cluster, echo=print) -> dict:
         for d in PRIVATE_DIRS:
             (root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
         hardware.save(root / HOST_STATE_DIR.lstrip("/"), hw)
+        fast.render(str(root / HOST_STATE_DIR.lstrip("/")), standins.TOOLS)
         _write(hdir / "meminfo", hardware.meminfo(hw))
+        _write(hdir / "bashrc", "# ~/.bashrc of a simulated host (sim/cluster.py)\n")
         bindir = hdir / "bin"
         tools = STANDINS_ASCEND if cluster.platform_info.vendor == "ascend" else STANDINS_NVIDIA
         for tool in tools:
@@ -349,6 +357,9 @@ def up(cluster: Cluster, echo=print) -> dict:
                 f"mount --bind {shlex.quote(str(hdir / 'meminfo'))} /proc/meminfo",
                 *([f"mount --bind {shlex.quote(str(hdir / 'hccn.conf'))} {HCCN_CONF}"] if ascend else []),
                 "mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm",
+                # bash sources ~/.bashrc for every SSH command: a node's own,
+                # not this machine's (a pyenv init there cost 130 ms per command)
+                f"if [ -f /root/.bashrc ]; then mount --bind {shlex.quote(str(hdir / 'bashrc'))} /root/.bashrc; fi",
                 f"exec {SSHD} -D -f {shlex.quote(str(hdir / 'sshd_config'))} -E {shlex.quote(str(hdir / 'sshd.log'))}",
             ]
         )

@@ -11,14 +11,14 @@ import json
 import os
 import sys
 
-from . import docker as docker_sim
-from . import trtllm as trtllm_sim
-from . import vllm as vllm_sim
+from . import fast
 
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
 
 
 def _hw() -> dict:
+    if fast.rendering() is not None:
+        return fast.rendering()
     with open(os.path.join(STATE_DIR, "node.json")) as f:
         return json.load(f)
 
@@ -100,6 +100,8 @@ def hccn_tool(argv: list[str]) -> int:
         # the real interface's state when the host has one (sim.up makes npu<d>)
         state = n["link"]
         try:
+            if fast.rendering() is not None:
+                raise OSError("rendering: node.json's state (the wrapper reads the interface)")
             with open(f"/sys/class/net/npu{dev}/operstate") as f:
                 if f.read().strip() != "up":
                     state = "DOWN"
@@ -387,19 +389,29 @@ def all_reduce_perf(argv: list[str]) -> int:
     return 1 if wrong_total else 0
 
 
+def _lazy(module: str, attr: str):
+    """A tool from a module imported only when it runs (vllm's imports http.server: ~25 ms)."""
+    def run(argv: list[str]) -> int:
+        import importlib
+
+        return getattr(importlib.import_module(f"sim.standins.{module}"), attr)(argv)
+
+    return run
+
+
 TOOLS = {
     "npu-smi": npu_smi,
     "hccn_tool": hccn_tool,
     "nvidia-smi": nvidia_smi,
     "lscpu": lscpu,
     "numactl": numactl,
-    "docker": docker_sim.docker,
+    "docker": _lazy("docker", "docker"),
     "ibstat": ibstat,
     # inside simulated containers
-    "container-python3": docker_sim.container_python,
-    "container-init": docker_sim.container_init,
-    "vllm": vllm_sim.main,
-    "trtllm-serve": trtllm_sim.main,
+    "container-python3": _lazy("docker", "container_python"),
+    "container-init": _lazy("docker", "container_init"),
+    "vllm": _lazy("vllm", "main"),
+    "trtllm-serve": _lazy("trtllm", "main"),
     "mpirun": mpirun,
     "all_reduce_perf": all_reduce_perf,
 }
@@ -421,9 +433,12 @@ def _hang(tool: str) -> None:
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:
         return _fail(f"usage: python -m sim.standins {{{','.join(TOOLS)}}} ...", 2)
-    if not sys.argv[1].startswith("container-"):
-        _hang(sys.argv[1])
-    return TOOLS[sys.argv[1]](sys.argv[2:])
+    tool = sys.argv[1]
+    if not tool.startswith("container-"):
+        _hang(tool)
+    if tool in fast.CACHED_TOOLS:
+        return fast.serve(STATE_DIR, tool, sys.argv[2:], TOOLS)
+    return TOOLS[tool](sys.argv[2:])
 
 
 if __name__ == "__main__":

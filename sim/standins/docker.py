@@ -85,6 +85,10 @@ def _dir() -> Path:
 
 
 def _node() -> dict:
+    from . import fast
+
+    if fast.rendering() is not None:
+        return fast.rendering()
     try:
         return json.loads((Path(STATE_DIR) / "node.json").read_text())
     except FileNotFoundError:

@@ -1,0 +1,231 @@
+"""Answers rendered ahead of time, so that a hardware stand-in costs a few
+milliseconds instead of a Python start (about 80 ms, ~128 of them per A3 node
+in verify-comm).
+
+The answer of ``npu-smi``, ``hccn_tool``, ``nvidia-smi``, ``lscpu``,
+``numactl -H``, ``ibstat`` and ``docker --version`` is a pure function of the
+host's ``node.json`` and the arguments. :func:`render` computes every answer
+the tool asks for, with the same Python code that answers a call, into
+``<state>/out.<n>/`` and points the symlink ``<state>/out`` at it; its
+``stamp`` file carries node.json's modification time (nanoseconds). The
+host-side wrapper (:func:`wrapper`, bash) serves ``out/<key>`` when node.json's
+time equals the stamp's, else runs the Python stand-in, which answers and
+renders again (so editing node.json, the way tests inject faults, takes effect
+on the next call). Arguments outside a plain character set, tools named in
+node.json's ``hang`` and everything stateful (docker's containers, mpirun,
+pings) always go to Python.
+
+An entry is ``<key>`` (stdout), plus ``<key>.err`` (stderr) and ``<key>.rc``
+(exit status) when they are not empty and 0. The key is
+``TOOL+<argc>+ARG1+ARG2...``, as bash builds it with ``IFS=+; "$*"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import time
+
+# what a key may contain (and so what bash accepts as a cached call)
+SAFE_ARG = re.compile(r"[A-Za-z0-9,._=-]*")
+MAX_KEY = 200
+CACHED_TOOLS = ("npu-smi", "hccn_tool", "nvidia-smi", "lscpu", "numactl", "ibstat", "docker")
+HCCN_ITEMS = ["-ip", "-vnic", "-link", "-net_health", "-netdetect", "-gateway", "-lldp", "-tls", "-optical"]
+NVSMI_QUERY = "--query-gpu=index,name,uuid,memory.total,pci.bus_id,ecc.errors.uncorrected.volatile.total"
+
+
+def key(tool: str, argv: list[str]) -> str | None:
+    """The cache key of a call, or None when the call is not cacheable by its arguments."""
+    if not all(SAFE_ARG.fullmatch(a) for a in argv):
+        return None
+    k = "+".join([tool, str(len(argv)), *argv])
+    return k if len(k) < MAX_KEY else None
+
+
+def cacheable(tool: str, argv: list[str], hw: dict) -> bool:
+    """Whether a call's answer is a function of node.json and its arguments only."""
+    if tool not in CACHED_TOOLS or key(tool, argv) is None:
+        return False
+    hang = hw.get("hang")
+    if hang and (not isinstance(hang, dict) or hang.get(tool)):
+        return False
+    if tool == "numactl":
+        return argv in (["-H"], ["--hardware"])
+    if tool == "docker":
+        return argv == ["--version"]
+    return True
+
+
+def calls(hw: dict) -> list[tuple[str, list[str]]]:
+    """The calls the tool makes (facts, prepare, verify-comm), rendered up front."""
+    out: list[tuple[str, list[str]]] = [
+        ("lscpu", []), ("lscpu", ["-e=CPU,NODE"]), ("numactl", ["-H"]), ("docker", ["--version"]),
+    ]
+    if hw.get("npus"):
+        out += [("npu-smi", ["info"]), ("npu-smi", ["info", "-t", "topo"]), ("npu-smi", ["info", "-l"])]
+        for n in hw["npus"]:
+            out += [("hccn_tool", ["-i", str(n["id"]), item, "-g"]) for item in HCCN_ITEMS]
+    if hw.get("gpus") or hw.get("platform") in ("b200", "b300", "gb200", "gb300"):
+        out += [
+            ("nvidia-smi", [NVSMI_QUERY, "--format=csv,noheader,nounits"]),
+            ("nvidia-smi", ["topo", "-m"]),
+            ("nvidia-smi", ["-L"]),
+            ("nvidia-smi", []),
+            ("ibstat", []),
+        ]
+    return [(t, a) for t, a in out if cacheable(t, a, hw)]
+
+
+def answer(fn, argv: list[str]) -> tuple[str, str, int]:
+    """Run a stand-in function, capturing what it prints."""
+    o, e = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+        rc = fn(argv)
+    return o.getvalue(), e.getvalue(), int(rc or 0)
+
+
+def _write_entry(d: str, k: str, out: str, err: str, rc: int) -> None:
+    tmp = os.path.join(d, f".{k}.{os.getpid()}")
+    for suffix, text in ((".err", err), (".rc", f"{rc}\n" if rc else "")):
+        if text:
+            with open(tmp + suffix, "w") as f:
+                f.write(text)
+            os.replace(tmp + suffix, os.path.join(d, k + suffix))
+    with open(tmp, "w") as f:
+        f.write(out)
+    # stdout last: the wrapper looks for it first
+    os.replace(tmp, os.path.join(d, k))
+
+
+def _current(state: str) -> tuple[str, int] | None:
+    """(the rendered directory, the node.json time it was rendered from)."""
+    d = os.path.join(state, "out")
+    try:
+        return os.path.realpath(d), os.stat(os.path.join(d, "stamp")).st_mtime_ns
+    except OSError:
+        return None
+
+
+def render(state: str, tools: dict) -> tuple[dict, int]:
+    """Render every known call from ``state``/node.json; returns (node.json, its time)."""
+    import fcntl
+
+    path = os.path.join(state, "node.json")
+    with open(os.path.join(state, "render.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        while True:
+            before = os.stat(path).st_mtime_ns
+            with open(path) as f:
+                hw = json.load(f)
+            if os.stat(path).st_mtime_ns == before:
+                break
+        cur = _current(state)
+        if cur is not None and cur[1] == before:
+            return hw, before  # rendered meanwhile by another call
+        d = os.path.join(state, f"out.{time.time_ns()}")
+        os.mkdir(d)
+        _RENDERING["hw"] = hw
+        try:
+            for tool, argv in calls(hw):
+                _write_entry(d, key(tool, argv), *answer(tools[tool], argv))
+        finally:
+            _RENDERING.pop("hw", None)
+        stamp = os.path.join(d, "stamp")
+        open(stamp, "w").close()
+        os.utime(stamp, ns=(before, before))
+        link = os.path.join(state, f".out.{os.getpid()}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(link)
+        os.symlink(os.path.basename(d), link)
+        os.replace(link, os.path.join(state, "out"))
+        # earlier renders: kept a while for a call that is reading one now
+        now = time.time()
+        for name in os.listdir(state):
+            old = os.path.join(state, name)
+            if name.startswith("out.") and old != d:
+                with contextlib.suppress(OSError):
+                    if now - os.stat(old).st_mtime > 30:
+                        import shutil
+
+                        shutil.rmtree(old)
+    return hw, before
+
+
+# node.json while rendering (the stand-ins answer from it, not from the file)
+_RENDERING: dict = {}
+
+
+def rendering() -> dict | None:
+    return _RENDERING.get("hw")
+
+
+def serve(state: str, tool: str, argv: list[str], tools: dict) -> int:
+    """A call the wrapper did not answer: answer it, and render again when
+    node.json changed (or store this answer when it is cacheable)."""
+    import sys
+
+    path = os.path.join(state, "node.json")
+    try:
+        now = os.stat(path).st_mtime_ns
+    except OSError:
+        return tools[tool](argv)
+    cur = _current(state)
+    hw = None
+    try:
+        if cur is None or cur[1] != now:
+            hw, now = render(state, tools)
+            cur = _current(state)
+    except (OSError, ValueError):
+        return tools[tool](argv)  # an unreadable node.json: the stand-in says so
+    if hw is None:
+        try:
+            with open(path) as f:
+                hw = json.load(f)
+        except (OSError, ValueError):
+            return tools[tool](argv)
+    if not cacheable(tool, argv, hw):
+        return tools[tool](argv)
+    out, err, rc = answer(tools[tool], argv)
+    if cur is not None and cur[1] == now and not os.path.exists(os.path.join(cur[0], key(tool, argv))):
+        with contextlib.suppress(OSError):
+            _write_entry(cur[0], key(tool, argv), out, err, rc)
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    return rc
+
+
+def wrapper(tool: str, python: str, repo: str, prelude: str = "") -> str:
+    """The host-side stand-in: bash, the rendered answer when node.json is
+    unchanged, else the Python stand-in."""
+    q = shlex.quote
+    return (
+        "#!/bin/bash\n"
+        f"# simulated {tool}: answers rendered from node.json (sim/standins/fast.py), else sim/standins\n"
+        f"{prelude}"
+        "S=${LLMDEPLOY_SIM_STATE:-/etc/llmdeploy-sim}\n"
+        f"IFS=+; k={q(tool)}+$#+\"$*\"; IFS=$' \\t\\n'\n"
+        f'if [[ ${{#k}} -lt {MAX_KEY} && $k != *[!A-Za-z0-9,._=+-]* && -f $S/out/$k'
+        ' && ! $S/node.json -nt $S/out/stamp && ! $S/node.json -ot $S/out/stamp ]]; then\n'
+        '    f=$S/out/$k\n'
+        f"{_LINK_CHECK if tool == 'hccn_tool' else ''}"
+        '    [[ -f $f.err ]] && cat "$f.err" >&2\n'
+        '    if [[ -f $f.rc ]]; then read -r rc < "$f.rc"; cat "$f"; exit "$rc"; fi\n'
+        '    exec cat "$f"\n'
+        "fi\n"
+        # -S: the stand-ins need only the standard library (no site, no editable finder)
+        f"PYTHONPATH={q(repo)} exec {q(python)} -S -m sim.standins {q(tool)} \"$@\"\n"
+    )
+
+
+# hccn_tool -link also reads the NPU interface's state (a test takes it down
+# with `ip link set npu<d> down`): the rendered answer is node.json's
+_LINK_CHECK = (
+    '    if [[ $3 == -link && ! -f $f.rc && -r /sys/class/net/npu$2/operstate ]]; then\n'
+    '        read -r st < "/sys/class/net/npu$2/operstate"\n'
+    '        [[ $st != up ]] && { echo "link status: DOWN"; exit 0; }\n'
+    "    fi\n"
+)
