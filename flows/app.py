@@ -23,6 +23,8 @@ def run_playbook(
     plays = load_playbook(name)
     targets = select_nodes(cluster, limit)
     ctx = ctx or Context(cluster)
+    # the playbook's steps, for the probes facts.inspect runs on their behalf
+    ctx.options.setdefault("steps", [ref for play in plays for ref in play.steps])
     with report.host_progress(con, len(targets), enabled=show_progress) as cb:
         with Runner(cluster, nodes=targets, progress=cb) as runner:
             for play in plays:

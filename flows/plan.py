@@ -52,6 +52,13 @@ class Context:
     results: dict[str, dict[str, HostResult]] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
 
+    def probe(self, ref: str, host: str) -> str | None:
+        """What step ``ref``'s probe printed on ``host`` in the facts script
+        (``facts.inspect``), when it ran and exited 0; else None."""
+        probes = (self.data("facts", host) or {}).get("probes") or {}
+        text, rc = probes.get(ref, (None, None))
+        return text if rc == 0 else None
+
     def data(self, step: str, host: str) -> Any:
         """``data`` of an earlier step's result on ``host`` (None if it did not run)."""
         r = self.results.get(step, {}).get(host)

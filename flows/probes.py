@@ -18,7 +18,7 @@ import paramiko
 
 from llmdeploy.inventory import Node
 from llmdeploy.releaseplan import Probe
-from llmdeploy.runner import Runner, UnreachableError
+from llmdeploy.runner import COUNTS, Runner, UnreachableError
 
 PROBE_ERRORS = (OSError, ValueError, http.client.HTTPException, paramiko.SSHException, UnreachableError)
 # what a body check raises on an answer it cannot read (RecursionError: JSON nested too deep)
@@ -31,6 +31,7 @@ def http_via_ssh(runner: Runner, node: Node, port: int, method: str, path: str, 
     own loopback) over its SSH connection."""
     conn = runner.connection(node)
     transport = conn.client.get_transport()
+    COUNTS.add(node.name, "forwards")
     chan = transport.open_channel("direct-tcpip", (dest, port), ("127.0.0.1", 0), timeout=timeout)
     chan.settimeout(timeout)
     hc = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)

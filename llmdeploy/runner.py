@@ -77,6 +77,9 @@ class Step:
     # Text sent to the command's standard input (file contents, secrets among
     # them: what goes here never appears in a process command line on the node).
     stdin: Callable[[Node], str | None] | None = None
+    # Decides a host from what an earlier step read (a probe in the facts
+    # script): a HostResult means no round trip there; None runs the command.
+    decide: Callable[[Node], HostResult | None] | None = None
 
 
 def default_parse(node: Node, stdout: str, stderr: str, code: int) -> HostResult:
@@ -393,6 +396,28 @@ def _dropped(conn: Connection, wait: float = 0.5) -> bool:
     return True
 
 
+class Counts:
+    """What this process sent to each host, over every Runner: SSH connections
+    opened, remote commands (one session channel each), file transfers (a
+    command with content on its standard input) and forwarded requests
+    (direct-tcpip channels). bench/roundtrips.py reads it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.by_host: dict[str, dict[str, int]] = {}
+
+    def add(self, host: str, what: str, n: int = 1) -> None:
+        with self._lock:
+            per = self.by_host.setdefault(host, {"connections": 0, "commands": 0, "transfers": 0, "forwards": 0})
+            per[what] += n
+
+
+COUNTS = Counts()
+
+
 class Runner:
     """Executes steps on a cluster's hosts. Use as a context manager."""
 
@@ -460,6 +485,7 @@ class Runner:
             _close_quietly(conn)
             raise UnreachableError(reason) from exc
         _no_delay(conn)
+        COUNTS.add(node.name, "connections")
         return conn
 
     def exec(self, node: Node, command: str, timeout: float | None = None, stdin: str | None = None) -> tuple[str, str, int]:
@@ -481,6 +507,9 @@ class Runner:
         with self._lock:
             self.round_trips[node.name] += 1
             self._inflight[node.name] += 1
+        COUNTS.add(node.name, "commands")
+        if stdin:
+            COUNTS.add(node.name, "transfers")
         start = time.monotonic()
         try:
             try:
@@ -489,6 +518,8 @@ class Runner:
                 r = exc.result
                 with self._lock:
                     alone = self._inflight[node.name] == 1
+                if alone:
+                    COUNTS.add(node.name, "commands")
                 fate = self._reap(conn) if alone else "other commands run on this connection: the timed-out one was left alone"
                 return r.stdout, (r.stderr + f"\ncommand timed out after {deadline:g}s").lstrip(), 124, (deadline, fate)
             except (paramiko.SSHException, OSError, EOFError, ThreadException) as exc:
@@ -538,9 +569,13 @@ class Runner:
             res = HostResult(node.name, SKIPPED, msg=self.excluded[node.name])
         else:
             try:
-                command = None if step.local else step.build(node)
+                decided = step.decide(node) if step.decide and not step.local else None
+                command = None if step.local or decided is not None else step.build(node)
                 if step.local:
                     res = step.local(node)
+                elif decided is not None:
+                    res = decided
+                    res.host = node.name
                 elif command is None:
                     res = HostResult(node.name, SKIPPED, msg="nothing to do here")
                 else:

@@ -12,7 +12,7 @@ import jinja2
 
 from llmdeploy.inventory import Cluster, DynamoProfile, Node, TrtllmProfile, VllmAscendProfile
 from roles import dynamo
-from roles.files import put_step
+from roles.files import put_step, sum_probe
 
 TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
 _env = jinja2.Environment(
@@ -79,7 +79,7 @@ def env_mode(cluster: Cluster) -> int:
     return 0o600 if cluster.secret_env else 0o644
 
 
-def render_step(cluster: Cluster, check: bool = False, diff: bool = False):
+def render_step(cluster: Cluster, check: bool = False, diff: bool = False, ctx=None):
     secrets = list(cluster.secret_values().values())
     return put_step(
         "communication environment",
@@ -87,7 +87,9 @@ def render_step(cluster: Cluster, check: bool = False, diff: bool = False):
         check=check,
         diff=diff,
         secrets=secrets,
+        known=(lambda node: ctx.probe("commenv.render", node.name)) if ctx is not None else None,
     )
 
 
-STEPS = {"render": lambda ctx: render_step(ctx.cluster, check=ctx.check, diff=ctx.diff)}
+STEPS = {"render": lambda ctx: render_step(ctx.cluster, check=ctx.check, diff=ctx.diff, ctx=ctx)}
+PROBES = {"render": lambda cluster, node: sum_probe(env_path(cluster, node))}

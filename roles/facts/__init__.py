@@ -7,8 +7,10 @@ Neither opens a connection: the runner executes the script.
 
 from __future__ import annotations
 
+import importlib
 import re
 import shlex
+from typing import Callable
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import FAILED, OK, HostResult, Step
@@ -433,9 +435,39 @@ def _problems(cluster: Cluster, node: Node, facts: dict) -> list[str]:
     return out
 
 
-def gather_step(cluster: Cluster) -> Step:
+def probes(refs: list[str]) -> dict[str, Callable[[Cluster, Node], str]]:
+    """The read-only probes of the steps ``refs`` (a role's ``PROBES``:
+    step -> script builder), in order."""
+    out = {}
+    for ref in refs:
+        role, _, step = ref.partition(".")
+        try:
+            fn = getattr(importlib.import_module(f"roles.{role}"), "PROBES", {}).get(step)
+        except ImportError:
+            continue  # an unknown step is named when the playbook reaches it
+        if fn is not None:
+            out[ref] = fn
+    return out
+
+
+def inspect_build(cluster: Cluster, node: Node, refs: list[str]) -> str:
+    """The facts script plus, in a section each, the probes of the later
+    steps: what they would read first on the node (is the image there, what is
+    in the model directory, the checksum of a file they write). A step whose
+    probe answers decides the host without a round trip of its own."""
+    parts = [build(cluster, node)]
+    for ref, fn in probes(refs).items():
+        # a subshell: a probe's exit ends only itself
+        parts.append(section(f"probe {ref}", f"(\n{fn(cluster, node).rstrip()}\n)") + "\n")
+    return "".join(parts)
+
+
+def gather_step(cluster: Cluster, refs: list[str] | None = None) -> Step:
     def _parse(node: Node, out: str, err: str, code: int) -> HostResult:
         facts = parse(cluster, node, out)
+        if refs:
+            s = split_sections(out)
+            facts["probes"] = {ref: s[f"probe {ref}"] for ref in probes(refs) if f"probe {ref}" in s}
         status = OK if facts["hostname"] else FAILED
         msg = ""
         if status == FAILED:
@@ -445,7 +477,13 @@ def gather_step(cluster: Cluster) -> Step:
             msg = "; ".join(said) or "facts script printed nothing"
         return HostResult(node.name, status, msg=msg, data=facts, exit_code=code)
 
+    if refs:
+        return Step(name="facts", build=lambda node: inspect_build(cluster, node, refs), parse=_parse)
     return Step(name="facts", build=lambda node: build(cluster, node), parse=_parse)
 
 
-STEPS = {"gather": lambda ctx: gather_step(ctx.cluster)}
+STEPS = {
+    "gather": lambda ctx: gather_step(ctx.cluster),
+    # gather, plus the probes of the playbook's later steps (prepare)
+    "inspect": lambda ctx: gather_step(ctx.cluster, list(ctx.options.get("steps", []))),
+}

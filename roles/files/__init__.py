@@ -13,6 +13,7 @@ unified diff (and a mode change) first; secret values are masked.
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import shlex
 from typing import Callable
@@ -25,9 +26,13 @@ RESULT = "@@llmdeploy-put@@"
 DIFF_MARK = "@@llmdeploy-diff@@"
 
 
-def stdin_payload(content: str) -> str:
+def _bytes(content: str | bytes) -> bytes:
+    return content if isinstance(content, bytes) else content.encode()
+
+
+def stdin_payload(content: str | bytes) -> str:
     """What ``put_script(..., via_stdin=True)`` reads on its standard input."""
-    return base64.b64encode(content.encode()).decode()
+    return base64.b64encode(_bytes(content)).decode()
 
 
 def put_script(path: str, content: str | None, mode: int = 0o644, check: bool = False, diff: bool = False, via_stdin: bool = False) -> str:
@@ -83,15 +88,40 @@ def parse_put(node: Node, out: str, err: str, code: int, check: bool, secrets: l
     return HostResult(node.name, CHANGED, msg=f"{path} {verb}".strip(), data={"diff": diff_text}, stdout=out, stderr=err)
 
 
+def sum_probe(path: str) -> str:
+    """Read-only: the sha256 and mode of ``path`` (or ``absent``), for
+    ``put_step(known=...)`` to skip the transfer of an unchanged file."""
+    if not PATH_RE.match(path) or ".." in path.split("/"):
+        raise ValueError(f"unsafe path {path!r}")
+    q = shlex.quote(path)
+    return f"if [ -f {q} ]; then sha256sum < {q} | cut -d' ' -f1; stat -c %a {q}; else echo absent; fi\n"
+
+
+def unchanged(said: str | None, content: str | bytes, mode: int) -> bool:
+    """Whether ``sum_probe``'s answer is this content with this mode."""
+    if said is None:
+        return False
+    return said.split() == [hashlib.sha256(_bytes(content)).hexdigest(), f"{mode:o}"]
+
+
 def put_step(
     name: str,
-    spec: Callable[[Node], tuple[str, str, int]],
+    spec: Callable[[Node], tuple[str, str | bytes, int]],
     check: bool = False,
     diff: bool = False,
     secrets: list[str] | None = None,
+    known: Callable[[Node], str | None] | None = None,
 ):
     """A runner Step writing ``spec(node) -> (path, content, mode)`` on each node.
-    ``secrets`` are values masked as *** in the diff and in the kept output."""
+    ``secrets`` are values masked as *** in the diff and in the kept output.
+    ``known(node)``: what ``sum_probe`` printed there earlier (the facts
+    script's probe); a file already so is reported unchanged with no transfer."""
+    def decide(node: Node) -> HostResult | None:
+        path, content, mode = spec(node)
+        if known is not None and unchanged(known(node), content, mode):
+            return HostResult(node.name, OK, msg=f"{path} unchanged", data={"diff": ""})
+        return None
+
     def build(node: Node) -> str:
         path, _, mode = spec(node)
         return put_script(path, None, mode, check=check, diff=diff, via_stdin=True)
@@ -99,4 +129,4 @@ def put_step(
     def parse(node: Node, out: str, err: str, code: int) -> HostResult:
         return parse_put(node, out, err, code, check, secrets, path=spec(node)[0])
 
-    return Step(name=name, build=build, parse=parse, stdin=lambda node: stdin_payload(spec(node)[1]))
+    return Step(name=name, build=build, parse=parse, stdin=lambda node: stdin_payload(spec(node)[1]), decide=decide if known else None)

@@ -20,15 +20,23 @@ MARK = "@@llmdeploy-image@@"
 INSPECT = "{{.Id}} {{json .RepoDigests}}"
 
 
-def build(cluster: Cluster, check: bool = False) -> str:
-    ref = shlex.quote(cluster.image.ref)
-    tar = cluster.image.tarball
-    lines = [
-        f"ref={ref}",
+def probe(cluster: Cluster, node: Node | None = None) -> str:
+    """Is the image there (read-only): the first part of ``build``."""
+    return "\n".join(_inspect_lines(cluster)) + "\n"
+
+
+def _inspect_lines(cluster: Cluster) -> list[str]:
+    return [
+        f"ref={shlex.quote(cluster.image.ref)}",
         f"inspect() {{ docker image inspect --format {shlex.quote(INSPECT)} \"$ref\" 2>/dev/null; }}",
         'cur=$(inspect) || cur=""',
         f'if [ -n "$cur" ]; then echo "{MARK} present $cur"; exit 0; fi',
     ]
+
+
+def build(cluster: Cluster, check: bool = False) -> str:
+    tar = cluster.image.tarball
+    lines = _inspect_lines(cluster)
     if tar:
         qt = shlex.quote(tar)
         lines.append(f'[ -f {qt} ] || {{ echo "image $ref is not here and its tarball {tar} is missing" >&2; exit 3; }}')
@@ -89,6 +97,12 @@ def ensure_step(ctx) -> Step:
         parse=lambda node, out, err, code: parse(cluster, node, out, err, code),
         aggregate=same_id,
         timeout=max(cluster.ssh.command_timeout, 3600.0),
+        # present (the facts script's probe said so): nothing to do there
+        decide=lambda node: (
+            parse(cluster, node, said, "", 0)
+            if (said := ctx.probe("image.ensure", node.name)) is not None and f"{MARK} present " in said
+            else None
+        ),
     )
 
 
@@ -138,3 +152,4 @@ def accessories_step(ctx) -> Step:
 
 
 STEPS = {"ensure": ensure_step, "accessories": accessories_step}
+PROBES = {"ensure": probe}

@@ -9,7 +9,7 @@ import json
 
 from llmdeploy.inventory import Cluster, Node
 from roles import commenv, wheels
-from roles.files import put_step
+from roles.files import put_step, sum_probe
 
 
 def prepared_path(cluster: Cluster) -> str:
@@ -47,7 +47,9 @@ def write_step(ctx):
         ),
         check=ctx.check,
         diff=ctx.diff,
+        known=lambda node: ctx.probe("record.write", node.name),
     )
 
 
 STEPS = {"write": write_step}
+PROBES = {"write": lambda cluster, node: sum_probe(prepared_path(cluster))}
