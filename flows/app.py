@@ -134,14 +134,14 @@ def prepare(
         cluster = load_cluster(cluster_name)
         with contextlib.ExitStack() as stack:
             runner = stack.enter_context(Runner(cluster, nodes=[cluster.node0]))
-            stack.enter_context(lock.held(runner, cluster, "prepare", message, lock_wait))
+            holder = stack.enter_context(lock.held(runner, cluster, "prepare", message, lock_wait))
             try:
                 status = prepare(cluster_name, check, diff, limit, json_out, run_checks, locked=True)
             except KeyboardInterrupt:
                 with report.shielded():
                     lock.audit(runner, cluster, "prepare", "interrupted", None, limit=limit or "", message=message or "")
                 raise
-            lock.audit(runner, cluster, "prepare", "good" if status == 0 else "failed", None, limit=limit or "", message=message or "")
+            lock.audit(runner, cluster, "prepare", "good" if status == 0 else "failed", None, held=holder, limit=limit or "", message=message or "")
             return status
     con = report.console(json_out)
     cluster = load_cluster(cluster_name)

@@ -561,7 +561,7 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool) -> i
 
 def stop(cluster: Cluster, con: Console, message: str | None, lock_wait: float) -> int:
     with Runner(cluster) as runner:
-        with lock.held(runner, cluster, "stop", message, lock_wait):
+        with lock.held(runner, cluster, "stop", message, lock_wait) as holder:
             eng = Engine(cluster, runner, con)
             res = eng.stop(None, "stop", cleanup=_cleanups())
             failed = False
@@ -569,7 +569,7 @@ def stop(cluster: Cluster, con: Console, message: str | None, lock_wait: float) 
                 if r.failed:
                     con.print(f"[red]{h}: {escape(r.msg)}[/]")
                     failed = True
-            lock.audit(runner, cluster, "stop", "failed" if failed else "stopped", None, message=message or "")
+            lock.audit(runner, cluster, "stop", "failed" if failed else "stopped", None, held=holder, message=message or "")
             con.print(f"{cluster.name}: stopped (in reverse start order){'; some nodes failed, see above' if failed else ''}; stale /dev/shm/moe_* removed")
             return 1 if failed else 0
 

@@ -97,10 +97,18 @@ def describe(holder: dict) -> str:
     return f"{get('who')} (pid {get('pid')}) since {get('since')} ({age}), running {get('command')!r}{msg}"
 
 
-def audit(runner, cluster: Cluster, command: str, result: str, release: str | None = None, **extra) -> None:
-    """One line in node 0's audit log; a failure to write it is reported, never fatal."""
+AUDIT_FAILED = "llmdeploy: could not write the audit log"
+
+
+def audit(runner, cluster: Cluster, command: str, result: str, release: str | None = None, held: dict | None = None, **extra) -> None:
+    """One line in node 0's audit log; a failure to write it is reported, never fatal.
+    ``held``: the holder :func:`held` yielded, when the lock is released right
+    after: the line is then written by the release's command (one round trip less)."""
     rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "who": who(), "command": command,
            "release": release, "result": result, **extra}
+    if held is not None:
+        held["_audit"] = append_script(audit_path(cluster), rec)
+        return
     try:
         out, err, code = runner.exec(cluster.node0, append_script(audit_path(cluster), rec))
         if code != 0:
@@ -143,7 +151,14 @@ def held(runner, cluster: Cluster, command: str, message: str | None = None, wai
     try:
         yield holder
     finally:
+        script = release_script(cluster, holder["token"])
+        pending = holder.pop("_audit", None)
+        if pending:
+            # the audit line first (as if written before the release), then the release, whatever became of the line
+            script = f"{{ {pending} ; }} || echo {shlex.quote(AUDIT_FAILED)} >&2\n{script}"
         try:
-            runner.exec(node0, release_script(cluster, holder["token"]))
+            out, err, code = runner.exec(node0, script)
+            if pending and AUDIT_FAILED in err:
+                print(f"warning: could not write the audit log on {node0.name}: {err.replace(AUDIT_FAILED, '').strip()}", file=sys.stderr)
         except Exception as exc:
             print(f"warning: could not release the deploy lock on {node0.name}: {exc}", file=sys.stderr)

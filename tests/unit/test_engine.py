@@ -467,3 +467,38 @@ def test_models_and_any_checks():
     problem = CHECKS["models"](body, "/root/.cache/m")
     assert problem == "does not list '/root/.cache/m' (has ['qwen3.8', 'other'])"
     assert CHECKS[""](b"not even json", "") is None
+
+
+class _LocalShell:
+    """A runner that runs each script under a local sh and counts the commands."""
+
+    def __init__(self):
+        self.scripts = []
+
+    def exec(self, node, script, **kw):
+        self.scripts.append(script)
+        res = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+        return res.stdout, res.stderr, res.returncode
+
+
+def test_an_audit_line_at_release_is_written_by_the_release_command(tmp_path):
+    cluster = load_cluster("sim-a3").model_copy(update={"base_dir": str(tmp_path / "base")})
+    sh = _LocalShell()
+    with lock.held(sh, cluster, "prepare") as holder:
+        assert os.path.isdir(lock.lock_dir(cluster))
+        lock.audit(sh, cluster, "prepare", "good", None, held=holder, message="m")
+        assert not os.path.exists(lock.audit_path(cluster))  # not yet: with the release
+    assert len(sh.scripts) == 2  # acquire, then audit + release in one command
+    assert not os.path.exists(lock.lock_dir(cluster))
+    lines = [json.loads(x) for x in open(lock.audit_path(cluster)).read().splitlines()]
+    assert [(x["command"], x["result"], x["message"]) for x in lines] == [("prepare", "good", "m")]
+
+
+def test_a_failed_audit_line_still_releases_the_lock(tmp_path, capsys):
+    cluster = load_cluster("sim-a3").model_copy(update={"base_dir": str(tmp_path / "base")})
+    sh = _LocalShell()
+    with lock.held(sh, cluster, "stop") as holder:
+        os.makedirs(lock.audit_path(cluster))  # a directory where the log should be: the append fails
+        lock.audit(sh, cluster, "stop", "stopped", None, held=holder)
+    assert not os.path.exists(lock.lock_dir(cluster))
+    assert "could not write the audit log" in capsys.readouterr().err
