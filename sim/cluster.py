@@ -343,6 +343,8 @@ def up(cluster: Cluster, echo=print) -> dict:
                     "MaxSessions 200",
                     "UseDNS no",
                     "PrintMotd no",
+                    # as on a real node (Ansible's and pyinfra's file transfers use it; this tool does not)
+                    "Subsystem sftp internal-sftp",
                     f"SetEnv PATH={path} LLMDEPLOY_SIM_HOST={node.name} LLMDEPLOY_SIM_HOSTDIR={hdir}",
                     "",
                 ]

@@ -39,6 +39,31 @@ def log(msg: str, level: str = "INFO") -> None:
     print(f"{level} {ts} [sim-vllm] {msg}", flush=True)
 
 
+def _process_start() -> float:
+    """When this process started (epoch seconds), from /proc."""
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/stat") as f:
+        btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    return btime + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def record_ready(role: str) -> None:
+    """Simulator bookkeeping (not vLLM's): when this server process started and
+    when it became ready, in <host dir>/serving-times.jsonl, so that
+    bench/deploy_overhead.py can tell the servers' own start from the tool's time."""
+    hostdir = os.environ.get("LLMDEPLOY_SIM_HOSTDIR")
+    if not hostdir:
+        return
+    try:
+        line = json.dumps({"host": os.uname().nodename, "container": os.environ.get("LLMDEPLOY_SIM_CONTAINER", ""),
+                           "role": role, "start": _process_start(), "ready": time.time()})
+        with open(os.path.join(hostdir, "serving-times.jsonl"), "a") as f:
+            f.write(line + "\n")
+    except (OSError, ValueError, IndexError, StopIteration):
+        pass
+
+
 def _faults() -> dict:
     try:
         return json.loads((Path(STATE_DIR) / "node.json").read_text()).get("vllm") or {}
@@ -168,6 +193,7 @@ def worker(a: argparse.Namespace, faults: dict) -> int:
         print("Engine core initialization failed. See root cause above.", flush=True)
         return 1
     log(f"DP rank {a.data_parallel_start_rank} joined the front-end at tcp://{addr[0]}:{addr[1]}; engine core ready")
+    record_ready("headless")
     sock.settimeout(None)
     # serve until node 0 goes away
     while f.readline():
@@ -329,6 +355,7 @@ def node0(a: argparse.Namespace, faults: dict) -> int:
         return 1
     log(f"Starting vLLM API server on http://{a.host}:{a.port}")
     log("Application startup complete.")
+    record_ready("api")
     die = faults.get("die_after_ready_s")
     if die is not None:
         def _die():

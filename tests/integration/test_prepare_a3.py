@@ -83,6 +83,45 @@ def test_prepare_then_nothing_to_change(cluster):
         assert rec["binding"]["kind"] == "vllm-ascend-cpu-binding" and rec["image"]["id"].startswith("sha256:")
     res, doc = _prepare("--no-check")
     assert res.returncode == 0 and doc["changed"] == 0, doc["recap"]
+    # nothing to change: the facts script (with the later steps' probes) is the only command of the playbook
+    assert set(doc["round_trips"].values()) == {1}, doc["round_trips"]
+
+
+def _counted(fn):
+    import contextlib
+    import io
+
+    from llmdeploy.runner import COUNTS
+
+    COUNTS.reset()
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        status = fn()
+    assert status == 0, out.getvalue()[-2000:]
+    return {h: dict(v) for h, v in COUNTS.by_host.items()}
+
+
+def test_remote_commands_per_host(cluster):
+    """The issue's targets, counted by the runner over every connection (the lock's too)."""
+    from flows import app
+
+    facts = _counted(lambda: app.facts(SIM_CLUSTER, json_out=True))
+    assert {h: c["commands"] for h, c in facts.items()} == {n.name: 1 for n in cluster.nodes}
+    noop = _counted(lambda: app.prepare(SIM_CLUSTER, json_out=True, run_checks=False))
+    node0 = cluster.nodes[0].name
+    # node 0: take the lock, the facts script, the audit line with the release
+    assert noop[node0]["commands"] == 3 and noop[node0]["transfers"] == 0, noop
+    assert all(noop[n.name]["commands"] == 1 and noop[n.name]["transfers"] == 0 for n in cluster.nodes[1:]), noop
+
+
+def test_a_changed_file_is_written_again_where_it_changed_only(cluster):
+    env = host_dir(cluster.name, "sim-a3-2") / "root/etc/llmdeploy/sim-a3.env"
+    original = env.read_text()
+    env.write_text(original.replace("HCCL_IF_IP=", "HCCL_IF_IP=10.0.0.1#"))
+    res, doc = _prepare("--no-check")
+    assert res.returncode == 0 and doc["changed"] == 1, doc["recap"]
+    assert doc["steps"]["communication environment"]["sim-a3-2"]["status"] == "changed"
+    assert env.read_text() == original
+    assert doc["round_trips"]["sim-a3-2"] == 2 and doc["round_trips"]["sim-a3-1"] == 1
 
 
 def test_check_names_host_and_test_after_a_hand_edit(cluster):

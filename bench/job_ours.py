@@ -1,0 +1,78 @@
+"""bench/peers.py's job, done with this project's runner the way a user
+extends the tool: role steps run by the Runner.
+
+On every host of the cluster: copy ``payload.bin`` (1 MiB) and render
+``job.env.j2`` (Jinja2: host, index, peers) into REMOTE_DIR, then run five
+commands. Steps: one probe (the sha256 and mode of both files, roles.files
+sum_probe), a put for each file that differs (roles.files put_step, content on
+the SSH channel's stdin), and the five commands in one script. A run with
+nothing to change is two round trips per host; a first run four.
+
+Usage: python bench/job_ours.py --cluster NAME --jobdir DIR [--remote-dir DIR]
+(with LLMDEPLOY_INVENTORY=bench/inventory for the bench clusters).
+Prints ``changed=N ok=N failed=N commands_per_host=N`` and exits 1 on a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jinja2  # noqa: E402
+
+from llmdeploy.inventory import load_cluster  # noqa: E402
+from llmdeploy.runner import FAILED, OK, HostResult, Runner, Step  # noqa: E402
+from roles import facts  # noqa: E402
+from roles.files import put_step, sum_probe  # noqa: E402
+
+COMMANDS = ["hostname", "uname -r", "sha256sum {d}/payload.bin", "grep -c = {d}/job.env", "df -Pk {d}"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cluster", required=True)
+    ap.add_argument("--jobdir", required=True, type=Path)
+    ap.add_argument("--remote-dir", default="/var/lib/llmdeploy/bench-job")
+    args = ap.parse_args()
+    cluster = load_cluster(args.cluster)
+    d = args.remote_dir
+    payload = (args.jobdir / "payload.bin").read_bytes()
+    template = jinja2.Template((args.jobdir / "job.env.j2").read_text(), keep_trailing_newline=True)
+    index = {n.name: i for i, n in enumerate(cluster.nodes)}
+    files = {
+        "payload": lambda node: (f"{d}/payload.bin", payload, 0o644),
+        "env": lambda node: (f"{d}/job.env", template.render(host=node.name, index=index[node.name], peers=len(cluster.nodes)), 0o644),
+    }
+
+    probe = Step(
+        name="probe",
+        build=lambda node: "\n".join(facts.section(k, sum_probe(spec(node)[0]).strip()) for k, spec in files.items()) + "\n",
+        parse=lambda node, out, err, code: HostResult(
+            node.name, OK if code == 0 else FAILED, msg=err.strip(),
+            data={k: t for k, (t, rc) in facts.split_sections(out).items() if rc == 0},
+        ),
+    )
+    script = "set -e\n" + "\n".join(c.format(d=shlex.quote(d)) for c in COMMANDS) + "\n"
+    run = Step(name="commands", build=lambda node: script)
+
+    with Runner(cluster) as runner:
+        said = runner.run(probe)
+        steps = [put_step(f"put {k}", spec, known=lambda node, k=k: (said[node.name].data or {}).get(k)) for k, spec in files.items()]
+        results = [said] + [runner.run(s) for s in steps] + [runner.run(run)]
+        trips = max(runner.round_trips.values())
+    counts = {"changed": 0, "ok": 0, "failed": 0}
+    for res in results:
+        for r in res.values():
+            counts["changed" if r.status == "changed" else "failed" if r.failed else "ok"] += 1
+            if r.failed:
+                print(f"{r.host}: {r.msg}", file=sys.stderr)
+    print(" ".join(f"{k}={v}" for k, v in counts.items()) + f" commands_per_host={trips}")
+    return 1 if counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

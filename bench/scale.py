@@ -1,0 +1,83 @@
+"""facts, a no-op prepare and verify-comm on 4, 16 and 64 simulated nodes.
+
+The clusters have sim-a2's shape (8 NPUs per node on their own RoCE planes;
+DP = nodes, TP 8), written by bench/simhosts.py. Each command runs as a user
+runs it (``invoke facts --cluster sim-a2-n64 --json``, a new process); the
+prepare is timed on nodes already prepared (nothing to change). Several runs
+per cell, medians. Also printed: remote commands per host of facts and the
+no-op prepare, and how long sim.up took.
+
+Usage (root): .venv/bin/python bench/scale.py [--sizes 4,16,64] [--runs 3]
+Last line: one JSON object {"n": {"4": {"facts_s": .., "prepare_noop_s": .., "verify_comm_s": .., ...}, ...},
+"facts_64_over_4": .., "prepare_noop_64_over_4": .., "verify_comm_64_over_4": ..}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import simhosts  # noqa: E402
+
+
+def run_json(*args: str) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    res = simhosts.invoke(*args)
+    took = time.perf_counter() - t0
+    start = res.stdout.find("{")
+    return took, json.loads(res.stdout[start:]) if start >= 0 else {}
+
+
+def measure(n: int, runs: int) -> dict:
+    name = simhosts.scaled("sim-a2", n)
+    t0 = time.perf_counter()
+    with simhosts.cluster_up(name):
+        up = time.perf_counter() - t0
+        simhosts.invoke("prepare", "--cluster", name, "--no-check")
+        cells: dict[str, list[float]] = {"facts_s": [], "prepare_noop_s": [], "verify_comm_s": []}
+        trips = {}
+        for r in range(runs):
+            took, doc = run_json("facts", "--cluster", name, "--json")
+            cells["facts_s"].append(took)
+            trips["facts_commands_per_host"] = max(doc["round_trips"].values())
+            took, doc = run_json("prepare", "--cluster", name, "--no-check", "--json")
+            if doc.get("changed"):
+                raise SystemExit(f"prepare on {name} changed {doc['changed']} (expected a no-op)")
+            cells["prepare_noop_s"].append(took)
+            trips["prepare_noop_commands_per_host"] = max(doc["round_trips"].values())
+            took, _ = run_json("verify-comm", "--cluster", name, "--json")
+            cells["verify_comm_s"].append(took)
+            print(f"  n={n} round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in cells.items()), file=sys.stderr)
+    return {**{k: round(simhosts.median(v), 3) for k, v in cells.items()}, **trips, "sim_up_s": round(up, 1)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="facts, no-op prepare, verify-comm at 4/16/64 simulated nodes")
+    ap.add_argument("--sizes", default="4,16,64")
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    simhosts.need_root()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    cells = {str(n): measure(n, args.runs) for n in sizes}
+    print(f"{'nodes':>5} {'facts':>7} {'prepare (no-op)':>16} {'verify-comm':>12} {'cmds/host facts, prepare':>25} {'sim.up':>7}")
+    for n in sizes:
+        c = cells[str(n)]
+        print(f"{n:>5} {c['facts_s']:>7.2f} {c['prepare_noop_s']:>16.2f} {c['verify_comm_s']:>12.2f} "
+              f"{str(c['facts_commands_per_host']) + ', ' + str(c['prepare_noop_commands_per_host']):>25} {c['sim_up_s']:>7.1f}")
+
+    def ratio(k):
+        a, b = cells.get("64", {}).get(k), cells.get("4", {}).get(k)
+        return round(a / b, 3) if a and b else None
+
+    print(json.dumps({"n": cells, "facts_64_over_4": ratio("facts_s"), "prepare_noop_64_over_4": ratio("prepare_noop_s"),
+                      "verify_comm_64_over_4": ratio("verify_comm_s")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
