@@ -68,7 +68,7 @@ def timed(cluster, *args: str) -> tuple[float, dict, float | None]:
     for f in times_files(cluster):
         f.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    res = simhosts.invoke(*args, "--cluster", CLUSTER)
+    res = simhosts.invoke(*args, "--cluster", CLUSTER, bench=False)
     wall = time.perf_counter() - t0
     doc = last_json(res.stdout) if "--json" in args else {}
     return wall, doc, servers_start(cluster)
@@ -83,8 +83,8 @@ def main() -> int:
     cells: dict[str, list[dict]] = {"deploy": [], "rollback": [], "stop": []}
     simc.up(cluster, echo=lambda *_: None)
     try:
-        simhosts.invoke("prepare", "--cluster", CLUSTER, "--no-check")
-        simhosts.invoke("verify-comm", "--cluster", CLUSTER)
+        simhosts.invoke("prepare", "--cluster", CLUSTER, "--no-check", bench=False)
+        simhosts.invoke("verify-comm", "--cluster", CLUSTER, bench=False)
         for r in range(args.runs):
             for verb, argv in (("deploy", ("deploy", "--json")), ("deploy", ("deploy", "--json")), ("rollback", ("rollback", "--json")), ("stop", ("stop",))):
                 wall, doc, servers = timed(cluster, *argv)

@@ -70,14 +70,20 @@ def scaled(base: str, n: int) -> str:
     return name
 
 
-def env() -> dict:
-    return {**os.environ, "LLMDEPLOY_INVENTORY": str(INVENTORY), "PYTHONPATH": str(REPO)}
+def env(bench: bool = True) -> dict:
+    """The environment of a command: the bench inventories, or (``bench=False``) the repository's."""
+    out = {**os.environ, "PYTHONPATH": str(REPO)}
+    if bench:
+        out["LLMDEPLOY_INVENTORY"] = str(INVENTORY)
+    else:
+        out.pop("LLMDEPLOY_INVENTORY", None)
+    return out
 
 
-def invoke(*args: str, check: bool = True, quiet: bool = True) -> subprocess.CompletedProcess:
-    """``invoke ARGS`` from the repository, with the bench inventories."""
+def invoke(*args: str, check: bool = True, quiet: bool = True, bench: bool = True) -> subprocess.CompletedProcess:
+    """``invoke ARGS`` from the repository, with the bench inventories (or the repository's)."""
     exe = Path(sys.executable).with_name("invoke")
-    res = subprocess.run([str(exe), *args], cwd=REPO, env=env(), capture_output=quiet, text=True)
+    res = subprocess.run([str(exe), *args], cwd=REPO, env=env(bench), capture_output=quiet, text=True)
     if check and res.returncode != 0:
         raise SystemExit(f"invoke {' '.join(args)} failed ({res.returncode}):\n{(res.stdout or '')[-2000:]}{(res.stderr or '')[-2000:]}")
     return res

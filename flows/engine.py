@@ -55,6 +55,13 @@ def who(u: Unit, svc: Service) -> str:
     return {"node0": "node 0"}.get(u.role, u.role) or svc.name
 
 
+def poll_delay(n: int, poll_s: float) -> float:
+    """The wait before poll ``n + 1``: 0.1 s, doubling up to ``poll_s``. A
+    server that is up at once is seen at once; a model that loads for minutes
+    is polled every ``poll_s``."""
+    return min(poll_s, 0.1 * 2 ** min(n, 16))
+
+
 class Engine:
     def __init__(self, cluster: Cluster, runner: Runner, con: Console, quiet: bool = False, signatures=None):
         self.c = cluster
@@ -237,6 +244,7 @@ class Engine:
         reasons: dict[str, str] = {}
         last_probe = ""
         keyed = {unit_key(u): u for u in plan.units()}
+        polls = 0
         while True:
             now = time.monotonic()
             states = self.states(plan)
@@ -289,7 +297,8 @@ class Engine:
             if time.monotonic() >= end:
                 waiting = ", ".join(f"{k}: {m}" for k, m in reasons.items()) or last_probe or "no unit reported an error"
                 return self._fail(out, plan.entry_host, f"not ready within {d.ready_timeout_s:g}s ({waiting})")
-            time.sleep(d.poll_s)
+            time.sleep(poll_delay(polls, d.poll_s))
+            polls += 1
 
     # -- after a failure ----------------------------------------------------------------------
     def collect_bundle(self, plan: ReleasePlan, secrets: list[str]) -> tuple[str, str]:
