@@ -255,9 +255,16 @@ def host_ping_script(cluster: Cluster, node: Node, lanes: int = HOST_LANES) -> s
         '{ echo "operstate $state"; echo "mtu ${mtu:-unknown}"; command -v ping >/dev/null 2>&1 || echo "ping missing"; } > "$t/nic"',
         # one peer: $1 its IP, $2 the file for the full-MTU ping (tried only after a reply)
         "hp() {",
-        f'    p=$({HOST_PING} -I "$nic" "$1" 2>&1); printf \'%s\\n\' "$p"',
+        f'    p=$({HOST_PING} -I "$nic" "$1" 2>&1)',
+        # some replies but not all: one more try (many nodes pinging at once can drop a packet);
+        # a dead pair (no reply) or a real MTU problem loses both tries
+        f'    case "$p" in *" 0% packet loss"*|*" 0 received"*|*" 0 packets received"*) ;; *" received"*) p=$({HOST_PING} -I "$nic" "$1" 2>&1) ;; esac',
+        "    printf '%s\\n' \"$p\"",
         '    case "$p" in *" 0 received"*|*" 0 packets received"*) return 0 ;; *" received"*) ;; *) return 0 ;; esac',
-        f'    [ -n "$mtu" ] && {HOST_PING} -M do -s "$size" -I "$nic" "$1" > "$2" 2>&1',
+        '    [ -n "$mtu" ] || return 0',
+        f'    df=$({HOST_PING} -M do -s "$size" -I "$nic" "$1" 2>&1)',
+        f'    case "$df" in *" 0% packet loss"*|*" 0 received"*|*" 0 packets received"*) ;; *" received"*) df=$({HOST_PING} -M do -s "$size" -I "$nic" "$1" 2>&1) ;; esac',
+        "    printf '%s\\n' \"$df\" > \"$2\"",
         "    return 0",
         "}",
     ]

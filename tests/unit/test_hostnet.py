@@ -313,3 +313,30 @@ def test_the_table_and_json_carry_the_host_network():
     assert "host network (serving NIC, ping + full-MTU don't-fragment ping): 11/12 pairs pass" in text
     assert "sim-a3-0 enp189s0f0 -> sim-a3-2 198.19.3.12: full-MTU (9000) DF ping fails: no reply" in text
     assert "communication FAILED" in text
+
+
+@pytest.mark.parametrize("flaky,ok", [("once", True), ("always", False), ("dead", False)])
+def test_a_partial_loss_is_tried_once_more_a_dead_pair_is_not(tmp_path, flaky, ok):
+    """Many nodes pinging at once can drop a packet: a pair that lost some
+    replies is pinged once more (plain and full-MTU); a pair with no reply is not."""
+    c = _loopback(load_cluster("sim-a3"), n=2)
+    calls = tmp_path / "calls"
+    tool = tmp_path / "ping"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        f'n=$(grep -c . {calls})\n'
+        f'case {flaky} in\n'
+        '  dead) echo "3 packets transmitted, 0 received, 100% packet loss"; exit 1;;\n'
+        '  once) [ "$n" -eq 1 ] && { echo "3 packets transmitted, 2 received, 33.3333% packet loss"; exit 0; };;\n'
+        '  always) echo "3 packets transmitted, 2 received, 33.3333% packet loss"; exit 0;;\n'
+        "esac\n"
+        'echo "3 packets transmitted, 3 received, 0% packet loss"\n'
+    )
+    tool.chmod(0o755)
+    script = comm.host_ping_script(c, c.nodes[0])
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"}).stdout
+    pairs = comm.parse_host_pings(c, c.nodes[0], out)["pairs"]
+    assert [p["ok"] for p in pairs] == [ok], pairs
+    tries = calls.read_text().splitlines()
+    assert len(tries) == {"once": 3, "always": 4, "dead": 1}[flaky], tries  # plain (twice when flaky), then full-MTU
