@@ -223,9 +223,11 @@ def run(cluster: Cluster, con: Console, json_out: bool, full: bool) -> int:
         doc = {"cluster": cluster.name, "ok": ok, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
                "epoch": int(started), "duration_s": round(time.time() - started, 1), **result}
         # keep the report on node 0 for deploy (and the next engineer)
-        from roles.files import put_script
+        from roles.files import put_script, stdin_payload
 
-        saved = runner.exec(cluster.node0, put_script(report_path(cluster), json.dumps(doc, indent=1) + "\n", 0o644))
+        # on stdin: at 64 nodes the report is larger than one command-line argument may be (128 KiB)
+        saved = runner.exec(cluster.node0, put_script(report_path(cluster), None, 0o644, via_stdin=True),
+                            stdin=stdin_payload(json.dumps(doc, indent=1) + "\n"))
         from llmdeploy import lock
         from roles.comm import pair_name
 

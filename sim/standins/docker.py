@@ -38,17 +38,32 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
-import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 from . import mounts as sim_mounts
 
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
+
+
+class _Lazy:
+    """A module imported on first use: most calls (ps, inspect) need neither
+    subprocess nor tarfile, and importing them cost ~30 ms a call."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        import importlib
+
+        return getattr(importlib.import_module(self._name), attr)
+
+
+shutil = _Lazy("shutil")
+subprocess = _Lazy("subprocess")
+tarfile = _Lazy("tarfile")
 
 # what the registry serves: ref -> packages installed in the image
 REGISTRY: dict[str, dict[str, str]] = {

@@ -131,7 +131,11 @@ def render(state: str, tools: dict) -> tuple[dict, int]:
         _RENDERING["hw"] = hw
         try:
             for tool, argv in calls(hw):
-                _write_entry(d, key(tool, argv), *answer(tools[tool], argv))
+                try:
+                    got = answer(tools[tool], argv)
+                except Exception:  # a node.json without what this call reads: the call itself will say so
+                    continue
+                _write_entry(d, key(tool, argv), *got)
         finally:
             _RENDERING.pop("hw", None)
         stamp = os.path.join(d, "stamp")
@@ -179,7 +183,7 @@ def serve(state: str, tool: str, argv: list[str], tools: dict) -> int:
         if cur is None or cur[1] != now:
             hw, now = render(state, tools)
             cur = _current(state)
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError, AttributeError):
         return tools[tool](argv)  # an unreadable node.json: the stand-in says so
     if hw is None:
         try:
