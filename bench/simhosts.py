@@ -51,7 +51,7 @@ def scaled(base: str, n: int) -> str:
     from llmdeploy.inventory import load_cluster
 
     name = f"{base}-n{n}"
-    cluster = load_cluster(base)
+    cluster = load_cluster(base, REPO / "inventory")
     prof = cluster.profile
     devices = cluster.platform_info.devices
     if hasattr(prof, "dp"):

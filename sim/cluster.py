@@ -362,7 +362,7 @@ def up(cluster: Cluster, echo=print) -> dict:
                 # bash sources ~/.bashrc for every SSH command: a node's own,
                 # not this machine's (a pyenv init there cost 130 ms per command)
                 f"if [ -f /root/.bashrc ]; then mount --bind {shlex.quote(str(hdir / 'bashrc'))} /root/.bashrc; fi",
-                f"exec {SSHD} -D -f {shlex.quote(str(hdir / 'sshd_config'))} -E {shlex.quote(str(hdir / 'sshd.log'))}",
+                f"exec {SSHD} -D -r -f {shlex.quote(str(hdir / 'sshd_config'))} -E {shlex.quote(str(hdir / 'sshd.log'))}",
             ]
         )
         log = hdir / "sshd.log"

@@ -209,21 +209,36 @@ def wrapper(tool: str, python: str, repo: str, prelude: str = "") -> str:
     return (
         "#!/bin/bash\n"
         f"# simulated {tool}: answers rendered from node.json (sim/standins/fast.py), else sim/standins\n"
-        f"{prelude}"
         "S=${LLMDEPLOY_SIM_STATE:-/etc/llmdeploy-sim}\n"
+        f"{prelude}{_DOCKER_PS if tool == 'docker' else ''}"
         f"IFS=+; k={q(tool)}+$#+\"$*\"; IFS=$' \\t\\n'\n"
         f'if [[ ${{#k}} -lt {MAX_KEY} && $k != *[!A-Za-z0-9,._=+-]* && -f $S/out/$k'
         ' && ! $S/node.json -nt $S/out/stamp && ! $S/node.json -ot $S/out/stamp ]]; then\n'
         '    f=$S/out/$k\n'
         f"{_LINK_CHECK if tool == 'hccn_tool' else ''}"
-        '    [[ -f $f.err ]] && cat "$f.err" >&2\n'
-        '    if [[ -f $f.rc ]]; then read -r rc < "$f.rc"; cat "$f"; exit "$rc"; fi\n'
-        '    exec cat "$f"\n'
+        # bash builtins only (no cat): the rendered text ends with a newline, or is empty
+        '    if [[ -f $f.err ]]; then mapfile -t e < "$f.err"; ((${#e[@]})) && printf \'%s\\n\' "${e[@]}" >&2; fi\n'
+        '    mapfile -t o < "$f"; ((${#o[@]})) && printf \'%s\\n\' "${o[@]}"\n'
+        '    rc=0; [[ -f $f.rc ]] && read -r rc < "$f.rc"\n'
+        '    exit "$rc"\n'
         "fi\n"
         # -S: the stand-ins need only the standard library (no site, no editable finder)
         f"PYTHONPATH={q(repo)} exec {q(python)} -S -m sim.standins {q(tool)} \"$@\"\n"
     )
 
+
+# docker ps --format ... on a host with no container at all prints nothing:
+# answered here (facts asks every host), anything else by the Python docker
+_DOCKER_PS = (
+    'if [[ $1 == ps ]]; then\n'
+    '    fmt=; prev=\n'
+    '    for a in "${@:2}"; do [[ $prev == --format || $prev == -f || $a == --format=* ]] && fmt=1; prev=$a; done\n'
+    '    if [[ -n $fmt ]]; then\n'
+    '        shopt -s nullglob; c=("$S"/docker/containers/*/config.json); shopt -u nullglob\n'
+    '        ((${#c[@]})) || exit 0\n'
+    "    fi\n"
+    "fi\n"
+)
 
 # hccn_tool -link also reads the NPU interface's state (a test takes it down
 # with `ip link set npu<d> down`): the rendered answer is node.json's

@@ -147,3 +147,19 @@ def test_numactl_runs_commands_and_caches_only_its_table(argv, cached):
     assert fast.cacheable("numactl", argv, hw) is cached
     assert fast.cacheable("docker", ["ps"], hw) is False
     assert fast.cacheable("docker", ["--version"], hw) is True
+
+
+def test_docker_ps_on_a_host_without_containers_is_answered_by_the_wrapper(host):
+    state, run = host
+    argv = ["ps", "--filter", "label=llmdeploy.cluster=x", "--format", "{{.Names}}"]
+    assert run("docker", *argv) == ("", "", 0) == _python(state, "docker", argv)
+    # no --format: the header, from Python
+    assert run("docker", "ps") == _python(state, "docker", ["ps"]) and "CONTAINER ID" in run("docker", "ps")[0]
+    # a container there: Python answers (and reads it)
+    cdir = state / "docker" / "containers" / "c1"
+    cdir.mkdir(parents=True)
+    (cdir / "config.json").write_text(json.dumps({
+        "Name": "c1", "Id": "0123456789abcdef", "State": {"Status": "exited", "Running": False, "ExitCode": 0},
+        "Config": {"Image": "img", "Labels": {"llmdeploy.cluster": "x"}}}))
+    argv = ["ps", "-a", "--filter", "label=llmdeploy.cluster=x", "--format", "{{.Names}}"]
+    assert run("docker", *argv) == ("c1\n", "", 0) == _python(state, "docker", argv)
