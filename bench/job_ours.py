@@ -4,9 +4,10 @@ extends the tool: role steps run by the Runner.
 On every host of the cluster: copy ``payload.bin`` (1 MiB) and render
 ``job.env.j2`` (Jinja2: host, index, peers) into REMOTE_DIR, then run five
 commands. Steps: one probe (the sha256 and mode of both files, roles.files
-sum_probe), a put for each file that differs (roles.files put_step, content on
-the SSH channel's stdin), and the five commands in one script. A run with
-nothing to change is two round trips per host; a first run four.
+sum_probe), one put of the files that differ (roles.files puts_step, content
+on the SSH channel's stdin; no round trip where none differs), and the five
+commands in one script. A run with nothing to change is two round trips per
+host; a first run three.
 
 Usage: python bench/job_ours.py --cluster NAME --jobdir DIR [--remote-dir DIR]
 (with LLMDEPLOY_INVENTORY=bench/inventory for the bench clusters).
@@ -27,7 +28,7 @@ import jinja2  # noqa: E402
 from llmdeploy.inventory import load_cluster  # noqa: E402
 from llmdeploy.runner import FAILED, OK, HostResult, Runner, Step  # noqa: E402
 from roles import facts  # noqa: E402
-from roles.files import put_step, sum_probe  # noqa: E402
+from roles.files import puts_step, sum_probe  # noqa: E402
 
 COMMANDS = ["hostname", "uname -r", "sha256sum {d}/payload.bin", "grep -c = {d}/job.env", "df -Pk {d}"]
 
@@ -61,8 +62,9 @@ def main() -> int:
 
     with Runner(cluster) as runner:
         said = runner.run(probe)
-        steps = [put_step(f"put {k}", spec, known=lambda node, k=k: (said[node.name].data or {}).get(k)) for k, spec in files.items()]
-        results = [said] + [runner.run(s) for s in steps] + [runner.run(run)]
+        put = puts_step("put", lambda node: [spec(node) for spec in files.values()],
+                        known=lambda node: [(said[node.name].data or {}).get(k) for k in files])
+        results = [said, runner.run(put), runner.run(run)]
         trips = max(runner.round_trips.values())
     counts = {"changed": 0, "ok": 0, "failed": 0}
     for res in results:

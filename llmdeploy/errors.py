@@ -7,6 +7,15 @@ and the secret values this process has read (so that no message shows one)."""
 SECRETS: set[str] = set()
 
 
+def mask(text: str, secrets: list[str] | None = None) -> str:
+    """Replace every secret value in ``text`` (``secrets`` and every secret
+    this process has read, SECRETS) with ***. Here, not in report (rich), so
+    that what writes files on nodes needs no console library."""
+    for value in sorted({s for s in list(secrets or []) + list(SECRETS) if s}, key=len, reverse=True):
+        text = text.replace(value, "***")
+    return text
+
+
 class LlmdeployError(Exception):
     """Base class; ``exit_code`` is what the task exits with."""
 

@@ -18,7 +18,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from .errors import SECRETS
+from .errors import SECRETS, mask  # noqa: F401 (mask: used as report.mask)
 from .runner import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, HostResult
 
 STATUS_STYLE = {OK: "green", CHANGED: "yellow", FAILED: "bold red", UNREACHABLE: "bold red", SKIPPED: "cyan"}
@@ -113,14 +113,6 @@ def emit_json(doc: dict) -> None:
     json.dump(doc, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
     sys.stdout.flush()
-
-
-def mask(text: str, secrets: list[str] | None = None) -> str:
-    """Replace every secret value in ``text`` (``secrets`` and every secret
-    this process has read, errors.SECRETS) with ***."""
-    for value in sorted({s for s in list(secrets or []) + list(SECRETS) if s}, key=len, reverse=True):
-        text = text.replace(value, "***")
-    return text
 
 
 def mask_env(env: dict[str, str], secrets: list[str]) -> dict[str, str]:

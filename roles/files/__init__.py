@@ -19,7 +19,7 @@ import shlex
 from typing import Callable
 
 from llmdeploy.inventory import PATH_RE, Node
-from llmdeploy.report import mask
+from llmdeploy.errors import mask
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
 
 RESULT = "@@llmdeploy-put@@"
@@ -141,3 +141,68 @@ def put_step(
         return parse_put(node, out, err, code, check, secrets, path=spec(node)[0])
 
     return Step(name=name, build=build, parse=parse, stdin=lambda node: stdin_payload(spec(node)[1]), decide=decide if known else None)
+
+
+PART = "@@llmdeploy-put-file@@"
+
+
+def puts_step(
+    name: str,
+    spec: Callable[[Node], list[tuple[str, str | bytes, int]]],
+    check: bool = False,
+    diff: bool = False,
+    secrets: list[str] | None = None,
+    known: Callable[[Node], list[str | None]] | None = None,
+):
+    """Like :func:`put_step` for several files of a host in one round trip:
+    one command runs each file's ``put_script``, feeding it its own part of
+    the standard input (``head -c`` reads exactly that many bytes). With
+    ``known(node)`` (each file's ``sum_probe`` answer), only the files that
+    differ are sent; a host where none differs costs no round trip."""
+
+    def todo(node: Node) -> list[tuple[int, tuple[str, str | bytes, int]]]:
+        files = spec(node)
+        said = known(node) if known is not None else [None] * len(files)
+        return [(i, f) for i, f in enumerate(files) if not unchanged(said[i] if i < len(said) else None, f[1], f[2])]
+
+    def decide(node: Node) -> HostResult | None:
+        if todo(node):
+            return None
+        return HostResult(node.name, OK, msg=f"{', '.join(p for p, _, _ in spec(node))} unchanged", data={"diff": ""})
+
+    def build(node: Node) -> str | None:
+        parts = []
+        for i, (path, content, mode) in todo(node):
+            size = len(stdin_payload(content))
+            # not "( ... ) || exit": set -e is ignored in a subshell whose status is tested
+            parts.append(f"echo '{PART} {i}'\nhead -c {size} | (\n{put_script(path, None, mode, check=check, diff=diff, via_stdin=True)})\n"
+                         'rc=$?; [ "$rc" -eq 0 ] || exit "$rc"')
+        return "\n".join(parts) + "\n" if parts else None
+
+    def parse(node: Node, out: str, err: str, code: int) -> HostResult:
+        files = spec(node)
+        results = []
+        for section in out.split(PART)[1:]:
+            head, _, body = section.partition("\n")
+            i = int(head.strip()) if head.strip().isdigit() else -1
+            path = files[i][0] if 0 <= i < len(files) else "?"
+            results.append(parse_put(node, body, "", 0, check, secrets, path=path))
+        expected = len(todo(node))
+        if code != 0 or len(results) < expected:
+            done = [r.msg for r in results if not r.failed]
+            said = mask((err.strip() or out.strip() or f"exit {code}").splitlines()[-1], secrets or [])
+            return HostResult(node.name, FAILED, msg=said + (f" (done before: {'; '.join(done)})" if done else ""),
+                              exit_code=code, stdout=mask(out, secrets or []), stderr=mask(err, secrets or []))
+        bad = [r for r in results if r.failed]
+        if bad:
+            return HostResult(node.name, FAILED, msg=bad[0].msg)
+        changed = [r for r in results if r.status == CHANGED]
+        data = {"diff": "\n".join(r.data.get("diff", "") for r in changed if r.data and r.data.get("diff"))}
+        if changed:
+            return HostResult(node.name, CHANGED, msg="; ".join(r.msg for r in changed), data=data)
+        return HostResult(node.name, OK, msg="; ".join(r.msg for r in results), data=data)
+
+    def stdin(node: Node) -> str:
+        return "".join(stdin_payload(content) for _, (_, content, _) in todo(node))
+
+    return Step(name=name, build=build, parse=parse, stdin=stdin, decide=decide)

@@ -212,3 +212,42 @@ def test_parse_put_masks_secrets():
     c = load_cluster("a3")
     r = parse_put(c.nodes[0], "@@llmdeploy-diff@@\n+T=abc123\n@@llmdeploy-diff@@\n@@llmdeploy-put@@ would-change\n", "", 0, True, ["abc123"])
     assert r.data["diff"] == "+T=***"
+
+
+def _run_step_locally(step, node, tmp_path):
+    script = step.build(node)
+    if script is None:
+        return None
+    res = subprocess.run(["sh", "-c", script], input=step.stdin(node), capture_output=True, text=True, cwd=tmp_path)
+    return step.parse(node, res.stdout, res.stderr, res.returncode)
+
+
+def test_several_files_in_one_round_trip_each_from_its_part_of_stdin(tmp_path):
+    from roles.files import puts_step, sum_probe
+
+    node = load_cluster("sim-a3").nodes[0]
+    big = bytes(range(256)) * 4096  # 1 MiB, binary
+    files = [(str(tmp_path / "d" / "payload.bin"), big, 0o644), (str(tmp_path / "e" / "job.env"), "A=1\n", 0o600)]
+    step = puts_step("put", lambda n: files)
+    res = _run_step_locally(step, node, tmp_path)
+    assert res.status == "changed", res.msg
+    assert (tmp_path / "d" / "payload.bin").read_bytes() == big
+    assert (tmp_path / "e" / "job.env").read_text() == "A=1\n" and oct((tmp_path / "e" / "job.env").stat().st_mode & 0o777) == "0o600"
+    # with the probes' answers: nothing sent, no round trip
+    said = [subprocess.run(["sh", "-c", sum_probe(p)], capture_output=True, text=True).stdout for p, _, _ in files]
+    step = puts_step("put", lambda n: files, known=lambda n: said)
+    assert step.decide(node).status == "ok" and step.build(node) is None
+    # one file changed: only it is sent and written
+    files[1] = (files[1][0], "A=2\n", 0o600)
+    step = puts_step("put", lambda n: files, known=lambda n: said)
+    assert step.decide(node) is None and len(step.stdin(node)) == len(base64.b64encode(b"A=2\n"))
+    res = _run_step_locally(step, node, tmp_path)
+    assert res.status == "changed" and res.msg == f"{files[1][0]} written"
+    assert (tmp_path / "e" / "job.env").read_text() == "A=2\n"
+    # without probes, both are compared on the node: unchanged
+    res = _run_step_locally(puts_step("put", lambda n: files), node, tmp_path)
+    assert res.status == "ok", res.msg
+    # a failure in the second file names it; the first stays written
+    files[1] = ("/proc/no/such/dir/f", "x\n", 0o644)
+    res = _run_step_locally(puts_step("put", lambda n: files), node, tmp_path)
+    assert res.status == "failed" and "payload.bin unchanged" in res.msg
