@@ -38,7 +38,7 @@ _base = load_cluster({base!r}, Path({inventory!r}))
 _values = _base.model_dump()
 _values.update(
     name={name!r},
-    ssh=sim_ssh({name!r}).model_dump(),
+    ssh=sim_ssh({name!r}, connect_timeout={connect_timeout}).model_dump(),
     nodes=[n.model_dump() for n in sim_nodes({prefix!r}, {n}, "198.19.{subnet}.10")],
 )
 _values["profile"] = {{**_values["profile"], {profile}}}
@@ -63,6 +63,10 @@ def scaled(base: str, n: int) -> str:
     text = TEMPLATE.format(
         base=base, n=n, name=name, prefix=f"{name}-", subnet=SUBNETS[base],
         inventory=str(REPO / "inventory"), profile=profile,
+        # 64 simulated hosts share this machine's CPUs: while verify-comm's pings
+        # run on all of them, sshd can take longer than the sim inventories' 5 s
+        # to open a session (the runner would call the host frozen)
+        connect_timeout=5 if n <= 16 else 30,
     )
     path = INVENTORY / f"{name.replace('-', '_')}.py"
     if not path.exists() or path.read_text() != text:

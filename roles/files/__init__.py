@@ -30,9 +30,25 @@ def _bytes(content: str | bytes) -> bytes:
     return content if isinstance(content, bytes) else content.encode()
 
 
+# content -> (its sha256, its base64), for the content objects a step sends to
+# many hosts (the same 1 MiB file to 64 hosts is hashed and encoded once, not
+# once per host and use). Keyed by identity, the object kept alive with it.
+_ENCODED: dict[int, tuple[object, str, str]] = {}
+
+
+def _encoded(content: str | bytes) -> tuple[str, str]:
+    hit = _ENCODED.get(id(content))
+    if hit is None or hit[0] is not content:
+        data = _bytes(content)
+        if len(_ENCODED) > 256:
+            _ENCODED.clear()
+        hit = _ENCODED[id(content)] = (content, hashlib.sha256(data).hexdigest(), base64.b64encode(data).decode())
+    return hit[1], hit[2]
+
+
 def stdin_payload(content: str | bytes) -> str:
     """What ``put_script(..., via_stdin=True)`` reads on its standard input."""
-    return base64.b64encode(_bytes(content)).decode()
+    return _encoded(content)[1]
 
 
 def put_script(path: str, content: str | None, mode: int = 0o644, check: bool = False, diff: bool = False, via_stdin: bool = False) -> str:
@@ -112,7 +128,7 @@ def unchanged(said: str | None, content: str | bytes, mode: int) -> bool:
     """Whether ``sum_probe``'s answer is this content with this mode."""
     if said is None:
         return False
-    return said.split() == [hashlib.sha256(_bytes(content)).hexdigest(), f"{mode:o}"]
+    return said.split() == [_encoded(content)[0], f"{mode:o}"]
 
 
 def put_step(
