@@ -46,14 +46,12 @@ execute" prompt; without it pyinfra waits on stdin). Host keys:
 ``ssh_strict_host_key_checking="yes"`` (pyinfra's default is
 ``accept-new``) against ``ssh_known_hosts_file``.
 
-File transfers: the simulated hosts' sshd has no SFTP subsystem (its
-sshd_config has no ``Subsystem`` line), so by default (``sftp=False``) Ansible
-uses ``transfer_method = piped`` (``dd`` over the multiplexed connection;
-its default ``smart`` would first fail with sftp and scp, with a warning for
-each, on every transfer) and pyinfra ``ssh_file_transfer_protocol = "scp"``
-(its own scp client over the paramiko connection, running ``scp -t`` on the
-host; its default SFTP fails outright). Our runner also sends files on a
-command's stdin. ``sftp=True`` keeps both tools' defaults.
+File transfers: the simulated hosts' sshd serves SFTP (``internal-sftp``),
+as a real node's does, and ``peers.py`` passes ``sftp=True``: both tools on
+their defaults (Ansible ``smart``: sftp; pyinfra: SFTP). ``sftp=False`` is
+for an sshd without SFTP: Ansible ``transfer_method = piped`` (``dd`` over the
+multiplexed connection) and pyinfra ``ssh_file_transfer_protocol = "scp"``.
+Our runner sends files on a command's stdin.
 
 Both return ``(argv, env)``: run ``subprocess.run(argv, env=env, cwd=workdir,
 stdin=subprocess.DEVNULL, capture_output=True, text=True)``. Both tools print
