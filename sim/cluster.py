@@ -139,6 +139,9 @@ def write_model(model_dir: Path) -> None:
         _write(model_dir / name, text)
 
 
+DATA_NIC = 0xD0  # the data NIC's "device" byte in its MAC (NPUs are 0..15)
+
+
 def _npu_mac(cluster: str, index: int, device: int) -> str:
     sid = short_id(cluster)
     return f"02:{sid[:2]}:{sid[2:4]}:{index // 256:02x}:{index % 256:02x}:{device:02x}"
@@ -262,12 +265,17 @@ def up(cluster: Cluster, echo=print) -> dict:
         _sh("ip", "link", "set", mv, "master", mb, "up")
         _sh("ip", "-n", ns, "addr", "add", f"{m_ip}/24", "dev", "mgmt0")
         _sh("ip", "-n", ns, "link", "set", "mgmt0", "up")
-        _sh("ip", "link", "add", dv, "type", "veth", "peer", "name", node.nic, "netns", ns)
+        _sh("ip", "link", "add", dv, "type", "veth", "peer", "name", node.nic, "address", _npu_mac(cluster.name, i, DATA_NIC), "netns", ns)
         _sh("ip", "link", "set", dv, "master", db, "up")
         _sh("ip", "-n", ns, "addr", "add", f"{node.ip}/{data_net.prefixlen}", "dev", node.nic)
         _sh("ip", "-n", ns, "link", "set", node.nic, "mtu", "9000")
         _sh("ip", "link", "set", dv, "mtu", "9000")
         _sh("ip", "-n", ns, "link", "set", node.nic, "up")
+        # the data network's neighbours are known too (static ARP): at 64 nodes
+        # their 4032 learned entries overflowed the kernel's neighbour table,
+        # which all namespaces share (gc_thresh3 1024): "ping: sendmsg: No buffer space available"
+        _batch([f"neigh replace {other.ip} lladdr {_npu_mac(cluster.name, j, DATA_NIC)} dev {node.nic} nud permanent"
+                for j, other in enumerate(cluster.nodes) if j != i], ns)
 
         hw = hardware.node_hardware(cluster, i, node)
         if ascend:
