@@ -55,6 +55,12 @@ def who(u: Unit, svc: Service) -> str:
     return {"node0": "node 0"}.get(u.role, u.role) or svc.name
 
 
+def not_listening(problem: str) -> bool:
+    """Whether a probe's problem is a port that does not accept connections
+    (yet): the SSH forward's "Connect failed", or a refused connection."""
+    return "Connect failed" in problem or "Connection refused" in problem
+
+
 def poll_delay(n: int, poll_s: float) -> float:
     """The wait before poll ``n + 1``: 0.1 s, doubling up to ``poll_s``. A
     server that is up at once is seen at once; a model that loads for minutes
@@ -192,8 +198,20 @@ class Engine:
             return False
         out.phases[f"{plan.ready[0].name if plan.ready else 'running'}"] = time.monotonic() - t
         t = time.monotonic()
+        end = t + self.d.ready_timeout_s
+        polls = 0
         for p in plan.ready[1:]:
-            problem = self.probe(p)
+            while True:
+                problem = self.probe(p)
+                # the first probe passing does not mean every server listens
+                # yet (Dynamo: the frontend serves before decode's /health is
+                # up): a port not open yet is polled again until the deadline;
+                # a wrong answer fails at once
+                if problem and not_listening(problem) and time.monotonic() < end:
+                    time.sleep(poll_delay(polls, self.d.poll_s))
+                    polls += 1
+                    continue
+                break
             if problem:
                 return self._fail(out, p.host, f"{p.name}: {problem}")
         if plan.ready[1:]:

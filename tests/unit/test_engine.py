@@ -502,3 +502,12 @@ def test_a_failed_audit_line_still_releases_the_lock(tmp_path, capsys):
         lock.audit(sh, cluster, "stop", "stopped", None, held=holder)
     assert not os.path.exists(lock.lock_dir(cluster))
     assert "could not write the audit log" in capsys.readouterr().err
+
+
+def test_a_port_not_open_yet_is_polled_again_a_wrong_answer_is_not():
+    from flows.engine import not_listening, poll_delay
+
+    assert not_listening("GET /health on sim-gb300-0:8082: ChannelException: ChannelException(2, 'Connect failed')")
+    assert not_listening("[Errno 111] Connection refused")
+    assert not not_listening("POST /v1/chat/completions: the answer has no content")
+    assert [poll_delay(n, 0.5) for n in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
