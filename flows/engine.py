@@ -18,6 +18,7 @@ Deadlines and the retry policy are the inventory's ``DeploySettings``.
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -55,10 +56,20 @@ def who(u: Unit, svc: Service) -> str:
     return {"node0": "node 0"}.get(u.role, u.role) or svc.name
 
 
-def not_listening(problem: str) -> bool:
-    """Whether a probe's problem is a port that does not accept connections
-    (yet): the SSH forward's "Connect failed", or a refused connection."""
-    return "Connect failed" in problem or "Connection refused" in problem
+# the answers of a server that is up but not serving yet (DOMAIN.md: a Dynamo
+# worker's system port says 503 "notready" until its endpoints register;
+# sparkrun retries 408/429/502/503/504)
+NOT_YET_STATUS = (408, 429, 502, 503, 504)
+
+
+def not_yet(problem: str) -> bool:
+    """Whether a probe's problem says "not yet" rather than "wrong": a port
+    that does not accept connections (the SSH forward's "Connect failed", a
+    refused connection) or an HTTP status that means "try again"."""
+    if "Connect failed" in problem or "Connection refused" in problem:
+        return True
+    m = re.search(r" answered (\d{3}): ", problem)
+    return bool(m) and int(m.group(1)) in NOT_YET_STATUS
 
 
 def poll_delay(n: int, poll_s: float) -> float:
@@ -193,30 +204,7 @@ class Engine:
             if not self.wait_started(plan, svc, out):
                 return False
             out.phases[f"{svc.name} started"] = time.monotonic() - t
-        t = time.monotonic()
-        if not self.watch(plan, out):
-            return False
-        out.phases[f"{plan.ready[0].name if plan.ready else 'running'}"] = time.monotonic() - t
-        t = time.monotonic()
-        end = t + self.d.ready_timeout_s
-        polls = 0
-        for p in plan.ready[1:]:
-            while True:
-                problem = self.probe(p)
-                # the first probe passing does not mean every server listens
-                # yet (Dynamo: the frontend serves before decode's /health is
-                # up): a port not open yet is polled again until the deadline;
-                # a wrong answer fails at once
-                if problem and not_listening(problem) and time.monotonic() < end:
-                    time.sleep(poll_delay(polls, self.d.poll_s))
-                    polls += 1
-                    continue
-                break
-            if problem:
-                return self._fail(out, p.host, f"{p.name}: {problem}")
-        if plan.ready[1:]:
-            out.phases[" + ".join(p.name for p in plan.ready[1:])] = time.monotonic() - t
-        return True
+        return self.watch(plan, out)
 
     def probe(self, p: Probe) -> str | None:
         if p.kind == "http":
@@ -255,9 +243,17 @@ class Engine:
         return f"{found[0]} [{found[1]}]" if found else ""
 
     def watch(self, plan: ReleasePlan, out: Outcome) -> bool:
-        """Until the first readiness probe passes: restart what exits, by policy."""
+        """Until every readiness probe has passed, in order: restart what exits,
+        by policy. The first probe is polled until it passes. A later one is
+        polled while its server is not serving yet (``not_yet``: the first
+        passing does not mean every server is up; Dynamo's frontend lists
+        workers from etcd, whose leases outlive a restart, before a worker's
+        own /health is ready); a wrong answer from it fails at once. A restart
+        of any unit starts the probes from the first again."""
         d = self.d
-        end = time.monotonic() + d.ready_timeout_s
+        t = time.monotonic()
+        end = t + d.ready_timeout_s
+        stage = 0  # plan.ready[:stage] have passed
         pending: dict[str, float] = {}  # unit key or "service:<name>" -> when to restart
         reasons: dict[str, str] = {}
         last_probe = ""
@@ -296,6 +292,7 @@ class Engine:
                 if time.monotonic() < when:
                     continue
                 del pending[key]
+                stage = 0
                 if key.startswith("service:"):
                     svc = plan.service(key.split(":", 1)[1])
                     n = max(out.attempts.get(unit_key(u), 1) for u in svc.units)
@@ -305,13 +302,24 @@ class Engine:
                 else:
                     if not self.start_units(plan, [keyed[key]], out):
                         return False
-            if not pending and plan.ready:
-                problem = self.probe(plan.ready[0])
-                if problem is None:
+            if not pending:
+                while stage < len(plan.ready):
+                    p = plan.ready[stage]
+                    problem = self.probe(p)
+                    if problem is not None:
+                        if stage > 0 and not not_yet(problem):
+                            return self._fail(out, p.host, f"{p.name}: {problem}")
+                        last_probe = f"{p.name}: {problem}" if stage > 0 else problem
+                        break
+                    stage += 1
+                    if stage in (1, len(plan.ready)):  # the phases: the first probe, then the later ones together
+                        names = plan.ready[0].name if stage == 1 else " + ".join(x.name for x in plan.ready[1:])
+                        out.phases[names] = time.monotonic() - t
+                        t = time.monotonic()
+                else:
+                    if not plan.ready:
+                        out.phases["running"] = time.monotonic() - t
                     return True
-                last_probe = problem
-            elif not pending:
-                return True
             if time.monotonic() >= end:
                 waiting = ", ".join(f"{k}: {m}" for k, m in reasons.items()) or last_probe or "no unit reported an error"
                 return self._fail(out, plan.entry_host, f"not ready within {d.ready_timeout_s:g}s ({waiting})")

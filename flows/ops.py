@@ -636,13 +636,9 @@ def restart(cluster: Cluster, con: Console, host: str | None, message: str | Non
                 ok = eng.start_units(plan, todo, out)
                 rank = next((u.show.get("start_rank") for u in units if u.show.get("start_rank") is not None), None)
                 con.print(f"{host or service}: restarted {', '.join(u.container for u in todo if host is None or u.host == host)}"
-                          + (f" (start rank {rank})" if rank is not None else "") + f"; waiting for {plan.ready[0].name if plan.ready else 'the containers'}")
+                          + (f" (start rank {rank})" if rank is not None else "") + f"; waiting for {waiting_for(plan)}")
                 out.attempts = {k: 1 for k in out.attempts}
                 ok = ok and eng.watch(plan, out)
-                for p in plan.ready[1:2]:
-                    problem = eng.probe(p) if ok else None
-                    if problem:
-                        ok = eng._fail(out, p.host, f"{p.name}: {problem}")
             if not ok:
                 lock.audit(runner, cluster, what, "failed", current, reason=out.reason)
                 raise LlmdeployError(f"{out.where}: {out.reason}")
@@ -655,6 +651,14 @@ def restart(cluster: Cluster, con: Console, host: str | None, message: str | Non
                 rank = next((u.show.get("start_rank") for u in plan.units(host) if u.show.get("start_rank") is not None), None)
                 con.print(f"[bold green]{cluster.name} healthy[/]: {host} re-joined" + (f" with start rank {rank}" if rank is not None else ""))
             return 0
+
+
+def waiting_for(plan: ReleasePlan) -> str:
+    """What ``Engine.watch`` waits for, in words: every readiness probe."""
+    if not plan.ready:
+        return "the containers"
+    more = len(plan.ready) - 1
+    return plan.ready[0].name + (f" and {more} more readiness check{'s' if more > 1 else ''}" if more else "")
 
 
 def systems_cleanup(plan: ReleasePlan) -> str:

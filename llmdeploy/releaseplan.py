@@ -101,7 +101,8 @@ class ReleasePlan:
     entry_host: str
     entry_port: int
     # readiness, in order: the first is polled until it passes, the others
-    # must then pass once each
+    # then pass in turn, polled while their server is not serving yet
+    # (flows.engine.not_yet) and failed at once by a wrong answer
     ready: list[Probe] = field(default_factory=list)
     # shell run on every node after its containers stopped (stale files)
     stop_cleanup: str = ""

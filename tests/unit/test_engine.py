@@ -504,10 +504,81 @@ def test_a_failed_audit_line_still_releases_the_lock(tmp_path, capsys):
     assert "could not write the audit log" in capsys.readouterr().err
 
 
-def test_a_port_not_open_yet_is_polled_again_a_wrong_answer_is_not():
-    from flows.engine import not_listening, poll_delay
+def test_not_yet_is_a_closed_port_or_a_try_again_status():
+    from flows.engine import not_yet, poll_delay
 
-    assert not_listening("GET /health on sim-gb300-0:8082: ChannelException: ChannelException(2, 'Connect failed')")
-    assert not_listening("[Errno 111] Connection refused")
-    assert not not_listening("POST /v1/chat/completions: the answer has no content")
+    assert not_yet("GET /health on sim-gb300-0:8082: ChannelException: ChannelException(2, 'Connect failed')")
+    assert not_yet("[Errno 111] Connection refused")
+    assert not_yet("GET /health on sim-gb300-0:8082 answered 503: b'{\"status\":\"notready\"}'")
+    assert not not_yet("GET /health on sim-gb300-0:8082 answered 500: b'boom'")
+    assert not not_yet("POST /v1/chat/completions: the answer has no content")
     assert [poll_delay(n, 0.5) for n in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
+
+
+def _watch(answers: dict[str, list], states=None):
+    """Engine.watch with the node side replaced: ``answers`` are each probe's
+    problems in turn (None: passes; the last repeats), ``states`` each poll's
+    unit states."""
+    from flows.engine import Engine, Outcome
+
+    cluster = load_cluster("a3")
+    units = [Unit(host=cluster.node0.name, container="c-a"), Unit(host=cluster.node0.name, container="c-b")]
+    plan = ReleasePlan(system="x", cluster=cluster.name, release="r", services=[Service("s", units=units, restart="each")],
+                       entry_host=cluster.node0.name, entry_port=1,
+                       ready=[Probe(name=n, kind="http", host=cluster.node0.name, port=1) for n in answers])
+    seen, started = [], []
+    states = list(states or [])
+
+    class Fake(Engine):
+        def probe(self, p):
+            seen.append(p.name)
+            left = answers[p.name]
+            return left.pop(0) if len(left) > 1 else left[0]
+
+        def states(self, plan, units=None):
+            st = states.pop(0) if len(states) > 1 else (states[0] if states else {})
+            return {f"{u.host}/{u.container}": st.get(u.container, ("running", "")) for u in plan.units()}
+
+        def exit_reason(self, u):
+            return ""
+
+        def start_units(self, plan, units, out):
+            started.append([u.container for u in units])
+            return True
+
+    eng = Fake(cluster, None, None, quiet=True)
+    eng.d = cluster.deploy.model_copy(update={"poll_s": 0.01, "ready_timeout_s": 2, "backoff_s": 0})
+    out = Outcome(ok=True, release="r")
+    return eng.watch(plan, out), out, seen, started
+
+
+def test_watch_polls_a_later_probe_while_it_is_not_serving_yet():
+    notready = "GET /health answered 503: b'notready'"
+    ok, out, seen, _ = _watch({"health": [None], "decode /health": ["Connect failed", notready, None], "chat": [None]})
+    assert ok, out.reason
+    assert seen == ["health"] + ["decode /health"] * 3 + ["chat"]
+    assert set(out.phases) == {"health", "decode /health + chat"}
+
+
+def test_watch_fails_at_once_on_a_wrong_answer_from_a_later_probe():
+    ok, out, seen, _ = _watch({"health": [None], "chat": ["POST /v1/chat/completions the answer has no content", None]})
+    assert not ok and out.reason == "chat: POST /v1/chat/completions the answer has no content"
+    assert seen == ["health", "chat"]
+
+
+def test_watch_gives_up_on_a_later_probe_at_the_deadline_and_names_it():
+    ok, out, seen, _ = _watch({"health": [None], "decode /health": ["GET /health answered 503: b'notready'"]})
+    assert not ok
+    assert out.reason.startswith("not ready within 2s (decode /health: GET /health answered 503")
+    assert seen.count("health") == 1 and seen.count("decode /health") > 2
+
+
+def test_watch_starts_the_probes_again_after_a_restart():
+    # c-b exits while a later probe is not ready yet: it is restarted, and the
+    # first probe must pass again before the later ones count
+    exited = {"c-b": ("exited", "1")}
+    ok, out, seen, started = _watch({"health": [None], "decode /health": ["Connect failed", None]},
+                                    states=[{}, exited, {}])
+    assert ok, out.reason
+    assert started == [["c-b"]]
+    assert seen == ["health", "decode /health", "health", "decode /health"]
