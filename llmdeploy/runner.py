@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import errno
 import hashlib
-import io
 import logging
 import os
 import socket
@@ -28,7 +27,6 @@ from typing import Any, Callable
 import paramiko
 from fabric import Config, Connection
 from fabric.runners import Remote
-from invoke.exceptions import CommandTimedOut, ThreadException
 
 from .errors import InventoryError
 from .inventory import Cluster, Node
@@ -76,7 +74,7 @@ class Step:
     aggregate: Callable[[dict[str, HostResult]], None] | None = None
     # Text sent to the command's standard input (file contents, secrets among
     # them: what goes here never appears in a process command line on the node).
-    stdin: Callable[[Node], str | None] | None = None
+    stdin: Callable[[Node], str | bytes | None] | None = None
     # Decides a host from what an earlier step read (a probe in the facts
     # script): a HostResult means no round trip there; None runs the command.
     decide: Callable[[Node], HostResult | None] | None = None
@@ -117,33 +115,17 @@ class RejectUnknownHosts(paramiko.RejectPolicy):
 
 
 class StoppingRemote(Remote):
-    """Fabric's Remote runner; when a command's deadline fires it asks sshd to
-    send SIGTERM to the command's process group (the SSH "signal" channel
-    request) before closing the channel, so the command does not keep running
-    on the host. Servers that do not support the request ignore it."""
-
-    def read_our_stdin(self, input_):
-        # Invoke reads a stream that is not a terminal one byte per 10 ms, and
-        # sleeps 10 ms after each piece: the runner's stdin (release files, a
-        # 1 MiB file: 1.4 MB of base64) is sent whole, paramiko's window
-        # paces it (in 64 kB pieces a 1 MiB file took 0.22 s of naps alone).
-        if isinstance(input_, io.StringIO):
-            return input_.read()
-        return super().read_our_stdin(input_)
+    """Fabric's Remote runner (for ``Connection.run``, which streams output:
+    ``logs --follow``; the runner's own commands go through
+    :func:`run_channel`); when a command is stopped it asks sshd to send
+    SIGTERM to the command's process group (the SSH "signal" channel request)
+    before closing the channel, so the command does not keep running on the
+    host. Servers that do not support the request ignore it."""
 
     def kill(self) -> None:
         chan = getattr(self, "channel", None)
         if chan is not None and not chan.closed:
-            try:
-                m = paramiko.Message()
-                m.add_byte(paramiko.common.cMSG_CHANNEL_REQUEST)
-                m.add_int(chan.remote_chanid)
-                m.add_string("signal")
-                m.add_boolean(False)
-                m.add_string("TERM")
-                chan.transport._send_user_message(m)
-            except Exception:  # best effort: the channel is closed below anyway
-                pass
+            _send_signal(chan, "TERM")
         super().kill()
 
 
@@ -386,6 +368,89 @@ REAP_SCRIPT = (
 )
 
 
+class _TimedOut(Exception):
+    """A command's deadline fired; the output read until then."""
+
+    def __init__(self, stdout: str, stderr: str):
+        super().__init__("command timed out")
+        self.stdout, self.stderr = stdout, stderr
+
+
+def _send_signal(chan: paramiko.Channel, name: str) -> None:
+    """The SSH "signal" channel request (RFC 4254 6.9); servers that do not
+    support it (sshd for root logins) ignore it."""
+    try:
+        m = paramiko.Message()
+        m.add_byte(paramiko.common.cMSG_CHANNEL_REQUEST)
+        m.add_int(chan.remote_chanid)
+        m.add_string("signal")
+        m.add_boolean(False)
+        m.add_string(name)
+        chan.transport._send_user_message(m)
+    except Exception:  # best effort: the channel is closed anyway
+        pass
+
+
+def run_channel(transport: paramiko.Transport, command: str, timeout: float, stdin: bytes | None = None) -> tuple[str, str, int]:
+    """Run ``command`` in a new session channel of ``transport``: its stdout
+    and stderr (UTF-8, undecodable bytes replaced) and exit code (-1: the
+    channel closed without one). ``stdin`` is sent, then end of file, while the
+    output is read (a command that writes before it reads cannot deadlock).
+    Past ``timeout``: SIGTERM is asked for, the channel closed, and
+    :class:`_TimedOut` raised with what was read.
+
+    One thread per command, the caller's, that sleeps only in paramiko's
+    buffers: Fabric's ``Connection.run`` starts three more threads per command
+    and polls every 10 ms (Invoke's ``input_sleep``)."""
+    end = time.monotonic() + timeout
+    out: list[bytes] = []
+    err: list[bytes] = []
+    chan = transport.open_session()
+    try:
+        chan.exec_command(command)
+        data = memoryview(stdin or b"")
+        sent = 0
+        if not data:
+            chan.shutdown_write()
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                _send_signal(chan, "TERM")
+                raise _TimedOut(b"".join(out).decode("utf-8", "replace"), b"".join(err).decode("utf-8", "replace"))
+            if sent < len(data):
+                while sent < len(data) and chan.send_ready():
+                    if chan.closed or chan.eof_received:  # the command ended without reading it all
+                        sent = len(data)
+                        break
+                    sent += chan.send(data[sent:sent + 32768])
+                if sent >= len(data) and not chan.closed:
+                    chan.shutdown_write()
+                # the window is full: read what came back, look again soon
+                chan.settimeout(0.005 if sent < len(data) else min(left, 1.0))
+            else:
+                chan.settimeout(min(left, 1.0))
+            try:
+                chunk = chan.recv(65536)
+            except socket.timeout:
+                chunk = None
+            while chan.recv_stderr_ready():
+                err.append(chan.recv_stderr(65536))
+            if chunk:
+                out.append(chunk)
+            elif chunk == b"":  # end of file (or closed): stderr came before it
+                break
+        while chan.recv_stderr_ready():
+            err.append(chan.recv_stderr(65536))
+        # the exit status follows the end of file; a channel closed without one is -1
+        while not chan.status_event.wait(0.05):
+            if chan.closed or time.monotonic() >= end:
+                break
+        code = chan.exit_status if chan.status_event.is_set() else -1
+        return b"".join(out).decode("utf-8", "replace"), b"".join(err).decode("utf-8", "replace"), code
+    finally:
+        chan.close()
+
+
 def _no_delay(conn: Connection) -> None:
     """Send small packets at once. paramiko leaves Nagle's algorithm on, and
     with the server's delayed ACK every command then waited ~40 ms for its
@@ -511,7 +576,7 @@ class Runner:
         COUNTS.add(node.name, "connections")
         return conn
 
-    def exec(self, node: Node, command: str, timeout: float | None = None, stdin: str | None = None) -> tuple[str, str, int]:
+    def exec(self, node: Node, command: str, timeout: float | None = None, stdin: str | bytes | None = None) -> tuple[str, str, int]:
         """Run one command on one host over its reused connection; ``stdin``
         is sent to its standard input (then end of file).
 
@@ -522,7 +587,7 @@ class Runner:
         return out, err, code
 
     def _exec(
-        self, node: Node, command: str, timeout: float | None, stdin: str | None = None
+        self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None = None
     ) -> tuple[str, str, int, tuple[float, str] | None]:
         """exec, plus (deadline, what became of the command) when its deadline fired."""
         conn = self._open(node)
@@ -536,19 +601,17 @@ class Runner:
         start = time.monotonic()
         try:
             try:
-                res = conn.run(command, hide=True, warn=True, timeout=deadline, in_stream=io.StringIO(stdin) if stdin is not None else False)
-            except CommandTimedOut as exc:
-                r = exc.result
+                out, err, code = run_channel(conn.client.get_transport(), command, deadline, stdin.encode() if isinstance(stdin, str) else stdin)
+            except _TimedOut as exc:
                 with self._lock:
                     alone = self._inflight[node.name] == 1
                 if alone:
                     COUNTS.add(node.name, "commands")
                 fate = self._reap(conn) if alone else "other commands run on this connection: the timed-out one was left alone"
-                return r.stdout, (r.stderr + f"\ncommand timed out after {deadline:g}s").lstrip(), 124, (deadline, fate)
-            except (paramiko.SSHException, OSError, EOFError, ThreadException) as exc:
-                if isinstance(exc, ThreadException) and conn.is_connected:
-                    raise
-                detail = _lost_detail(conn, None if isinstance(exc, ThreadException) else exc)
+                return exc.stdout, (exc.stderr + f"\ncommand timed out after {deadline:g}s").lstrip(), 124, (deadline, fate)
+            except (paramiko.SSHException, OSError, EOFError, AttributeError) as exc:
+                # AttributeError: the transport is gone (closed under us)
+                detail = _lost_detail(conn, None if isinstance(exc, AttributeError) else exc)
                 _close_quietly(conn)
                 raise ConnectionLost(detail, time.monotonic() - start) from exc
         finally:
@@ -556,11 +619,11 @@ class Runner:
                 self._inflight[node.name] -= 1
         # A channel closed with no exit status (-1): the command was killed by a
         # signal, or the connection died; the transport tells which.
-        if res.exited == -1 and _dropped(conn):
+        if code == -1 and _dropped(conn):
             detail = _lost_detail(conn, None)
             _close_quietly(conn)
             raise ConnectionLost(detail, time.monotonic() - start)
-        return res.stdout, res.stderr, res.exited, None
+        return out, err, code, None
 
     def _reap(self, conn: Connection) -> str:
         """Stop what a timed-out command left on the host; say what happened.
@@ -574,15 +637,15 @@ class Runner:
         if not conn.is_connected:
             return "the connection is gone: the command may still run on the host"
         try:
-            res = conn.run(REAP_SCRIPT, hide=True, warn=True, timeout=max(5.0, self.cluster.ssh.connect_timeout), in_stream=False)
+            out, _, code = run_channel(conn.client.get_transport(), REAP_SCRIPT, max(5.0, self.cluster.ssh.connect_timeout))
         except Exception as exc:  # best effort
             return f"could not stop it on the host ({type(exc).__name__}): it may still run there"
-        count = res.stdout.strip().splitlines()[-1:] if res.exited == 0 else []
+        count = out.strip().splitlines()[-1:] if code == 0 else []
         if count and count[0].isdigit() and int(count[0]) > 0:
             return "sent SIGTERM to its processes on the host"
         if count == ["0"]:
             return "it had already ended on the host"
-        return f"could not stop it on the host (exit {res.exited}): it may still run there"
+        return f"could not stop it on the host (exit {code}): it may still run there"
 
     def _one(self, step: Step, node: Node) -> HostResult:
         start = time.monotonic()

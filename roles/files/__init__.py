@@ -1,9 +1,9 @@
 """Writing a file on a node: atomically, with its mode, and only when it changed.
 
-``put_script`` builds one shell script that takes the new content as base64
-(so no byte of it is interpreted by the shell) on its standard input (so no
+``put_script`` builds one shell script that takes the new content, as it is,
+on its standard input (so no byte of it is interpreted by the shell, and no
 content, a secret say, is ever part of a process command line on the node;
-``via_stdin=False`` embeds it for small non-secret files), compares it with what
+``via_stdin=False`` embeds it as base64 for small non-secret files), compares it with what
 is there (content and mode), and then stages it next to the target and
 replaces the file with ``mv`` (atomic on one filesystem). In check mode it
 only compares and reports, writing nothing. With ``diff`` it prints a
@@ -30,25 +30,26 @@ def _bytes(content: str | bytes) -> bytes:
     return content if isinstance(content, bytes) else content.encode()
 
 
-# content -> (its sha256, its base64), for the content objects a step sends to
-# many hosts (the same 1 MiB file to 64 hosts is hashed and encoded once, not
-# once per host and use). Keyed by identity, the object kept alive with it.
-_ENCODED: dict[int, tuple[object, str, str]] = {}
+# content -> its sha256, for the content objects a step sends to many hosts
+# (the same 1 MiB file to 64 hosts is hashed once, not once per host and use).
+# Keyed by identity, the object kept alive with it.
+_HASHED: dict[int, tuple[object, str]] = {}
 
 
-def _encoded(content: str | bytes) -> tuple[str, str]:
-    hit = _ENCODED.get(id(content))
+def content_sha256(content: str | bytes) -> str:
+    hit = _HASHED.get(id(content))
     if hit is None or hit[0] is not content:
-        data = _bytes(content)
-        if len(_ENCODED) > 256:
-            _ENCODED.clear()
-        hit = _ENCODED[id(content)] = (content, hashlib.sha256(data).hexdigest(), base64.b64encode(data).decode())
-    return hit[1], hit[2]
+        if len(_HASHED) > 256:
+            _HASHED.clear()
+        hit = _HASHED[id(content)] = (content, hashlib.sha256(_bytes(content)).hexdigest())
+    return hit[1]
 
 
-def stdin_payload(content: str | bytes) -> str:
-    """What ``put_script(..., via_stdin=True)`` reads on its standard input."""
-    return _encoded(content)[1]
+def stdin_payload(content: str | bytes) -> bytes:
+    """What ``put_script(..., via_stdin=True)`` reads on its standard input:
+    the content's bytes (sent raw on the SSH channel; base64 would be a third
+    more to send and to decode on every host)."""
+    return _bytes(content)
 
 
 def put_script(path: str, content: str | None, mode: int = 0o644, check: bool = False, diff: bool = False, via_stdin: bool = False) -> str:
@@ -64,16 +65,17 @@ def put_script(path: str, content: str | None, mode: int = 0o644, check: bool = 
         lines += [
             'src=$(mktemp "${TMPDIR:-/tmp}/.llmdeploy-put.XXXXXX"); tmp=',
             "trap 'rm -f \"$src\" ${tmp:+\"$tmp\"}' EXIT; trap 'exit 129' HUP INT TERM",
-            'base64 -d > "$src"',
+            'cat > "$src"',
             'new() { cat "$src"; }',
         ]
     elif via_stdin:
         # check mode writes nothing at all, not even a temporary file: held in
-        # a shell variable (printf is a builtin, so the content never is an
-        # argument of a process)
-        lines += ["b64=$(cat)", 'new() { printf %s "$b64" | base64 -d; }']
+        # a shell variable as base64 (a variable cannot hold a NUL byte;
+        # printf is a builtin, so the content never is an argument of a process)
+        lines += ["b64=$(base64 -w0)", 'new() { printf %s "$b64" | base64 -d; }']
     else:
-        lines.append(f"new() {{ printf %s {shlex.quote(stdin_payload(content or ''))} | base64 -d; }}")
+        embedded = base64.b64encode(_bytes(content or "")).decode()
+        lines.append(f"new() {{ printf %s {shlex.quote(embedded)} | base64 -d; }}")
     same = f'[ -f "$f" ] && new | cmp -s - "$f" && [ "$(stat -c %a "$f")" = {m} ]'
     lines.append(f'if {same}; then echo "{RESULT} unchanged"; exit 0; fi')
     if diff:
@@ -128,7 +130,7 @@ def unchanged(said: str | None, content: str | bytes, mode: int) -> bool:
     """Whether ``sum_probe``'s answer is this content with this mode."""
     if said is None:
         return False
-    return said.split() == [_encoded(content)[0], f"{mode:o}"]
+    return said.split() == [content_sha256(content), f"{mode:o}"]
 
 
 def put_step(
@@ -139,24 +141,13 @@ def put_step(
     secrets: list[str] | None = None,
     known: Callable[[Node], str | None] | None = None,
 ):
-    """A runner Step writing ``spec(node) -> (path, content, mode)`` on each node.
-    ``secrets`` are values masked as *** in the diff and in the kept output.
-    ``known(node)``: what ``sum_probe`` printed there earlier (the facts
-    script's probe); a file already so is reported unchanged with no transfer."""
-    def decide(node: Node) -> HostResult | None:
-        path, content, mode = spec(node)
-        if known is not None and unchanged(known(node), content, mode):
-            return HostResult(node.name, OK, msg=f"{path} unchanged", data={"diff": ""})
-        return None
-
-    def build(node: Node) -> str:
-        path, _, mode = spec(node)
-        return put_script(path, None, mode, check=check, diff=diff, via_stdin=True)
-
-    def parse(node: Node, out: str, err: str, code: int) -> HostResult:
-        return parse_put(node, out, err, code, check, secrets, path=spec(node)[0])
-
-    return Step(name=name, build=build, parse=parse, stdin=lambda node: stdin_payload(spec(node)[1]), decide=decide if known else None)
+    """A runner Step writing ``spec(node) -> (path, content, mode)`` on each node:
+    :func:`puts_step` with one file. ``secrets`` are values masked as *** in
+    the diff and in the kept output. ``known(node)``: what ``sum_probe``
+    printed there earlier (the facts script's probe); a file already so is
+    reported unchanged with no transfer."""
+    return puts_step(name, lambda node: [spec(node)], check=check, diff=diff, secrets=secrets,
+                     known=(lambda node: [known(node)]) if known is not None else None)
 
 
 PART = "@@llmdeploy-put-file@@"
@@ -176,15 +167,24 @@ def puts_step(
     ``known(node)`` (each file's ``sum_probe`` answer), only the files that
     differ are sent; a host where none differs costs no round trip."""
 
+    # a node's files and those to send, worked out once per node: decide,
+    # build, stdin and parse all need them (the files may be rendered templates)
+    planned: dict[str, tuple[list, list]] = {}
+
+    def plan(node: Node) -> tuple[list[tuple[str, str | bytes, int]], list[tuple[int, tuple[str, str | bytes, int]]]]:
+        if node.name not in planned:
+            files = spec(node)
+            said = known(node) if known is not None else [None] * len(files)
+            planned[node.name] = (files, [(i, f) for i, f in enumerate(files) if not unchanged(said[i] if i < len(said) else None, f[1], f[2])])
+        return planned[node.name]
+
     def todo(node: Node) -> list[tuple[int, tuple[str, str | bytes, int]]]:
-        files = spec(node)
-        said = known(node) if known is not None else [None] * len(files)
-        return [(i, f) for i, f in enumerate(files) if not unchanged(said[i] if i < len(said) else None, f[1], f[2])]
+        return plan(node)[1]
 
     def decide(node: Node) -> HostResult | None:
         if todo(node):
             return None
-        return HostResult(node.name, OK, msg=f"{', '.join(p for p, _, _ in spec(node))} unchanged", data={"diff": ""})
+        return HostResult(node.name, OK, msg=f"{', '.join(p for p, _, _ in plan(node)[0])} unchanged", data={"diff": ""})
 
     def build(node: Node) -> str | None:
         parts = []
@@ -196,7 +196,7 @@ def puts_step(
         return "\n".join(parts) + "\n" if parts else None
 
     def parse(node: Node, out: str, err: str, code: int) -> HostResult:
-        files = spec(node)
+        files = plan(node)[0]
         results = []
         for section in out.split(PART)[1:]:
             head, _, body = section.partition("\n")
@@ -218,7 +218,7 @@ def puts_step(
             return HostResult(node.name, CHANGED, msg="; ".join(r.msg for r in changed), data=data)
         return HostResult(node.name, OK, msg="; ".join(r.msg for r in results), data=data)
 
-    def stdin(node: Node) -> str:
-        return "".join(stdin_payload(content) for _, (_, content, _) in todo(node))
+    def stdin(node: Node) -> bytes:
+        return b"".join(stdin_payload(content) for _, (_, content, _) in todo(node))
 
-    return Step(name=name, build=build, parse=parse, stdin=stdin, decide=decide)
+    return Step(name=name, build=build, parse=parse, stdin=stdin, decide=decide if known is not None else None)

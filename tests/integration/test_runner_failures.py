@@ -104,3 +104,36 @@ def test_host_down_is_unreachable_and_others_finish(sim_cluster):
     assert doc["recap"]["sim-b200-1"]["unreachable"] == 1
     assert doc["recap"]["sim-b200-0"]["ok"] == 1
     assert "unreachable: sim-b200-1" in res.stderr or "sim-b200-1" in res.stderr
+
+
+def test_runner_commands_stdin_output_exit_and_deadline(sim_cluster):
+    """The runner's own channel handling (runner.run_channel) on a real sshd:
+    stdin sent while output is read (no deadlock when a command writes more
+    than the SSH window before it reads), stdout and stderr apart, the exit
+    code, a command killed by a signal, and a deadline that stops it."""
+    import hashlib
+
+    from llmdeploy.inventory import load_cluster
+    from llmdeploy.runner import Runner
+
+    cluster = load_cluster(sim_cluster)
+    node = cluster.nodes[0]
+    data = os.urandom(3 << 20)
+    with Runner(cluster, nodes=[node]) as r:
+        # 4 MiB out and 1 MiB on stderr before a byte of stdin is read
+        out, err, code = r.exec(node, "head -c 4194304 /dev/zero | tr '\\0' x; head -c 1048576 /dev/zero | tr '\\0' y >&2; "
+                                      "sha256sum | cut -d' ' -f1", stdin=data, timeout=60)
+        assert code == 0, err[-300:]
+        assert out[:-65] == "x" * (4 << 20) and out[-65:].strip() == hashlib.sha256(data).hexdigest()
+        assert err == "y" * (1 << 20)
+        # a command that does not read its stdin ends, and that is not a lost connection
+        assert r.exec(node, "exit 7", stdin=data) == ("", "", 7)
+        assert r.exec(node, "echo é; echo oops >&2; exit 3") == ("é\n", "oops\n", 3)
+        # killed by a signal: no exit status
+        assert r.exec(node, "kill -9 $$")[2] == -1
+        # past its deadline: 124, the message, and the command stopped on the host
+        out, err, code = r.exec(node, "echo started; exec sleep 37.5", timeout=1)
+        assert code == 124 and out == "started\n"
+        assert "command timed out after 1s" in err
+        # (the pattern does not match the command line of the shell that runs pgrep)
+        assert r.exec(node, "for i in 1 2 3 4 5; do pgrep -f 'sleep 3[7].5' >/dev/null || { echo gone; break; }; sleep 0.2; done")[0].strip() == "gone"

@@ -168,9 +168,9 @@ def test_secrets_go_to_a_0600_file_and_never_into_diffs(monkeypatch):
     script = step.build(c.nodes[0])
     # the content (the secret) travels on standard input, never in the command
     assert "hf_s3cr3t_value" not in script and base64.b64encode(b"HF_TOKEN=hf_s3cr3t_value")[:12].decode() not in script
-    res = subprocess.run(["sh", "-c", script.replace("/etc/llmdeploy/", "/nonexistent-llmdeploy-test/")], capture_output=True, text=True,
+    res = subprocess.run(["sh", "-c", script.replace("/etc/llmdeploy/", "/nonexistent-llmdeploy-test/")], capture_output=True,
                          input=step.stdin(c.nodes[0]))
-    r = step.parse(c.nodes[0], res.stdout, res.stderr, res.returncode)
+    r = step.parse(c.nodes[0], res.stdout.decode(), res.stderr.decode(), res.returncode)
     assert "+HF_TOKEN=***" in r.data["diff"] and "hf_s3cr3t_value" not in r.stdout + r.data["diff"]
 
 
@@ -218,8 +218,8 @@ def _run_step_locally(step, node, tmp_path):
     script = step.build(node)
     if script is None:
         return None
-    res = subprocess.run(["sh", "-c", script], input=step.stdin(node), capture_output=True, text=True, cwd=tmp_path)
-    return step.parse(node, res.stdout, res.stderr, res.returncode)
+    res = subprocess.run(["sh", "-c", script], input=step.stdin(node), capture_output=True, cwd=tmp_path)
+    return step.parse(node, res.stdout.decode(), res.stderr.decode(), res.returncode)
 
 
 def test_several_files_in_one_round_trip_each_from_its_part_of_stdin(tmp_path):
@@ -240,7 +240,7 @@ def test_several_files_in_one_round_trip_each_from_its_part_of_stdin(tmp_path):
     # one file changed: only it is sent and written
     files[1] = (files[1][0], "A=2\n", 0o600)
     step = puts_step("put", lambda n: files, known=lambda n: said)
-    assert step.decide(node) is None and len(step.stdin(node)) == len(base64.b64encode(b"A=2\n"))
+    assert step.decide(node) is None and step.stdin(node) == b"A=2\n"  # raw bytes, no base64
     res = _run_step_locally(step, node, tmp_path)
     assert res.status == "changed" and res.msg == f"{files[1][0]} written"
     assert (tmp_path / "e" / "job.env").read_text() == "A=2\n"
