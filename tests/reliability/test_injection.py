@@ -336,6 +336,11 @@ def names_field(problems: list[str], ref: FieldRef) -> bool:
 
 
 # --- a runner that records instead of sending ------------------------------------------------------
+
+def _text(data: str | bytes) -> str:
+    """A command's standard input as text (files travel as their bytes)."""
+    return data.decode("utf-8", "surrogateescape") if isinstance(data, bytes) else data
+
 class Capture:
     """Stands in for llmdeploy.runner.Runner: every command a flow would send
     (and what it would send on standard input) is recorded, label -> text, and
@@ -379,7 +384,7 @@ class Capture:
     def exec(self, node, command, timeout=None, stdin=None, **_):
         self.add(f"exec/{node.name}", command)
         if stdin is not None:
-            self.add(f"exec/{node.name}/stdin", stdin, "data")
+            self.add(f"exec/{node.name}/stdin", _text(stdin), "data")
         return self.canned(command, node), "", 0
 
     def run(self, step, nodes=None, deadline=None, **_):
@@ -395,7 +400,7 @@ class Capture:
             self.add(f"{step.name}/{n.name}", cmd)
             stdin = getattr(step, "stdin", None)
             if stdin is not None:
-                self.add(f"{step.name}/{n.name}/stdin", stdin(n) or "", "data")
+                self.add(f"{step.name}/{n.name}/stdin", _text(stdin(n) or ""), "data")
             out = self.canned(cmd, n)
             try:
                 r = step.parse(n, out, "", 0) if step.parse else HostResult(n.name, OK, stdout=out, exit_code=0)
