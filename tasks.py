@@ -204,6 +204,13 @@ def audit(c, cluster, last=None, json=False):
     return app.ops_call("audit", cluster, json_out=json, last=int(last) if last else None)
 
 
+@task(positional=[], help={"cluster": "cluster name"})
+@_guard
+def disconnect(c, cluster):
+    """End the SSH connections kept open for the cluster (ssh.persist_s): the next command connects and checks host keys anew."""
+    return app.disconnect(cluster)
+
+
 @task(positional=[], name="status", help={"cluster": "cluster name"})
 @_guard
 def lock_status(c, cluster):
@@ -255,4 +262,4 @@ lock_ns = Collection("lock")
 lock_ns.add_task(lock_status, name="status")
 lock_ns.add_task(lock_break, name="break")
 
-ns = Collection(facts, prepare, check_nodes, verify_comm, deploy, serving_logs, releases, rollback, status, stop, restart, audit, demo, sim, lock_ns)
+ns = Collection(facts, prepare, check_nodes, verify_comm, deploy, serving_logs, releases, rollback, status, stop, restart, audit, disconnect, demo, sim, lock_ns)

@@ -9,7 +9,7 @@ on the SSH channel's stdin; no round trip where none differs), and the five
 commands in one script. A run with nothing to change is two round trips per
 host; a first run three.
 
-Usage: python bench/job_ours.py --cluster NAME --jobdir DIR [--remote-dir DIR]
+Usage: python bench/job_ours.py --cluster NAME --jobdir DIR [--remote-dir DIR] [--persist S]
 (with LLMDEPLOY_INVENTORY=bench/inventory for the bench clusters).
 Prints ``changed=N ok=N failed=N commands_per_host=N`` and exits 1 on a failure.
 """
@@ -38,8 +38,13 @@ def main() -> int:
     ap.add_argument("--cluster", required=True)
     ap.add_argument("--jobdir", required=True, type=Path)
     ap.add_argument("--remote-dir", default="/var/lib/llmdeploy/bench-job")
+    ap.add_argument("--persist", type=float, default=None,
+                    help="ssh.persist_s for this run (keep the connections open that many idle seconds, like ControlPersist)")
     args = ap.parse_args()
     cluster = load_cluster(args.cluster)
+    if args.persist is not None:
+        # what a user writes in the inventory: ssh=Ssh(..., persist_s=60)
+        cluster = cluster.model_copy(update={"ssh": cluster.ssh.model_copy(update={"persist_s": args.persist})})
     d = args.remote_dir
     payload = (args.jobdir / "payload.bin").read_bytes()
     template = jinja2.Template((args.jobdir / "job.env.j2").read_text(), keep_trailing_newline=True)

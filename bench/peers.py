@@ -78,6 +78,17 @@ def run(argv: list[str], env: dict, what: str, cwd: Path) -> tuple[float, str]:
     return took, res.stdout + "\n" + res.stderr
 
 
+def ours_reset(name: str) -> None:
+    """End our connection holders (ssh.persist_s), as Ansible's masters are
+    closed before its first run; wait until none answers."""
+    from llmdeploy import mux
+
+    mux.stop(name)
+    end = time.monotonic() + 10
+    while any(mux._request(p, "ping", timeout=1) for p in mux.holders(name)) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def ours_changes(out: str) -> int:
     m = re.search(r"changed=(\d+)", out)
     if not m:
@@ -104,7 +115,9 @@ def measure(n: int, runs: int, jd: Path) -> dict:
             wd.mkdir(parents=True)
             # the simulated sshd serves SFTP (internal-sftp), as a real node's does: the peers' defaults
             cmds[tool] = (getattr(peers_tools, tool)(wd, hosts, jd, sftp=True), wd)
-        ours_argv = [sys.executable, str(simhosts.REPO / "bench" / "job_ours.py"), "--cluster", name, "--jobdir", str(jd), "--remote-dir", REMOTE_DIR]
+        # connections kept 60 s between runs, as Ansible's ControlPersist here (ssh.persist_s)
+        ours_argv = [sys.executable, str(simhosts.REPO / "bench" / "job_ours.py"), "--cluster", name, "--jobdir", str(jd), "--remote-dir", REMOTE_DIR,
+                     "--persist", "60"]
         cmds["ours"] = ((ours_argv, simhosts.env()), None)
         times: dict[str, dict[str, list[float]]] = {t: {"first": [], "rerun": []} for t in TOOLS}
         for r in range(runs):
@@ -114,6 +127,8 @@ def measure(n: int, runs: int, jd: Path) -> dict:
                 clean(cluster)
                 if tool == "ansible":
                     peers_tools.ansible_reset(wd)
+                if tool == "ours":
+                    ours_reset(name)
                 cwd = wd or simhosts.REPO
                 first, out1 = run(argv, env, f"{tool} (first run, {n} hosts)", cwd)
                 rerun, out2 = run(argv, env, f"{tool} (second run, {n} hosts)", cwd)
@@ -130,6 +145,7 @@ def measure(n: int, runs: int, jd: Path) -> dict:
                 print(f"  n={n} round {r + 1} {tool:8s} first {first:6.2f}s  rerun {rerun:6.2f}s", file=sys.stderr)
         if "ansible" in cmds:
             peers_tools.ansible_reset(cmds["ansible"][1])
+        ours_reset(name)
     return {t: {k: round(simhosts.median(v), 3) for k, v in times[t].items()} for t in TOOLS}
 
 

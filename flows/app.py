@@ -369,6 +369,16 @@ def ops_call(name: str, cluster_name: str, json_out: bool = False, **kwargs) -> 
     raise LlmdeployError(f"unknown operation {name}")
 
 
+def disconnect(cluster_name: str) -> int:
+    """End the cluster's connection holders (ssh.persist_s; llmdeploy/mux.py)."""
+    from llmdeploy import mux
+
+    cluster = load_cluster(cluster_name)
+    n = mux.stop(cluster.name)
+    print(f"{cluster.name}: {n} connection holder{'s' if n != 1 else ''} ended" if n else f"{cluster.name}: no connection holder runs")
+    return 0
+
+
 def verify_comm(cluster_name: str, json_out: bool = False, full: bool = False) -> int:
     from flows import verify
 

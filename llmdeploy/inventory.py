@@ -98,6 +98,11 @@ class Ssh(Strict):
     connect_timeout: float = Field(default=10.0, gt=0)
     command_timeout: float = Field(default=120.0, gt=0)
     forks: int = Field(default=32, ge=1, le=512)
+    # Keep the SSH connections open this many idle seconds after a command,
+    # in a background process of this user, and send the next commands
+    # through them (like OpenSSH's ControlPersist; llmdeploy/mux.py). 0: off,
+    # every command connects on its own.
+    persist_s: float = Field(default=0, ge=0, le=86400)
 
     @field_validator("identity_file", "known_hosts", "config_file")
     @classmethod

@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -368,6 +369,14 @@ REAP_SCRIPT = (
 )
 
 
+class _NotOpened(paramiko.SSHException):
+    """The session channel could not be opened: the command never started."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 class _TimedOut(Exception):
     """A command's deadline fired; the output read until then."""
 
@@ -405,7 +414,10 @@ def run_channel(transport: paramiko.Transport, command: str, timeout: float, std
     end = time.monotonic() + timeout
     out: list[bytes] = []
     err: list[bytes] = []
-    chan = transport.open_session()
+    try:
+        chan = transport.open_session()
+    except (paramiko.SSHException, OSError, EOFError, AttributeError) as exc:  # AttributeError: no transport
+        raise _NotOpened(exc) from exc
     try:
         chan.exec_command(command)
         data = memoryview(stdin or b"")
@@ -514,7 +526,9 @@ class Runner:
         nodes: list[Node] | None = None,
         forks: int | None = None,
         progress: Callable[[str, str, HostResult | None], None] | None = None,
+        persist: bool = True,
     ):
+        """``persist=False``: never through a connection holder (the holder's own runner)."""
         self.cluster = cluster
         self.nodes = list(nodes if nodes is not None else cluster.nodes)
         self.forks = max(1, min(forks or cluster.ssh.forks, len(self.nodes) or 1))
@@ -530,7 +544,26 @@ class Runner:
         # commands running per host (a timed-out command is only reaped when it was alone)
         self._inflight: dict[str, int] = {n.name: 0 for n in self.nodes}
         self._lock = threading.Lock()
+        self._opening = {n.name: threading.Lock() for n in self.nodes}
         self._pool = ThreadPoolExecutor(max_workers=self.forks, thread_name_prefix="llmdeploy-host")
+        # ssh.persist_s: the commands go through the cluster's connection holder
+        self.mux = None
+        if persist and cluster.ssh.persist_s > 0:
+            from . import mux
+
+            try:
+                self.mux = mux.Client(cluster)
+            except OSError as exc:
+                self._no_holder(exc)
+
+    def _no_holder(self, exc: BaseException) -> None:
+        """Without a holder the commands connect directly: said once."""
+        with self._lock:
+            if getattr(self, "_warned", False):
+                return
+            self._warned = True
+            self.mux = None
+        print(f"warning: ssh.persist_s: no connection holder ({exc}); connecting directly", file=sys.stderr)
 
     def __enter__(self) -> "Runner":
         return self
@@ -553,6 +586,14 @@ class Runner:
 
     def _open(self, node: Node) -> Connection:
         conn = self.connections[node.name]
+        if conn.is_connected:
+            return conn
+        # one opening at a time per host (a connection holder serves
+        # several commands of a host at once)
+        with self._opening[node.name]:
+            return self._open_locked(node, conn)
+
+    def _open_locked(self, node: Node, conn: Connection) -> Connection:
         if conn.is_connected:
             return conn
         gateway = conn.gateway
@@ -590,8 +631,13 @@ class Runner:
         self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None = None
     ) -> tuple[str, str, int, tuple[float, str] | None]:
         """exec, plus (deadline, what became of the command) when its deadline fired."""
-        conn = self._open(node)
         deadline = timeout or self.cluster.ssh.command_timeout
+        if self.mux is not None:
+            held = self._exec_held(node, command, deadline, stdin)
+            if held is not None:
+                return held
+        was_open = self.connections[node.name].is_connected
+        conn = self._open(node)
         with self._lock:
             self.round_trips[node.name] += 1
             self._inflight[node.name] += 1
@@ -599,9 +645,23 @@ class Runner:
         if stdin:
             COUNTS.add(node.name, "transfers")
         start = time.monotonic()
+        data = stdin.encode() if isinstance(stdin, str) else stdin
         try:
             try:
-                out, err, code = run_channel(conn.client.get_transport(), command, deadline, stdin.encode() if isinstance(stdin, str) else stdin)
+                try:
+                    out, err, code = run_channel(conn.client.get_transport(), command, deadline, data)
+                except _NotOpened as exc:
+                    if not was_open:
+                        raise exc.cause from exc
+                    # a connection that died while it waited (the host
+                    # rebooted; a holder's connection outlived its host): the
+                    # command never started, so once more on a new connection,
+                    # and a host that is down reads unreachable, as on a first one
+                    _close_quietly(conn)
+                    conn = self._open(node)
+                    COUNTS.add(node.name, "commands")
+                    start = time.monotonic()
+                    out, err, code = run_channel(conn.client.get_transport(), command, deadline, data)
             except _TimedOut as exc:
                 with self._lock:
                     alone = self._inflight[node.name] == 1
@@ -611,6 +671,7 @@ class Runner:
                 return exc.stdout, (exc.stderr + f"\ncommand timed out after {deadline:g}s").lstrip(), 124, (deadline, fate)
             except (paramiko.SSHException, OSError, EOFError, AttributeError) as exc:
                 # AttributeError: the transport is gone (closed under us)
+                exc = exc.cause if isinstance(exc, _NotOpened) else exc
                 detail = _lost_detail(conn, None if isinstance(exc, AttributeError) else exc)
                 _close_quietly(conn)
                 raise ConnectionLost(detail, time.monotonic() - start) from exc
@@ -624,6 +685,45 @@ class Runner:
             _close_quietly(conn)
             raise ConnectionLost(detail, time.monotonic() - start)
         return out, err, code, None
+
+    def _exec_held(
+        self, node: Node, command: str, deadline: float, stdin: str | bytes | None
+    ) -> tuple[str, str, int, tuple[float, str] | None] | None:
+        """``_exec`` through the connection holder (llmdeploy/mux.py); None
+        when there is none to be had (then this runner connects directly)."""
+        from . import mux
+
+        def count() -> None:
+            with self._lock:
+                self.round_trips[node.name] += 1
+            COUNTS.add(node.name, "commands")
+            if stdin:
+                COUNTS.add(node.name, "transfers")
+
+        start = time.monotonic()
+        ssh = self.cluster.ssh
+        client = self.mux
+        if client is None:
+            return None
+        try:
+            ans = client.exec(node.name, command, deadline, stdin.encode() if isinstance(stdin, str) else stdin,
+                              wait=deadline + 3 * ssh.connect_timeout + 60)
+        except mux.Unavailable as exc:
+            self._no_holder(exc)
+            return None
+        except (OSError, EOFError, ValueError) as exc:
+            count()
+            raise ConnectionLost(f"the connection holder ended under the command ({type(exc).__name__}: {exc}); "
+                                 f"see {client.path}.log", time.monotonic() - start) from exc
+        count()
+        if "unreachable" in ans:
+            raise UnreachableError(ans["unreachable"])
+        if "lost" in ans:
+            raise ConnectionLost(ans["lost"], float(ans.get("elapsed") or 0))
+        if "error" in ans:
+            raise RuntimeError(f"connection holder: {ans['error']}")
+        fired = tuple(ans["fired"]) if ans.get("fired") else None
+        return ans["out"], ans["err"], int(ans["code"]), fired
 
     def _reap(self, conn: Connection) -> str:
         """Stop what a timed-out command left on the host; say what happened.

@@ -443,6 +443,10 @@ def down(name: str, echo=print) -> bool:
     on a cluster that is not up or only half made. Returns True if anything was removed."""
     cdir = cluster_dir(name)
     removed = False
+    # the connection holders of this cluster (ssh.persist_s): their hosts go away
+    from llmdeploy import mux
+
+    removed = mux.stop(name) > 0
     state = {}
     if (cdir / "state.json").exists():
         try:

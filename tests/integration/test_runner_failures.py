@@ -137,3 +137,141 @@ def test_runner_commands_stdin_output_exit_and_deadline(sim_cluster):
         assert "command timed out after 1s" in err
         # (the pattern does not match the command line of the shell that runs pgrep)
         assert r.exec(node, "for i in 1 2 3 4 5; do pgrep -f 'sleep 3[7].5' >/dev/null || { echo gone; break; }; sleep 0.2; done")[0].strip() == "gone"
+
+
+def _alive(pid: int) -> bool:
+    """Running (an ended child of this process stays a zombie until reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_connection_holder_reuses_connections_and_reads_failures_the_same(sim_cluster, tmp_path, monkeypatch):
+    """ssh.persist_s: commands of later runners go through the holder's open
+    connection (the same TCP connection, so no new handshake); stdin,
+    exit codes and deadlines as without it; an unreachable host reads the
+    same; a changed known_hosts gets a holder that checks the key again;
+    the holder ends when idle, and at stop()."""
+    import hashlib
+
+    from llmdeploy import mux
+    from llmdeploy.inventory import load_cluster
+    from llmdeploy.runner import Runner, Step
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    cluster = load_cluster(sim_cluster)
+    held = cluster.model_copy(update={"ssh": cluster.ssh.model_copy(update={"persist_s": 30})})
+    node = held.nodes[0]
+    pids = []
+
+    def holder_pid(c):
+        ans = mux._request(mux.socket_path(c), "ping")
+        assert ans, f"no holder at {mux.socket_path(c)}"
+        pids.append(ans["pid"])
+        return ans["pid"]
+
+    try:
+        with Runner(held, nodes=[node]) as r:
+            first = r.exec(node, 'echo "$SSH_CONNECTION"')[0]
+        with Runner(held, nodes=[node]) as r:
+            out, err, code = r.exec(node, 'echo "$SSH_CONNECTION"; echo e >&2; exit 4')
+        assert (code, err) == (4, "e\n")
+        assert out == first and first.count(" ") == 3  # one TCP connection: the same client port
+        sock = mux.socket_path(held)
+        assert sock.stat().st_mode & 0o777 == 0o600 and sock.parent.stat().st_mode & 0o777 == 0o700
+        pid = holder_pid(held)
+
+        with Runner(held, nodes=[node]) as r:
+            data = os.urandom(1 << 20)
+            assert r.exec(node, "sha256sum | cut -c1-64", stdin=data)[0].strip() == hashlib.sha256(data).hexdigest()
+            out, err, code = r.exec(node, "echo started; exec sleep 38.5", timeout=1)
+            assert code == 124 and out == "started\n" and "command timed out after 1s" in err
+            assert r.exec(node, "for i in 1 2 3 4 5; do pgrep -f 'sleep 3[8].5' >/dev/null || { echo gone; break; }; sleep 0.2; done")[0] == "gone\n"
+
+        # a host nobody listens for: the same result with and without the holder
+        def closed(c):
+            return c.model_copy(update={"nodes": [c.nodes[0].model_copy(update={"ssh_port": 1}), *c.nodes[1:]]})
+
+        said = []
+        for c in (closed(held), closed(cluster)):
+            with Runner(c, nodes=[c.nodes[0]]) as r:
+                said.append(r.run(Step(name="t", build=lambda n: "true"))[node.name])
+        assert said[0].status == said[1].status == "unreachable" and said[0].msg == said[1].msg, said
+        holder_pid(closed(held))
+
+        # node 0's key replaced by node 1's in known_hosts: another holder, which refuses
+        kh = cluster_dir(sim_cluster) / "known_hosts"
+        original = kh.read_text()
+        lines = original.splitlines()
+        lines[0] = lines[0].split(" ", 1)[0] + " " + lines[1].split(" ", 1)[1]
+        kh.write_text("\n".join(lines) + "\n")
+        try:
+            with Runner(held, nodes=[node]) as r:
+                res = r.run(Step(name="t", build=lambda n: "true"))[node.name]
+            assert res.status == "unreachable" and "host key" in res.msg.lower(), res.msg
+            holder_pid(held)
+        finally:
+            kh.write_text(original)
+        assert holder_pid(held) == pid  # the first one still serves the first identity
+
+        # idle: a holder of 1 s ends by itself
+        brief = cluster.model_copy(update={"ssh": cluster.ssh.model_copy(update={"persist_s": 1})})
+        with Runner(brief, nodes=[node]) as r:
+            assert r.exec(node, "true")[2] == 0
+        bpid = holder_pid(brief)
+        for _ in range(100):
+            if not mux.socket_path(brief).exists():
+                break
+            time.sleep(0.1)
+        assert not mux.socket_path(brief).exists()
+    finally:
+        mux.stop(held.name)
+        for p in set(pids):
+            for _ in range(100):
+                if not _alive(p):
+                    break
+                time.sleep(0.05)
+            else:
+                os.kill(p, signal.SIGKILL)
+                raise AssertionError(f"holder {p} did not end at stop()")
+    assert bpid in pids and not mux.holders(held.name)
+
+
+def test_a_held_connection_whose_host_went_silent_reads_unreachable_then_comes_back(sim_cluster, tmp_path, monkeypatch):
+    """Node 0 goes silent (its management link down: packets vanish, nothing
+    answers) while the holder keeps
+    its connection: the next command finds the channel will not open, tries a
+    new connection once (the command never started) and reads unreachable, as
+    a first connection would; with the network back, the holder connects
+    again."""
+    import subprocess
+
+    from llmdeploy import mux
+    from llmdeploy.inventory import load_cluster
+    from llmdeploy.runner import Runner, Step
+    from sim.paths import netns_name
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    cluster = load_cluster(sim_cluster)
+    held = cluster.model_copy(update={"ssh": cluster.ssh.model_copy(update={"persist_s": 30, "connect_timeout": 2})})
+    node = held.nodes[0]
+    ns = netns_name(sim_cluster, node.name)
+    step = Step(name="t", build=lambda n: "echo here")
+    try:
+        with Runner(held, nodes=[node]) as r:
+            assert r.run(step)[node.name].stdout == "here\n"
+        subprocess.run(["ip", "-n", ns, "link", "set", "mgmt0", "down"], check=True)
+        try:
+            with Runner(held, nodes=[node]) as r:
+                res = r.run(step)[node.name]
+            assert res.status == "unreachable", res.msg
+            assert r.mux is not None  # through the holder, not a fallback
+            assert "unreachable at step 't': TCP connect to" in res.msg and "timed out after 2s (nothing answered" in res.msg, res.msg
+        finally:
+            subprocess.run(["ip", "-n", ns, "link", "set", "mgmt0", "up"], check=True)
+        with Runner(held, nodes=[node]) as r:
+            assert r.run(step)[node.name].stdout == "here\n"
+    finally:
+        mux.stop(held.name)

@@ -1,0 +1,354 @@
+"""SSH connections kept open between commands (``ssh.persist_s``, off by default).
+
+OpenSSH's ControlPersist for this tool: the first command of a cluster starts
+a *holder*, a background process of the same user that opens the SSH
+connections (the same code, the same host key checks) and keeps them; the
+commands after it send their remote commands to it over a Unix socket and get
+stdout, stderr and the exit code back, with no key exchange, no
+authentication and no new sshd session per host. The holder ends after
+``persist_s`` seconds without a request.
+
+- Where: ``$XDG_RUNTIME_DIR/llmdeploy-mux`` or ``~/.cache/llmdeploy/mux``
+  (0700, owned by this user); one socket (0600) per cluster and *identity*:
+  a hash of the cluster's inventory, the known_hosts and ssh_config files'
+  content and the inventory directory. Change a host key, a node or a
+  setting, and the next command gets a new holder that connects (and checks)
+  again; the old one idles out. Only this user's processes are served
+  (SO_PEERCRED), as only they can reach the socket anyway.
+- What goes through it: the runner's commands (``Runner.exec`` and every
+  step). Forwarded HTTP requests (readiness) and ``logs --follow`` use a
+  connection of the command's own.
+- Failures read the same: a host the holder cannot reach is unreachable with
+  the same reason, a connection lost under a command is lost, a deadline is
+  124 with what became of the command. A holder that dies takes nothing with
+  it: the next command starts another.
+- ``invoke sim.down`` and ``stop(cluster)`` end a cluster's holders.
+
+Wire format, both ways: a 4-byte big-endian length and a JSON object; a
+request is followed by its standard input (``"stdin"`` bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .inventory import Cluster
+
+MAX_FRAME = 1 << 30
+
+
+def state_dir() -> Path:
+    run = os.environ.get("XDG_RUNTIME_DIR")
+    d = Path(run) / "llmdeploy-mux" if run else Path("~/.cache/llmdeploy/mux").expanduser()
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = d.stat()
+    if st.st_uid != os.getuid():
+        raise OSError(f"{d} belongs to uid {st.st_uid}, not to this user: not keeping connections there")
+    if st.st_mode & 0o077:
+        os.chmod(d, 0o700)
+    return d
+
+
+def _file_state(path: str | None) -> str:
+    if not path:
+        return ""
+    p = os.path.expanduser(path)
+    try:
+        with open(p, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError as exc:
+        return f"unreadable {exc.errno}"
+
+
+def identity(cluster: Cluster) -> str:
+    """What a holder's connections depend on: the inventory, the files that
+    decide which keys are trusted and where hosts are, and which inventory
+    directory the holder loads the cluster from."""
+    from .runner import known_hosts_files
+
+    ssh = cluster.ssh
+    kh = known_hosts_files(cluster, {}) if not ssh.known_hosts else [ssh.known_hosts]
+    doc = {
+        "cluster": cluster.model_dump(mode="json"),
+        "known_hosts": [_file_state(p) for p in kh],
+        "ssh_config": _file_state(ssh.config_file or "~/.ssh/config"),
+        "identity": _file_state(ssh.identity_file),
+        "inventory": os.environ.get("LLMDEPLOY_INVENTORY", ""),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def socket_path(cluster: Cluster) -> Path:
+    return state_dir() / f"{cluster.name}-{identity(cluster)}.sock"
+
+
+# -- framing ------------------------------------------------------------------------
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    parts, got = [], 0
+    while got < n:
+        b = sock.recv(min(n - got, 1 << 20))
+        if not b:
+            raise EOFError("the other end closed the socket")
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
+
+
+def send_frame(sock: socket.socket, doc: dict, payload: bytes = b"") -> None:
+    body = json.dumps(doc).encode()
+    sock.sendall(struct.pack(">I", len(body)) + body + payload)
+
+
+def recv_frame(sock: socket.socket) -> dict:
+    (n,) = struct.unpack(">I", _recv_exact(sock, 4))
+    if n > MAX_FRAME:
+        raise ValueError(f"frame of {n} bytes")
+    return json.loads(_recv_exact(sock, n))
+
+
+# -- the holder ---------------------------------------------------------------------
+class Holder:
+    def __init__(self, cluster: Cluster, path: Path, idle_s: float):
+        from .runner import Runner
+
+        self.cluster, self.path, self.idle_s = cluster, path, idle_s
+        self.runner = Runner(cluster, persist=False)
+        self.last = time.monotonic()
+        self.active = 0
+        self.lock = threading.Lock()
+
+    def handle(self, conn: socket.socket) -> None:
+        from .runner import ConnectionLost, UnreachableError
+
+        with self.lock:
+            self.active += 1
+        try:
+            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+            if uid != os.getuid():
+                return
+            req = recv_frame(conn)
+            op = req.get("op")
+            if op == "ping":
+                send_frame(conn, {"pid": os.getpid(), "identity": self.path.name})
+                return
+            if op == "exit":
+                send_frame(conn, {"pid": os.getpid()})
+                self.idle_s = 0
+                return
+            if op != "exec":
+                send_frame(conn, {"error": f"unknown request {op!r}"})
+                return
+            stdin = _recv_exact(conn, int(req.get("stdin", 0))) if req.get("stdin") else None
+            try:
+                node = self.cluster.node(req["host"])
+                out, err, code, fired = self.runner._exec(node, req["command"], req.get("timeout"), stdin)
+                send_frame(conn, {"out": out, "err": err, "code": code, "fired": list(fired) if fired else None})
+            except ConnectionLost as exc:
+                send_frame(conn, {"lost": exc.detail, "elapsed": exc.elapsed})
+            except UnreachableError as exc:
+                send_frame(conn, {"unreachable": str(exc)})
+            except Exception as exc:  # a bug here must not end the holder
+                send_frame(conn, {"error": f"{type(exc).__name__}: {exc}"})
+        except (OSError, EOFError, ValueError):  # the client went away
+            pass
+        finally:
+            conn.close()
+            with self.lock:
+                self.active -= 1
+                self.last = time.monotonic()
+
+    def serve(self, server: socket.socket) -> None:
+        server.settimeout(0.5)
+        while True:
+            with self.lock:
+                idle = self.active == 0 and time.monotonic() - self.last >= self.idle_s
+            if idle:
+                return
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                continue
+            conn.settimeout(None)
+            with self.lock:
+                self.last = time.monotonic()
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+
+def hold(cluster_json: str, path: Path, idle_s: float) -> int:
+    """The holder's main: one per socket (a lock file), else exit at once.
+    ``cluster_json``: the cluster as the starting command has it (the
+    inventory, with whatever it changed), validated again here."""
+    lockf = open(str(path) + ".lock", "a")
+    try:
+        fcntl.flock(lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0  # another holder serves this socket
+    try:
+        cluster = Cluster.model_validate_json(cluster_json)
+    except ValueError as exc:  # pydantic's ValidationError: the last line is what the client shows
+        errors = exc.errors() if hasattr(exc, "errors") else [{"msg": str(exc)}]
+        print("llmdeploy.mux: not a valid cluster: " + "; ".join(str(e.get("msg")) for e in errors), file=sys.stderr)
+        return 2
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a holder that died left it
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        server.bind(str(path))
+    finally:
+        os.umask(old)
+    server.listen(256)
+    holder = Holder(cluster, path, idle_s)
+    try:
+        holder.serve(server)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        server.close()
+        holder.runner.close()
+    return 0
+
+
+# -- the client side -----------------------------------------------------------------
+class Unavailable(Exception):
+    """No holder could be reached or started: nothing was sent."""
+
+
+class Client:
+    """How a Runner sends its commands to the cluster's holder (started on first use)."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.path = socket_path(cluster)
+        self._started = threading.Lock()
+        self._spawned: subprocess.Popen | None = None
+
+    def _connect(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(str(self.path))
+        except OSError:
+            s.close()
+            raise
+        return s
+
+    def _spawn(self) -> subprocess.Popen:
+        log = open(str(self.path) + ".log", "ab")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llmdeploy.mux", "--socket", str(self.path), "--idle", f"{self.cluster.ssh.persist_s:g}"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True, close_fds=True,
+        )
+        log.close()
+        try:
+            proc.stdin.write(self.cluster.model_dump_json().encode())
+        except OSError:  # it ended already: its log says why
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        return proc
+
+    def connect(self) -> socket.socket:
+        """A socket to the holder; the holder is started when there is none."""
+        try:
+            return self._connect()
+        except OSError:
+            pass
+        with self._started:
+            try:
+                return self._connect()
+            except OSError:
+                pass
+            if self._spawned is None:
+                self._spawned = self._spawn()
+            end = time.monotonic() + 15
+            delay = 0.005
+            while True:
+                try:
+                    return self._connect()
+                except OSError as exc:
+                    code = self._spawned.poll()
+                    if code is not None and code != 0:
+                        raise OSError(f"the connection holder ended at its start (exit {code}): {self._log_tail()}") from exc
+                    if time.monotonic() >= end:
+                        raise OSError(f"the connection holder did not start within 15s ({exc}); see {self.path}.log") from exc
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.1)
+
+    def _log_tail(self) -> str:
+        try:
+            lines = Path(str(self.path) + ".log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return f"see {self.path}.log"
+        return (lines[-1] if lines else "no message") + f" (in {self.path}.log)"
+
+    def exec(self, host: str, command: str, timeout: float, stdin: bytes | None, wait: float) -> dict:
+        """The holder's answer to one command (see Holder.handle).
+        :class:`Unavailable` when there is no holder to send it to (nothing was
+        sent); OSError or EOFError when the holder ended under it."""
+        try:
+            s = self.connect()
+        except OSError as exc:
+            raise Unavailable(str(exc)) from exc
+        try:
+            s.settimeout(wait)
+            send_frame(s, {"op": "exec", "host": host, "command": command, "timeout": timeout, "stdin": len(stdin or b"")}, stdin or b"")
+            return recv_frame(s)
+        finally:
+            s.close()
+
+
+def _request(path: Path, op: str, timeout: float = 5) -> dict | None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(str(path))
+        send_frame(s, {"op": op})
+        return recv_frame(s)
+    except (OSError, EOFError, ValueError):
+        return None
+    finally:
+        s.close()
+
+
+def holders(cluster_name: str) -> list[Path]:
+    """The sockets of a cluster's holders (every identity)."""
+    try:
+        d = state_dir()
+    except OSError:
+        return []
+    return sorted(p for p in d.glob(f"{cluster_name}-*.sock") if p.name[len(cluster_name) + 1 : -5].isalnum())
+
+
+def stop(cluster_name: str) -> int:
+    """End every holder of ``cluster_name``; how many were asked."""
+    n = 0
+    for p in holders(cluster_name):
+        if _request(p, "exit") is not None:
+            n += 1
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m llmdeploy.mux", description="hold a cluster's SSH connections (started by the runner)")
+    ap.add_argument("--socket", required=True, type=Path)
+    ap.add_argument("--idle", required=True, type=float)
+    a = ap.parse_args(argv)
+    return hold(sys.stdin.read(), a.socket, a.idle)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The connection holder (llmdeploy/mux.py) without a node: its wire format,
+its identity, and how a Runner reads its answers (a holder whose runner is a
+stand-in serves a Unix socket in this process)."""
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from llmdeploy import mux
+from llmdeploy.inventory import load_cluster
+from llmdeploy.runner import ConnectionLost, Runner, Step, UnreachableError
+
+
+def test_frames_carry_json_and_bytes():
+    a, b = socket.socketpair()
+    with a, b:
+        mux.send_frame(a, {"op": "exec", "command": "é", "stdin": 3}, b"\x00\xffz")
+        assert mux.recv_frame(b) == {"op": "exec", "command": "é", "stdin": 3}
+        assert mux._recv_exact(b, 3) == b"\x00\xffz"
+        a.close()
+        with pytest.raises(EOFError):
+            mux.recv_frame(b)
+
+
+def test_identity_follows_the_inventory_and_the_trusted_keys(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    kh = tmp_path / "known_hosts"
+    kh.write_text("h1 ssh-ed25519 AAAA\n")
+    c = load_cluster("a3")
+    c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"known_hosts": str(kh), "persist_s": 60})})
+    one = mux.identity(c)
+    assert mux.identity(c) == one
+    kh.write_text("h1 ssh-ed25519 BBBB\n")
+    assert mux.identity(c) != one
+    other = c.model_copy(update={"nodes": c.nodes[:-1]})
+    assert mux.identity(other) not in (one, mux.identity(c))
+    path = mux.socket_path(c)
+    assert path.parent == tmp_path / "llmdeploy-mux" and path.parent.stat().st_mode & 0o777 == 0o700
+    assert path.name.startswith("a3-") and len(str(path)) < 108
+    # holders() of a3 are a3's, not those of a cluster whose name starts with a3-
+    for name in (path.name, "a3-x-0123456789abcdef.sock", "a3-0123456789abcdef.sock.log"):
+        (path.parent / name).touch()
+    assert [p.name for p in mux.holders("a3")] == sorted([path.name])
+
+
+class _Stand:
+    """The holder's runner: answers by command."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+
+    def _exec(self, node, command, timeout, stdin):
+        if command == "unreachable":
+            raise UnreachableError("connection refused by 10.0.0.1:22 (is sshd running?)")
+        if command == "lost":
+            raise ConnectionLost("the server closed the connection", 2.5)
+        if command == "bug":
+            raise KeyError("x")
+        if command == "late":
+            return "part", "", 124, (timeout, "sent SIGTERM to its processes on the host")
+        return f"{node.name} {command} {len(stdin or b'')}", "err", 3, None
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def holder(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    c = load_cluster("a3")
+    c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"persist_s": 60})})
+    path = mux.socket_path(c)
+    h = mux.Holder.__new__(mux.Holder)
+    h.cluster, h.path, h.idle_s, h.runner = c, path, 60, _Stand(c)
+    h.last, h.active, h.lock = time.monotonic(), 0, threading.Lock()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+    t = threading.Thread(target=h.serve, args=(server,), daemon=True)
+    t.start()
+    yield c
+    assert mux._request(path, "exit") is not None
+    t.join(5)
+    server.close()
+    assert not t.is_alive()
+
+
+def test_a_runner_reads_the_holders_answers_as_its_own(holder):
+    c = holder
+    with Runner(c) as r:
+        assert r.exec(c.nodes[1], "cmd", stdin=b"abc") == (f"{c.nodes[1].name} cmd 3", "err", 3)
+        assert r.round_trips[c.nodes[1].name] == 1
+        with pytest.raises(UnreachableError, match="connection refused by 10.0.0.1:22"):
+            r.exec(c.nodes[0], "unreachable")
+        with pytest.raises(ConnectionLost, match="the server closed the connection"):
+            r.exec(c.nodes[0], "lost")
+        res = r.run(Step(name="s", build=lambda n: "late"), [c.nodes[0]])[c.nodes[0].name]
+        assert res.status == "failed" and "timed out after 120s at step 's'" in res.msg and "sent SIGTERM" in res.msg
+        res = r.run(Step(name="s", build=lambda n: "bug"), [c.nodes[2]])[c.nodes[2].name]
+        assert res.status == "failed" and "connection holder: KeyError" in res.msg
+    assert mux._request(mux.socket_path(c), "ping")["pid"] == os.getpid()
+
+
+def test_no_holder_to_be_had_means_direct_connections_said_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    c = load_cluster("a3")
+    c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"persist_s": 60})})
+    with Runner(c) as r:
+        assert r.mux is not None
+
+        def unavailable(*a, **k):
+            raise mux.Unavailable("the connection holder did not start within 15s")
+
+        r.mux.exec = unavailable
+        direct = []
+        r._open = lambda node: direct.append(node.name) or (_ for _ in ()).throw(UnreachableError("no route"))
+        for n in c.nodes[:2]:
+            with pytest.raises(UnreachableError):
+                r.exec(n, "true")
+        assert r.mux is None and direct == [n.name for n in c.nodes[:2]]
+    assert capsys.readouterr().err.count("no connection holder") == 1
+
+
+def test_a_holder_that_cannot_start_says_why_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    c = load_cluster("b200")
+    # not a valid cluster any more (TP 16 on one node of 8 GPUs): the holder validates it again
+    bad = c.model_copy(update={"nodes": c.nodes[:1], "ssh": c.ssh.model_copy(update={"persist_s": 60})})
+    # its own message, not the start deadline's
+    with pytest.raises(OSError, match=r"ended at its start \(exit 2\): llmdeploy.mux: not a valid cluster: .*TP 16 x PP 1 = 16"):
+        mux.Client(bad).connect()
+    assert not mux.holders("b200")
