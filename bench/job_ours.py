@@ -3,10 +3,11 @@ extends the tool: role steps run by the Runner.
 
 On every host of the cluster: copy ``payload.bin`` (1 MiB) and render
 ``job.env.j2`` (Jinja2: host, index, peers) into REMOTE_DIR, then run five
-commands. Steps: one probe (the sha256 and mode of both files, roles.files
-sum_probe), one put of the files that differ (roles.files puts_step, content
-on the SSH channel's stdin; no round trip where none differs), and the five
-commands in one script. A run with nothing to change is two round trips per
+commands. Steps: one read-only round trip that checks both files (sha256 and
+mode, roles.files then_script) and, where both already are so, runs the five
+commands there and then; on the other hosts one put of the files that differ
+(roles.files puts_step, content on the SSH channel's stdin) and the five
+commands in one script. A run with nothing to change is one round trip per
 host; a first run three.
 
 Usage: python bench/job_ours.py --cluster NAME --jobdir DIR [--remote-dir DIR] [--persist S]
@@ -27,8 +28,7 @@ import jinja2  # noqa: E402
 
 from llmdeploy.inventory import load_cluster  # noqa: E402
 from llmdeploy.runner import FAILED, OK, HostResult, Runner, Step  # noqa: E402
-from roles import facts  # noqa: E402
-from roles.files import puts_step, sum_probe  # noqa: E402
+from roles.files import parse_then, puts_step, then_script  # noqa: E402
 
 COMMANDS = ["hostname", "uname -r", "sha256sum {d}/payload.bin", "grep -c = {d}/job.env", "df -Pk {d}"]
 
@@ -54,22 +54,23 @@ def main() -> int:
         "env": lambda node: (f"{d}/job.env", template.render(host=node.name, index=index[node.name], peers=len(cluster.nodes)), 0o644),
     }
 
-    probe = Step(
-        name="probe",
-        build=lambda node: "\n".join(facts.section(k, sum_probe(spec(node)[0]).strip()) for k, spec in files.items()) + "\n",
-        parse=lambda node, out, err, code: HostResult(
-            node.name, OK if code == 0 else FAILED, msg=err.strip(),
-            data={k: t for k, (t, rc) in facts.split_sections(out).items() if rc == 0},
-        ),
-    )
     script = "set -e\n" + "\n".join(c.format(d=shlex.quote(d)) for c in COMMANDS) + "\n"
+
+    def checked(node, out, err, code):
+        ran, _, said = parse_then(out, len(files))
+        return HostResult(node.name, OK if code == 0 else FAILED, msg=err.strip(), data={"ran": ran, "said": said})
+
+    check = Step(name="check, and run where nothing differs", build=lambda node: then_script([spec(node) for spec in files.values()], script),
+                 parse=checked)
     run = Step(name="commands", build=lambda node: script)
 
     with Runner(cluster) as runner:
-        said = runner.run(probe)
-        put = puts_step("put", lambda node: [spec(node) for spec in files.values()],
-                        known=lambda node: [(said[node.name].data or {}).get(k) for k in files])
-        results = [said, runner.run(put), runner.run(run)]
+        said = runner.run(check)
+        todo = [n for n in cluster.nodes if not said[n.name].failed and not said[n.name].data["ran"]]
+        results = [said]
+        if todo:
+            put = puts_step("put", lambda node: [spec(node) for spec in files.values()], known=lambda node: said[node.name].data["said"])
+            results += [runner.run(put, todo), runner.run(run, todo)]
         trips = max(runner.round_trips.values())
     counts = {"changed": 0, "ok": 0, "failed": 0}
     for res in results:

@@ -33,15 +33,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import gc
 import hashlib
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from .inventory import Cluster
@@ -124,7 +127,7 @@ class Holder:
         from .runner import Runner
 
         self.cluster, self.path, self.idle_s = cluster, path, idle_s
-        self.runner = Runner(cluster, persist=False)
+        self.runner = Runner(cluster, persist=False, reconnect_idle=True)
         self.last = time.monotonic()
         self.active = 0
         self.lock = threading.Lock()
@@ -187,20 +190,25 @@ class Holder:
 
 
 def hold(cluster_json: str, path: Path, idle_s: float) -> int:
-    """The holder's main: one per socket (a lock file), else exit at once.
-    ``cluster_json``: the cluster as the starting command has it (the
-    inventory, with whatever it changed), validated again here."""
-    lockf = open(str(path) + ".lock", "a")
-    try:
-        fcntl.flock(lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return 0  # another holder serves this socket
+    """``python -m llmdeploy.mux``: ``cluster_json`` is the cluster as the
+    starting command has it (the inventory, with whatever it changed),
+    validated again here."""
     try:
         cluster = Cluster.model_validate_json(cluster_json)
     except ValueError as exc:  # pydantic's ValidationError: the last line is what the client shows
         errors = exc.errors() if hasattr(exc, "errors") else [{"msg": str(exc)}]
         print("llmdeploy.mux: not a valid cluster: " + "; ".join(str(e.get("msg")) for e in errors), file=sys.stderr)
         return 2
+    return serve_cluster(cluster, path, idle_s)
+
+
+def serve_cluster(cluster: Cluster, path: Path, idle_s: float) -> int:
+    """The holder's main: one per socket (a lock file), else exit at once."""
+    lockf = open(str(path) + ".lock", "a")
+    try:
+        fcntl.flock(lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0  # another holder serves this socket
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a holder that died left it
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -218,6 +226,12 @@ def hold(cluster_json: str, path: Path, idle_s: float) -> int:
             path.unlink()
         server.close()
         holder.runner.close()
+        # its files go with it (the lock while still held; a log only when empty)
+        with contextlib.suppress(OSError):
+            os.unlink(str(path) + ".lock")
+        with contextlib.suppress(OSError):
+            if os.path.getsize(str(path) + ".log") == 0:
+                os.unlink(str(path) + ".log")
     return 0
 
 
@@ -234,6 +248,54 @@ class Client:
         self.path = socket_path(cluster)
         self._started = threading.Lock()
         self._spawned: subprocess.Popen | None = None
+
+    def ensure(self) -> None:
+        """A holder answers on the socket; when none does, one is forked now
+        from this process if it has no other thread yet (it has every module
+        loaded and the cluster validated: no start-up to wait for), else one
+        is spawned at the first command (``connect``)."""
+        try:
+            self._connect().close()
+            return
+        except OSError:
+            pass
+        if threading.active_count() == 1:
+            self._fork()
+
+    def _fork(self) -> None:
+        for f in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                f.flush()
+        log = str(self.path) + ".log"
+        # the objects of now are never collected in either process: the
+        # holder's collections would otherwise write to (and so copy) every
+        # page it shares with this one
+        gc.freeze()
+        pid = os.fork()
+        if pid:
+            os.waitpid(pid, 0)  # the first child ends at once: the holder is not ours to reap
+            return
+        code = 1
+        try:
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(null, 0)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            # nothing of the command's: its pipes (a caller waiting for their end), sockets, files
+            os.closerange(3, 1 << 16)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            if os.fork():
+                os._exit(0)
+            code = serve_cluster(self.cluster, self.path, self.cluster.ssh.persist_s)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                traceback.print_exc()
+        finally:
+            os._exit(code)
 
     def _connect(self) -> socket.socket:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -126,6 +126,37 @@ def sum_probe(path: str) -> str:
     return f"if [ -f {q} ]; then sha256sum < {q} | cut -d' ' -f1; stat -c %a {q}; else echo absent; fi\n"
 
 
+RAN = "@@llmdeploy-ran@@"
+
+
+def then_script(files: list[tuple[str, str | bytes, int]], script: str) -> str:
+    """One read-only round trip for a host that needs nothing sent: the
+    ``sum_probe`` of each file (path, content, mode); when every file already
+    is so, ``script`` runs there and then (after a ``RAN`` line), else each
+    file's answer is printed in its section for ``puts_step(known=...)``.
+    Read with :func:`parse_then`."""
+    lines = []
+    want = []
+    for i, (path, content, mode) in enumerate(files):
+        lines.append(f"s{i}=$({sum_probe(path).strip()})")
+        want.append(f'[ "$s{i}" = {shlex.quote(content_sha256(content) + chr(10) + f"{mode:o}")} ]')
+    sections = "; ".join(f"echo '{PART} {i}'; printf '%s\\n' \"$s{i}\"" for i in range(len(files)))
+    lines.append(f'if {" && ".join(want) or "true"}; then\necho "{RAN}"\n{script.rstrip()}\nelse\n{sections}\nfi')
+    return "\n".join(lines) + "\n"
+
+
+def parse_then(out: str, count: int) -> tuple[bool, str, list[str | None]]:
+    """(whether the script ran, its output, each file's sum_probe answer)."""
+    if out.startswith(RAN + "\n"):
+        return True, out[len(RAN) + 1 :], [None] * count
+    said: list[str | None] = [None] * count
+    for section in out.split(PART)[1:]:
+        head, _, body = section.partition("\n")
+        if head.strip().isdigit() and int(head.strip()) < count:
+            said[int(head.strip())] = body
+    return False, "", said
+
+
 def unchanged(said: str | None, content: str | bytes, mode: int) -> bool:
     """Whether ``sum_probe``'s answer is this content with this mode."""
     if said is None:

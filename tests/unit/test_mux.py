@@ -122,6 +122,8 @@ def test_no_holder_to_be_had_means_direct_connections_said_once(tmp_path, monkey
                 r.exec(n, "true")
         assert r.mux is None and direct == [n.name for n in c.nodes[:2]]
     assert capsys.readouterr().err.count("no connection holder") == 1
+    # the Runner forked a holder at its start (this process had no other thread): end it
+    assert mux.stop("a3") == 1
 
 
 def test_a_holder_that_cannot_start_says_why_at_once(tmp_path, monkeypatch):

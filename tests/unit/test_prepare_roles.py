@@ -2,6 +2,7 @@
 """The prepare roles' pure parts: command builders, parsers and decisions,
 checked without any host."""
 
+import os
 import base64
 import json
 import subprocess
@@ -251,3 +252,25 @@ def test_several_files_in_one_round_trip_each_from_its_part_of_stdin(tmp_path):
     files[1] = ("/proc/no/such/dir/f", "x\n", 0o644)
     res = _run_step_locally(puts_step("put", lambda n: files), node, tmp_path)
     assert res.status == "failed" and "payload.bin unchanged" in res.msg
+
+
+def test_then_script_runs_only_where_every_file_already_is_so(tmp_path):
+    from roles.files import parse_then, puts_step, then_script, unchanged
+
+    node = load_cluster("sim-a3").nodes[0]
+    files = [(str(tmp_path / "d" / "payload.bin"), bytes(range(256)), 0o644), (str(tmp_path / "job.env"), "A=1\n", 0o600)]
+    script = then_script(files, "set -e\necho ran here\n")
+
+    def run():
+        res = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        return parse_then(res.stdout, len(files))
+
+    ran, out, said = run()
+    assert not ran and out == "" and said == ["absent\n", "absent\n"]
+    assert _run_step_locally(puts_step("put", lambda n: files, known=lambda n: said), node, tmp_path).status == "changed"
+    assert run() == (True, "ran here\n", [None, None])
+    # a mode that differs: not run, and the probe answers say which file
+    os.chmod(files[1][0], 0o644)
+    ran, out, said = run()
+    assert not ran and unchanged(said[0], files[0][1], 0o644) and not unchanged(said[1], files[1][1], 0o600)
