@@ -4,10 +4,12 @@ A step is built by pure functions (see :class:`Step`); the runner only
 executes: all selected hosts in parallel on a bounded pool, a deadline on
 every remote command and on the whole step, and one :class:`HostResult` per
 host. Host keys are checked against known_hosts with paramiko's RejectPolicy.
+The SSH side is ``llmdeploy/connect.py``; with ``ssh.persist_s`` the commands
+go through a connection holder instead (``llmdeploy/mux.py``).
 
 Every SSH failure reads as what happened, where and how to fix it (refused,
 no banner, unknown or changed host key, authentication, connection lost,
-deadline) and names the step it happened in; see ``_unreachable_reason``.
+deadline) and names the step it happened in; see ``connect._unreachable_reason``.
 """
 
 from __future__ import annotations
