@@ -123,14 +123,30 @@ def recv_frame(sock: socket.socket) -> dict:
 
 # -- the holder ---------------------------------------------------------------------
 class Holder:
-    def __init__(self, cluster: Cluster, path: Path, idle_s: float):
+    def __init__(self, cluster: Cluster, path: Path, idle_s: float, runner=None):
         from .runner import Runner
 
         self.cluster, self.path, self.idle_s = cluster, path, idle_s
-        self.runner = Runner(cluster, persist=False, reconnect_idle=True)
+        self.runner = runner if runner is not None else Runner(cluster, persist=False, reconnect_idle=True)
         self.last = time.monotonic()
         self.active = 0
         self.lock = threading.Lock()
+        self.lockfile = None  # the open lock file (serve_cluster)
+        self.released = False
+
+    def release(self) -> None:
+        """Give up the socket's path and lock (once): the files go, another holder may start."""
+        if self.released:
+            return
+        self.released = True
+        for p in (self.path, Path(str(self.path) + ".lock")):
+            with contextlib.suppress(OSError):
+                p.unlink()
+        if self.lockfile is not None:
+            self.lockfile.close()
+        with contextlib.suppress(OSError):
+            if os.path.getsize(str(self.path) + ".log") == 0:
+                os.unlink(str(self.path) + ".log")
 
     def handle(self, conn: socket.socket) -> None:
         from .runner import ConnectionLost, UnreachableError
@@ -174,10 +190,26 @@ class Holder:
 
     def serve(self, server: socket.socket) -> None:
         server.settimeout(0.5)
+        threads: list[threading.Thread] = []
         while True:
             with self.lock:
                 idle = self.active == 0 and time.monotonic() - self.last >= self.idle_s
             if idle:
+                # no new client finds this socket, and a new holder may start
+                # at once; the clients already queued here are still served
+                # (their requests would be lost otherwise)
+                self.release()
+                server.setblocking(False)
+                while True:
+                    try:
+                        conn, _ = server.accept()
+                    except OSError:
+                        break
+                    conn.setblocking(True)
+                    threads.append(threading.Thread(target=self.handle, args=(conn,), daemon=True))
+                    threads[-1].start()
+                for t in threads:
+                    t.join()
                 return
             try:
                 conn, _ = server.accept()
@@ -186,7 +218,9 @@ class Holder:
             conn.settimeout(None)
             with self.lock:
                 self.last = time.monotonic()
-            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+            threads = [t for t in threads if t.is_alive()]
+            threads.append(threading.Thread(target=self.handle, args=(conn,), daemon=True))
+            threads[-1].start()
 
 
 def hold(cluster_json: str, path: Path, idle_s: float) -> int:
@@ -219,19 +253,13 @@ def serve_cluster(cluster: Cluster, path: Path, idle_s: float) -> int:
         os.umask(old)
     server.listen(256)
     holder = Holder(cluster, path, idle_s)
+    holder.lockfile = lockf
     try:
         holder.serve(server)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        holder.release()
         server.close()
         holder.runner.close()
-        # its files go with it (the lock while still held; a log only when empty)
-        with contextlib.suppress(OSError):
-            os.unlink(str(path) + ".lock")
-        with contextlib.suppress(OSError):
-            if os.path.getsize(str(path) + ".log") == 0:
-                os.unlink(str(path) + ".log")
     return 0
 
 

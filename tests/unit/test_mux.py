@@ -5,7 +5,6 @@ stand-in serves a Unix socket in this process)."""
 import os
 import socket
 import threading
-import time
 
 import pytest
 
@@ -73,9 +72,7 @@ def holder(tmp_path, monkeypatch):
     c = load_cluster("a3")
     c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"persist_s": 60})})
     path = mux.socket_path(c)
-    h = mux.Holder.__new__(mux.Holder)
-    h.cluster, h.path, h.idle_s, h.runner = c, path, 60, _Stand(c)
-    h.last, h.active, h.lock = time.monotonic(), 0, threading.Lock()
+    h = mux.Holder(c, path, 60, runner=_Stand(c))
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
     server.listen(8)
@@ -85,7 +82,7 @@ def holder(tmp_path, monkeypatch):
     assert mux._request(path, "exit") is not None
     t.join(5)
     server.close()
-    assert not t.is_alive()
+    assert not t.is_alive() and not path.exists()  # its socket's path went with it
 
 
 def test_a_runner_reads_the_holders_answers_as_its_own(holder):
