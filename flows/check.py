@@ -27,7 +27,7 @@ from rich.markup import escape
 from flows.plan import select_nodes
 from llmdeploy import report
 from llmdeploy.inventory import Cluster, Node
-from llmdeploy.runner import known_hosts_files
+from llmdeploy.sshfiles import known_hosts_files
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_TESTS = REPO / "tests" / "node"

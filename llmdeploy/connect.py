@@ -22,7 +22,8 @@ from fabric import Config, Connection
 from fabric.runners import Remote
 
 from .inventory import Cluster, Node
-from .runner import check_ssh_config, known_hosts_files
+from .errors import ConnectionLost, UnreachableError  # noqa: F401 (read by the runner's callers)
+from .sshfiles import check_ssh_config, known_hosts_files
 
 # paramiko logs every refused forwarding channel (readiness polls) at ERROR;
 # the runner reports failures itself

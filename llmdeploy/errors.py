@@ -38,3 +38,15 @@ class SimError(LlmdeployError):
     """The simulated cluster could not be brought up or torn down."""
 
     exit_code = 3
+
+
+class UnreachableError(Exception):
+    """A host could not be reached (the runner reports it; not a task's end)."""
+
+
+class ConnectionLost(UnreachableError):
+    """An open connection died under a command (the runner adds the step)."""
+
+    def __init__(self, detail: str, elapsed: float):
+        self.detail, self.elapsed = detail, elapsed
+        super().__init__(f"connection lost after {elapsed:.1f}s: {detail}")

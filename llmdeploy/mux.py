@@ -1,7 +1,7 @@
 """SSH connections kept open between commands (``ssh.persist_s``, off by default).
 
 OpenSSH's ControlPersist for this tool: the first command of a cluster starts
-a *holder*, a background process of the same user that opens the SSH
+a *holder*, a background process of the same user (``llmdeploy.hold``) that opens the SSH
 connections (the same code, the same host key checks) and keeps them; the
 commands after it send their remote commands to it over a Unix socket and get
 stdout, stderr and the exit code back, with no key exchange, no
@@ -30,7 +30,6 @@ request is followed by its standard input (``"stdin"`` bytes).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import gc
@@ -47,7 +46,9 @@ import time
 import traceback
 from pathlib import Path
 
+from .errors import ConnectionLost, UnreachableError
 from .inventory import Cluster
+from .sshfiles import known_hosts_files
 
 MAX_FRAME = 1 << 30
 
@@ -79,8 +80,6 @@ def identity(cluster: Cluster) -> str:
     """What a holder's connections depend on: the inventory, the files that
     decide which keys are trusted and where hosts are, and which inventory
     directory the holder loads the cluster from."""
-    from .runner import known_hosts_files
-
     ssh = cluster.ssh
     kh = known_hosts_files(cluster, {}) if not ssh.known_hosts else [ssh.known_hosts]
     doc = {
@@ -123,11 +122,10 @@ def recv_frame(sock: socket.socket) -> dict:
 
 # -- the holder ---------------------------------------------------------------------
 class Holder:
-    def __init__(self, cluster: Cluster, path: Path, idle_s: float, runner=None):
-        from .runner import Runner
-
+    def __init__(self, cluster: Cluster, path: Path, idle_s: float, runner):
+        """``runner``: a llmdeploy.runner.Runner that connects itself."""
         self.cluster, self.path, self.idle_s = cluster, path, idle_s
-        self.runner = runner if runner is not None else Runner(cluster, persist=False, reconnect_idle=True)
+        self.runner = runner
         self.last = time.monotonic()
         self.active = 0
         self.lock = threading.Lock()
@@ -149,8 +147,6 @@ class Holder:
                 os.unlink(str(self.path) + ".log")
 
     def handle(self, conn: socket.socket) -> None:
-        from .runner import ConnectionLost, UnreachableError
-
         with self.lock:
             self.active += 1
         try:
@@ -223,8 +219,8 @@ class Holder:
             threads[-1].start()
 
 
-def hold(cluster_json: str, path: Path, idle_s: float) -> int:
-    """``python -m llmdeploy.mux``: ``cluster_json`` is the cluster as the
+def hold(cluster_json: str, path: Path, idle_s: float, make_runner) -> int:
+    """``python -m llmdeploy.hold``: ``cluster_json`` is the cluster as the
     starting command has it (the inventory, with whatever it changed),
     validated again here."""
     try:
@@ -233,11 +229,12 @@ def hold(cluster_json: str, path: Path, idle_s: float) -> int:
         errors = exc.errors() if hasattr(exc, "errors") else [{"msg": str(exc)}]
         print("llmdeploy.mux: not a valid cluster: " + "; ".join(str(e.get("msg")) for e in errors), file=sys.stderr)
         return 2
-    return serve_cluster(cluster, path, idle_s)
+    return serve_cluster(cluster, path, idle_s, make_runner)
 
 
-def serve_cluster(cluster: Cluster, path: Path, idle_s: float) -> int:
-    """The holder's main: one per socket (a lock file), else exit at once."""
+def serve_cluster(cluster: Cluster, path: Path, idle_s: float, make_runner) -> int:
+    """The holder's main: one per socket (a lock file), else exit at once.
+    ``make_runner(cluster)``: the runner that connects (llmdeploy.runner)."""
     lockf = open(str(path) + ".lock", "a")
     try:
         fcntl.flock(lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -252,7 +249,7 @@ def serve_cluster(cluster: Cluster, path: Path, idle_s: float) -> int:
     finally:
         os.umask(old)
     server.listen(256)
-    holder = Holder(cluster, path, idle_s)
+    holder = Holder(cluster, path, idle_s, make_runner(cluster))
     holder.lockfile = lockf
     try:
         holder.serve(server)
@@ -271,7 +268,9 @@ class Unavailable(Exception):
 class Client:
     """How a Runner sends its commands to the cluster's holder (started on first use)."""
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, make_runner):
+        """``make_runner(cluster)``: the holder's runner (one that connects itself)."""
+        self.make_runner = make_runner
         self.cluster = cluster
         self.path = socket_path(cluster)
         self._started = threading.Lock()
@@ -318,7 +317,7 @@ class Client:
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
             if os.fork():
                 os._exit(0)
-            code = serve_cluster(self.cluster, self.path, self.cluster.ssh.persist_s)
+            code = serve_cluster(self.cluster, self.path, self.cluster.ssh.persist_s, self.make_runner)
         except BaseException:
             with contextlib.suppress(Exception):
                 traceback.print_exc()
@@ -338,7 +337,7 @@ class Client:
         log = open(str(self.path) + ".log", "ab")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "llmdeploy.mux", "--socket", str(self.path), "--idle", f"{self.cluster.ssh.persist_s:g}"],
+            [sys.executable, "-m", "llmdeploy.hold", "--socket", str(self.path), "--idle", f"{self.cluster.ssh.persist_s:g}"],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True, close_fds=True,
         )
         log.close()
@@ -430,15 +429,3 @@ def stop(cluster_name: str) -> int:
         if _request(p, "exit") is not None:
             n += 1
     return n
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m llmdeploy.mux", description="hold a cluster's SSH connections (started by the runner)")
-    ap.add_argument("--socket", required=True, type=Path)
-    ap.add_argument("--idle", required=True, type=float)
-    a = ap.parse_args(argv)
-    return hold(sys.stdin.read(), a.socket, a.idle)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

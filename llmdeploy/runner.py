@@ -14,7 +14,6 @@ deadline) and names the step it happened in; see ``connect._unreachable_reason``
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -22,8 +21,9 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import InventoryError
+from .errors import ConnectionLost, UnreachableError
 from .inventory import Cluster, Node
+from .sshfiles import check_ssh_config
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -42,14 +42,6 @@ def _cx():
     from . import connect
 
     return connect
-
-
-def check_ssh_config(cluster: Cluster) -> None:
-    """An inventory's ssh_config file must exist (a clear error before any connection)."""
-    ssh = cluster.ssh
-    if ssh.config_file and not os.path.isfile(os.path.expanduser(ssh.config_file)):
-        hint = f" (is the simulated cluster up? invoke sim.up --cluster {cluster.name})" if cluster.name.startswith("sim-") else ""
-        raise InventoryError(f"cluster {cluster.name}", [f"ssh.config_file: {ssh.config_file} does not exist{hint}"])
 
 
 def __getattr__(name: str):
@@ -107,31 +99,6 @@ def default_parse(node: Node, stdout: str, stderr: str, code: int) -> HostResult
         return HostResult(node.name, OK, stdout=stdout, stderr=stderr, exit_code=code)
     msg = (stderr.strip() or stdout.strip()).splitlines()[-1:] or [f"exit {code}"]
     return HostResult(node.name, FAILED, msg=msg[0], stdout=stdout, stderr=stderr, exit_code=code)
-
-
-class UnreachableError(Exception):
-    pass
-
-
-class ConnectionLost(UnreachableError):
-    """An open connection died under a command (the runner adds the step)."""
-
-    def __init__(self, detail: str, elapsed: float):
-        self.detail, self.elapsed = detail, elapsed
-        super().__init__(f"connection lost after {elapsed:.1f}s: {detail}")
-
-
-def known_hosts_files(cluster: Cluster, ssh_config: dict) -> list[str]:
-    """Where host keys are checked: the inventory's known_hosts, else the
-    ssh_config's UserKnownHostsFile for the host, else ~/.ssh/known_hosts."""
-    if cluster.ssh.known_hosts:
-        return [cluster.ssh.known_hosts]
-    files = ssh_config.get("userknownhostsfile")
-    if files:
-        if isinstance(files, str):
-            files = files.split()
-        return [os.path.expanduser(f) for f in files]
-    return [os.path.expanduser("~/.ssh/known_hosts")]
 
 
 class Counts:
@@ -197,7 +164,7 @@ class Runner:
             from . import mux
 
             try:
-                self.mux = mux.Client(cluster)
+                self.mux = mux.Client(cluster, lambda c: Runner(c, persist=False, reconnect_idle=True))
                 self.mux.ensure()
             except OSError as exc:
                 self._no_holder(exc)

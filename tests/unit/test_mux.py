@@ -130,5 +130,5 @@ def test_a_holder_that_cannot_start_says_why_at_once(tmp_path, monkeypatch):
     bad = c.model_copy(update={"nodes": c.nodes[:1], "ssh": c.ssh.model_copy(update={"persist_s": 60})})
     # its own message, not the start deadline's
     with pytest.raises(OSError, match=r"ended at its start \(exit 2\): llmdeploy.mux: not a valid cluster: .*TP 16 x PP 1 = 16"):
-        mux.Client(bad).connect()
+        mux.Client(bad, None).connect()
     assert not mux.holders("b200")
