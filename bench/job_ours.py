@@ -5,10 +5,10 @@ On every host of the cluster: copy ``payload.bin`` (1 MiB) and render
 ``job.env.j2`` (Jinja2: host, index, peers) into REMOTE_DIR, then run five
 commands. Steps: one read-only round trip that checks both files (sha256 and
 mode, roles.files then_script) and, where both already are so, runs the five
-commands there and then; on the other hosts one put of the files that differ
-(roles.files puts_step, content on the SSH channel's stdin) and the five
-commands in one script. A run with nothing to change is one round trip per
-host; a first run three.
+commands there and then; on the other hosts one command that writes the
+files that differ (roles.files puts_step, content on the SSH channel's stdin)
+and then runs the five commands. A run with nothing to change is one round
+trip per host; a first run two.
 
 Usage: python bench/job_ours.py --cluster NAME --jobdir DIR [--remote-dir DIR] [--persist S]
 (with LLMDEPLOY_INVENTORY=bench/inventory for the bench clusters).
@@ -62,15 +62,15 @@ def main() -> int:
 
     check = Step(name="check, and run where nothing differs", build=lambda node: then_script([spec(node) for spec in files.values()], script),
                  parse=checked)
-    run = Step(name="commands", build=lambda node: script)
 
     with Runner(cluster) as runner:
         said = runner.run(check)
         todo = [n for n in cluster.nodes if not said[n.name].failed and not said[n.name].data["ran"]]
         results = [said]
         if todo:
-            put = puts_step("put", lambda node: [spec(node) for spec in files.values()], known=lambda node: said[node.name].data["said"])
-            results += [runner.run(put, todo), runner.run(run, todo)]
+            put = puts_step("put, then run", lambda node: [spec(node) for spec in files.values()], known=lambda node: said[node.name].data["said"],
+                            then=script)
+            results.append(runner.run(put, todo))
         trips = max(runner.round_trips.values())
     counts = {"changed": 0, "ok": 0, "failed": 0}
     for res in results:

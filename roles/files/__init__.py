@@ -182,6 +182,7 @@ def put_step(
 
 
 PART = "@@llmdeploy-put-file@@"
+THEN = "@@llmdeploy-put-then@@"
 
 
 def puts_step(
@@ -191,12 +192,15 @@ def puts_step(
     diff: bool = False,
     secrets: list[str] | None = None,
     known: Callable[[Node], list[str | None]] | None = None,
+    then: str | None = None,
 ):
     """Like :func:`put_step` for several files of a host in one round trip:
     one command runs each file's ``put_script``, feeding it its own part of
     the standard input (``head -c`` reads exactly that many bytes). With
     ``known(node)`` (each file's ``sum_probe`` answer), only the files that
-    differ are sent; a host where none differs costs no round trip."""
+    differ are sent; a host where none differs costs no round trip. ``then``:
+    a script run in the same command once every file is written (its output
+    in ``data["then"]``; its failure fails the host)."""
 
     # a node's files and those to send, worked out once per node: decide,
     # build, stdin and parse all need them (the files may be rendered templates)
@@ -224,10 +228,15 @@ def puts_step(
             # not "( ... ) || exit": set -e is ignored in a subshell whose status is tested
             parts.append(f"echo '{PART} {i}'\nhead -c {size} | (\n{put_script(path, None, mode, check=check, diff=diff, via_stdin=True)})\n"
                          'rc=$?; [ "$rc" -eq 0 ] || exit "$rc"')
+        if parts and then:
+            parts.append(f"echo '{THEN}'\n{then.rstrip()}")
         return "\n".join(parts) + "\n" if parts else None
 
     def parse(node: Node, out: str, err: str, code: int) -> HostResult:
         files = plan(node)[0]
+        out, ran_then, then_out = out.partition(THEN + "\n") if then else (out, "", "")
+        if then and code == 0 and not ran_then:
+            code = 1  # the script did not get as far as ``then``
         results = []
         for section in out.split(PART)[1:]:
             head, _, body = section.partition("\n")
@@ -244,7 +253,7 @@ def puts_step(
         if bad:
             return HostResult(node.name, FAILED, msg=bad[0].msg)
         changed = [r for r in results if r.status == CHANGED]
-        data = {"diff": "\n".join(r.data.get("diff", "") for r in changed if r.data and r.data.get("diff"))}
+        data = {"diff": "\n".join(r.data.get("diff", "") for r in changed if r.data and r.data.get("diff")), "then": then_out}
         if changed:
             return HostResult(node.name, CHANGED, msg="; ".join(r.msg for r in changed), data=data)
         return HostResult(node.name, OK, msg="; ".join(r.msg for r in results), data=data)

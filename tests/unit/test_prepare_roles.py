@@ -274,3 +274,15 @@ def test_then_script_runs_only_where_every_file_already_is_so(tmp_path):
     os.chmod(files[1][0], 0o644)
     ran, out, said = run()
     assert not ran and unchanged(said[0], files[0][1], 0o644) and not unchanged(said[1], files[1][1], 0o600)
+
+
+def test_puts_step_then_runs_after_the_files_in_the_same_command(tmp_path):
+    from roles.files import puts_step
+
+    node = load_cluster("sim-a3").nodes[0]
+    target = tmp_path / "d" / "f"
+    files = [(str(target), "A=1\n", 0o644)]
+    res = _run_step_locally(puts_step("put", lambda n: files, then=f"cat {target}; echo done"), node, tmp_path)
+    assert res.status == "changed" and res.data["then"] == "A=1\ndone\n"
+    res = _run_step_locally(puts_step("put", lambda n: files, then="echo no >&2; exit 5"), node, tmp_path)
+    assert res.status == "failed" and res.msg == f"no (done before: {target} unchanged)" and res.exit_code == 5
