@@ -275,6 +275,7 @@ class Client:
         self.path = socket_path(cluster)
         self._started = threading.Lock()
         self._spawned: subprocess.Popen | None = None
+        self._forked = False  # a holder was forked by ensure(): wait for it, start no other
 
     def ensure(self) -> None:
         """A holder answers on the socket; when none does, one is forked now
@@ -288,6 +289,7 @@ class Client:
             pass
         if threading.active_count() == 1:
             self._fork()
+            self._forked = True
 
     def _fork(self) -> None:
         for f in (sys.stdout, sys.stderr):
@@ -361,7 +363,7 @@ class Client:
                 return self._connect()
             except OSError:
                 pass
-            if self._spawned is None:
+            if self._spawned is None and not self._forked:
                 self._spawned = self._spawn()
             end = time.monotonic() + 15
             delay = 0.005
@@ -369,7 +371,7 @@ class Client:
                 try:
                     return self._connect()
                 except OSError as exc:
-                    code = self._spawned.poll()
+                    code = self._spawned.poll() if self._spawned is not None else None
                     if code is not None and code != 0:
                         raise OSError(f"the connection holder ended at its start (exit {code}): {self._log_tail()}") from exc
                     if time.monotonic() >= end:

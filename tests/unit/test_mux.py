@@ -139,3 +139,34 @@ def test_a_holder_that_cannot_start_says_why_at_once(tmp_path, monkeypatch):
     with pytest.raises(OSError, match=r"ended at its start \(exit 2\): llmdeploy.mux: not a valid cluster: .*TP 16 x PP 1 = 16"):
         mux.Client(bad, None).connect()
     assert not mux.holders("b200")
+
+
+def test_a_process_without_threads_forks_its_holder_and_starts_no_other(tmp_path):
+    """In a fresh process (no thread yet), ensure() forks the holder; the
+    first command waits for that one and spawns no second."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from llmdeploy import mux
+from llmdeploy.inventory import load_cluster
+
+class Stand:
+    def _exec(self, node, command, timeout, stdin):
+        return "ran " + command, "", 0, None
+    def close(self):
+        pass
+
+c = load_cluster("a3")
+c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"persist_s": 30})})
+client = mux.Client(c, lambda cluster: Stand())
+client._spawn = lambda: sys.exit("spawned a second holder")
+client.ensure()
+print(client.exec(c.nodes[0].name, "x", 5, None, 10)["out"])
+print(mux.stop("a3"))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "ran x\n1\n"
