@@ -81,10 +81,9 @@ def identity(cluster: Cluster) -> str:
     decide which keys are trusted and where hosts are, and which inventory
     directory the holder loads the cluster from."""
     ssh = cluster.ssh
-    kh = known_hosts_files(cluster, {}) if not ssh.known_hosts else [ssh.known_hosts]
     doc = {
         "cluster": cluster.model_dump(mode="json"),
-        "known_hosts": [_file_state(p) for p in kh],
+        "known_hosts": [_file_state(p) for p in known_hosts_files(cluster, {})],
         "ssh_config": _file_state(ssh.config_file or "~/.ssh/config"),
         "identity": _file_state(ssh.identity_file),
         "inventory": os.environ.get("LLMDEPLOY_INVENTORY", ""),

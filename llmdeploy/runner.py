@@ -266,12 +266,9 @@ class Runner:
         was_open = self.connections[node.name].is_connected
         cx = _cx()
         conn = self._open(node)
+        self._count(node, stdin)
         with self._lock:
-            self.round_trips[node.name] += 1
             self._inflight[node.name] += 1
-        COUNTS.add(node.name, "commands")
-        if stdin:
-            COUNTS.add(node.name, "transfers")
         start = time.monotonic()
         data = stdin.encode() if isinstance(stdin, str) else stdin
         try:
@@ -314,19 +311,20 @@ class Runner:
             raise ConnectionLost(detail, time.monotonic() - start)
         return out, err, code, None
 
+    def _count(self, node: Node, stdin: str | bytes | None) -> None:
+        """One command sent to ``node`` (a transfer when it has stdin)."""
+        with self._lock:
+            self.round_trips[node.name] += 1
+        COUNTS.add(node.name, "commands")
+        if stdin:
+            COUNTS.add(node.name, "transfers")
+
     def _exec_held(
         self, node: Node, command: str, deadline: float, stdin: str | bytes | None
     ) -> tuple[str, str, int, tuple[float, str] | None] | None:
         """``_exec`` through the connection holder (llmdeploy/mux.py); None
         when there is none to be had (then this runner connects directly)."""
         from . import mux
-
-        def count() -> None:
-            with self._lock:
-                self.round_trips[node.name] += 1
-            COUNTS.add(node.name, "commands")
-            if stdin:
-                COUNTS.add(node.name, "transfers")
 
         start = time.monotonic()
         ssh = self.cluster.ssh
@@ -340,10 +338,10 @@ class Runner:
             self._no_holder(exc)
             return None
         except (OSError, EOFError, ValueError) as exc:
-            count()
+            self._count(node, stdin)
             raise ConnectionLost(f"the connection holder ended under the command ({type(exc).__name__}: {exc}); "
                                  f"see {client.path}.log", time.monotonic() - start) from exc
-        count()
+        self._count(node, stdin)
         if "unreachable" in ans:
             raise UnreachableError(ans["unreachable"])
         if "lost" in ans:
