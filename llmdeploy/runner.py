@@ -231,7 +231,6 @@ class Runner:
                 reason = cx._unreachable_reason(exc, gateway)
                 cx._close_quietly(gateway)
                 raise UnreachableError(f"jump host {gateway.user}@{gateway.host}:{gateway.port}: {reason}") from exc
-            cx._no_delay(gateway)
         try:
             conn.open()
         except Exception as exc:  # every way a connection can fail
@@ -240,7 +239,6 @@ class Runner:
             # (waiting for a banner, or after a refused host key)
             cx._close_quietly(conn)
             raise UnreachableError(reason) from exc
-        cx._no_delay(conn)
         COUNTS.add(node.name, "connections")
         return conn
 
