@@ -13,7 +13,12 @@ time equals the stamp's, else runs the Python stand-in, which answers and
 renders again (so editing node.json, the way tests inject faults, takes effect
 on the next call). Arguments outside a plain character set, tools named in
 node.json's ``hang`` and everything stateful (docker's containers, mpirun,
-pings) always go to Python.
+pings) always go to Python, with one exception: ``docker image inspect``
+(prepare's image probe on every host), whose answer is a function of
+node.json and docker's ``images.json``; :func:`serve` keeps each answer it
+gives under ``docker/icache``, whose ``stamp`` carries images.json's time, and
+the wrapper serves it while both files are unchanged (a pull, load, rmi or
+commit rewrites images.json).
 
 An entry is ``<key>`` (stdout), plus ``<key>.err`` (stderr) and ``<key>.rc``
 (exit status) when they are not empty and 0. The key is
@@ -46,12 +51,23 @@ def key(tool: str, argv: list[str]) -> str | None:
     return k if len(k) < MAX_KEY else None
 
 
+def image_key(argv: list[str]) -> str | None:
+    """The cache key of ``docker ARGV`` (an ``image inspect``): formats hold
+    spaces and braces, refs slashes and colons, so every argument is kept,
+    with ``%``, ``+`` and ``/`` written %25, %2B and %2F (as the wrapper does
+    with bash substitutions)."""
+    k = "+".join(["docker", str(len(argv)), *(a.replace("%", "%25").replace("+", "%2B").replace("/", "%2F") for a in argv)])
+    return k if len(k) < MAX_KEY and "\0" not in k else None
+
+
+def _hung(tool: str, hw: dict) -> bool:
+    hang = hw.get("hang")
+    return bool(hang and (not isinstance(hang, dict) or hang.get(tool)))
+
+
 def cacheable(tool: str, argv: list[str], hw: dict) -> bool:
     """Whether a call's answer is a function of node.json and its arguments only."""
-    if tool not in CACHED_TOOLS or key(tool, argv) is None:
-        return False
-    hang = hw.get("hang")
-    if hang and (not isinstance(hang, dict) or hang.get(tool)):
+    if tool not in CACHED_TOOLS or key(tool, argv) is None or _hung(tool, hw):
         return False
     if tool == "numactl":
         return argv in (["-H"], ["--hardware"])
@@ -138,25 +154,67 @@ def render(state: str, tools: dict) -> tuple[dict, int]:
                 _write_entry(d, key(tool, argv), *got)
         finally:
             _RENDERING.pop("hw", None)
-        stamp = os.path.join(d, "stamp")
-        open(stamp, "w").close()
-        os.utime(stamp, ns=(before, before))
-        link = os.path.join(state, f".out.{os.getpid()}")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(link)
-        os.symlink(os.path.basename(d), link)
-        os.replace(link, os.path.join(state, "out"))
-        # earlier renders: kept a while for a call that is reading one now
-        now = time.time()
-        for name in os.listdir(state):
-            old = os.path.join(state, name)
-            if name.startswith("out.") and old != d:
-                with contextlib.suppress(OSError):
-                    if now - os.stat(old).st_mtime > 30:
-                        import shutil
-
-                        shutil.rmtree(old)
+        _publish(state, "out", d, before)
     return hw, before
+
+
+def _publish(parent: str, name: str, d: str, stamp_ns: int) -> None:
+    """Point ``parent/name`` at the directory ``d`` (``parent/name.<n>``),
+    stamped with ``stamp_ns``; earlier ones are kept a while for a call that
+    is reading one now."""
+    stamp = os.path.join(d, "stamp")
+    open(stamp, "w").close()
+    os.utime(stamp, ns=(stamp_ns, stamp_ns))
+    link = os.path.join(parent, f".{name}.{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(link)
+    os.symlink(os.path.basename(d), link)
+    os.replace(link, os.path.join(parent, name))
+    now = time.time()
+    for entry in os.listdir(parent):
+        old = os.path.join(parent, entry)
+        if entry.startswith(f"{name}.") and old != d:
+            with contextlib.suppress(OSError):
+                if now - os.stat(old).st_mtime > 30:
+                    import shutil
+
+                    shutil.rmtree(old)
+
+
+def _stamp(d: str) -> int | None:
+    try:
+        return os.stat(os.path.join(d, "stamp")).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _serve_image_inspect(state: str, argv: list[str], tools: dict) -> int:
+    """``docker image inspect``: answered by Python, and kept for the wrapper
+    under ``docker/icache`` while images.json is the one it was read from."""
+    import sys
+
+    images = os.path.join(state, "docker", "images.json")
+    k = image_key(argv)
+    try:
+        before = os.stat(images).st_mtime_ns
+    except OSError:
+        before = None  # no image at all: nothing to keep (the first pull writes images.json)
+    out, err, rc = answer(tools["docker"], argv)
+    if before is not None and k is not None:
+        with contextlib.suppress(OSError):
+            if os.stat(images).st_mtime_ns == before:
+                parent = os.path.join(state, "docker")
+                d = os.path.join(parent, "icache")
+                if _stamp(d) != before:
+                    d = os.path.join(parent, f"icache.{time.time_ns()}.{os.getpid()}")
+                    os.mkdir(d)
+                    _write_entry(d, k, out, err, rc)
+                    _publish(parent, "icache", d, before)
+                else:
+                    _write_entry(os.path.realpath(d), k, out, err, rc)
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    return rc
 
 
 # node.json while rendering (the stand-ins answer from it, not from the file)
@@ -191,6 +249,8 @@ def serve(state: str, tool: str, argv: list[str], tools: dict) -> int:
                 hw = json.load(f)
         except (OSError, ValueError):
             return tools[tool](argv)
+    if tool == "docker" and argv[:2] == ["image", "inspect"] and cur is not None and cur[1] == now and not _hung(tool, hw):
+        return _serve_image_inspect(state, argv, tools)
     if not cacheable(tool, argv, hw):
         return tools[tool](argv)
     out, err, rc = answer(tools[tool], argv)
@@ -210,17 +270,20 @@ def wrapper(tool: str, python: str, repo: str, prelude: str = "") -> str:
         "#!/bin/bash\n"
         f"# simulated {tool}: answers rendered from node.json (sim/standins/fast.py), else sim/standins\n"
         "S=${LLMDEPLOY_SIM_STATE:-/etc/llmdeploy-sim}\n"
-        f"{prelude}{_DOCKER_PS if tool == 'docker' else ''}"
-        f"IFS=+; k={q(tool)}+$#+\"$*\"; IFS=$' \\t\\n'\n"
-        f'if [[ ${{#k}} -lt {MAX_KEY} && $k != *[!A-Za-z0-9,._=+-]* && -f $S/out/$k'
-        ' && ! $S/node.json -nt $S/out/stamp && ! $S/node.json -ot $S/out/stamp ]]; then\n'
-        '    f=$S/out/$k\n'
-        f"{_LINK_CHECK if tool == 'hccn_tool' else ''}"
-        # bash builtins only (no cat): the rendered text ends with a newline, or is empty
+        # an answer kept in file $f: bash builtins only (no cat); the text ends with a newline, or is empty
+        "said() {\n"
         '    if [[ -f $f.err ]]; then mapfile -t e < "$f.err"; ((${#e[@]})) && printf \'%s\\n\' "${e[@]}" >&2; fi\n'
         '    mapfile -t o < "$f"; ((${#o[@]})) && printf \'%s\\n\' "${o[@]}"\n'
         '    rc=0; [[ -f $f.rc ]] && read -r rc < "$f.rc"\n'
         '    exit "$rc"\n'
+        "}\n"
+        "fresh() { [[ ! $S/node.json -nt $S/out/stamp && ! $S/node.json -ot $S/out/stamp ]]; }\n"
+        f"{prelude}{_DOCKER_PS + _DOCKER_IMAGE if tool == 'docker' else ''}"
+        f"IFS=+; k={q(tool)}+$#+\"$*\"; IFS=$' \\t\\n'\n"
+        f'if [[ ${{#k}} -lt {MAX_KEY} && $k != *[!A-Za-z0-9,._=+-]* && -f $S/out/$k ]] && fresh; then\n'
+        '    f=$S/out/$k\n'
+        f"{_LINK_CHECK if tool == 'hccn_tool' else ''}"
+        "    said\n"
         "fi\n"
         # -S: the stand-ins need only the standard library (no site, no editable finder)
         f"PYTHONPATH={q(repo)} exec {q(python)} -S -m sim.standins {q(tool)} \"$@\"\n"
@@ -237,6 +300,15 @@ _DOCKER_PS = (
     '        shopt -s nullglob; c=("$S"/docker/containers/*/config.json); shopt -u nullglob\n'
     '        ((${#c[@]})) || exit 0\n'
     "    fi\n"
+    "fi\n"
+)
+
+# docker image inspect: the answer kept for this images.json (and node.json)
+_DOCKER_IMAGE = (
+    'if [[ $1 == image && $2 == inspect ]]; then\n'
+    '    k=docker+$#; for a in "$@"; do a=${a//%/%25}; a=${a//+/%2B}; k+=+${a//\\//%2F}; done\n'
+    '    d=$S/docker/icache; j=$S/docker/images.json\n'
+    f'    if [[ ${{#k}} -lt {MAX_KEY} && -f $d/$k && ! $j -nt $d/stamp && ! $j -ot $d/stamp ]] && fresh; then f=$d/$k; said; fi\n'
     "fi\n"
 )
 

@@ -163,3 +163,39 @@ def test_docker_ps_on_a_host_without_containers_is_answered_by_the_wrapper(host)
         "Config": {"Image": "img", "Labels": {"llmdeploy.cluster": "x"}}}))
     argv = ["ps", "-a", "--filter", "label=llmdeploy.cluster=x", "--format", "{{.Names}}"]
     assert run("docker", *argv) == ("c1\n", "", 0) == _python(state, "docker", argv)
+
+
+def test_docker_image_inspect_is_kept_for_the_images_it_was_read_from(host):
+    """prepare's image probe on every host: answered by Python once, then by
+    the wrapper until a pull, load or rmi changes images.json."""
+    state, run = host
+    ref, other = "quay.io/ascend/vllm-ascend:v0.23.0", "nvcr.io/nvidia/tensorrt-llm/release:1.4.0rc1"
+    probe = ["image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", ref]
+    # no image at all (no images.json): nothing kept
+    assert run("docker", *probe) == _python(state, "docker", probe) and run("docker", *probe)[2] == 1
+    assert not (state / "docker" / "icache").exists()
+    assert _python(state, "docker", ["pull", other])[2] == 0
+    missing = run("docker", *probe)
+    assert missing[2] == 1 and "No such image" in missing[1]
+    kept = state / "docker" / "icache" / fast.image_key(probe)
+    assert kept.is_file()
+    assert run("docker", *probe) == missing == _python(state, "docker", probe)
+    # the wrapper answers it now: a kept answer it serves is the kept file
+    kept.write_text("served from the cache\n")
+    assert run("docker", *probe)[0] == "served from the cache\n"
+    # a pull rewrites images.json: the kept answers are not served any more
+    assert _python(state, "docker", ["pull", ref])[2] == 0
+    present = run("docker", *probe)
+    assert present == _python(state, "docker", probe) and present[2] == 0 and present[0].startswith("sha256:")
+    assert (state / "docker" / "icache" / fast.image_key(probe)).read_text() == present[0]
+    # arguments with %, + and / in them are kept apart
+    odd = ["image", "inspect", "--format", "{{.Id}}%+/", ref]
+    assert run("docker", *odd) == _python(state, "docker", odd)
+    assert run("docker", *odd) == _python(state, "docker", odd)
+    # a hang injected for docker (node.json): not served from the cache
+    hw = hardware.load(state)
+    hw["hang"] = {"docker": 0.5}
+    hardware.save(state, hw)
+    t0 = time.monotonic()
+    assert run("docker", *probe) == present
+    assert time.monotonic() - t0 >= 0.5
