@@ -1,14 +1,17 @@
-"""connect.IndexedSSHConfig: the same answers as paramiko's SSHConfig.lookup,
-from the blocks that can apply only."""
+"""llmdeploy.connect: IndexedSSHConfig gives paramiko's SSHConfig.lookup
+answers from the blocks that can apply only; the transport's TCP socket sends
+and acknowledges small packets at once."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import socket
 
 import paramiko
 import pytest
 
-from llmdeploy.connect import IndexedSSHConfig
+from llmdeploy.connect import IndexedSSHConfig, _nodelay_transport
 
 CONFIG = """\
 IdentityFile ~/.ssh/first
@@ -102,3 +105,40 @@ def test_canonicalization_gets_paramikos_full_walk(monkeypatch):
     # not resolved: the short name, as paramiko falls back to it
     assert cfg.lookup("short") == real(parsed(text), "short")
     assert calls[-1] == "IndexedSSHConfig"  # super().lookup on the whole file, not a subset
+
+
+@contextlib.contextmanager
+def _loopback_pair():
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    listener.close()
+    try:
+        yield client, server
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_QUICKACK"), reason="TCP_QUICKACK is Linux's")
+def test_the_transport_socket_sends_and_acknowledges_at_once():
+    with _loopback_pair() as (client, server):
+        transport = _nodelay_transport(client)  # not started: no handshake
+        sock = transport.sock
+        try:
+            assert isinstance(sock, socket.socket) and sock.fileno() >= 0
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+            server.sendall(b"SSH-2.0-test\r\n")
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 0)
+            assert sock.recv(64) == b"SSH-2.0-test\r\n"
+            # quick ACK mode again after the read
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 1
+        finally:
+            sock.close()
+
+
+def test_a_socket_that_is_not_tcp_is_left_as_it_is():
+    a, b = socket.socketpair()
+    with a, b:
+        transport = _nodelay_transport(a)
+        assert transport.sock is a
