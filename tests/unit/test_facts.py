@@ -37,6 +37,31 @@ def test_script_is_one_round_trip_and_quotes_the_model_path():
     assert script.count("-vnic -g") == 16 and "-ip -g" not in script
 
 
+@pytest.mark.parametrize("shell", ["bash", "sh"])
+@pytest.mark.parametrize(
+    "script,out,code",
+    [
+        ("echo a; echo b", "a\nb\n", 0),
+        ("exit 3", "", 3),
+        ("printf x; exit 2", "x\n", 2),  # a last line without its newline gets one
+        ("echo a; echo oops >&2", "a\n", 0),  # stderr is not held back
+        ("printf 'q\\n\\n\\n'", "q\n", 0),
+        ("echo \"it's $((1 + 1))\"; echo '$(not run)'", "it's 2\n$(not run)\n", 0),
+    ],
+)
+def test_in_one_piece_prints_the_output_once_the_script_ends(shell, script, out, code):
+    res = subprocess.run([shell, "-c", facts.in_one_piece(script)], capture_output=True, text=True)
+    assert (res.stdout, res.returncode) == (out, code)
+    assert res.stderr == ("oops\n" if "oops" in script else "")
+
+
+def test_the_facts_step_sends_its_script_in_one_piece(a3_host):
+    c, node, _ = a3_host
+    for step in (facts.gather_step(c), facts.gather_step(c, ["image.ensure"])):
+        command = step.build(node)
+        assert command.startswith("__llmdeploy_out=$(\n") and facts.build(c, node).rstrip() in command
+
+
 def test_a2_reads_npu_ip_with_ip_query():
     c = load_cluster("a2")
     script = facts.build(c, c.nodes[0])
