@@ -55,3 +55,19 @@ def fail_odd_ones(
 
 def hosts_text(hosts: list[str], limit: int = 4) -> str:
     return ", ".join(hosts[:limit]) + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
+
+
+def in_one_piece(script: str) -> str:
+    """``script``, its standard output sent when it ends, in one piece (for
+    scripts that print many small pieces: the facts script, the ping lanes).
+    Each write of a script goes out as an SSH packet of its own, which the
+    tool decrypts and hands over one at a time: the ~50 writes of an A2
+    node's facts (13 KB) took 50 reads and ~15 ms of the tool's CPU per host,
+    against 2 reads and 2.4 ms in one piece. Text only (a shell variable
+    holds it, trailing newlines as one); the exit status is the script's; a
+    script cut short by its deadline shows no partial output."""
+    return (
+        f"__llmdeploy_out=$(\n{script.rstrip()}\n)\n__llmdeploy_rc=$?\n"
+        '[ -z "$__llmdeploy_out" ] || printf \'%s\\n\' "$__llmdeploy_out"\n'
+        "exit $__llmdeploy_rc\n"
+    )

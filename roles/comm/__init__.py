@@ -36,6 +36,7 @@ import shlex
 from collections import Counter
 
 from llmdeploy.inventory import NIC_RE, Cluster, Node
+from roles import in_one_piece
 from roles.facts import excerpt, number, section, split_sections
 
 CHECKS = ["link", "health", "netdetect", "gateway", "lldp", "optical", "tls", "npu_ip"]
@@ -147,7 +148,10 @@ def lanes_script(prelude: list[str], jobs: list[tuple[int, str]], lanes: int) ->
     jobs of a lane one after another. Job ``k``'s output goes to ``"$t/k"``
     (a job may write more files ``"$t/k.<what>"``; the ``prelude`` may write
     others); at the end every file is printed behind ``PING_MARK <name>``
-    (:func:`split_marked` reads them back). Commands must be quoted already."""
+    (:func:`split_marked` reads them back) with shell builtins (no process
+    per file: at 64 A2 nodes a node has 504 of them), and the whole output
+    goes back in one piece (:func:`roles.in_one_piece`). Commands must be
+    quoted already."""
     lines = ['t=$(mktemp -d "${TMPDIR:-/tmp}/llmdeploy-ping.XXXXXX")', "trap 'rm -rf \"$t\"' EXIT", *prelude]
     by_lane: dict[int, list[str]] = {}
     for k, (lane, cmd) in enumerate(jobs):
@@ -156,8 +160,9 @@ def lanes_script(prelude: list[str], jobs: list[tuple[int, str]], lanes: int) ->
         lines.append(f"( {'; '.join(cmds)} ) &")
     lines.append("wait")
     # a newline before each mark: a file without a final newline cannot hide the next mark
-    lines.append(f'for f in "$t"/*; do [ -f "$f" ] && printf \'\\n{PING_MARK} %s\\n\' "${{f##*/}}" && cat "$f"; done; true')
-    return "\n".join(lines) + "\n"
+    lines.append(f'for f in "$t"/*; do [ -f "$f" ] || continue; printf \'\\n{PING_MARK} %s\\n\' "${{f##*/}}"; '
+                 'while IFS= read -r l || [ -n "$l" ]; do printf \'%s\\n\' "$l"; done < "$f"; done; true')
+    return in_one_piece("\n".join(lines) + "\n")
 
 
 def split_marked(out: str) -> dict[str, str]:

@@ -14,6 +14,7 @@ from typing import Callable
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import FAILED, OK, HostResult, Step
+from roles import in_one_piece
 
 MARK = "@@llmdeploy@@"
 
@@ -21,22 +22,6 @@ MARK = "@@llmdeploy@@"
 def section(name: str, command: str) -> str:
     # every section ends with its exit status, so a missing tool is a fact too
     return f"echo '{MARK} {name}'; {{ {command} ; }} 2>&1; echo \"{MARK}rc $?\""
-
-
-def in_one_piece(script: str) -> str:
-    """``script``, its standard output sent when it ends, in one piece. Each
-    of the facts script's ~50 writes (a section's mark, a tool's answer, its
-    exit status) went out as an SSH packet of its own, which the tool
-    decrypted and handed over one at a time: 13 KB of an A2 node's facts took
-    50 reads, ~15 ms of the tool's CPU per host and a few ms of sshd's,
-    against 2 reads and 2.4 ms now. Text only (a shell variable holds it,
-    trailing newlines as one); the exit status is the script's; a script cut
-    short by its deadline shows no partial output."""
-    return (
-        f"__llmdeploy_out=$(\n{script.rstrip()}\n)\n__llmdeploy_rc=$?\n"
-        '[ -z "$__llmdeploy_out" ] || printf \'%s\\n\' "$__llmdeploy_out"\n'
-        "exit $__llmdeploy_rc\n"
-    )
 
 
 def build(cluster: Cluster, node: Node) -> str:
