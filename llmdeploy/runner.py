@@ -200,10 +200,13 @@ class Runner:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         for conn in (self._conns or {}).values():
-            try:
-                conn.close()
-            except Exception:
-                pass
+            # a jump host's connection too: Fabric's close leaves it open
+            for c in (conn, conn.gateway):
+                if c is not None and not isinstance(c, str):
+                    try:
+                        c.close()
+                    except Exception:
+                        pass
 
     # -- execution -------------------------------------------------------------
     def connection(self, node: Node) -> Connection:

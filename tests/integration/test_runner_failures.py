@@ -82,8 +82,12 @@ def test_jump_host_reaches_a_node_only_its_neighbour_can_see(sim_cluster, tmp_pa
 
     with Runner(cluster) as r:
         res = r.run(facts.gather_step(cluster))
+        conn = r.connections["sim-b200-1"]
+        assert conn.is_connected and conn.gateway.is_connected
     assert res["sim-b200-1"].status == "ok", res["sim-b200-1"].msg
     assert res["sim-b200-1"].data["hostname"] == "sim-b200-1"
+    # closing the runner closes the jump host's connection too (Fabric's close leaves it open)
+    assert not conn.is_connected and not conn.gateway.is_connected
 
 
 # last: it stops node 1's sshd
