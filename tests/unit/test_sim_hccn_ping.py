@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from sim.cluster import HCCN_PING
+from tests.unit.test_hostnet import DF_LOST, OK_OUT
 
 # the pipeline HCCN_PING replaced: the reference for its answers
 REFERENCE = (
@@ -27,26 +28,24 @@ REFERENCE = (
     "fi\n"
 )
 
-OK = """PING 10.0.0.2 (10.0.0.2) from 10.0.0.1 npu0: 56(84) bytes of data.
-64 bytes from 10.0.0.2: icmp_seq=1 ttl=64 time=0.045 ms
-64 bytes from 10.0.0.2: icmp_seq=2 ttl=64 time=0.061 ms
-64 bytes from 10.0.0.2: icmp_seq=3 ttl=64 time=0.058 ms
+# ping's own words, as tests/unit/test_hostnet.py captured them
+OK = OK_OUT + "\n"
+LOST = DF_LOST + "\n"
 
---- 10.0.0.2 ping statistics ---
-3 packets transmitted, 3 received, 0% packet loss, time 402ms
-rtt min/avg/max/mdev = 0.045/0.054/0.061/0.007 ms
-"""
-LOST = """PING 10.0.0.2 (10.0.0.2) from 10.0.0.1 npu0: 56(84) bytes of data.
 
---- 10.0.0.2 ping statistics ---
-3 packets transmitted, 0 received, 100% packet loss, time 2047ms
-"""
-PARTIAL = OK.replace("64 bytes from 10.0.0.2: icmp_seq=2 ttl=64 time=0.061 ms\n", "").replace(
-    "3 received, 0% packet loss", "2 received, 33.3333% packet loss")
-ONE = PARTIAL.replace("64 bytes from 10.0.0.2: icmp_seq=3 ttl=64 time=0.058 ms\n", "").replace(
-    "2 received, 33.3333%", "1 received, 66.6667%")
-DUP = OK.replace("time=0.058 ms", "time=0.058 ms (DUP!)").replace("64 bytes from 10.0.0.2: icmp_seq=3", "64 bytes from 10.0.0.2: icmp_seq=3 odd\n64 bytes from 10.0.0.2: icmp_seq=3").replace(
-    "3 received, 0% packet loss", "4 received, +1 duplicates, -33.3333% packet loss")
+def _edit(text: str, *pairs: str) -> str:
+    for old, new in zip(pairs[::2], pairs[1::2]):
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+SEQ2 = "64 bytes from 198.19.3.12: icmp_seq=2 ttl=64 time=0.080 ms\n"
+SEQ3 = "64 bytes from 198.19.3.12: icmp_seq=3 ttl=64 time=0.076 ms\n"
+PARTIAL = _edit(OK, SEQ2, "", "3 received, 0% packet loss", "2 received, 33.3333% packet loss")
+ONE = _edit(PARTIAL, SEQ3, "", "2 received, 33.3333%", "1 received, 66.6667%")
+DUP = _edit(OK, SEQ3, "64 bytes from 198.19.3.12: icmp_seq=3 odd\n" + SEQ3.replace(" ms", " ms (DUP!)") + SEQ3,
+            "3 received, 0% packet loss", "4 received, +1 duplicates, -33.3333% packet loss")
 UNREACHABLE = "ping: connect: Network is unreachable\n"
 NO_TIME = "64 bytes from 10.0.0.2: icmp_seq=1 ttl=64 (truncated)\n1 packets transmitted, 1 received, 0% packet loss\n"
 NOTHING_SENT = "0 packets transmitted, 0 received\n"
