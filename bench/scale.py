@@ -112,8 +112,8 @@ def main() -> int:
               f"{c['facts_hosts_cpu_s']:>13.2f}, {c['prepare_noop_hosts_cpu_s']:>9.2f} "
               f"{str(c['facts_commands_per_host']) + ', ' + str(c['prepare_noop_commands_per_host']):>25} {c['sim_up_s']:>7.1f}")
 
-    def ratio(k, over=None):
-        a, b = cells.get("64", {}).get(k), cells.get("4", {}).get(over or k)
+    def ratio(k):
+        a, b = cells.get("64", {}).get(k), cells.get("4", {}).get(k)
         return round(a / b, 3) if a and b else None
 
     def floor(k):

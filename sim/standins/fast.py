@@ -57,7 +57,7 @@ def image_key(argv: list[str]) -> str | None:
     with ``%``, ``+`` and ``/`` written %25, %2B and %2F (as the wrapper does
     with bash substitutions)."""
     k = "+".join(["docker", str(len(argv)), *(a.replace("%", "%25").replace("+", "%2B").replace("/", "%2F") for a in argv)])
-    return k if len(k) < MAX_KEY and "\0" not in k else None
+    return k if len(k) < MAX_KEY else None
 
 
 def _hung(tool: str, hw: dict) -> bool:
@@ -117,9 +117,11 @@ def _write_entry(d: str, k: str, out: str, err: str, rc: int) -> None:
     os.replace(tmp, os.path.join(d, k))
 
 
-def _current(state: str) -> tuple[str, int] | None:
-    """(the rendered directory, the node.json time it was rendered from)."""
-    d = os.path.join(state, "out")
+def _current(state: str, name: str = "out") -> tuple[str, int] | None:
+    """(the directory ``state/name`` points at, the time of the file it was
+    made from: node.json for ``out``, docker's images.json for
+    ``docker/icache``)."""
+    d = os.path.join(state, name)
     try:
         return os.path.realpath(d), os.stat(os.path.join(d, "stamp")).st_mtime_ns
     except OSError:
@@ -181,13 +183,6 @@ def _publish(parent: str, name: str, d: str, stamp_ns: int) -> None:
                     shutil.rmtree(old)
 
 
-def _stamp(d: str) -> int | None:
-    try:
-        return os.stat(os.path.join(d, "stamp")).st_mtime_ns
-    except OSError:
-        return None
-
-
 def _serve_image_inspect(state: str, argv: list[str], tools: dict) -> int:
     """``docker image inspect``: answered by Python, and kept for the wrapper
     under ``docker/icache`` while images.json is the one it was read from."""
@@ -204,14 +199,14 @@ def _serve_image_inspect(state: str, argv: list[str], tools: dict) -> int:
         with contextlib.suppress(OSError):
             if os.stat(images).st_mtime_ns == before:
                 parent = os.path.join(state, "docker")
-                d = os.path.join(parent, "icache")
-                if _stamp(d) != before:
+                cur = _current(parent, "icache")
+                if cur is not None and cur[1] == before:
+                    _write_entry(cur[0], k, out, err, rc)
+                else:
                     d = os.path.join(parent, f"icache.{time.time_ns()}.{os.getpid()}")
                     os.mkdir(d)
                     _write_entry(d, k, out, err, rc)
                     _publish(parent, "icache", d, before)
-                else:
-                    _write_entry(os.path.realpath(d), k, out, err, rc)
     sys.stdout.write(out)
     sys.stderr.write(err)
     return rc
