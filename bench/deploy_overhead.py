@@ -49,7 +49,7 @@ def last_json(text: str) -> dict:
 
 
 def times_files(cluster) -> list[Path]:
-    return [host_dir(cluster.name, n.name) / "serving-times.jsonl" for n in cluster.nodes]
+    return [host_dir(cluster.name, n.name) / "root/etc/llmdeploy-sim/serving-times.jsonl" for n in cluster.nodes]
 
 
 def servers_start(cluster) -> float | None:

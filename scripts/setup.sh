@@ -7,10 +7,14 @@ cd "$(dirname "$0")/.."
 
 # openmpi-bin: the real mpirun/orted that launch trtllm-serve's MPI world across simulated NVIDIA hosts
 # etcd-server, nats-server: the real control plane of Dynamo deployments (run by the tool on simulated hosts)
-DEBS=(openssh-server openssh-client iproute2 iputils-ping util-linux procps psmisc openmpi-bin etcd-server nats-server)
+# docker.io (dockerd, containerd, runc): the real Docker Engine of every simulated host
+# docker-registry: the registry the simulated hosts pull from; debootstrap: builds the simulated images' base
+DEBS=(openssh-server openssh-client iproute2 iputils-ping util-linux procps psmisc openmpi-bin etcd-server nats-server
+      docker.io docker-registry debootstrap)
 # packages whose postinst may start a system daemon: package -> service and process name
 # (the Debian services run as the packages' own users: processes of other users are not theirs)
-declare -A DAEMONS=([etcd-server]="etcd etcd etcd" [nats-server]="nats-server nats-server nats")
+declare -A DAEMONS=([etcd-server]="etcd etcd etcd" [nats-server]="nats-server nats-server nats"
+                    [docker.io]="docker dockerd root" [docker-registry]="docker-registry docker-registry docker-registry")
 missing=()
 for p in "${DEBS[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -22,7 +26,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     fi
     echo "setup: installing ${missing[*]}"
     # the daemons running before the install are not ours to stop
-    before=$( { pgrep -x etcd; pgrep -x nats-server; } | tr '\n' ' ' || true)
+    before=$( { pgrep -x etcd; pgrep -x nats-server; pgrep -x dockerd; pgrep -x containerd; pgrep -x docker-registry; } | tr '\n' ' ' || true)
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
@@ -43,6 +47,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
             echo "setup: stopping the $proc daemon the $p package started (pid $pid)"
             kill "$pid" 2>/dev/null || true
         done
+    done
+    # containerd comes in as docker.io's dependency; a system containerd started
+    # by its postinst is not the simulated hosts' (each dockerd starts its own)
+    for pid in $(pgrep -x containerd 2>/dev/null); do
+        case " $before " in *" $pid "*) continue ;; esac
+        echo "setup: stopping the containerd daemon the containerd package started (pid $pid)"
+        kill "$pid" 2>/dev/null || true
     done
 fi
 

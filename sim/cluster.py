@@ -27,7 +27,7 @@ from pathlib import Path
 from llmdeploy.errors import SimError
 from llmdeploy.inventory import Cluster
 
-from . import curated, hardware
+from . import curated, dockerd, hardware, images
 from .standins import __main__ as standins
 from .standins import fast
 from .paths import (
@@ -44,32 +44,22 @@ from .paths import (
 SSHD = "/usr/sbin/sshd"
 HCCN_CONF = "/etc/hccn.conf"
 REPO = Path(__file__).resolve().parent.parent
-STANDINS_ASCEND = ["npu-smi", "hccn_tool", "lscpu", "numactl", "docker"]
-STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "docker", "ibstat", "mpirun", "all_reduce_perf"]
-# on PATH inside simulated containers (before the host's own directories)
-# (python3 runs the Dynamo stand-ins for `python3 -m dynamo.frontend|trtllm`;
-# numactl: the seed's `numactl -m 0,1 trtllm-llmapi-launch ...` inside the container)
-CONTAINER_STANDINS = {"python3": "container-python3", "vllm": "vllm", "trtllm-serve": "trtllm-serve", "numactl": "numactl"}
-# TensorRT-LLM's launcher (a shell script in the image): rank 0 runs the
-# command (the real one in the background, with a proxy), the other ranks
-# the MPI worker loop; the simulated trtllm-serve acts by rank, so every rank
-# runs the command
-TRTLLM_LLMAPI_LAUNCH = """#!/bin/sh
-# simulated trtllm-llmapi-launch: see sim/standins/trtllm.py
-mpi_rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-0}}}
-world=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_NTASKS:-1}}}
-if [ $# -eq 0 ]; then
-    echo "usage: trtllm-llmapi-launch COMMAND [ARGS...]" >&2
-    exit 2
-fi
-export TLLM_SPAWN_PROXY_PROCESS=1
-if [ "$mpi_rank" -eq 0 ]; then
-    echo "rank${mpi_rank} run $* in background" >&2
-else
-    echo "rank${mpi_rank} run mgmn worker node with mpi_world_size: ${world} ..." >&2
-fi
-exec "$@"
-"""
+STANDINS_ASCEND = ["npu-smi", "hccn_tool", "lscpu", "numactl"]
+STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "ibstat", "mpirun", "all_reduce_perf"]
+# the Ascend driver's character devices that the seed's docker run passes
+# with --device (real majors are assigned by the driver at load time; these
+# come from the range Linux keeps for local use, Documentation/admin-guide/devices.txt 240-254)
+ASCEND_DEVICES = {"davinci_manager": (241, 0), "devmm_svm": (242, 0), "hisi_hdc": (243, 0)}
+DAVINCI_MAJOR = 240
+# what the seed's docker run bind-mounts from an Ascend host besides
+# /usr/local/Ascend (host path -> the file in the host's directory); docker
+# would make a missing source a directory on the machine
+ASCEND_HOST_FILES = {"/usr/local/bin/npu-smi": "npu-smi", "/etc/ascend_install.info": "ascend_install.info"}
+ASCEND_HOST_DIRS = {"/usr/local/dcmi": "dcmi"}
+ASCEND_INSTALL_INFO = "UserName=HwHiAiUser\nUserGroup=HwHiAiUser\nDriver_Install_Type=full\nDriver_Install_Path_Param=/usr/local/Ascend\n"
+ASCEND_DRIVER_VERSION = "Version=25.2.0\nascendhal_version=7.35.23\n"
+# the usual nodes of /dev (a host gets its own /dev when it has simulated devices)
+DEV_NODES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "kmsg": (1, 11), "tty": (5, 0)}
 
 
 def _sh(*args: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
@@ -84,7 +74,8 @@ def preflight() -> None:
         raise SimError(
             "the simulated cluster needs root (network namespaces, bind mounts); run as root"
         )
-    for tool in (SSHD, "/usr/bin/unshare", shutil.which("ip") or "/usr/sbin/ip", "/usr/bin/ssh-keygen"):
+    for tool in (SSHD, "/usr/bin/unshare", shutil.which("ip") or "/usr/sbin/ip", "/usr/bin/ssh-keygen",
+                 "/usr/sbin/dockerd", "/usr/bin/docker", "/usr/bin/docker-registry", "/usr/sbin/debootstrap"):
         if not os.path.exists(tool):
             raise SimError(f"{tool} is missing: run scripts/setup.sh")
     probe = f"lds-probe-{os.getpid()}"
@@ -111,16 +102,8 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     os.chmod(path, mode)
 
 
-def _standin_wrapper(tool: str, keep_pythonpath: bool = False) -> str:
-    if not keep_pythonpath:
-        return fast.wrapper(tool, sys.executable, str(REPO))
-    # inside containers PYTHONPATH is the container's site directory: keep it
-    # for the program and find the stand-ins through LLMDEPLOY_SIM_REPO
-    if keep_pythonpath:
-        run = f"LLMDEPLOY_SIM_REPO={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -c 'import os,sys; sys.path.insert(0, os.environ[\"LLMDEPLOY_SIM_REPO\"]); from sim.standins.__main__ import main; sys.exit(main())' {tool} \"$@\""
-    else:
-        run = f"PYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -m sim.standins {tool} \"$@\""
-    return f"#!/bin/sh\n# simulated {tool}: see sim/standins\n{run}\n"
+def _standin_wrapper(tool: str) -> str:
+    return fast.wrapper(tool, sys.executable, str(REPO))
 
 
 def write_model(model_dir: Path) -> None:
@@ -205,23 +188,105 @@ HCCN_PING = (
 )
 
 
-def _wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen, log: Path) -> None:
+def _wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen, log: Path, what: str = "sshd") -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise SimError(f"sshd for {host} exited with {proc.returncode}: {log.read_text()[-500:] if log.exists() else ''}")
+            raise SimError(f"{what} for {host} exited with {proc.returncode}: {log.read_text()[-500:] if log.exists() else ''}")
         try:
             with socket.create_connection((host, port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.05)
-    raise SimError(f"sshd on {host}:{port} did not start within {timeout:g}s")
+    raise SimError(f"{what} on {host}:{port} did not start within {timeout:g}s")
+
+
+def cgroup_parent(cluster: str, node: str) -> str:
+    """The cgroup under which a host's dockerd puts its containers (found and emptied by down)."""
+    return f"/lds-{short_id(cluster)}-{node}"
+
+
+def service_ips(cluster: Cluster) -> dict[str, str]:
+    """Where the cluster's registry and package index listen: the management
+    bridge's address and one more on it (the nodes use .10 and up)."""
+    gw = _mgmt_gateway(cluster)
+    return {"registry": str(gw.ip), "index": str(gw.network.network_address + 254)}
+
+
+def hosts_file(cluster: Cluster, services: dict[str, str]) -> str:
+    """A node's /etc/hosts: every node's name at its serving IP (as a
+    cluster's DNS or hosts file has them), and the registries and the
+    package index at the simulator's services."""
+    lines = ["# /etc/hosts of a simulated host (sim/cluster.py)", "127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+    lines += [f"{n.ip} {n.name}" for n in cluster.nodes]
+    lines += images.hosts_lines(services["registry"], services["index"])
+    return "\n".join(lines) + "\n"
+
+
+def dev_lines(hw: dict) -> list[str]:
+    """The host's own /dev: the usual nodes, and the Ascend driver's character
+    devices the seed's docker run passes (``--device /dev/davinciN`` ...)."""
+    nodes = dict(DEV_NODES)
+    nodes.update(ASCEND_DEVICES)
+    for npu in hw.get("npus", []):
+        nodes[f"davinci{npu['id']}"] = (DAVINCI_MAJOR, npu["id"])
+    out = ["mount -t tmpfs -o mode=755,size=1m dev /dev"]
+    out += [f"mknod -m 666 /dev/{name} c {major} {minor}" for name, (major, minor) in nodes.items()]
+    out += ["mkdir -p /dev/pts /dev/shm /dev/mqueue",
+            "mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts /dev/pts",
+            "ln -s pts/ptmx /dev/ptmx", "ln -s /proc/self/fd /dev/fd", "ln -s /proc/self/fd/0 /dev/stdin",
+            "ln -s /proc/self/fd/1 /dev/stdout", "ln -s /proc/self/fd/2 /dev/stderr"]
+    return out
+
+
+def _start_services(cluster: Cluster, cdir: Path, state: dict) -> dict[str, str]:
+    """The cluster's registry (read-only over the image cache) and package index, on the management bridge."""
+    ips = service_ips(cluster)
+    tls = images.tls()
+    mb = _links(cluster.name)["mgmt_bridge"]
+    _sh("ip", "addr", "add", f"{ips['index']}/24", "dev", mb)
+    (cdir / "registry.yml").write_text(images.registry_config(images.cache() / "registry", f"{ips['registry']}:443", tls, True))
+    procs = {
+        "registry": subprocess.Popen(["docker-registry", "serve", str(cdir / "registry.yml")], stdin=subprocess.DEVNULL,
+                                     stdout=open(cdir / "registry.log", "w"), stderr=subprocess.STDOUT, start_new_session=True),
+        "index": subprocess.Popen([sys.executable, "-m", "sim.pypi", "--bind", ips["index"], "--port", "443",
+                                   "--dir", str(images.wheels_dir()), "--cert", str(tls["cert"]), "--key", str(tls["key"])],
+                                  cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
+                                  stdout=open(cdir / "index.log", "w"), stderr=subprocess.STDOUT, start_new_session=True),
+    }
+    state["services"] = {name: p.pid for name, p in procs.items()}
+    _save_state(cdir, state)
+    for name, p in procs.items():
+        _wait_port(ips[name], 443, 15, p, cdir / f"{name}.log", what=name)
+    return ips
+
+
+def _wait_dockerd(hosts: list[tuple[str, int, Path]], timeout: float = 90) -> None:
+    """Every host's dockerd answers (``docker version`` in the host's own namespaces)."""
+    pending = list(hosts)
+    end = time.monotonic() + timeout
+    while pending:
+        left = []
+        for name, pid, hdir in pending:
+            res = subprocess.run(["nsenter", "-t", str(pid), "-m", "-n", "docker", "version", "--format", "{{.Server.Version}}"],
+                                 capture_output=True, text=True)
+            if res.returncode != 0:
+                left.append((name, pid, hdir))
+        pending = left
+        if not pending:
+            return
+        if time.monotonic() > end:
+            name, _, hdir = pending[0]
+            log = (hdir / "dockerd.log").read_text()[-800:] if (hdir / "dockerd.log").exists() else ""
+            raise SimError(f"dockerd on {name} did not answer within {timeout:g}s: {log}")
+        time.sleep(0.2)
 
 
 def up(cluster: Cluster, echo=print) -> dict:
     """Create the simulated hosts of ``cluster``; returns the recorded state."""
     preflight()
     down(cluster.name, echo=lambda *_: None)
+    images.ensure(echo)
     cdir = cluster_dir(cluster.name)
     cdir.mkdir(parents=True, exist_ok=True)
     links = _links(cluster.name)
@@ -246,10 +311,16 @@ def up(cluster: Cluster, echo=print) -> dict:
                 os.mkdir(p)
                 made.append(p)
     ascend = cluster.platform_info.vendor == "ascend"
-    if ascend and not os.path.exists(HCCN_CONF):
-        # mount point for each host's own /etc/hccn.conf (an empty file here)
-        Path(HCCN_CONF).touch()
-        made.append(HCCN_CONF)
+    # mount points for each Ascend host's own files (empty files and
+    # directories here): /etc/hccn.conf and what the seed's docker run bind-mounts
+    for point in ([HCCN_CONF, *ASCEND_HOST_FILES] if ascend else []):
+        if not os.path.exists(point):
+            Path(point).touch()
+            made.append(point)
+    for point in (ASCEND_HOST_DIRS if ascend else []):
+        if not os.path.exists(point):
+            os.mkdir(point)
+            made.append(point)
     made_file.write_text(json.dumps(sorted(set(made))))
 
     gw = _mgmt_gateway(cluster)
@@ -266,6 +337,7 @@ def up(cluster: Cluster, echo=print) -> dict:
         # through an interface npu<d> in each host
         _batch([c for d in range(cluster.platform_info.devices) for c in (f"link add {nb}{d} type bridge", f"link set {nb}{d} up")])
 
+    services = _start_services(cluster, cdir, state)
     known_hosts, ssh_config = [], []
     procs = []
     for i, node in enumerate(cluster.nodes):
@@ -333,11 +405,18 @@ def up(cluster: Cluster, echo=print) -> dict:
         if ascend:
             _write(bindir / "hccn_tool", _hccn_wrapper(), 0o755)
             _write(hdir / "hccn.conf", hardware.hccn_conf(hw))
-        for name, tool in CONTAINER_STANDINS.items():
-            _write(hdir / "cbin" / name, _standin_wrapper(tool, keep_pythonpath=True), 0o755)
-        _write(hdir / "cbin" / "trtllm-llmapi-launch", TRTLLM_LLMAPI_LAUNCH, 0o755)
+            # the driver's files where the seed's docker run mounts them from
+            driver = root / "usr/local/Ascend/driver"
+            _write(driver / "tools/hccn_tool", _hccn_wrapper(), 0o755)
+            _write(driver / "version.info", ASCEND_DRIVER_VERSION)
+            (driver / "lib64").mkdir(parents=True, exist_ok=True)
+            _write(hdir / "npu-smi", _standin_wrapper("npu-smi"), 0o755)
+            _write(hdir / "ascend_install.info", ASCEND_INSTALL_INFO)
+            (hdir / "dcmi").mkdir(exist_ok=True)
         if not ascend:
-            curated.write(root / curated.CURATED_DIR.lstrip("/"))
+            _write(bindir / dockerd.HOOK, dockerd.hook_script(), 0o755)
+        _write(bindir / dockerd.RUNTIME, dockerd.runtime_script(HOST_STATE_DIR), 0o755)
+        _write(hdir / "hosts", hosts_file(cluster, services))
         # a small stand-in checkpoint at the model (and tokenizer) path
         for path in {cluster.model.path, cluster.model.tokenizer_path}:
             if path.startswith("/root/.cache/"):
@@ -379,18 +458,32 @@ def up(cluster: Cluster, echo=print) -> dict:
             ),
         )
         binds = [f"mount --bind {shlex.quote(str(root / d.lstrip('/')))} {shlex.quote(d)}" for d in PRIVATE_DIRS]
-        script = "; ".join(
+        q = lambda p: shlex.quote(str(p))  # noqa: E731
+        script = "\n".join(
             [
                 "set -e",
                 f"hostname {shlex.quote(node.name)}",
                 *binds,
-                f"mount --bind {shlex.quote(str(hdir / 'meminfo'))} /proc/meminfo",
-                *([f"mount --bind {shlex.quote(str(hdir / 'hccn.conf'))} {HCCN_CONF}"] if ascend else []),
+                f"mount --bind {q(hdir / 'meminfo')} /proc/meminfo",
+                *([f"mount --bind {q(hdir / 'hccn.conf')} {HCCN_CONF}"] if ascend else []),
+                *([f"mount --bind {q(hdir / src)} {dst}" for dst, src in {**ASCEND_HOST_FILES, **ASCEND_HOST_DIRS}.items()]
+                  if ascend else []),
+                f"mount --bind {q(hdir / 'hosts')} /etc/hosts",
+                # the host's own /dev when it has devices of its own (Ascend's davinci nodes)
+                *(dev_lines(hw) if ascend else []),
                 "mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm",
                 # bash sources ~/.bashrc for every SSH command: a node's own,
                 # not this machine's (a pyenv init there cost 130 ms per command)
-                f"if [ -f /root/.bashrc ]; then mount --bind {shlex.quote(str(hdir / 'bashrc'))} /root/.bashrc; fi",
-                f"exec {SSHD} -D -r -f {shlex.quote(str(hdir / 'sshd_config'))} -E {shlex.quote(str(hdir / 'sshd.log'))}",
+                f"if [ -f /root/.bashrc ]; then mount --bind {q(hdir / 'bashrc')} /root/.bashrc; fi",
+                # the host's Docker Engine: cgroups, its own /run (docker.sock, containerd, runc state)
+                *dockerd.cgroup_mounts(),
+                "mount -t tmpfs -o mode=755,size=64m tmpfs /run",
+                "mkdir -p /run/sshd",
+                *dockerd.start_lines(hdir / "docker", hdir / "docker-exec", hdir / "dockerd.pid", hdir / "dockerd.log",
+                                     path, runtime=bindir / dockerd.RUNTIME,
+                                     env={"SSL_CERT_FILE": str(images.trust_bundle())},
+                                     cgroup_parent=cgroup_parent(cluster.name, node.name)),
+                f"exec {SSHD} -D -r -f {q(hdir / 'sshd_config')} -E {q(hdir / 'sshd.log')}",
             ]
         )
         log = hdir / "sshd.log"
@@ -426,9 +519,10 @@ def up(cluster: Cluster, echo=print) -> dict:
     _write(cdir / "ssh_config", "# written by llmdeploy sim.up; use with ssh -F\n" + "\n".join(ssh_config))
     for node, m_ip, proc, log in procs:
         _wait_port(m_ip, 22, 15, proc, log)
+    _wait_dockerd([(node.name, proc.pid, host_dir(cluster.name, node.name)) for node, _, proc, _ in procs])
     state["ready"] = True
     _save_state(cdir, state)
-    echo(f"sim {cluster.name}: {len(cluster.nodes)} hosts up (network namespaces, real sshd); ssh -F {cdir / 'ssh_config'} {cluster.nodes[0].name}")
+    echo(f"sim {cluster.name}: {len(cluster.nodes)} hosts up (network namespaces, real sshd and dockerd); ssh -F {cdir / 'ssh_config'} {cluster.nodes[0].name}")
     return state
 
 
@@ -458,6 +552,28 @@ def _kill_netns(ns: str) -> None:
             time.sleep(0.05)
 
 
+def _stop_dockerds(pidfiles: list[Path], timeout: float = 20) -> None:
+    pids = []
+    for f in pidfiles:
+        try:
+            pid = int(f.read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+            pids.append(pid)
+        except (OSError, ValueError):
+            pass
+    end = time.monotonic() + timeout
+    while pids and time.monotonic() < end:
+        pids = [p for p in pids if Path(f"/proc/{p}").exists() and "Z" not in _proc_state(p)]
+        time.sleep(0.1)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"
+
+
 def down(name: str, echo=print) -> bool:
     """Remove everything the simulated cluster ``name`` made. Safe to call
     on a cluster that is not up or only half made. Returns True if anything was removed."""
@@ -478,10 +594,24 @@ def down(name: str, echo=print) -> bool:
     listed = _sh("ip", "netns", "list", check=False).stdout.split("\n")
     namespaces = {line.split()[0] for line in listed if line.startswith(prefix)}
     namespaces |= {h["netns"] for h in state.get("hosts", {}).values()}
+    # each host's dockerd first: it stops its containers (SIGTERM, then
+    # SIGKILL after --shutdown-timeout) and its containerd
+    hosts = state.get("hosts", {})
+    _stop_dockerds([Path(h["dir"]) / "dockerd.pid" for h in hosts.values() if h.get("dir")])
     for ns in sorted(namespaces):
         _kill_netns(ns)
         if _sh("ip", "netns", "del", ns, check=False).returncode == 0:
             removed = True
+    # whatever a daemon left in its containers' cgroups (a container with a network of its own)
+    for node in hosts:
+        if dockerd.kill_cgroups(cgroup_parent(name, node)):
+            removed = True
+    for pid in state.get("services", {}).values():
+        try:
+            os.kill(pid, signal.SIGKILL)
+            removed = True
+        except ProcessLookupError:
+            pass
     for h in state.get("hosts", {}).values():
         pid = h.get("pid")
         if pid:

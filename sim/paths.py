@@ -18,8 +18,6 @@ PRIVATE_DIRS = [
     "/root/.cache",
     "/usr/local/Ascend",
     "/etc/llmdeploy-sim",
-    # TensorRT-LLM's curated configs "inside the image" (written on NVIDIA hosts)
-    "/app/tensorrt_llm/examples/configs/curated",
     # a TensorRT-LLM checkout for Dynamo, mounted at the same path in its
     # containers (a shell sources its profile .env there, as the seed does)
     "/opt/trtllm-recipes",

@@ -80,7 +80,9 @@ def build(cluster: Cluster, check: bool = False) -> str | None:
         return "\n".join(lines) + "\n"
     lines += [
         f"docker rm -f {name} >/dev/null 2>&1",
-        f"docker run --name {name} {mount}{shlex.quote(cluster.image.ref)} {pip} >&2 || {{ rc=$?; docker rm -f {name} >/dev/null 2>&1; exit $rc; }}",
+        # the host network, as the serving containers have: the index is
+        # reached the way the node reaches it (no bridge network needed)
+        f"docker run --name {name} --network host {mount}{shlex.quote(cluster.image.ref)} {pip} >&2 || {{ rc=$?; docker rm -f {name} >/dev/null 2>&1; exit $rc; }}",
         f'docker commit {name} "$tag" >/dev/null && docker rm {name} >/dev/null || exit $?',
         f'echo "{MARK} state installed"',
         'verify "$tag" || { echo "installed, but the versions in $tag are not the pinned ones" >&2; exit 5; }',

@@ -405,11 +405,8 @@ TOOLS = {
     "nvidia-smi": nvidia_smi,
     "lscpu": lscpu,
     "numactl": numactl,
-    "docker": _lazy("docker", "docker"),
     "ibstat": ibstat,
-    # inside simulated containers
-    "container-python3": _lazy("docker", "container_python"),
-    "container-init": _lazy("docker", "container_init"),
+    # inside the simulated images (sim/images.py)
     "vllm": _lazy("vllm", "main"),
     "trtllm-serve": _lazy("trtllm", "main"),
     "mpirun": mpirun,
@@ -434,8 +431,7 @@ def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:
         return _fail(f"usage: python -m sim.standins {{{','.join(TOOLS)}}} ...", 2)
     tool = sys.argv[1]
-    if not tool.startswith("container-"):
-        _hang(tool)
+    _hang(tool)
     if tool in fast.CACHED_TOOLS:
         return fast.serve(STATE_DIR, tool, sys.argv[2:], TOOLS)
     return TOOLS[tool](sys.argv[2:])

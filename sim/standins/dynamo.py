@@ -1,16 +1,14 @@
-"""Simulated NVIDIA Dynamo (the ``ai-dynamo`` wheel) inside a simulated
-TensorRT-LLM container: ``python3 -m dynamo.frontend`` and ``python3 -m
-dynamo.trtllm`` (the container's ``python3`` stand-in dispatches here), with
-the REAL etcd and NATS of the cluster as control plane.
+"""Simulated NVIDIA Dynamo (the ``ai-dynamo`` wheel) inside a real
+container of the simulated TensorRT-LLM image: ``python3 -m dynamo.frontend``
+and ``python3 -m dynamo.trtllm`` are the ``dynamo`` package of the simulator's
+``ai-dynamo`` wheel (sim/images.py), which prepare's wheels step installs
+with pip from the simulated index; they run this module, with the REAL etcd
+and NATS of the cluster as control plane.
 
-Both need ``ai-dynamo`` installed in the container (its dist-info on
-``PYTHONPATH``, as ``pip install`` in a simulated container writes it);
-``dynamo.trtllm`` needs TensorRT-LLM in the image too. Paths given at
-container paths (``--model-path``, ``--extra-engine-args``) are opened
-through the container's bind mounts (``LLMDEPLOY_SIM_MOUNTS``, mounts.py);
-a path under one of the simulated host's own directories (/var/lib/llmdeploy,
-/etc/llmdeploy, /root/.cache, ...) that no mount covers is missing there, as
-in a real container.
+Without the wheel ``python3 -m dynamo.*`` fails as Python does (No module
+named dynamo); ``dynamo.trtllm`` needs TensorRT-LLM in the image too
+(importlib.metadata). Paths (``--model-path``, ``--extra-engine-args``) are
+the container's own: what the container mounts.
 
 Worker (``dynamo.trtllm``), one process per MPI rank
 (``mpirun ... trtllm-llmapi-launch python3 -m dynamo.trtllm --model-path M
@@ -83,7 +81,6 @@ import threading
 import time
 from pathlib import Path
 
-from . import mounts as sim_mounts
 from . import trtllm as trtllm_sim
 
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
@@ -351,16 +348,14 @@ def _faults() -> dict:
 
 
 def _dist_version(prefix: str) -> str | None:
-    for d in os.environ.get("PYTHONPATH", "").split(":"):
-        if not d:
-            continue
-        try:
-            for name in os.listdir(d):
-                if name.startswith(prefix + "-") and name.endswith(".dist-info"):
-                    return name[len(prefix) + 1 : -len(".dist-info")]
-        except OSError:
-            pass
-    return None
+    """The installed version of a distribution (``ai_dynamo``: the wheel that
+    prepare's wheels step installs into the image), as importlib.metadata says."""
+    import importlib.metadata as md
+
+    try:
+        return md.version(prefix.replace("_", "-"))
+    except md.PackageNotFoundError:
+        return None
 
 
 def _http(base: str, method: str, path: str, body=None, timeout: float = 5.0, headers: dict | None = None) -> tuple[int, str]:
@@ -597,21 +592,12 @@ def parse_worker_args(argv: list[str]):
     return p.parse_args(argv)
 
 
-def _host_only_hint(path: str) -> str:
-    mounts = sorted(sim_mounts.decode(os.environ.get(sim_mounts.ENV)))
-    return (f"  (simulated container: {path} is a path of the host, which this container does not see; "
-            f"its mounts: {', '.join(mounts) or 'none'})")
-
-
 def _yaml_config(path: str) -> tuple[dict | None, str | None]:
-    """The --extra-engine-args YAML (opened through the mounts) or the error."""
+    """The --extra-engine-args YAML or the error."""
     if not path:
         return {}, None
-    real = sim_mounts.container_path(path)
     try:
-        if real is None:
-            return None, f"FileNotFoundError: [Errno 2] No such file or directory: '{path}'\n{_host_only_hint(path)}"
-        text = Path(real).read_text()
+        text = Path(path).read_text()
     except FileNotFoundError:
         return None, f"FileNotFoundError: [Errno 2] No such file or directory: '{path}'"
     except OSError as exc:
@@ -717,12 +703,9 @@ def main_worker(argv: list[str]) -> int:
         tlog(err, "E")
         print(f"RuntimeError: {err}", flush=True)
         return 1
-    model_dir = sim_mounts.container_path(a.model_path)
-    if model_dir is None or not Path(model_dir, "config.json").is_file():
+    if not Path(a.model_path, "config.json").is_file():
         print(f"OSError: {a.model_path} does not appear to have a file named config.json. "
               f"Checkout 'https://huggingface.co/{a.model_path.strip('/')}/tree/main' for available files.", flush=True)
-        if model_dir is None:
-            print(_host_only_hint(a.model_path), flush=True)
         return 1
     cfg, err = _yaml_config(a.extra_engine_args)
     if err:

@@ -3,7 +3,7 @@ milliseconds instead of a Python start (about 80 ms, ~128 of them per A3 node
 in verify-comm).
 
 The answer of ``npu-smi``, ``hccn_tool``, ``nvidia-smi``, ``lscpu``,
-``numactl -H``, ``ibstat`` and ``docker --version`` is a pure function of the
+``numactl -H`` and ``ibstat`` is a pure function of the
 host's ``node.json`` and the arguments. :func:`render` computes every answer
 the tool asks for, with the same Python code that answers a call, into
 ``<state>/out.<n>/`` and points the symlink ``<state>/out`` at it; its
@@ -12,13 +12,8 @@ host-side wrapper (:func:`wrapper`, bash) serves ``out/<key>`` when node.json's
 time equals the stamp's, else runs the Python stand-in, which answers and
 renders again (so editing node.json, the way tests inject faults, takes effect
 on the next call). Arguments outside a plain character set, tools named in
-node.json's ``hang`` and everything stateful (docker's containers, mpirun,
-pings) always go to Python, with one exception: ``docker image inspect``
-(prepare's image probe on every host), whose answer is a function of
-node.json and docker's ``images.json``; :func:`serve` keeps each answer it
-gives under ``docker/icache``, whose ``stamp`` carries images.json's time, and
-the wrapper serves it while both files are unchanged (a pull, load, rmi or
-commit rewrites images.json).
+node.json's ``hang`` and everything stateful (pings) always go to Python.
+(Docker is the real Docker Engine: sim/dockerd.py.)
 
 An entry is ``<key>`` (stdout), plus ``<key>.err`` (stderr) and ``<key>.rc``
 (exit status) when they are not empty and 0. The key is
@@ -38,7 +33,7 @@ import time
 # what a key may contain (and so what bash accepts as a cached call)
 SAFE_ARG = re.compile(r"[A-Za-z0-9,._=-]*")
 MAX_KEY = 200
-CACHED_TOOLS = ("npu-smi", "hccn_tool", "nvidia-smi", "lscpu", "numactl", "ibstat", "docker")
+CACHED_TOOLS = ("npu-smi", "hccn_tool", "nvidia-smi", "lscpu", "numactl", "ibstat")
 HCCN_ITEMS = ["-ip", "-vnic", "-link", "-net_health", "-netdetect", "-gateway", "-lldp", "-tls", "-optical"]
 NVSMI_QUERY = "--query-gpu=index,name,uuid,memory.total,pci.bus_id,ecc.errors.uncorrected.volatile.total"
 
@@ -48,15 +43,6 @@ def key(tool: str, argv: list[str]) -> str | None:
     if not all(SAFE_ARG.fullmatch(a) for a in argv):
         return None
     k = "+".join([tool, str(len(argv)), *argv])
-    return k if len(k) < MAX_KEY else None
-
-
-def image_key(argv: list[str]) -> str | None:
-    """The cache key of ``docker ARGV`` (an ``image inspect``): formats hold
-    spaces and braces, refs slashes and colons, so every argument is kept,
-    with ``%``, ``+`` and ``/`` written %25, %2B and %2F (as the wrapper does
-    with bash substitutions)."""
-    k = "+".join(["docker", str(len(argv)), *(a.replace("%", "%25").replace("+", "%2B").replace("/", "%2F") for a in argv)])
     return k if len(k) < MAX_KEY else None
 
 
@@ -71,15 +57,13 @@ def cacheable(tool: str, argv: list[str], hw: dict) -> bool:
         return False
     if tool == "numactl":
         return argv in (["-H"], ["--hardware"])
-    if tool == "docker":
-        return argv == ["--version"]
     return True
 
 
 def calls(hw: dict) -> list[tuple[str, list[str]]]:
     """The calls the tool makes (facts, prepare, verify-comm), rendered up front."""
     out: list[tuple[str, list[str]]] = [
-        ("lscpu", []), ("lscpu", ["-e=CPU,NODE"]), ("numactl", ["-H"]), ("docker", ["--version"]),
+        ("lscpu", []), ("lscpu", ["-e=CPU,NODE"]), ("numactl", ["-H"]),
     ]
     if hw.get("npus"):
         out += [("npu-smi", ["info"]), ("npu-smi", ["info", "-t", "topo"]), ("npu-smi", ["info", "-l"])]
@@ -118,9 +102,7 @@ def _write_entry(d: str, k: str, out: str, err: str, rc: int) -> None:
 
 
 def _current(state: str, name: str = "out") -> tuple[str, int] | None:
-    """(the directory ``state/name`` points at, the time of the file it was
-    made from: node.json for ``out``, docker's images.json for
-    ``docker/icache``)."""
+    """(the directory ``state/name`` points at, the time of the node.json it was made from)."""
     d = os.path.join(state, name)
     try:
         return os.path.realpath(d), os.stat(os.path.join(d, "stamp")).st_mtime_ns
@@ -183,35 +165,6 @@ def _publish(parent: str, name: str, d: str, stamp_ns: int) -> None:
                     shutil.rmtree(old)
 
 
-def _serve_image_inspect(state: str, argv: list[str], tools: dict) -> int:
-    """``docker image inspect``: answered by Python, and kept for the wrapper
-    under ``docker/icache`` while images.json is the one it was read from."""
-    import sys
-
-    images = os.path.join(state, "docker", "images.json")
-    k = image_key(argv)
-    try:
-        before = os.stat(images).st_mtime_ns
-    except OSError:
-        before = None  # no image at all: nothing to keep (the first pull writes images.json)
-    out, err, rc = answer(tools["docker"], argv)
-    if before is not None and k is not None:
-        with contextlib.suppress(OSError):
-            if os.stat(images).st_mtime_ns == before:
-                parent = os.path.join(state, "docker")
-                cur = _current(parent, "icache")
-                if cur is not None and cur[1] == before:
-                    _write_entry(cur[0], k, out, err, rc)
-                else:
-                    d = os.path.join(parent, f"icache.{time.time_ns()}.{os.getpid()}")
-                    os.mkdir(d)
-                    _write_entry(d, k, out, err, rc)
-                    _publish(parent, "icache", d, before)
-    sys.stdout.write(out)
-    sys.stderr.write(err)
-    return rc
-
-
 # node.json while rendering (the stand-ins answer from it, not from the file)
 _RENDERING: dict = {}
 
@@ -244,8 +197,6 @@ def serve(state: str, tool: str, argv: list[str], tools: dict) -> int:
                 hw = json.load(f)
         except (OSError, ValueError):
             return tools[tool](argv)
-    if tool == "docker" and argv[:2] == ["image", "inspect"] and cur is not None and cur[1] == now and not _hung(tool, hw):
-        return _serve_image_inspect(state, argv, tools)
     if not cacheable(tool, argv, hw):
         return tools[tool](argv)
     out, err, rc = answer(tools[tool], argv)
@@ -273,7 +224,7 @@ def wrapper(tool: str, python: str, repo: str, prelude: str = "") -> str:
         '    exit "$rc"\n'
         "}\n"
         "fresh() { [[ ! $S/node.json -nt $S/out/stamp && ! $S/node.json -ot $S/out/stamp ]]; }\n"
-        f"{prelude}{_DOCKER_PS + _DOCKER_IMAGE if tool == 'docker' else ''}"
+        f"{prelude}"
         f"IFS=+; k={q(tool)}+$#+\"$*\"; IFS=$' \\t\\n'\n"
         f'if [[ ${{#k}} -lt {MAX_KEY} && $k != *[!A-Za-z0-9,._=+-]* && -f $S/out/$k ]] && fresh; then\n'
         '    f=$S/out/$k\n'
@@ -284,28 +235,6 @@ def wrapper(tool: str, python: str, repo: str, prelude: str = "") -> str:
         f"PYTHONPATH={q(repo)} exec {q(python)} -S -m sim.standins {q(tool)} \"$@\"\n"
     )
 
-
-# docker ps --format ... on a host with no container at all prints nothing:
-# answered here (facts asks every host), anything else by the Python docker
-_DOCKER_PS = (
-    'if [[ $1 == ps ]]; then\n'
-    '    fmt=; prev=\n'
-    '    for a in "${@:2}"; do [[ $prev == --format || $prev == -f || $a == --format=* ]] && fmt=1; prev=$a; done\n'
-    '    if [[ -n $fmt ]]; then\n'
-    '        shopt -s nullglob; c=("$S"/docker/containers/*/config.json); shopt -u nullglob\n'
-    '        ((${#c[@]})) || exit 0\n'
-    "    fi\n"
-    "fi\n"
-)
-
-# docker image inspect: the answer kept for this images.json (and node.json)
-_DOCKER_IMAGE = (
-    'if [[ $1 == image && $2 == inspect ]]; then\n'
-    '    k=docker+$#; for a in "$@"; do a=${a//%/%25}; a=${a//+/%2B}; k+=+${a//\\//%2F}; done\n'
-    '    d=$S/docker/icache; j=$S/docker/images.json\n'
-    f'    if [[ ${{#k}} -lt {MAX_KEY} && -f $d/$k && ! $j -nt $d/stamp && ! $j -ot $d/stamp ]] && fresh; then f=$d/$k; said; fi\n'
-    "fi\n"
-)
 
 # hccn_tool -link also reads the NPU interface's state (a test takes it down
 # with `ip link set npu<d> down`): the rendered answer is node.json's

@@ -300,30 +300,28 @@ def count_world_start(world: str, counter: str = "trtllm-starts") -> int:
 
 def _image_version() -> str | None:
     """TensorRT-LLM's version in this container's image (its dist-info)."""
-    for d in os.environ.get("PYTHONPATH", "").split(":"):
-        if not d:
-            continue
-        try:
-            for name in os.listdir(d):
-                if name.startswith("tensorrt_llm-") and name.endswith(".dist-info"):
-                    return name[len("tensorrt_llm-"):-len(".dist-info")]
-        except OSError:
-            pass
-    return None
+    import importlib.metadata as md
+
+    try:
+        return md.version("tensorrt-llm")
+    except md.PackageNotFoundError:
+        return None
 
 
 def _container_has_gpus() -> bool:
-    """Whether the simulated container was started with --gpus (unknown: yes)."""
-    name = os.environ.get("LLMDEPLOY_SIM_CONTAINER")
-    if not name:
-        return True
+    """Whether this container was started with GPUs: Docker's ``--gpus`` sets
+    ``NVIDIA_VISIBLE_DEVICES`` in the container's process environment (moby
+    daemon/nvidia_linux.go, ``setNvidiaGPUs``). Processes that ``docker exec``
+    starts (the ranks' orted) do not inherit it: the container's first
+    process (pid 1 of its pid namespace) has it."""
+    if os.environ.get("NVIDIA_VISIBLE_DEVICES"):
+        return os.environ["NVIDIA_VISIBLE_DEVICES"] not in ("void", "none")
     try:
-        cfg = json.loads((Path(STATE_DIR) / "docker" / "containers" / name / "config.json").read_text())
-    except (OSError, ValueError):
-        return True
-    args = cfg.get("Args") or []
-    return any(a == "--gpus" or a.startswith("--gpus=") or a.startswith("--device=/dev/nvidia") for a in args) or any(
-        a == "--device" and i + 1 < len(args) and args[i + 1].startswith("/dev/nvidia") for i, a in enumerate(args))
+        with open("/proc/1/environ", "rb") as f:
+            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+    except OSError:
+        return False
+    return env.get(b"NVIDIA_VISIBLE_DEVICES", b"void") not in (b"void", b"none", b"")
 
 
 def _nccl_ifname_error() -> str | None:

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -50,15 +49,12 @@ def _process_start() -> float:
 
 def record_ready(role: str) -> None:
     """Simulator bookkeeping (not vLLM's): when this server process started and
-    when it became ready, in <host dir>/serving-times.jsonl, so that
+    when it became ready, in the host's state directory (serving-times.jsonl,
+    mounted into containers by the simulator's runtime, sim/dockerd.py), so that
     bench/deploy_overhead.py can tell the servers' own start from the tool's time."""
-    hostdir = os.environ.get("LLMDEPLOY_SIM_HOSTDIR")
-    if not hostdir:
-        return
     try:
-        line = json.dumps({"host": os.uname().nodename, "container": os.environ.get("LLMDEPLOY_SIM_CONTAINER", ""),
-                           "role": role, "start": _process_start(), "ready": time.time()})
-        with open(os.path.join(hostdir, "serving-times.jsonl"), "a") as f:
+        line = json.dumps({"host": os.uname().nodename, "role": role, "start": _process_start(), "ready": time.time()})
+        with open(os.path.join(STATE_DIR, "serving-times.jsonl"), "a") as f:
             f.write(line + "\n")
     except (OSError, ValueError, IndexError, StopIteration):
         pass
@@ -115,13 +111,26 @@ def config_hash(a: argparse.Namespace) -> str:
     return hashlib.sha256(json.dumps({k: getattr(a, k) for k in keys}, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def if_ipv4(ifname: str) -> str | None:
+    """The IPv4 address of interface ``ifname`` in this network namespace
+    (the SIOCGIFADDR ioctl, as HCCL's socket manager reads it), or None."""
+    import fcntl
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            got = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))  # SIOCGIFADDR
+    except OSError:
+        return None
+    return socket.inet_ntoa(got[20:24])
+
+
 def hccl_check() -> str | None:
     """HCCL binds its socket to HCCL_SOCKET_IFNAME; that NIC must own HCCL_IF_IP."""
     ip, ifname = os.environ.get("HCCL_IF_IP"), os.environ.get("HCCL_SOCKET_IFNAME")
     if not ip or not ifname:
         return None
-    res = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", ifname], capture_output=True, text=True)
-    if res.returncode != 0 or f" {ip}/" not in res.stdout:
+    if if_ipv4(ifname) != ip:
         pid = os.getpid()
         return (
             f"[ERROR] HCCL({pid},python):{time.strftime('%Y-%m-%d-%H:%M:%S')} [hccl_socket_manager.cc:214][{pid}]"

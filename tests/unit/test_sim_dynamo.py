@@ -1,9 +1,10 @@
 """The Dynamo stand-ins' pure parts (etcd's v3 JSON gateway requests and
-answers, the NATS handshake, the health bodies, the GPU mask check), the
-simulated docker's mount map, and the container python3's dispatch (no etcd,
-NATS or simulated host needed)."""
+answers, the NATS handshake, the health bodies, the GPU mask check), and
+``python3 -m dynamo.*`` from the simulator's ai-dynamo wheel (no etcd, NATS
+or simulated host needed)."""
 
 import base64
+import io
 import json
 import os
 import socket
@@ -14,9 +15,7 @@ from pathlib import Path
 import pytest
 
 from sim.standins import __main__ as standins
-from sim.standins import docker as d
 from sim.standins import dynamo as dy
-from sim.standins import mounts as m
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -213,73 +212,6 @@ def test_worker_args():
     assert (f.http_host, f.http_port, f.router_mode, f.router_session_affinity_ttl_secs) == ("0.0.0.0", 8000, "kv", 14400)
 
 
-# --- the mount map ------------------------------------------------------------------------
-def test_parse_mount():
-    got = m.parse_mount("type=bind,src=/root/.cache/models/Q,dst=/models/qwen35,readonly")
-    assert got == {"Type": "bind", "Source": "/root/.cache/models/Q", "Destination": "/models/qwen35", "Mode": "",
-                   "RW": False, "Propagation": "rprivate"}
-    assert m.parse_mount("type=bind,source=/a,target=/b")["RW"] is True
-    assert m.parse_mount("type=bind,source=/a,destination=/b,readonly=false")["RW"] is True
-    assert m.parse_mount("type=bind,src=/a,dst=/b,ro=true")["RW"] is False
-    assert m.parse_mount("type=tmpfs,dst=/t")["Type"] == "tmpfs"
-    for bad, msg in (("type=bind,src=/a", "target is required"), ("type=bind,dst=/b", "source is required"),
-                     ("type=bind,src=/a,dst=/b,bogus", "must be a key=value pair"), ("type=nfs,dst=/b", 'invalid type "nfs"')):
-        with pytest.raises(m.MountError, match=msg):
-            m.parse_mount(bad)
-
-
-def test_parse_volume():
-    assert m.parse_volume("/root/.cache:/root/.cache:rw") == {"Type": "bind", "Source": "/root/.cache", "Destination": "/root/.cache",
-                                                             "Mode": "rw", "RW": True, "Propagation": "rprivate"}
-    assert m.parse_volume("/w:/wheels:ro")["RW"] is False
-    assert m.parse_volume("data:/data")["Type"] == "volume"
-    assert m.parse_volume("/anon")["Type"] == "volume"
-    with pytest.raises(m.MountError):
-        m.parse_volume("/a:/b:ro:x")
-
-
-def test_host_path_translates_through_the_longest_mount():
-    mounts = [m.parse_mount("type=bind,src=/srv/model,dst=/models/qwen35,readonly"),
-              m.parse_mount("type=bind,src=/srv/recipes,dst=/opt/trtllm-recipes,readonly"),
-              m.parse_mount("type=bind,src=/srv/curated2,dst=/opt/trtllm-recipes/examples/configs/curated"),
-              m.parse_volume("named:/data"),
-              m.parse_mount("type=tmpfs,dst=/tmpfs")]
-    mapping = m.mount_map(mounts)
-    assert mapping == {"/models/qwen35": "/srv/model", "/opt/trtllm-recipes": "/srv/recipes",
-                       "/opt/trtllm-recipes/examples/configs/curated": "/srv/curated2"}
-    env = {m.ENV: m.encode(mapping)}
-    assert m.host_path("/models/qwen35", env) == "/srv/model"
-    assert m.host_path("/models/qwen35/", env) == "/srv/model"
-    assert m.host_path("/models/qwen35/config.json", env) == "/srv/model/config.json"
-    assert m.host_path("/models/qwen35x/config.json", env) == "/models/qwen35x/config.json"
-    assert m.host_path("/opt/trtllm-recipes/README.md", env) == "/srv/recipes/README.md"
-    assert m.host_path("/opt/trtllm-recipes/examples/configs/curated/a.yaml", env) == "/srv/curated2/a.yaml"
-    assert m.host_path("/etc/hosts", env) == "/etc/hosts"
-    assert m.host_path("relative/path", env) == "relative/path"
-    assert m.host_path("/models/qwen35/config.json", {}) == "/models/qwen35/config.json"
-    assert m.host_path("/models/qwen35", {m.ENV: "not json"}) == "/models/qwen35"
-    assert m.decode(m.encode(mapping)) == mapping
-
-
-def test_docker_run_records_mounts_and_exports_the_map(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    r = d.parse_run(["-d", "--mount", f"type=bind,src={model},dst=/models/qwen35,readonly",
-                     "-v", "/root/.cache:/root/.cache:rw", "img", "true"])
-    mounts = d.mounts_of(r)
-    assert [(x["Source"], x["Destination"], x["RW"], x["From"]) for x in mounts] == [
-        (str(model), "/models/qwen35", False, "--mount"), ("/root/.cache", "/root/.cache", True, "-v")]
-    c = {"Name": "srv", "Config": {"Env": ["A=1"]}, "SimHostDir": "/h",
-         "Mounts": [{k: v for k, v in x.items() if k != "From"} for x in mounts]}
-    env = d.process_env(c)
-    assert json.loads(env[m.ENV]) == {"/models/qwen35": str(model), "/root/.cache": "/root/.cache"}
-    assert env["A"] == "1"
-    # a container without bind mounts gets no map (what the older stand-ins saw)
-    assert m.ENV not in d.process_env({"Name": "srv", "Config": {"Env": []}, "SimHostDir": "/h"})
-    with pytest.raises(ValueError, match='invalid mount config for type "bind": bind source path does not exist: /nonexistent/x'):
-        d.mounts_of(d.parse_run(["--mount", "type=bind,src=/nonexistent/x,dst=/m", "img"]))
-
-
 def test_numactl_node_lists():
     ids = {0, 1, 2, 3, 4, 5}
     assert standins._bad_numa_node("0,1", ids) is None
@@ -289,20 +221,33 @@ def test_numactl_node_lists():
     assert standins._bad_numa_node("x", ids) == "x"
 
 
-# --- python3 -m dynamo.* inside a container ---------------------------------------------------
-def _container_python(tmp_path, *argv, site_pkgs=(), node=None, env=None):
+# --- python3 -m dynamo.* from the simulator's ai-dynamo wheel --------------------------------
+def _python_m(tmp_path, *argv, wheels=(), packages=(), node=None, env=None):
+    """``python3 ARGV`` as in a container of the simulated image: the wheels
+    (sim/images.py) unpacked into a site directory, as pip installs them."""
+    import zipfile
+
+    from sim import images
+
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
-    for name in site_pkgs:
-        (site / f"{name}.dist-info").mkdir(exist_ok=True)
+    for name in wheels:
+        _, data = images._wheel(name, "1.6.0.dev20261010")
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            z.extractall(site)
+    for name, version in packages:
+        for rel, text in images._dist_info(name, version).items():
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            (site / rel).write_text(text)
     state = tmp_path / "state"
     state.mkdir(exist_ok=True)
     (state / "node.json").write_text(json.dumps(node or {}))
-    full = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{site}", "LLMDEPLOY_SIM_STATE": str(state), **(env or {})}
-    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from sim.standins.__main__ import main; "
-            "sys.argv[0] = 'sim'; sys.exit(main())")
-    return subprocess.run([sys.executable, "-c", code, str(REPO), "container-python3", *argv], env=full,
-                          capture_output=True, text=True, timeout=60)
+    full = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{site}:{REPO}", "LLMDEPLOY_SIM_STATE": str(state), **(env or {})}
+    return subprocess.run([sys.executable, *argv], env=full, capture_output=True, text=True, timeout=60)
+
+
+DYNAMO_WHEELS = ("ai-dynamo", "ai-dynamo-runtime")
+TRTLLM = (("tensorrt-llm", "1.3.0a0.dev202610151219"),)
 
 
 def _closed_port() -> int:
@@ -312,20 +257,18 @@ def _closed_port() -> int:
 
 
 def test_dynamo_needs_the_wheels_in_the_container(tmp_path):
-    res = _container_python(tmp_path, "-m", "dynamo.frontend", "--http-port", "8000")
+    res = _python_m(tmp_path, "-m", "dynamo.frontend", "--http-port", "8000")
     assert res.returncode == 1
     assert "No module named 'dynamo'" in res.stderr
-    res = _container_python(tmp_path, "-m", "dynamo.trtllm", site_pkgs=["ai_dynamo-1.6.0.dev20261010",
-                                                                       "ai_dynamo_runtime-1.6.0.dev20261010"])
+    res = _python_m(tmp_path, "-m", "dynamo.trtllm", wheels=DYNAMO_WHEELS)
     assert res.returncode == 1 and "No module named 'tensorrt_llm'" in res.stderr
 
 
 def test_frontend_without_etcd_says_so(tmp_path):
     port = _closed_port()
-    res = _container_python(tmp_path, "-m", "dynamo.frontend", "--http-port", str(_closed_port()),
-                            site_pkgs=["ai_dynamo-1.6.0.dev20261010", "ai_dynamo_runtime-1.6.0.dev20261010"],
-                            node={"dynamo": {"connect_timeout_s": 0.3}},
-                            env={"ETCD_ENDPOINTS": f"http://127.0.0.1:{port}", "NATS_SERVER": "nats://127.0.0.1:1"})
+    res = _python_m(tmp_path, "-m", "dynamo.frontend", "--http-port", str(_closed_port()), wheels=DYNAMO_WHEELS,
+                    node={"dynamo": {"connect_timeout_s": 0.3}},
+                    env={"ETCD_ENDPOINTS": f"http://127.0.0.1:{port}", "NATS_SERVER": "nats://127.0.0.1:1"})
     assert res.returncode == 1
     assert f"Failed to connect to etcd server at http://127.0.0.1:{port}" in res.stdout
     assert "ETCD_ENDPOINTS" in res.stdout
@@ -338,43 +281,16 @@ def test_worker_refuses_a_world_that_does_not_match_tp(tmp_path):
     recipes = tmp_path / "recipes"
     recipes.mkdir()
     (recipes / "decode.yaml").write_text("tensor_parallel_size: 2\npipeline_parallel_size: 1\nsome_newer_key: 1\n")
-    mounts = m.encode({"/models/qwen35": str(model), "/opt/trtllm-recipes": str(recipes)})
-    res = _container_python(tmp_path, "-m", "dynamo.trtllm", "--model-path", "/models/qwen35", "--disaggregation-mode",
-                            "decode", "--extra-engine-args", "/opt/trtllm-recipes/decode.yaml",
-                            site_pkgs=["ai_dynamo-1.6.0.dev20261010", "ai_dynamo_runtime-1.6.0.dev20261010",
-                                       "tensorrt_llm-1.3.0a0.dev202610151219"],
-                            node={"gpus": [{"id": i} for i in range(4)]},
-                            env={m.ENV: mounts, "CUDA_VISIBLE_DEVICES": "1"})
+    gpus = {"NVIDIA_VISIBLE_DEVICES": "all"}  # what docker run --gpus gives the container
+    res = _python_m(tmp_path, "-m", "dynamo.trtllm", "--model-path", str(model), "--disaggregation-mode",
+                    "decode", "--extra-engine-args", str(recipes / "decode.yaml"), wheels=DYNAMO_WHEELS, packages=TRTLLM,
+                    node={"gpus": [{"id": i} for i in range(4)]}, env={"CUDA_VISIBLE_DEVICES": "1", **gpus})
     assert res.returncode == 1
     assert "tp_size * pp_size = 2 * 1 = 2 does not match the MPI world size 1" in res.stdout
-    # without the mount map the model path does not exist in the "container"
-    res = _container_python(tmp_path, "-m", "dynamo.trtllm", "--model-path", "/models/qwen35",
-                            site_pkgs=["tensorrt_llm-1.3.0a0.dev202610151219"], node={"gpus": [{"id": 0}]},
-                            env={"CUDA_VISIBLE_DEVICES": "0"})
+    # a model path the container does not have
+    res = _python_m(tmp_path, "-m", "dynamo.trtllm", "--model-path", "/models/qwen35", wheels=DYNAMO_WHEELS, packages=TRTLLM,
+                    node={"gpus": [{"id": 0}]}, env={"CUDA_VISIBLE_DEVICES": "0", **gpus})
     assert res.returncode == 1 and "/models/qwen35 does not appear to have a file named config.json" in res.stdout
-
-
-def test_container_path_hides_the_hosts_own_directories():
-    mapping = {"/models/qwen35": "/root/.cache/models/Q", "/root/.cache/x": "/root/.cache/x"}
-    inside = {m.ENV: m.encode(mapping), "LLMDEPLOY_SIM_CONTAINER": "dynamo-decode0"}
-    assert m.container_path("/models/qwen35/config.json", inside) == "/root/.cache/models/Q/config.json"
-    # a release file passed by its host path: not in the container
-    assert m.container_path("/var/lib/llmdeploy/c/releases/r/decode0.yaml", inside) is None
-    assert m.container_path("/root/.cache/models/Q/config.json", inside) is None
-    # unless a mount covers it (here one with the same source and destination)
-    assert m.container_path("/root/.cache/x/a.yaml", inside) == "/root/.cache/x/a.yaml"
-    # the image's own paths and anything else: as on the host
-    assert m.container_path("/app/tensorrt_llm/examples/configs/curated/qwen3.5.yaml", inside) == \
-        "/app/tensorrt_llm/examples/configs/curated/qwen3.5.yaml"
-    # outside a simulated container nothing is hidden
-    assert m.container_path("/var/lib/llmdeploy/x", {}) == "/var/lib/llmdeploy/x"
-
-
-def test_host_only_matches_the_simulated_hosts_private_dirs():
-    from sim import curated
-    from sim.paths import PRIVATE_DIRS
-
-    assert set(m.HOST_ONLY) == set(PRIVATE_DIRS) - {curated.CURATED_DIR}
 
 
 def test_recipes_checkout_fits_the_worker():
@@ -389,13 +305,3 @@ def test_recipes_checkout_fits_the_worker():
         assert cfg["tensor_parallel_size"] * cfg["pipeline_parallel_size"] == ranks
         assert t.check_llm_config({k: v for k, v in cfg.items() if k in t.LLM_API_KEYS}, ranks) is None
         assert cfg["cache_transceiver_config"]["kv_cache_bounce_size_mb"] == 2048
-
-
-def test_container_python_opens_scripts_arguments_through_the_mounts():
-    env = {m.ENV: m.encode({"/opt/trtllm-recipes": "/root/.cache/trtllm-recipes", "/r": "/r"})}
-    argv = ["/r/merge-config.py", "/opt/trtllm-recipes/examples/configs/curated/a.yaml", "/r/over.yaml", "/r/out.yaml"]
-    assert d.python_argv(argv, env) == ["/r/merge-config.py", "/root/.cache/trtllm-recipes/examples/configs/curated/a.yaml",
-                                        "/r/over.yaml", "/r/out.yaml"]
-    assert d.python_argv(["-c", "/opt/trtllm-recipes", "/opt/trtllm-recipes"], env) == \
-        ["-c", "/opt/trtllm-recipes", "/root/.cache/trtllm-recipes"]
-    assert d.python_argv(argv, {}) == argv

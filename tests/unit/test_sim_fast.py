@@ -60,7 +60,7 @@ def test_every_rendered_answer_is_the_python_answer(host):
     state, run = host
     hw = hardware.load(state)
     calls = fast.calls(hw)
-    assert len(calls) >= 9
+    assert len(calls) >= 8
     for tool, argv in calls:
         assert (state / "out" / fast.key(tool, argv)).is_file(), (tool, argv)
         assert run(tool, *argv) == _python(state, tool, argv), (tool, argv)
@@ -145,57 +145,7 @@ def test_a_missing_node_json_fails_like_before(tmp_path):
 def test_numactl_runs_commands_and_caches_only_its_table(argv, cached):
     hw = {"numa_nodes": [{"id": 0, "cpus": [0, 3], "mem_mib": 1024}]}
     assert fast.cacheable("numactl", argv, hw) is cached
-    assert fast.cacheable("docker", ["ps"], hw) is False
-    assert fast.cacheable("docker", ["--version"], hw) is True
+    # docker is the real Docker Engine: never a rendered answer
+    assert fast.cacheable("docker", ["--version"], hw) is False
 
 
-def test_docker_ps_on_a_host_without_containers_is_answered_by_the_wrapper(host):
-    state, run = host
-    argv = ["ps", "--filter", "label=llmdeploy.cluster=x", "--format", "{{.Names}}"]
-    assert run("docker", *argv) == ("", "", 0) == _python(state, "docker", argv)
-    # no --format: the header, from Python
-    assert run("docker", "ps") == _python(state, "docker", ["ps"]) and "CONTAINER ID" in run("docker", "ps")[0]
-    # a container there: Python answers (and reads it)
-    cdir = state / "docker" / "containers" / "c1"
-    cdir.mkdir(parents=True)
-    (cdir / "config.json").write_text(json.dumps({
-        "Name": "c1", "Id": "0123456789abcdef", "State": {"Status": "exited", "Running": False, "ExitCode": 0},
-        "Config": {"Image": "img", "Labels": {"llmdeploy.cluster": "x"}}}))
-    argv = ["ps", "-a", "--filter", "label=llmdeploy.cluster=x", "--format", "{{.Names}}"]
-    assert run("docker", *argv) == ("c1\n", "", 0) == _python(state, "docker", argv)
-
-
-def test_docker_image_inspect_is_kept_for_the_images_it_was_read_from(host):
-    """prepare's image probe on every host: answered by Python once, then by
-    the wrapper until a pull, load or rmi changes images.json."""
-    state, run = host
-    ref, other = "quay.io/ascend/vllm-ascend:v0.23.0", "nvcr.io/nvidia/tensorrt-llm/release:1.4.0rc1"
-    probe = ["image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", ref]
-    # no image at all (no images.json): nothing kept
-    assert run("docker", *probe) == _python(state, "docker", probe) and run("docker", *probe)[2] == 1
-    assert not (state / "docker" / "icache").exists()
-    assert _python(state, "docker", ["pull", other])[2] == 0
-    missing = run("docker", *probe)
-    assert missing[2] == 1 and "No such image" in missing[1]
-    kept = state / "docker" / "icache" / fast.image_key(probe)
-    assert kept.is_file()
-    assert run("docker", *probe) == missing == _python(state, "docker", probe)
-    # the wrapper answers it now: a kept answer it serves is the kept file
-    kept.write_text("served from the cache\n")
-    assert run("docker", *probe)[0] == "served from the cache\n"
-    # a pull rewrites images.json: the kept answers are not served any more
-    assert _python(state, "docker", ["pull", ref])[2] == 0
-    present = run("docker", *probe)
-    assert present == _python(state, "docker", probe) and present[2] == 0 and present[0].startswith("sha256:")
-    assert (state / "docker" / "icache" / fast.image_key(probe)).read_text() == present[0]
-    # arguments with %, + and / in them are kept apart
-    odd = ["image", "inspect", "--format", "{{.Id}}%+/", ref]
-    assert run("docker", *odd) == _python(state, "docker", odd)
-    assert run("docker", *odd) == _python(state, "docker", odd)
-    # a hang injected for docker (node.json): not served from the cache
-    hw = hardware.load(state)
-    hw["hang"] = {"docker": 0.5}
-    hardware.save(state, hw)
-    t0 = time.monotonic()
-    assert run("docker", *probe) == present
-    assert time.monotonic() - t0 >= 0.5

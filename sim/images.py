@@ -1,0 +1,447 @@
+"""Real container images, a real registry and a real package index for the
+simulated cluster.
+
+Built once per machine and cached in ``$LLMDEPLOY_SIM_CACHE``
+(``/var/tmp/llmdeploy-sim-cache``), rebuilt when what goes into them changes:
+
+- a Debian root filesystem (``debootstrap --variant=minbase`` with python3,
+  pip, OpenMPI, the ssh client, etcd and NATS), the simulator's CA trusted in
+  it; imported into a builder dockerd as the base image;
+- the images the inventories name (vLLM-Ascend, TensorRT-LLM, etcd, NATS),
+  each the base plus its serving stand-ins (``sim/standins``), the package
+  metadata the real image has (``importlib.metadata`` answers), and for
+  TensorRT-LLM the curated configs; pushed to a Docker registry (Debian's
+  ``docker-registry``, the CNCF distribution registry) whose storage is the
+  cache;
+- wheels of ``ai-dynamo`` and ``ai-dynamo-runtime`` (the Dynamo stand-ins as
+  the ``dynamo`` package), served as a PEP 503 index (``sim/pypi.py``).
+
+Each simulated cluster runs the registry (read-only, over the cache) and the
+index on addresses of its management bridge, with TLS from the simulator's
+CA; its hosts resolve ``quay.io``, ``nvcr.io``, ``registry-1.docker.io`` and
+``pypi.org`` to them (their ``/etc/hosts``), and each host's dockerd trusts
+the CA (``SSL_CERT_FILE``). So ``docker pull`` is the real pull, image IDs
+and RepoDigests are real digests, and ``pip install`` is the real pip.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import hashlib
+import io
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from llmdeploy.errors import SimError
+
+from . import curated, dockerd
+
+REPO = Path(__file__).resolve().parent.parent
+DEBIAN_MIRROR = os.environ.get("LLMDEPLOY_SIM_MIRROR", "http://deb.debian.org/debian")
+SUITE = "bookworm"
+PACKAGES = ["python3", "python3-pip", "python3-yaml", "openmpi-bin", "openssh-client", "etcd-server", "nats-server",
+            "procps", "ca-certificates"]
+# what the images hold beyond the base: their serving stand-ins and the
+# packages importlib.metadata reports
+IMAGES: dict[str, dict] = {
+    "quay.io/ascend/vllm-ascend:qwen3.8-a3": {"kind": "vllm", "packages": {"vllm": "0.23.0", "vllm-ascend": "0.23.0"}},
+    "quay.io/ascend/vllm-ascend:v0.23.0": {"kind": "vllm", "packages": {"vllm": "0.23.0", "vllm-ascend": "0.23.0"}},
+    "nvcr.io/nvidia/tensorrt-llm/release:1.4.0rc1": {"kind": "trtllm", "packages": {"tensorrt-llm": "1.4.0rc1"}},
+    "nvcr.io/nvidia/tensorrt-llm/release:1.3.0a0.dev202610151219": {
+        "kind": "trtllm", "packages": {"tensorrt-llm": "1.3.0a0.dev202610151219"}},
+    # Dynamo's control plane: Debian's etcd and nats-server in the base
+    "quay.io/coreos/etcd:v3.5.17": {"kind": "plain", "packages": {}},
+    "nats:2.10.24-alpine": {"kind": "plain", "packages": {}},
+}
+# what the package index serves
+WHEELS = {"ai-dynamo": ["1.5.1", "1.6.0.dev20261010"], "ai-dynamo-runtime": ["1.5.1", "1.6.0.dev20261010"]}
+REGISTRY_NAMES = ["quay.io", "nvcr.io", "registry-1.docker.io", "docker.io", "index.docker.io"]
+INDEX_NAMES = ["pypi.org", "files.pythonhosted.org"]
+SITE = "/usr/local/lib/python3.11/dist-packages"
+STANDIN_DIR = "/opt/llmdeploy-sim"
+# TensorRT-LLM's launcher (a shell script in the image): rank 0 runs the
+# command (the real one in the background, with a proxy), the other ranks
+# the MPI worker loop; the simulated trtllm-serve acts by rank, so every rank
+# runs the command
+TRTLLM_LLMAPI_LAUNCH = """#!/bin/sh
+# simulated trtllm-llmapi-launch: see sim/standins/trtllm.py
+mpi_rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-0}}}
+world=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_NTASKS:-1}}}
+if [ $# -eq 0 ]; then
+    echo "usage: trtllm-llmapi-launch COMMAND [ARGS...]" >&2
+    exit 2
+fi
+export TLLM_SPAWN_PROXY_PROCESS=1
+if [ "$mpi_rank" -eq 0 ]; then
+    echo "rank${mpi_rank} run $* in background" >&2
+else
+    echo "rank${mpi_rank} run mgmn worker node with mpi_world_size: ${world} ..." >&2
+fi
+exec "$@"
+"""
+
+
+def cache() -> Path:
+    return Path(os.environ.get("LLMDEPLOY_SIM_CACHE", "/var/tmp/llmdeploy-sim-cache"))
+
+
+def _run(args: list[str], what: str, **kw) -> subprocess.CompletedProcess:
+    res = subprocess.run(args, capture_output=True, text=True, **kw)
+    if res.returncode != 0:
+        tail = (res.stderr.strip() or res.stdout.strip())[-1500:]
+        raise SimError(f"{what}: {shlex.join(args)} failed (exit {res.returncode}): {tail}")
+    return res
+
+
+def split_ref(ref: str) -> tuple[str, str, str]:
+    """(registry host, repository path, tag) as docker resolves a reference."""
+    name, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        host, path = first, rest
+    else:
+        host, path = "docker.io", name
+    if host == "docker.io" and "/" not in path:
+        path = "library/" + path
+    return host, path, tag
+
+
+# --- the simulator's CA -------------------------------------------------------------------
+def tls() -> dict[str, Path]:
+    """The CA and one server certificate for the registry and index names (made once)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    d = cache() / "tls"
+    files = {"ca": d / "ca.pem", "cert": d / "server.pem", "key": d / "server.key"}
+    if all(p.exists() for p in files.values()):
+        return files
+    d.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)
+    until = now + datetime.timedelta(days=3650)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "llmdeploy simulated cluster CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(until)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                       key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                       encipher_only=False, decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    names = REGISTRY_NAMES + INDEX_NAMES
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])).issuer_name(ca_name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now).not_valid_after(until)
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    files["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    os.chmod(files["key"], 0o600)
+    files["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    return files
+
+
+def trust_bundle() -> Path:
+    """This machine's CA bundle plus the simulator's CA (dockerd's SSL_CERT_FILE)."""
+    out = cache() / "tls" / "bundle.pem"
+    ca = tls()["ca"].read_text()
+    system = Path("/etc/ssl/certs/ca-certificates.crt")
+    text = (system.read_text() if system.exists() else "") + ca
+    if not out.exists() or out.read_text() != text:
+        out.write_text(text)
+    return out
+
+
+# --- what goes into the images ------------------------------------------------------------
+def _standin_files() -> dict[str, bytes]:
+    files = {"sim/__init__.py": b""}
+    for p in sorted((REPO / "sim" / "standins").glob("*.py")):
+        files[f"sim/standins/{p.name}"] = p.read_bytes()
+    for p in sorted((REPO / "sim" / "standins").glob("*.txt")) + sorted((REPO / "sim" / "standins").glob("*.json")):
+        files[f"sim/standins/{p.name}"] = p.read_bytes()
+    return files
+
+
+def _wrapper(tool: str) -> str:
+    code = f"import sys; sys.path.insert(0, {STANDIN_DIR!r}); from sim.standins.__main__ import main; sys.exit(main())"
+    return f"#!/bin/sh\n# simulated {tool}: see sim/standins in the llmdeploy repository\nexec python3 -c {shlex.quote(code)} {tool} \"$@\"\n"
+
+
+def _dist_info(name: str, version: str) -> dict[str, str]:
+    d = f"{name.replace('-', '_')}-{version}.dist-info"
+    return {f"{d}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", f"{d}/INSTALLER": "sim\n"}
+
+
+def _context(ref: str, spec: dict, base: str) -> dict[str, tuple[bytes, int]]:
+    """The build context of one image: path -> (content, mode)."""
+    files: dict[str, tuple[bytes, int]] = {}
+    for path, data in _standin_files().items():
+        files[f"standins/{path}"] = (data, 0o644)
+    bins: dict[str, str] = {}
+    if spec["kind"] == "vllm":
+        bins["vllm"] = _wrapper("vllm")
+    if spec["kind"] == "trtllm":
+        bins["trtllm-serve"] = _wrapper("trtllm-serve")
+        bins["numactl"] = _wrapper("numactl")
+        bins["trtllm-llmapi-launch"] = TRTLLM_LLMAPI_LAUNCH
+        for name, text in curated.files().items():
+            files[f"curated/{name}"] = (text.encode(), 0o644)
+    for name, text in bins.items():
+        files[f"bin/{name}"] = (text.encode(), 0o755)
+    for name, version in spec["packages"].items():
+        for path, text in _dist_info(name, version).items():
+            files[f"site/{path}"] = (text.encode(), 0o644)
+    lines = [f"FROM {base}", f"LABEL org.opencontainers.image.ref.name={json.dumps(ref)}",
+             f"COPY standins/ {STANDIN_DIR}/"]
+    if bins:
+        lines.append("COPY bin/ /usr/local/bin/")
+    if spec["packages"]:
+        lines.append(f"COPY site/ {SITE}/")
+    if spec["kind"] == "trtllm":
+        lines.append(f"COPY curated/ {curated.CURATED_DIR}/")
+    lines.append('CMD ["/bin/bash"]')
+    files["Dockerfile"] = (("\n".join(lines) + "\n").encode(), 0o644)
+    return files
+
+
+def _key(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(json.dumps(p, sort_keys=True, default=repr).encode() if not isinstance(p, bytes) else p)
+    return h.hexdigest()[:16]
+
+
+def _contexts_key(base: str) -> str:
+    return _key(base, {ref: {k: [v[0].hex(), v[1]] for k, v in sorted(_context(ref, spec, base).items())}
+                       for ref, spec in IMAGES.items()})
+
+
+# --- the base root filesystem ---------------------------------------------------------------
+def base_tarball() -> tuple[Path, str]:
+    """The base image's root filesystem as a tar (debootstrap, once)."""
+    ca = tls()["ca"].read_bytes()
+    key = _key(SUITE, PACKAGES, ca)
+    tar = cache() / f"rootfs-{key}.tar"
+    if tar.exists():
+        return tar, key
+    if not shutil.which("debootstrap"):
+        raise SimError("debootstrap is missing: run scripts/setup.sh")
+    root = cache() / f"rootfs-{key}.d"
+    shutil.rmtree(root, ignore_errors=True)
+    print(f"sim: building the base image's root filesystem (debootstrap {SUITE}, once per machine)", file=sys.stderr)
+    _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), DEBIAN_MIRROR],
+         "building the simulated images' base", timeout=1800)
+    # pip installs into the image as NGC's and Ascend's images allow (no PEP 668 marker)
+    for marker in root.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
+        marker.unlink()
+    (root / "usr/local/share/ca-certificates").mkdir(parents=True, exist_ok=True)
+    (root / "usr/local/share/ca-certificates/llmdeploy-sim.crt").write_bytes(ca)
+    _run(["chroot", str(root), "update-ca-certificates"], "trusting the simulator's CA in the base image")
+    for d in ("usr/share/doc", "usr/share/man", "usr/share/locale", "var/cache/apt/archives", "var/lib/apt/lists"):
+        shutil.rmtree(root / d, ignore_errors=True)
+    part = tar.with_suffix(".tar.part")
+    _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(part), "."], "packing the base image")
+    part.replace(tar)
+    shutil.rmtree(root, ignore_errors=True)
+    for old in cache().glob("rootfs-*.tar"):
+        if old != tar:
+            old.unlink()
+    return tar, key
+
+
+# --- wheels and the index -------------------------------------------------------------------
+def _wheel(name: str, version: str) -> tuple[str, bytes]:
+    """A real wheel (PEP 427) of the Dynamo stand-ins: ``ai-dynamo`` holds
+    the ``dynamo`` package whose ``frontend`` and ``trtllm`` modules run them."""
+    dist = name.replace("-", "_")
+    files: dict[str, str] = {}
+    if name == "ai-dynamo":
+        run = ("import sys\nsys.path.insert(0, {d!r})\nfrom sim.standins import dynamo\n"
+               "sys.exit(dynamo.main({mod!r}, sys.argv[1:]))\n")
+        files["dynamo/__init__.py"] = ""
+        for mod in ("frontend", "trtllm"):
+            files[f"dynamo/{mod}/__init__.py"] = ""
+            files[f"dynamo/{mod}/__main__.py"] = run.format(d=STANDIN_DIR, mod=f"dynamo.{mod}")
+    else:
+        files["dynamo_runtime_sim/__init__.py"] = ""
+    info = f"{dist}-{version}.dist-info"
+    files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    files[f"{info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: llmdeploy-sim\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    import base64
+
+    def rec(path, text):
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        return f"{path},sha256={digest},{len(text.encode())}"
+
+    record = [rec(p, t) for p, t in files.items()] + [f"{info}/RECORD,,"]
+    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for path, text in files.items():
+            info_z = zipfile.ZipInfo(path, date_time=(2026, 1, 1, 0, 0, 0))
+            info_z.external_attr = 0o644 << 16
+            z.writestr(info_z, text)
+    return f"{dist}-{version}-py3-none-any.whl", buf.getvalue()
+
+
+def wheels_dir() -> Path:
+    d = cache() / "wheels"
+    d.mkdir(parents=True, exist_ok=True)
+    for name, versions in WHEELS.items():
+        for v in versions:
+            fname, data = _wheel(name, v)
+            p = d / fname
+            if not p.exists() or p.read_bytes() != data:
+                p.write_bytes(data)
+    return d
+
+
+# --- the builder ------------------------------------------------------------------------------
+@contextmanager
+def _lock():
+    cache().mkdir(parents=True, exist_ok=True)
+    with open(cache() / "build.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def built() -> dict:
+    """The images' IDs and digests after ``ensure`` (or {})."""
+    try:
+        return json.loads((cache() / "images.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def ensure(echo=print) -> dict:
+    """Build what is missing; returns {ref: {"id": ..., "digest": ...}}."""
+    with _lock():
+        tar, base_key = base_tarball()
+        base = f"llmdeploy-sim/base:{base_key}"
+        want = _contexts_key(base)
+        have = built()
+        if have.get("key") == want and (cache() / "registry" / "docker").exists():
+            return have
+        echo("sim: building the simulated images (once per machine and stand-in version)")
+        result = _build(tar, base, want)
+        tmp = cache() / "images.json.tmp"
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(cache() / "images.json")
+        return result
+
+
+BUILDER_NS = "lds-builder"
+BUILDER_REGISTRY = "127.0.0.1:5000"
+
+
+def registry_config(storage: Path, addr: str, tls_files: dict[str, Path] | None, readonly: bool) -> str:
+    cfg = {
+        "version": 0.1,
+        "log": {"level": "warn", "accesslog": {"disabled": True}},
+        "storage": {"filesystem": {"rootdirectory": str(storage)},
+                    "maintenance": {"uploadpurging": {"enabled": False}, "readonly": {"enabled": readonly}}},
+        "http": {"addr": addr},
+    }
+    if tls_files:
+        cfg["http"]["tls"] = {"certificate": str(tls_files["cert"]), "key": str(tls_files["key"])}
+    return json.dumps(cfg)  # YAML is a superset of JSON
+
+
+def _build(tar: Path, base: str, key: str) -> dict:
+    work = cache() / "builder"
+    work.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["ip", "netns", "del", BUILDER_NS], capture_output=True)
+    _run(["ip", "netns", "add", BUILDER_NS], "making the image builder's namespace")
+    (work / "registry.yml").write_text(registry_config(cache() / "registry", BUILDER_REGISTRY, None, False))
+    script = "\n".join([
+        "set -e",
+        *dockerd.cgroup_mounts(),
+        "mount -t tmpfs -o mode=755 tmpfs /run",
+        "ip link set lo up",
+        f"docker-registry serve {shlex.quote(str(work / 'registry.yml'))} >{shlex.quote(str(work / 'registry.log'))} 2>&1 &",
+        *dockerd.start_lines(work / "docker", work / "exec", work / "dockerd.pid", work / "dockerd.log",
+                             os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")),
+        "for i in $(seq 600); do docker version >/dev/null 2>&1 && break; sleep 0.1; done",
+        "docker version >/dev/null",
+        'exec "$@"',
+    ])
+    proc = subprocess.Popen(["ip", "netns", "exec", BUILDER_NS, "unshare", "--mount", "--propagation", "private", "--",
+                             "/bin/sh", "-c", script, "builder", sys.executable, "-m", "sim.images", "--inside", str(tar), base, key],
+                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=1800)
+    finally:
+        _stop_namespace(BUILDER_NS)
+    if proc.returncode != 0:
+        logs = "".join((work / n).read_text()[-800:] for n in ("dockerd.log", "registry.log") if (work / n).exists())
+        raise SimError(f"building the simulated images failed: {err.strip()[-2000:]} {logs}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _stop_namespace(ns: str) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = [int(p) for p in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + 15
+        while time.monotonic() < end and subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            time.sleep(0.1)
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _inside(tar: Path, base: str, key: str) -> dict:
+    """In the builder's namespace: import the base, build, push, report."""
+    if subprocess.run(["docker", "image", "inspect", base], capture_output=True).returncode != 0:
+        with open(tar, "rb") as f:
+            _run(["docker", "import", "-", base], "importing the base image", stdin=f)
+    out: dict = {"key": key, "images": {}}
+    for ref, spec in IMAGES.items():
+        host, path, tag = split_ref(ref)
+        local = f"{BUILDER_REGISTRY}/{path}:{tag}"
+        ctx = cache() / "builder" / "context"
+        shutil.rmtree(ctx, ignore_errors=True)
+        for rel, (data, mode) in _context(ref, spec, base).items():
+            p = ctx / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+            os.chmod(p, mode)
+        _run(["docker", "build", "-q", "-t", local, str(ctx)], f"building {ref}", env={**os.environ, "DOCKER_BUILDKIT": "0"})
+        _run(["docker", "push", local], f"pushing {ref}")
+        ins = json.loads(_run(["docker", "image", "inspect", local], f"inspecting {ref}").stdout)[0]
+        digest = next((d.split("@", 1)[1] for d in ins.get("RepoDigests") or [] if d.startswith(BUILDER_REGISTRY + "/")), None)
+        out["images"][ref] = {"id": ins["Id"], "digest": digest}
+    shutil.rmtree(cache() / "builder" / "context", ignore_errors=True)
+    # the layers stay in the builder's data-root (a later rebuild reuses the base)
+    return out
+
+
+def hosts_lines(registry_ip: str, index_ip: str) -> list[str]:
+    return [f"{registry_ip} {' '.join(REGISTRY_NAMES)}", f"{index_ip} {' '.join(INDEX_NAMES)}"]
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--inside"]:
+        print(json.dumps(_inside(Path(sys.argv[2]), sys.argv[3], sys.argv[4])))
+        sys.exit(0)
+    print(json.dumps(ensure(), indent=1))
