@@ -479,7 +479,7 @@ def up(cluster: Cluster, echo=print) -> dict:
                 *dockerd.cgroup_mounts(),
                 "mount -t tmpfs -o mode=755,size=64m tmpfs /run",
                 "mkdir -p /run/sshd",
-                *dockerd.start_lines(hdir / "docker", hdir / "docker-exec", hdir / "dockerd.pid", hdir / "dockerd.log",
+                *dockerd.start_lines(hdir / "docker", Path(dockerd.EXEC_ROOT), hdir / "dockerd.pid", hdir / "dockerd.log",
                                      path, runtime=bindir / dockerd.RUNTIME,
                                      env={"SSL_CERT_FILE": str(images.trust_bundle())},
                                      cgroup_parent=cgroup_parent(cluster.name, node.name)),

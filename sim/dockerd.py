@@ -35,6 +35,9 @@ from pathlib import Path
 DOCKER_SOCK = "/var/run/docker.sock"
 HOOK = "nvidia-container-runtime-hook"
 RUNTIME = "llmdeploy-sim-runc"
+# in the host's own /run (a tmpfs of its mount namespace): containerd's socket
+# path must fit a Unix socket address (108 bytes), which a host directory does not
+EXEC_ROOT = "/run/docker"
 
 
 def cgroup_mounts(mountinfo: str | None = None) -> list[str]:
@@ -76,26 +79,42 @@ def runtime_script(state_dir: str, python: str = sys.executable) -> str:
     """``llmdeploy-sim-runc``: runc, with the host's simulated hardware state
     bind-mounted at the same path in every container it creates (see the
     module docstring). runc's arguments are passed through unchanged."""
+    # rlimits above what this machine allows are lowered to its hard limit:
+    # the simulator runs without CAP_SYS_RESOURCE on some machines (this
+    # one: the seed's --ulimit memlock=-1 fails "error setting rlimit type 8:
+    # operation not permitted"), which a real node's root has
     patch = (
-        "import json,sys\n"
-        "p=sys.argv[1]+'/config.json'; src=sys.argv[2]\n"
+        "import json,os,resource,sys\n"
+        "p=sys.argv[1]; src=sys.argv[2]\n"
         "c=json.load(open(p))\n"
-        "m=c.setdefault('mounts',[])\n"
-        "if not any(x.get('destination')==src for x in m):\n"
-        "    m.append({'destination':src,'type':'bind','source':src,'options':['rbind','rw']})\n"
-        "json.dump(c,open(p+'.sim','w')); import os; os.replace(p+'.sim',p)\n"
+        "if src:\n"
+        "    m=c.setdefault('mounts',[])\n"
+        "    if not any(x.get('destination')==src for x in m):\n"
+        "        m.append({'destination':src,'type':'bind','source':src,'options':['rbind','rw']})\n"
+        "proc=c.get('process',c) if src else c\n"
+        "for r in proc.get('rlimits') or []:\n"
+        "    k=getattr(resource,r.get('type',''),None)\n"
+        "    if k is None: continue\n"
+        "    hard=resource.getrlimit(k)[1]\n"
+        "    if hard!=resource.RLIM_INFINITY:\n"
+        "        r['hard']=min(r['hard'],hard); r['soft']=min(r['soft'],r['hard'])\n"
+        "json.dump(c,open(p+'.sim','w')); os.replace(p+'.sim',p)\n"
     )
     return (
         "#!/bin/sh\n"
         "# llmdeploy-sim-runc (sim/dockerd.py): runc plus the simulated hardware's state in each container\n"
-        'bundle=; create=; prev=\n'
+        'bundle=; create=; process=; prev=\n'
         'for a in "$@"; do\n'
-        '    case "$prev" in --bundle|-b) bundle=$a ;; esac\n'
-        '    case "$a" in create|run) create=1 ;; --bundle=*) bundle=${a#--bundle=} ;; esac\n'
+        '    case "$prev" in --bundle|-b) bundle=$a ;; --process|-p) process=$a ;; esac\n'
+        '    case "$a" in create|run) create=1 ;; --bundle=*) bundle=${a#--bundle=} ;; --process=*) process=${a#--process=} ;; esac\n'
         '    prev=$a\n'
         'done\n'
         'if [ -n "$create" ] && [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then\n'
-        f"    {shlex.quote(python)} -S -c {shlex.quote(patch)} \"$bundle\" {shlex.quote(state_dir)} || exit 1\n"
+        f"    {shlex.quote(python)} -S -c {shlex.quote(patch)} \"$bundle/config.json\" {shlex.quote(state_dir)} || exit 1\n"
+        "fi\n"
+        # docker exec: the process's own spec (its rlimits are the container's)
+        'if [ -n "$process" ] && [ -f "$process" ]; then\n'
+        f"    {shlex.quote(python)} -S -c {shlex.quote(patch)} \"$process\" '' || exit 1\n"
         "fi\n"
         'exec runc "$@"\n'
     )

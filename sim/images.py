@@ -374,7 +374,7 @@ def _build(tar: Path, base: str, key: str) -> dict:
         "mount -t tmpfs -o mode=755 tmpfs /run",
         "ip link set lo up",
         f"docker-registry serve {shlex.quote(str(work / 'registry.yml'))} >{shlex.quote(str(work / 'registry.log'))} 2>&1 &",
-        *dockerd.start_lines(work / "docker", work / "exec", work / "dockerd.pid", work / "dockerd.log",
+        *dockerd.start_lines(work / "docker", Path(dockerd.EXEC_ROOT), work / "dockerd.pid", work / "dockerd.log",
                              os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")),
         "for i in $(seq 600); do docker version >/dev/null 2>&1 && break; sleep 0.1; done",
         "docker version >/dev/null",
