@@ -134,11 +134,20 @@ def held(runner, cluster: Cluster, command: str, message: str | None = None, wai
 
     if wait > 0:
         # poll until it is free or the wait is over; the last holder seen is reported
+        said = []
+
+        def waiting(rs) -> None:
+            if not said:  # once: who holds it, and how long this command waits
+                said.append(True)
+                print(f"the deploy lock of {cluster.name} is held by {describe(rs.outcome.result())}; waiting up to {wait:g}s (--lock-wait)",
+                      file=sys.stderr, flush=True)
+
         other = Retrying(
             stop=stop_after_delay(wait),
             wait=wait_fixed(min(2.0, wait)),
             retry=retry_if_result(lambda r: r is not None),
             retry_error_callback=lambda rs: rs.outcome.result(),
+            before_sleep=waiting,
             reraise=True,
         )(attempt)
     else:

@@ -250,6 +250,7 @@ def _start_services(cluster: Cluster, cdir: Path, state: dict) -> dict[str, str]
         "registry": subprocess.Popen(["docker-registry", "serve", str(cdir / "registry.yml")], stdin=subprocess.DEVNULL,
                                      stdout=open(cdir / "registry.log", "w"), stderr=subprocess.STDOUT, start_new_session=True),
         "index": subprocess.Popen([sys.executable, "-m", "sim.pypi", "--bind", ips["index"], "--port", "443",
+                                   "--pidfile", str(cdir / "index.pid"),
                                    "--dir", str(images.wheels_dir()), "--cert", str(tls["cert"]), "--key", str(tls["key"])],
                                   cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
                                   stdout=open(cdir / "index.log", "w"), stderr=subprocess.STDOUT, start_new_session=True),
@@ -552,6 +553,20 @@ def _kill_netns(ns: str) -> None:
             time.sleep(0.05)
 
 
+def _processes_naming(directory: Path) -> list[int]:
+    """Processes whose command line names a path under ``directory``."""
+    want = (str(directory) + "/").encode()
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and int(p.name) != os.getpid():
+            try:
+                if want in (p / "cmdline").read_bytes():
+                    out.append(int(p.name))
+            except OSError:
+                pass
+    return out
+
+
 def _stop_dockerds(pidfiles: list[Path], timeout: float = 20) -> None:
     pids = []
     for f in pidfiles:
@@ -602,11 +617,12 @@ def down(name: str, echo=print) -> bool:
         _kill_netns(ns)
         if _sh("ip", "netns", "del", ns, check=False).returncode == 0:
             removed = True
-    # whatever a daemon left in its containers' cgroups (a container with a network of its own)
-    for node in hosts:
-        if dockerd.kill_cgroups(cgroup_parent(name, node)):
-            removed = True
-    for pid in state.get("services", {}).values():
+    # whatever a daemon left in its containers' cgroups (a container with a
+    # network of its own), of every host, recorded or not (a crashed run)
+    if dockerd.kill_cgroups(cgroup_parent(name, "")):
+        removed = True
+    # the registry and the index (their command lines name the cluster's directory)
+    for pid in set(state.get("services", {}).values()) | set(_processes_naming(cdir)):
         try:
             os.kill(pid, signal.SIGKILL)
             removed = True

@@ -154,9 +154,10 @@ def ready_probe() -> str:
 
 
 
-def cgroup_dirs(parent: str, mountinfo: str | None = None) -> list[Path]:
-    """Where a daemon started with ``--cgroup-parent parent`` puts its
-    containers, in every hierarchy of this machine (to find what is left)."""
+def cgroup_dirs(prefix: str, mountinfo: str | None = None) -> list[Path]:
+    """The cgroups named ``prefix*`` at the top of every hierarchy of this
+    machine: where daemons started with ``--cgroup-parent /<prefix>...`` put
+    their containers (to find what is left)."""
     if mountinfo is None:
         mountinfo = Path("/proc/self/mountinfo").read_text()
     out = []
@@ -164,19 +165,19 @@ def cgroup_dirs(parent: str, mountinfo: str | None = None) -> list[Path]:
         left, _, right = row.partition(" - ")
         fields, rfields = left.split(), right.split()
         if len(fields) >= 5 and rfields and rfields[0] in ("cgroup", "cgroup2") and fields[4].startswith("/sys/fs/cgroup"):
-            out.append(Path(fields[4]) / parent.strip("/"))
+            out += [p for p in Path(fields[4]).glob(prefix.strip("/") + "*") if p.is_dir()]
     return out
 
 
-def kill_cgroups(parent: str) -> int:
-    """SIGKILL every process left under ``parent`` and remove its cgroups
-    (deepest first); returns how many processes were killed."""
+def kill_cgroups(prefix: str) -> int:
+    """SIGKILL every process left in the cgroups ``prefix*`` (and below) and
+    remove them (deepest first); returns how many processes were killed."""
     import os
     import signal
     import time
 
     killed = 0
-    dirs = [d for d in cgroup_dirs(parent) if d.is_dir()]
+    dirs = cgroup_dirs(prefix)
     for _ in range(50):
         pids = set()
         for d in dirs:

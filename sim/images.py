@@ -47,7 +47,25 @@ from llmdeploy.errors import SimError
 from . import curated, dockerd
 
 REPO = Path(__file__).resolve().parent.parent
-DEBIAN_MIRROR = os.environ.get("LLMDEPLOY_SIM_MIRROR", "http://deb.debian.org/debian")
+
+
+def debian_mirror() -> str:
+    """The Debian mirror this machine's apt uses (debootstrap takes the base
+    from it), else deb.debian.org; ``LLMDEPLOY_SIM_MIRROR`` overrides."""
+    if os.environ.get("LLMDEPLOY_SIM_MIRROR"):
+        return os.environ["LLMDEPLOY_SIM_MIRROR"]
+    import glob
+    import re as _re
+
+    for path in ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*"))]:
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        for m in _re.finditer(r"^(?:deb\s+(?:\[[^]]*\]\s+)?|URIs:\s*)(\S+/debian)/?\s", text, _re.M):
+            return m.group(1)
+    return "http://deb.debian.org/debian"
+
 SUITE = "bookworm"
 PACKAGES = ["python3", "python3-pip", "python3-yaml", "openmpi-bin", "openssh-client", "etcd-server", "nats-server",
             "procps", "ca-certificates"]
@@ -244,7 +262,7 @@ def base_tarball() -> tuple[Path, str]:
     root = cache() / f"rootfs-{key}.d"
     shutil.rmtree(root, ignore_errors=True)
     print(f"sim: building the base image's root filesystem (debootstrap {SUITE}, once per machine)", file=sys.stderr)
-    _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), DEBIAN_MIRROR],
+    _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), debian_mirror()],
          "building the simulated images' base", timeout=1800)
     # pip installs into the image as NGC's and Ascend's images allow (no PEP 668 marker)
     for marker in root.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):

@@ -73,7 +73,12 @@ def main() -> int:
     ap.add_argument("--dir", required=True, type=Path)
     ap.add_argument("--cert", required=True)
     ap.add_argument("--key", required=True)
+    ap.add_argument("--pidfile", help="write the process id here")
     a = ap.parse_args()
+    if a.pidfile:
+        import os
+
+        Path(a.pidfile).write_text(f"{os.getpid()}\n")
     server = ThreadingHTTPServer((a.bind, a.port), handler(a.dir))
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(a.cert, a.key)

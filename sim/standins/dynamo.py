@@ -611,38 +611,37 @@ def _yaml_config(path: str) -> tuple[dict | None, str | None]:
     return ({} if cfg is None else cfg), None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+_GPU_LOCKS: list = []  # open for the life of the rank: the kernel drops the lock when it dies
 
 
 def claim_gpu(gpu: int, world: str) -> int | None:
-    """Hold GPU ``gpu`` of this host for this rank: the pid of another world's
-    live rank that holds it already, else None."""
+    """Hold GPU ``gpu`` of this host for this rank: the pid (in its own
+    container) of another world's live rank that holds it already, else None.
+    A lock per GPU in the host's state directory, held while the rank lives
+    (flock works across the containers of a host; their pids do not)."""
     import fcntl
 
-    d = Path(STATE_DIR)
     try:
-        with open(d / "dynamo-gpus.lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            p = d / "dynamo-gpus.json"
-            try:
-                data = json.loads(p.read_text())
-            except (OSError, ValueError):
-                data = {}
-            held = data.get(str(gpu))
-            if held and held.get("pid") != os.getpid() and held.get("world") != world and _alive(int(held["pid"])):
-                return int(held["pid"])
-            data[str(gpu)] = {"pid": os.getpid(), "world": world}
-            tmp = p.with_name(p.name + f".{os.getpid()}")
-            tmp.write_text(json.dumps(data))
-            tmp.replace(p)
+        f = open(Path(STATE_DIR) / f"dynamo-gpu{gpu}.lock", "a+")
     except OSError:
         return None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        try:
+            held = json.loads(f.read() or "{}")
+        except ValueError:
+            held = {}
+        f.close()
+        if held.get("world") == world:
+            return None  # a rank of this same world
+        return int(held.get("pid") or 0)
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps({"pid": os.getpid(), "world": world}))
+    f.flush()
+    _GPU_LOCKS.append(f)
     return None
 
 
@@ -731,7 +730,9 @@ def main_worker(argv: list[str]) -> int:
             tlog(f"cannot find rank 0: no OMPI_MCA_orte_hnp_uri (nor SLURM_LAUNCH_NODE_IPADDR) in the environment of a world of {size} ranks", "E")
             return 1
     else:
-        rdv = {"world": env.get("OMPI_MCA_ess_base_jobid") or str(os.getpid()), "addrs": [], "port": 0}
+        # one rank: its launch's own id (a container's mpirun repeats its job id and pid at every start)
+        one = trtllm_sim.rendezvous_of(env)
+        rdv = {"world": one["world"] if one else f"{os.getpid()}.{time.time_ns()}", "addrs": [], "port": 0}
     faults = _faults()
     gpu = int(visible.split(",")[local_rank]) if visible else local_rank
     holder = claim_gpu(gpu, rdv["world"])

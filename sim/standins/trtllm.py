@@ -120,6 +120,14 @@ def rendezvous_of(env, avoid_port: int | None = None) -> dict | None:
     if uri:
         jobfam, addrs = parse_hnp_uri(uri)
         world = env.get("OMPI_MCA_ess_base_jobid") or jobfam
+        if world:
+            # OpenMPI derives the job family from mpirun's host name and pid,
+            # which in a container are the same at every start (mpirun is
+            # always the same pid of the container's pid namespace): the
+            # ports mpirun listens on (in the URI) tell one launch from another
+            import zlib
+
+            world = f"{world}.{zlib.crc32(uri.encode()):08x}"
         if addrs and world:
             return {"world": world, "addrs": addrs, "port": rendezvous_port(world, avoid_port)}
     ip = env.get("SLURM_LAUNCH_NODE_IPADDR")
@@ -396,7 +404,8 @@ def main(argv: list[str]) -> int:
     if err:
         print(err, flush=True)
         return 1
-    rdv = rendezvous_of(env, a["port"]) if size > 1 else {"world": str(os.getpid()), "addrs": [], "port": 0}
+    # one rank: no launcher; a start of its own (a container's pid repeats at every start)
+    rdv = rendezvous_of(env, a["port"]) if size > 1 else {"world": f"{os.getpid()}.{time.time_ns()}", "addrs": [], "port": 0}
     if rdv is None:
         log("cannot find rank 0: no OMPI_MCA_orte_hnp_uri (nor SLURM_LAUNCH_NODE_IPADDR) in the environment of a world "
             f"of {size} ranks", "E")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmdeploy.release import parse_ledger
-from sim import hardware
+from sim import hardware, hostview
 from sim.paths import host_dir
 from tests.conftest import REPO, run_invoke
 
@@ -29,12 +29,8 @@ def _ledger():
 
 
 def _containers(node):
-    """name -> state, read from the simulated docker's own records."""
-    out = {}
-    for p in (_state(node) / "docker/containers").glob("*/config.json"):
-        c = json.loads(p.read_text())
-        out[c["Name"]] = c["State"]["Status"]
-    return out
+    """name -> state, from the host's own Docker daemon."""
+    return hostview.containers(SIM_CLUSTER, node)
 
 
 @pytest.fixture

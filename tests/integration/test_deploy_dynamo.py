@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from llmdeploy.release import parse_ledger
-from sim import hardware
+from sim import hardware, hostview
 from sim.paths import host_dir
 from tests.conftest import REPO, run_invoke
 from tests.integration.test_deploy_trtllm import _procs
@@ -34,15 +34,11 @@ def _ledger():
 
 
 def _containers():
-    out = {}
-    for p in (_state() / "docker/containers").glob("*/config.json"):
-        c = json.loads(p.read_text())
-        out[c["Name"]] = c["State"]["Status"]
-    return out
+    return hostview.containers(SIM_CLUSTER, NODE)
 
 
 def _cmds():
-    return [cmd for env, cmd in _procs(NODE, SIM_CLUSTER).values()]
+    return [cmd for env, cmd, _ in _procs(NODE, SIM_CLUSTER).values()]
 
 
 @pytest.fixture
@@ -77,8 +73,8 @@ def test_dynamo_end_to_end(short_leases, tmp_path):
     assert sorted(u["service"] for u in doc["nodes"][NODE]["units"].values()) == sorted(services)
 
     # one decode worker dies after healthy: status names it, restart brings the instance back
-    pids = [pid for pid, (env, cmd) in _procs(NODE, SIM_CLUSTER).items()
-            if env.get("LLMDEPLOY_SIM_CONTAINER", "").endswith("-decode0") and env.get("OMPI_COMM_WORLD_RANK") == "0" and "dynamo" in cmd]
+    pids = [pid for pid, (env, cmd, name) in _procs(NODE, SIM_CLUSTER).items()
+            if (name or "").endswith("-decode0") and env.get("OMPI_COMM_WORLD_RANK") == "0" and "dynamo" in cmd]
     assert pids, "no decode rank 0"
     os.kill(pids[0], signal.SIGKILL)
     end = time.monotonic() + 30

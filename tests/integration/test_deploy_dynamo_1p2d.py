@@ -22,10 +22,10 @@ def test_1p2d_decode_groups_span_two_nodes(sim_cluster):
     # decode0: ranks 0-3 on node 1 and 4-7 on node 2, in one MPI world of 8, each in its node's decode0 container
     for node, ranks, worker in ((NODES[1], range(0, 4), "decode0"), (NODES[2], range(4, 8), "decode0"),
                                 (NODES[3], range(0, 4), "decode1"), (NODES[4], range(4, 8), "decode1")):
-        found = sorted(int(env["OMPI_COMM_WORLD_RANK"]) for env, cmd in _procs(node, SIM_CLUSTER).values()
-                       if env.get("LLMDEPLOY_SIM_CONTAINER") == f"{SIM_CLUSTER}-{rid}-{worker}" and "OMPI_COMM_WORLD_RANK" in env)
+        found = sorted(int(env["OMPI_COMM_WORLD_RANK"]) for env, cmd, name in _procs(node, SIM_CLUSTER).values()
+                       if name == f"{SIM_CLUSTER}-{rid}-{worker}" and "OMPI_COMM_WORLD_RANK" in env)
         assert found == list(ranks), (node, found)
-        assert all(env.get("OMPI_COMM_WORLD_SIZE") == "8" for env, _ in _procs(node, SIM_CLUSTER).values() if "OMPI_COMM_WORLD_RANK" in env)
+        assert all(env.get("OMPI_COMM_WORLD_SIZE") == "8" for env, _, _ in _procs(node, SIM_CLUSTER).values() if "OMPI_COMM_WORLD_RANK" in env)
     assert (base / "releases" / rid / "decode0.hostfile").exists() is False  # decode0's launcher is node 1
     hostfile = host_dir(SIM_CLUSTER, NODES[1]) / f"root/var/lib/llmdeploy/sim-gb300-1p2d/releases/{rid}/decode0.hostfile"
     assert hostfile.read_text().splitlines()[-2:] == [f"{NODES[1]} slots=4", f"{NODES[2]} slots=4"]

@@ -15,7 +15,8 @@ import yaml
 
 from llmdeploy.release import parse_ledger
 from sim import hardware
-from sim.paths import host_dir, netns_name
+from sim import hostview
+from sim.paths import host_dir
 from tests.conftest import INVOKE, REPO, run_invoke
 
 SIM_CLUSTER = "sim-b200"
@@ -35,34 +36,20 @@ def _ledger():
 
 
 def _containers(node):
-    out = {}
-    for p in (_state(node) / "docker/containers").glob("*/config.json"):
-        c = json.loads(p.read_text())
-        out[c["Name"]] = c["State"]["Status"]
-    return out
+    """name -> state, from the host's own Docker daemon."""
+    return hostview.containers(SIM_CLUSTER, node)
 
 
 def _procs(node, cluster=SIM_CLUSTER):
-    """{pid: (environment, command line)} of every process of the simulated host except its sshd."""
-    pids = subprocess.run(["ip", "netns", "pids", netns_name(cluster, node)], capture_output=True, text=True).stdout.split()
-    out = {}
-    for pid in pids:
-        try:
-            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if "sshd" in cmd and "LLMDEPLOY_SIM_CONTAINER" not in str(env):
-            continue
-        out[int(pid)] = ({k: v for k, _, v in (e.decode(errors="replace").partition("=") for e in env if e)}, cmd)
-    return out
+    """{pid: (environment, command line, container name)} of every process in a container of the simulated host."""
+    return {pid: p for pid, p in hostview.processes(cluster, node).items() if p[2]}
 
 
 def _ranks(node, not_of=None):
     """{MPI rank: pid} of the trtllm-serve ranks on ``node`` (not those of release ``not_of``)."""
-    return {int(env["OMPI_COMM_WORLD_RANK"]): pid for pid, (env, cmd) in _procs(node).items()
+    return {int(env["OMPI_COMM_WORLD_RANK"]): pid for pid, (env, cmd, name) in _procs(node).items()
             if "OMPI_COMM_WORLD_RANK" in env and "trtllm-serve" in cmd
-            and not (not_of and env.get("LLMDEPLOY_SIM_CONTAINER") == f"sim-b200-{not_of}")}
+            and not (not_of and name == f"sim-b200-{not_of}")}
 
 
 @pytest.fixture
@@ -95,10 +82,10 @@ def test_one_mpi_world_across_both_nodes_then_status(faults):
     assert sorted(_ranks("sim-b200-0")) == list(range(8))
     assert sorted(_ranks("sim-b200-1")) == list(range(8, 16))
     for pid in _ranks("sim-b200-1").values():
-        env, _ = _procs("sim-b200-1")[pid]
-        assert env["LLMDEPLOY_SIM_CONTAINER"] == f"sim-b200-{rid}" and env["OMPI_COMM_WORLD_SIZE"] == "16"
+        env, _, name = _procs("sim-b200-1")[pid]
+        assert name == f"sim-b200-{rid}" and env["OMPI_COMM_WORLD_SIZE"] == "16"
         assert env["NCCL_SOCKET_IFNAME"] == "ens1f0"
-    assert any("orted" in cmd for env, cmd in _procs("sim-b200-1").values())
+    assert any("orted" in cmd for env, cmd, _ in _procs("sim-b200-1").values())
     rel = _base("sim-b200-0") / "releases" / rid
     assert (rel / "hostfile").read_text().splitlines()[-2:] == ["sim-b200-0 slots=8", "sim-b200-1 slots=8"]
     for node in NODES:

@@ -13,7 +13,7 @@ NODES = [f"sim-gb200-{i}" for i in range(4)]
 
 
 def _ranks(node):
-    return sorted(int(env["OMPI_COMM_WORLD_RANK"]) for env, cmd in _procs(node, SIM_CLUSTER).values()
+    return sorted(int(env["OMPI_COMM_WORLD_RANK"]) for env, cmd, _ in _procs(node, SIM_CLUSTER).values()
                   if "OMPI_COMM_WORLD_RANK" in env and "trtllm-serve" in cmd)
 
 

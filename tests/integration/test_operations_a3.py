@@ -6,12 +6,11 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 
 import pytest
 
 from llmdeploy.release import parse_ledger
-from sim import hardware
+from sim import hardware, hostview
 from sim.paths import cluster_dir, host_dir
 from tests.conftest import INVOKE, REPO, run_invoke
 
@@ -42,11 +41,11 @@ def _ssh(node, command):
 
 
 def _containers(node):
-    out = {}
-    for p in (host_dir(SIM_CLUSTER, node) / "root/etc/llmdeploy-sim/docker/containers").glob("*/config.json"):
-        c = json.loads(p.read_text())
-        out[c["Name"]] = c
-    return out
+    """name -> ``docker inspect`` of every container on ``node`` (its own daemon)."""
+    names = list(hostview.containers(SIM_CLUSTER, node))
+    if not names:
+        return {}
+    return {c["Name"].lstrip("/"): c for c in json.loads(hostview.docker(SIM_CLUSTER, node, "inspect", *names).stdout)}
 
 
 def _inventory_b(tmp_path):
@@ -126,7 +125,7 @@ def test_status_diff_names_a_container_replaced_by_hand(releases_ab):
     res = _ssh("sim-a3-2", f"docker rm -f sim-a3-{a} >/dev/null && {tampered}")
     assert res.returncode == 0, res.stderr
     try:
-        time.sleep(1)
+        # docker run -d has returned: the replacement runs
         res = run_invoke("status", "--cluster", SIM_CLUSTER, "--diff")
         assert res.returncode == 1
         drift_rows = [ln for ln in res.stdout.splitlines() if "differs" in ln or "HCCL_BUFFSIZE" in ln]
@@ -143,7 +142,7 @@ def test_killed_worker_is_reported_and_restart_brings_it_back(releases_ab):
     a, _ = releases_ab
     c = _containers("sim-a3-3")[f"sim-a3-{a}"]
     os.killpg(c["State"]["Pid"], signal.SIGKILL)
-    time.sleep(1)
+    hostview.docker(SIM_CLUSTER, "sim-a3-3", "wait", f"sim-a3-{a}")  # until the daemon has seen it exit
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     doc = json.loads(res.stdout)
     assert res.returncode == 1 and not doc["healthy"]

@@ -9,18 +9,22 @@ import subprocess
 import pytest
 
 from llmdeploy.inventory import load_cluster
+from sim import hostview, images
 from sim.paths import host_dir, netns_name
-from tests.conftest import run_invoke
+from tests.conftest import REPO, run_invoke
 
 SIM_CLUSTER = "sim-a3"
-# what prepare may write on a host: the tool's directories and the docker state
-WATCHED = ["var/lib/llmdeploy", "etc/llmdeploy", "var/log/llmdeploy", "etc/llmdeploy-sim/docker", "root/.cache"]
+# what prepare may write on a host: the tool's directories (and the host's images and containers)
+WATCHED = ["var/lib/llmdeploy", "etc/llmdeploy", "var/log/llmdeploy", "root/.cache"]
 
 
 def _snapshot(cluster):
-    """Every file under the watched private dirs of every host: path -> (mode, sha256)."""
+    """Every file under the watched private dirs of every host: path -> (mode, sha256);
+    and every host's images and containers, as its Docker daemon lists them."""
     out = {}
     for n in cluster.nodes:
+        out[f"{n.name} images"] = hostview.docker(SIM_CLUSTER, n.name, "images", "-a", "--digests", "--no-trunc").stdout
+        out[f"{n.name} containers"] = hostview.docker(SIM_CLUSTER, n.name, "ps", "-a", "--no-trunc").stdout
         root = host_dir(cluster.name, n.name) / "root"
         for w in WATCHED:
             for p in sorted((root / w).rglob("*")) if (root / w).exists() else []:
@@ -87,6 +91,36 @@ def test_prepare_then_nothing_to_change(cluster):
     assert set(doc["round_trips"].values()) == {1}, doc["round_trips"]
 
 
+def test_pulled_image_is_the_registrys_and_a_tarball_is_a_real_docker_load(cluster, tmp_path):
+    ref = cluster.image.ref
+    built = images.built()["images"][ref]
+    for n in cluster.nodes:
+        # the real pull: the registry's image ID, and its manifest digest in RepoDigests
+        got = hostview.docker(SIM_CLUSTER, n.name, "image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", ref).stdout
+        assert got.split(" ", 1)[0] == built["id"]
+        assert json.loads(got.split(" ", 1)[1]) == [f"{ref.rsplit(':', 1)[0]}@{built['digest']}"]
+    node = "sim-a3-1"
+    # an operator's archive of the image (docker save) on the node, and the image gone from it
+    hostview.docker(SIM_CLUSTER, node, "save", "-o", "/root/.cache/serving-image.tar", ref)
+    hostview.docker(SIM_CLUSTER, node, "rmi", ref)
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    text = (REPO / "inventory/sim_a3.py").read_text()
+    (inv / "sim_a3.py").write_text(text.replace("image=image(IMAGE_A3)", 'image=image(IMAGE_A3, tarball="/root/.cache/serving-image.tar")'))
+    try:
+        res = run_invoke("prepare", "--cluster", SIM_CLUSTER, "--no-check", "--json", env={"LLMDEPLOY_INVENTORY": str(inv)})
+        doc = json.loads(res.stdout)
+        assert res.returncode == 0, res.stderr
+        assert doc["steps"]["image"][node]["msg"] == f"loaded {built['id'][:19]}"
+        assert all(doc["steps"]["image"][n.name]["status"] == "ok" for n in cluster.nodes if n.name != node)
+        # a loaded image has no RepoDigests; its ID is the registry's all the same
+        got = hostview.docker(SIM_CLUSTER, node, "image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", ref).stdout.split()
+        assert got == [built["id"], "[]"]
+    finally:
+        hostview.docker(SIM_CLUSTER, node, "pull", "-q", ref)
+        (host_dir(SIM_CLUSTER, node) / "root/root/.cache/serving-image.tar").unlink(missing_ok=True)
+
+
 def _counted(fn):
     import contextlib
     import io
@@ -143,18 +177,17 @@ def _ns(node):
     return netns_name(SIM_CLUSTER, node)
 
 
-def _images_json(node):
-    return host_dir(SIM_CLUSTER, node) / "root/etc/llmdeploy-sim/docker/images.json"
+OTHER_BUILD = "quay.io/ascend/vllm-ascend:v0.23.0"
 
 
 def _wrong_digest():
-    p = _images_json("sim-a3-2")
-    saved = p.read_text()
-    data = json.loads(saved)
-    (key, img), = data.items()
-    img["Id"] = "sha256:" + "e" * 64
-    p.write_text(json.dumps({img["Id"]: img}))
-    return lambda: p.write_text(saved)
+    """sim-a3-2's image reference names another build (a mirror that served
+    another image under the same tag): the registry's other image, tagged so."""
+    ref = load_cluster(SIM_CLUSTER).image.ref
+    mine = hostview.docker(SIM_CLUSTER, "sim-a3-2", "image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
+    hostview.docker(SIM_CLUSTER, "sim-a3-2", "pull", "-q", OTHER_BUILD)
+    hostview.docker(SIM_CLUSTER, "sim-a3-2", "tag", OTHER_BUILD, ref)
+    return lambda: hostview.docker(SIM_CLUSTER, "sim-a3-2", "tag", mine, ref)
 
 
 def _nic_down():
@@ -222,7 +255,7 @@ def _too_little_memory():
 
 FAULTS = [
     # (inject, node, step, words the message must contain)
-    (_wrong_digest, "sim-a3-2", "image", ["sha256:" + "e" * 64, "sim-a3-0"]),
+    (_wrong_digest, "sim-a3-2", "image", [lambda: images.built()["images"][OTHER_BUILD]["id"], "sim-a3-0"]),
     (_nic_down, "sim-a3-1", "nic", ["NIC enp189s0f0 is down"]),
     (_nic_not_owning_ip, "sim-a3-3", "nic", ["NIC enp189s0f0 does not own 198.19.3.13", "198.19.3.13 is on eth7"]),
     (_missing_model_file, "sim-a3-1", "model", ["missing model-00002-of-00002.safetensors"]),
@@ -243,6 +276,7 @@ def test_fault_fails_that_node_alone(cluster, inject, node, step, words):
     assert list(failed) == [node], failed
     assert failed[node][0] == step
     for w in words:
+        w = w() if callable(w) else w  # known once the cluster is up
         assert w in failed[node][1], failed[node][1]
     # every other node's results are reported, and they are fine
     for n in cluster.nodes:

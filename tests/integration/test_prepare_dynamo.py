@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sim import hardware
+from sim import hardware, hostview
 from sim.paths import host_dir
 from tests.conftest import run_invoke
 
@@ -32,10 +32,12 @@ def node_json(sim_cluster):
     hardware.save(_state(), saved)
 
 
-def test_wheels_from_an_unreachable_index_fail_with_pip_message(node_json):
-    hw = dict(node_json, pip_index_reachable=False)
-    hardware.save(_state(), hw)
-    res, doc = _prepare("--no-check")
+def test_wheels_from_an_unreachable_index_fail_with_pip_message(sim_cluster):
+    saved = hostview.unreachable(SIM_CLUSTER, NODE, "pypi.org")
+    try:
+        res, doc = _prepare("--no-check")
+    finally:
+        hostview.rewrite(host_dir(SIM_CLUSTER, NODE) / "hosts", saved)
     assert res.returncode == 1
     r = doc["steps"]["wheels"][NODE]
     assert r["status"] == "failed"

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from llmdeploy.release import parse_ledger_checked, parse_lines
-from sim import hardware
+from sim import hardware, hostview
 from sim.paths import cluster_dir, host_dir, netns_name
 from tests.conftest import INVOKE, REPO, run_invoke
 
@@ -151,10 +151,11 @@ def test_a_connection_killed_mid_step_fails_that_host_only_and_promptly(healthy)
         p = subprocess.Popen(INVOKE + ["facts", "--cluster", SIM_CLUSTER, "--json"], cwd=REPO, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
         try:
+            # the step is running: node 3's facts script hangs in npu-smi
             deadline = time.monotonic() + 30
-            while not _session_sshds("sim-a3-3") and time.monotonic() < deadline:
+            while time.monotonic() < deadline and not any(
+                    "sim.standins npu-smi" in cmd for _, cmd, _ in hostview.processes(SIM_CLUSTER, "sim-a3-3").values()):
                 time.sleep(0.2)
-            time.sleep(1.0)  # the step is running on every host; node 3's hangs in npu-smi
             for pid in _session_sshds("sim-a3-3"):
                 os.kill(pid, signal.SIGKILL)
             out, err = p.communicate(timeout=60)
@@ -301,7 +302,7 @@ def _kill_node0():
     rid = json.loads(run_invoke("status", "--cluster", SIM_CLUSTER, "--json").stdout)["release"]
     c = _containers("sim-a3-0")[f"sim-a3-{rid}"]
     os.killpg(c["State"]["Pid"], signal.SIGKILL)
-    time.sleep(1)
+    _ssh("sim-a3-0", f"docker wait sim-a3-{rid}")  # until its daemon has seen it exit
     return rid
 
 
@@ -342,7 +343,11 @@ def test_lock_wait_waits_for_the_holder_and_then_runs(healthy):
         assert p.returncode == 0
         waiter = subprocess.Popen(INVOKE + ["restart", "--cluster", SIM_CLUSTER, "--lock-wait", "60"], cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-        time.sleep(4)
+        for _ in range(50):  # the waiter says whose lock it waits for, then waits
+            said = waiter.stderr.readline()
+            if not said or "waiting up to" in said:
+                break
+        assert "held by bob@laptop" in said and "waiting up to 60s" in said, said
         assert waiter.poll() is None  # still waiting
         (lock / "holder.json").unlink()
         lock.rmdir()

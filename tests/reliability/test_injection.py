@@ -1165,6 +1165,7 @@ def test_sim_markers_made_on_a_simulated_host_are_seen(sim_cluster, marker_dir):
 
 @pytest.mark.parametrize("which", [1, 2])
 def test_sim_payloads_in_the_inventory_and_the_cli_run_nothing(sim_cluster, marker_dir, tmp_path, which):
+    from sim import hostview
     from sim.paths import host_dir
     from tests.conftest import run_invoke
 
@@ -1197,8 +1198,8 @@ def test_sim_payloads_in_the_inventory_and_the_cli_run_nothing(sim_cluster, mark
             # env values, extra JSON config keys and a secret with metacharacters still serve,
             # and the container got the JSON argument whole
             assert res.returncode == 0, f"deploy of variant 1 failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-            cmds = [json.loads(p.read_text())["Config"]["Cmd"]
-                    for p in (host_dir(SIM_CLUSTER, "sim-a3-1") / "root/etc/llmdeploy-sim/docker/containers").glob("*/config.json")]
+            names = list(hostview.containers(SIM_CLUSTER, "sim-a3-1"))
+            cmds = [c["Config"]["Cmd"] for c in json.loads(hostview.docker(SIM_CLUSTER, "sim-a3-1", "inspect", *names).stdout)]
             notes = [json.loads(c[c.index("--additional-config") + 1]).get("llmdeploy_note") for c in cmds if "--additional-config" in c]
             assert f"$(touch {marker_dir}/m6)" in notes, cmds
         if what.startswith("logs --since"):
