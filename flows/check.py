@@ -58,6 +58,9 @@ def ssh_config_text(cluster: Cluster, nodes: list[Node], control_dir: str) -> st
             "    StrictHostKeyChecking yes",
             "    BatchMode yes",
             f"    ConnectTimeout {int(max(1, ssh.connect_timeout))}",
+            # ssh.keepalive_s/keepalive_count, in OpenSSH's whole seconds (0: off)
+            f"    ServerAliveInterval {max(1, round(ssh.keepalive_s)) if ssh.keepalive_s > 0 else 0}",
+            f"    ServerAliveCountMax {ssh.keepalive_count}",
             "    ControlMaster auto",
             f"    ControlPath {control_dir}/%C",
             "    ControlPersist 60",

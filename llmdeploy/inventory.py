@@ -103,6 +103,14 @@ class Ssh(Strict):
     # through them (like OpenSSH's ControlPersist; llmdeploy/mux.py). 0: off,
     # every command connects on its own.
     persist_s: float = Field(default=0, ge=0, le=86400)
+    # Dead-peer detection, like OpenSSH's ServerAliveInterval/ServerAliveCountMax:
+    # after keepalive_s seconds in which this side sent nothing, a keepalive
+    # that wants an answer goes to the host; keepalive_count of them in a row
+    # with nothing heard back end the connection ("no answer to keepalives"),
+    # so a network cut without FIN is noticed then, not at the command's
+    # deadline. 0: off.
+    keepalive_s: float = Field(default=15.0, ge=0, le=3600)
+    keepalive_count: int = Field(default=3, ge=1, le=100)
 
     @field_validator("identity_file", "known_hosts", "config_file")
     @classmethod

@@ -34,7 +34,7 @@ OK, CHANGED, FAILED, UNREACHABLE, SKIPPED = "ok", "changed", "failed", "unreacha
 # its names are also readable here (from llmdeploy.runner import make_connection)
 _CONNECT_NAMES = {
     "UnknownHostKey", "RejectUnknownHosts", "StoppingRemote", "make_connection", "fingerprint", "run_channel",
-    "REAP_SCRIPT", "_unreachable_reason", "_lost_detail", "_harden",
+    "REAP_SCRIPT", "_unreachable_reason", "_lost_detail", "_harden", "KeepaliveTimeout", "KeepaliveTransport", "keep_alive",
 }
 
 
@@ -242,6 +242,9 @@ class Runner:
             # (waiting for a banner, or after a refused host key)
             cx._close_quietly(conn)
             raise UnreachableError(reason) from exc
+        # dead-peer detection once authenticated (ssh.keepalive_s): a cut
+        # network fails the command within the keepalive window
+        cx.keep_alive(conn, self.cluster.ssh.keepalive_s, self.cluster.ssh.keepalive_count)
         COUNTS.add(node.name, "connections")
         return conn
 

@@ -9,7 +9,13 @@ semantics (shared/DOMAIN.md) over real TCP:
   is absent) and dies after the front-end wait with vLLM's message;
 - a rank that is duplicated or out of range, or a configuration that differs
   from node 0's, is refused the way vLLM refuses it;
-- ``HCCL_SOCKET_IFNAME`` must own ``HCCL_IF_IP`` or HCCL init fails.
+- ``HCCL_SOCKET_IFNAME`` must own ``HCCL_IF_IP`` or HCCL init fails;
+- the command line is parsed as vLLM 0.23.0 parses it: every option of
+  ``vllm serve`` (``vllm_serve_options.txt``, generated from the vllm wheel
+  by ``scripts/vllm_serve_options.py``) with its arity, vLLM's own rewriting
+  of underscores and dotted options first; any other option exits 2 with
+  argparse's ``vllm: error: unrecognized arguments: ...``, as the real
+  ``vllm`` does, before anything starts.
 
 Faults come from the host's node.json ``vllm`` entry: ``crash_first`` (the
 first N starts on this host crash), ``always_crash``, ``node0_delay_s``
@@ -23,6 +29,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -75,33 +82,265 @@ def _count_start() -> int:
     return n
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="vllm serve")
-    p.add_argument("model")
-    p.add_argument("--headless", action="store_true")
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name")
-    p.add_argument("--tokenizer")
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--quantization")
-    p.add_argument("--safetensors-load-strategy")
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--data-parallel-size", type=int, default=1)
-    p.add_argument("--data-parallel-size-local", type=int)
-    p.add_argument("--data-parallel-start-rank", type=int, default=0)
-    p.add_argument("--data-parallel-address")
-    p.add_argument("--data-parallel-rpc-port", type=int, default=13345)
-    p.add_argument("--enable-prefix-caching", action="store_true")
-    p.add_argument("--enable-expert-parallel", action="store_true")
-    p.add_argument("--max-model-len", type=int)
-    p.add_argument("--max-num-seqs", type=int)
-    p.add_argument("--max-num-batched-tokens", type=int)
-    p.add_argument("--gpu-memory-utilization", type=float)
-    p.add_argument("--speculative-config", type=json.loads)
-    p.add_argument("--compilation-config", type=json.loads)
-    p.add_argument("--additional-config", type=json.loads)
-    return p.parse_args(argv)
+# --- vllm serve's command line, as vLLM 0.23.0 parses it ---------------------------------------
+# Every option `vllm serve` has, with its arity, generated from the vllm wheel's
+# own sources by scripts/vllm_serve_options.py (header of the file: which wheel).
+OPTIONS_FILE = Path(__file__).with_name("vllm_serve_options.txt")
+ARITIES = {"flag", "bool", "help", "version", "1", "?", "+", "*"}
+
+
+class OptionsFileError(ValueError):
+    """vllm_serve_options.txt is malformed: names the file and line."""
+
+
+class ServeOptions:
+    """The parsed options file: the top-level parser's name, options and
+    subcommands, and ``vllm serve``'s usage, positional and options."""
+
+    def __init__(self, prog: str, subcommands: list[str], serve_usage: str, top: list[tuple[list[str], str]],
+                 positional: tuple[str, str], serve: list[tuple[list[str], str]]):
+        self.prog, self.subcommands, self.serve_usage = prog, subcommands, serve_usage
+        self.top, self.positional, self.serve = top, positional, serve
+
+    def option_strings(self) -> set[str]:
+        return {s for strings, _ in self.serve for s in strings}
+
+
+def load_options(path: Path = OPTIONS_FILE) -> ServeOptions:
+    meta: dict[str, str] = {}
+    top: list[tuple[list[str], str]] = []
+    serve: list[tuple[list[str], str]] = []
+    positional = None
+    with open(path, encoding="utf-8") as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.rstrip("\n")
+            if not line.strip() or line.startswith("#"):
+                continue
+            where = f"{path}:{n}"
+            if line.startswith("@"):
+                key, _, rest = line[1:].partition(" ")
+                if key in ("prog", "subcommands", "serve-usage"):
+                    meta[key] = rest.strip()
+                    continue
+                fields = rest.split()
+                if key not in ("top", "positional") or len(fields) < 2:
+                    raise OptionsFileError(f"{where}: unknown line {line!r}")
+                if key == "positional":
+                    positional = (fields[0], fields[1])
+                else:
+                    top.append((fields[0].split(","), fields[1]))
+                continue
+            fields = line.split()
+            if len(fields) < 3:
+                raise OptionsFileError(f"{where}: expected 'options arity source', got {line!r}")
+            strings, arity = fields[0].split(","), fields[1]
+            if not all(s.startswith("-") and len(s) > 1 for s in strings):
+                raise OptionsFileError(f"{where}: not an option string in {fields[0]!r}")
+            if arity not in ARITIES and not arity.isdigit():
+                raise OptionsFileError(f"{where}: unknown arity {arity!r}")
+            serve.append((strings, arity))
+    missing = [k for k in ("prog", "subcommands", "serve-usage") if not meta.get(k)]
+    if missing or positional is None or not serve:
+        raise OptionsFileError(f"{path}: incomplete: missing {', '.join(missing) or ('@positional' if positional is None else 'options')}")
+    subcommands = meta["subcommands"].split(",")
+    if "serve" not in subcommands:
+        raise OptionsFileError(f"{path}: @subcommands has no serve")
+    return ServeOptions(meta["prog"], subcommands, meta["serve-usage"], top, positional, serve)
+
+
+class _BooleanOptional(argparse.Action):
+    """argparse.BooleanOptionalAction with its option strings as listed
+    (``--x`` sets True, ``--no-x`` False)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        kwargs.pop("nargs", None)
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, not option_string.startswith("--no-"))
+
+
+def human_readable_int(value: str) -> int:
+    """vllm/utils/argparse_utils.py: 1k = 1000, 1K = 1024 (k/m/g/t, K/M/G/T)."""
+    value = value.strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if m:
+        number, suffix = m.groups()
+        if suffix in "kmgt":
+            return int(float(number) * 10 ** (3 * ("kmgt".index(suffix) + 1)))
+        try:
+            return int(number) * 2 ** (10 * ("KMGT".index(suffix) + 1))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"Decimals are not allowed with binary suffixes like {suffix}. "
+                                             f"Did you mean to use {number}{suffix.lower()} instead?") from None
+    return int(value)
+
+
+def human_readable_int_or_auto(value: str) -> int:
+    value = value.strip()
+    return -1 if value == "-1" or value.lower() == "auto" else human_readable_int(value)
+
+
+def _json(value: str):
+    return json.loads(value)
+
+
+_json.__name__ = "loads"  # argparse names the type in its error: "invalid loads value"
+
+# The options this stand-in reads, with the types vLLM gives them (vllm/engine/arg_utils.py
+# _compute_kwargs and add_cli_args; vllm/entrypoints/openai/cli_args.py FrontendArgs): a
+# value of the wrong type fails in the parser, as in vLLM. The others are parsed for their
+# arity only.
+TYPES = {
+    "port": int, "api_server_count": int, "tensor_parallel_size": int, "data_parallel_size": int,
+    "data_parallel_size_local": int, "data_parallel_start_rank": int, "data_parallel_rpc_port": int,
+    "data_parallel_rank": int, "max_model_len": human_readable_int_or_auto, "max_num_seqs": int,
+    "max_num_batched_tokens": human_readable_int, "gpu_memory_utilization": float,
+    "speculative_config": _json, "compilation_config": _json, "additional_config": _json,
+}
+# What the stand-in assumes when an option is not given (vLLM's defaults where it
+# has one; the DP RPC port and host as the simulator has always used them)
+DEFAULTS = {"host": "0.0.0.0", "port": 8000, "tensor_parallel_size": 1, "data_parallel_size": 1,
+            "data_parallel_rpc_port": 13345, "data_parallel_start_rank": 0, "headless": False}
+# vllm/entrypoints/cli/serve.py: "Defaults to Qwen/Qwen3-0.6B if no model is specified"
+DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+
+
+def _dest(strings: list[str]) -> str:
+    long = next((s for s in strings if s.startswith("--")), strings[0])
+    return long.lstrip("-").replace("-", "_")
+
+
+def build_parser(spec: ServeOptions) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The top-level parser ``vllm`` (with every subcommand, so that its usage
+    line is vLLM's) and ``vllm serve``'s, with every option of ``spec``."""
+    top = argparse.ArgumentParser(prog=spec.prog)
+    for strings, arity in spec.top:
+        if arity == "version":
+            top.add_argument(*strings, action="version", version="0.23.0")
+    subs = top.add_subparsers(required=False, dest="subparser")
+    serve = None
+    for name in spec.subcommands:
+        if name == "serve":
+            serve = subs.add_parser(name, usage=spec.serve_usage)
+        else:
+            subs.add_parser(name)
+    assert serve is not None
+    serve.add_argument(spec.positional[0], nargs=spec.positional[1])
+    for strings, arity in spec.serve:
+        if arity == "help":
+            continue  # argparse's own -h/--help
+        dest = _dest(strings)
+        kw: dict = {"dest": dest}
+        if arity == "flag":
+            kw.update(action="store_true")
+        elif arity == "bool":
+            kw.update(action=_BooleanOptional, default=None)
+        else:
+            if arity != "1":
+                kw["nargs"] = int(arity) if arity.isdigit() else arity
+            if dest in TYPES:
+                kw["type"] = TYPES[dest]
+        serve.add_argument(*strings, **kw)
+    serve.set_defaults(**DEFAULTS)
+    return top, serve
+
+
+def _flexible(args: list[str]) -> list[str]:
+    """What vLLM's FlexibleArgumentParser.parse_args does before argparse
+    (vllm/utils/argparse_utils.py): ``--model X`` moved to the positional,
+    ``--help=X`` read as ``--help``, underscores in option names read as
+    dashes, ``-O3`` as ``--optimization-level 3``, and dotted options
+    (``--compilation-config.mode 3``, ``--x.y+ a,b``) merged into one JSON value."""
+    if args and args[0] == "serve":
+        idx = next((i for i, a in enumerate(args) if re.match(r"^--model(=.+|$)", a)), None)
+        if idx is not None:
+            log("With `vllm serve`, you should provide the model as a positional argument or in a config file "
+                "instead of via the `--model` option.", "WARNING")
+            if args[idx] == "--model":
+                tag, rest = (args[idx + 1] if idx + 1 < len(args) else None), idx + 2
+            else:
+                tag, rest = args[idx].removeprefix("--model="), idx + 1
+            args = ["serve", *([tag] if tag is not None else []), *args[1:idx], *args[rest:]]
+        if (len(args) > 1 and args[1].startswith("-") and not any(re.match(r"^--config(=.+|$)", a) for a in args)
+                and any(re.match(r"^--served[-_]model[-_]name(=.+|$)", a) for a in args)):
+            raise ValueError("`model` should be provided as the first positional argument when using `vllm serve`. "
+                             "i.e. `vllm serve <model> --<arg> <value>`.")
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg.startswith("--help="):
+            out.append("--help")
+        elif arg.startswith("--"):
+            key, eq, value = arg.partition("=")
+            head, dot, tail = key[2:].partition(".")
+            out.append("--" + head.replace("_", "-") + dot + tail + eq + value)
+        elif arg.startswith("-O") and arg != "-O":
+            out += ["--optimization-level", arg[3:] if arg[2:3] == "=" else arg[2:]]
+        elif arg == "-O" and i + 1 < len(args) and args[i + 1] in {"0", "1", "2", "3"}:
+            out.append("--optimization-level")
+        else:
+            out.append(arg)
+    merged: dict[str, dict] = {}
+    kept: list[str] = []
+    skip = False
+    for i, arg in enumerate(out):
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("-") and "." in arg:
+            if "=" in arg:
+                name, value = arg.split("=", 1)
+                if "." not in name:  # the dot was in the value
+                    kept.append(arg)
+                    continue
+            elif i + 1 < len(out):
+                name, value, skip = arg, out[i + 1], True
+            else:
+                kept.append(arg)
+                continue
+            if name.endswith("+"):
+                name, value = name[:-1], json.dumps(value.split(","))
+            key, *keys = name.split(".")
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                try:
+                    parsed = human_readable_int(value)
+                except (ValueError, argparse.ArgumentTypeError):
+                    parsed = value
+            nested = parsed
+            for k in reversed(keys):
+                nested = {k: nested}
+            _merge(merged.setdefault(key, {}), nested)
+            continue
+        kept.append(arg)
+    for key, value in merged.items():
+        kept += [key, json.dumps(value)]
+    return kept
+
+
+def _merge(original: dict, update: dict) -> None:
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(original.get(k), dict):
+            _merge(original[k], v)
+        elif isinstance(v, list) and isinstance(original.get(k), list):
+            original[k] += v
+        else:
+            original[k] = v
+
+
+def parse(argv: list[str], spec: ServeOptions | None = None) -> argparse.Namespace:
+    """``vllm serve ...`` (``argv`` without ``vllm``) as vLLM 0.23.0 reads it: an
+    option it does not have ends the process as argparse does (exit 2, the
+    top-level parser's usage, ``vllm: error: unrecognized arguments: ...``);
+    a bad value of an option this stand-in reads, as the ``serve`` parser does."""
+    top, _ = build_parser(spec or load_options())
+    a = top.parse_args(_flexible(list(argv)))
+    if getattr(a, "model_tag", None) is not None:
+        a.model = a.model_tag
+    elif getattr(a, "subparser", None) == "serve" and a.model is None:
+        a.model = DEFAULT_MODEL
+    return a
 
 
 def config_hash(a: argparse.Namespace) -> str:
@@ -142,10 +381,39 @@ def hccl_check() -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] != "serve":
-        print("usage: vllm serve MODEL [options]", file=sys.stderr)
+    """``vllm ARGV``: only ``serve`` is simulated. An option ``vllm serve``
+    does not have exits 2 with argparse's message, before anything starts."""
+    try:
+        spec = load_options()
+    except (OSError, OptionsFileError) as exc:
+        print(f"sim-vllm: cannot read the options of vllm serve: {exc}", file=sys.stderr)
+        return 1
+    if "--config" in argv or any(x.startswith("--config=") for x in argv):
+        # vLLM reads the YAML file into options before parsing; Debian's python3 has no YAML reader
+        print("sim-vllm: --config FILE is not simulated: pass the options on the command line", file=sys.stderr)
         return 2
-    a = parse(argv[1:])
+    try:
+        a = parse(argv, spec)  # argparse's refusals exit 2 from here
+    except ValueError as exc:  # FlexibleArgumentParser's own (a traceback in vLLM)
+        print(f"ValueError: {exc}", file=sys.stderr)
+        return 1
+    if a.subparser != "serve":
+        if a.subparser is None:
+            build_parser(spec)[0].print_help()
+            return 0
+        print(f"sim-vllm: `vllm {a.subparser}` is not simulated; only `vllm serve` is", file=sys.stderr)
+        return 2
+    # vllm/entrypoints/openai/cli_args.py validate_parsed_serve_args, then ServeSubcommand.cmd
+    if a.enable_auto_tool_choice and not a.tool_call_parser:
+        print("TypeError: Error: --enable-auto-tool-choice requires --tool-call-parser", file=sys.stderr)
+        return 1
+    if a.enable_log_outputs and not a.enable_log_requests:
+        print("TypeError: Error: --enable-log-outputs requires --enable-log-requests", file=sys.stderr)
+        return 1
+    if a.headless and a.api_server_count is not None and a.api_server_count > 0:
+        print(f"ValueError: --api-server-count={a.api_server_count} cannot be used with --headless "
+              "(no API servers are started in headless mode).", file=sys.stderr)
+        return 1
     faults = _faults()
     n = _count_start()
     log(f"vLLM API server version 0.23.0 (simulated); start {n} on {os.uname().nodename}")
@@ -308,7 +576,8 @@ def node0(a: argparse.Namespace, faults: dict) -> int:
     else:
         front.ready.set()
     log("All DP ranks joined; starting the API server")
-    served = a.served_model_name or a.model
+    # --served-model-name takes one or more names: /v1/models lists each, any of them answers
+    names = list(a.served_model_name or [a.model])
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -328,7 +597,7 @@ def node0(a: argparse.Namespace, faults: dict) -> int:
             if self.path == "/health":
                 return self._send(200, b"") if front.healthy() else self._send(503, {"error": "engine dead"})
             if self.path == "/v1/models":
-                return self._send(200, {"object": "list", "data": [{"id": served, "object": "model", "owned_by": "vllm", "root": a.model, "max_model_len": a.max_model_len}]})
+                return self._send(200, {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "vllm", "root": a.model, "max_model_len": a.max_model_len} for name in names]})
             return self._send(404, {"detail": "Not Found"})
 
         def do_POST(self):
@@ -341,21 +610,22 @@ def node0(a: argparse.Namespace, faults: dict) -> int:
                 return self._send(404, {"detail": "Not Found"})
             if not front.healthy():
                 return self._send(503, {"error": {"message": "engine dead"}})
-            if req.get("model") != served:
+            if req.get("model") not in names:
                 return self._send(404, {"error": {"message": f"The model `{req.get('model')}` does not exist.", "code": 404}})
             thinking = (req.get("chat_template_kwargs") or {}).get("enable_thinking", True)
             text = ("<think>\nThe user wants a merge of two sorted linked lists; walk both with a dummy head.\n</think>\n\n" if thinking else "") + (
                 "def merge(a, b):\n    dummy = tail = ListNode()\n    ..."
             )
+            served_as = req["model"]
             cid = f"chatcmpl-sim{int(time.time() * 1000)}"
             if req.get("stream"):
                 chunks = [text[i : i + 16] for i in range(0, len(text), 16)]
                 body = b""
                 for c in chunks:
-                    body += b"data: " + json.dumps({"id": cid, "object": "chat.completion.chunk", "model": served, "choices": [{"index": 0, "delta": {"content": c}}]}).encode() + b"\n\n"
+                    body += b"data: " + json.dumps({"id": cid, "object": "chat.completion.chunk", "model": served_as, "choices": [{"index": 0, "delta": {"content": c}}]}).encode() + b"\n\n"
                 body += b"data: [DONE]\n\n"
                 return self._send(200, body, "text/event-stream")
-            return self._send(200, {"id": cid, "object": "chat.completion", "model": served, "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
+            return self._send(200, {"id": cid, "object": "chat.completion", "model": served_as, "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
 
     try:
         httpd = ThreadingHTTPServer((a.host, a.port), Handler)

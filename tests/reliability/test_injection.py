@@ -748,7 +748,7 @@ def sandbox(tmp_path_factory):
 # --- checks of what is not a script --------------------------------------------------------------------
 ENV_LINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=[^\n]*$")
 SSH_DIRECTIVES = {"Host", "HostName", "Port", "User", "IdentityFile", "IdentitiesOnly", "UserKnownHostsFile", "StrictHostKeyChecking", "BatchMode",
-                  "ConnectTimeout", "ControlMaster", "ControlPath", "ControlPersist", "ProxyJump"}
+                  "ConnectTimeout", "ControlMaster", "ControlPath", "ControlPersist", "ProxyJump", "ServerAliveInterval", "ServerAliveCountMax"}
 
 
 def structure_problems(kind: str, text: str, nodes: int) -> list[str]:

@@ -548,6 +548,156 @@ def test_a_frozen_host_fails_the_next_request_within_connect_timeout(loopback_ss
     assert res.msg.endswith(f"s: 127.0.0.1:{loopback_sshd.port} did not answer a new session request within 2s (host frozen or network cut)")
 
 
+# --- a network cut without FIN: keepalives ------------------------------------------------------------
+class BlackholeProxy:
+    """A TCP relay on 127.0.0.1 in front of ``upstream``; ``cut()`` makes it a
+    black hole: from then on it reads what either side sends and forwards
+    nothing, and closes nothing (no FIN, no RST), as a cut cable or a dead
+    firewall state does. Every thread and socket it made ends with ``close()``."""
+
+    def __init__(self, upstream: tuple[str, int]):
+        self.upstream = upstream
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = self.listener.getsockname()[1]
+        self.cut_event, self.stop = threading.Event(), threading.Event()
+        self.sockets: list[socket.socket] = []
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self) -> None:
+        self.listener.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                client = self.listener.accept()[0]
+            except (socket.timeout, OSError):
+                continue
+            server = socket.create_connection(self.upstream, timeout=5)
+            self.sockets += [client, server]
+            t = threading.Thread(target=self._relay, args=(client, server), daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _relay(self, a: socket.socket, b: socket.socket) -> None:
+        import select as _select
+
+        peer = {a: b, b: a}
+        while not self.stop.is_set():
+            try:
+                ready = _select.select([a, b], [], [], 0.1)[0]
+            except (OSError, ValueError):
+                return
+            for s in ready:
+                try:
+                    data = s.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                if not self.cut_event.is_set():
+                    peer[s].sendall(data)
+
+    def cut(self) -> None:
+        self.cut_event.set()
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(5)
+        for s in [self.listener, *self.sockets]:
+            s.close()
+
+    def __enter__(self) -> "BlackholeProxy":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _through(loopback_sshd, proxy: BlackholeProxy, **ssh) -> Cluster:
+    """A one-node cluster reaching the loopback sshd through ``proxy`` (its
+    host key known under the proxy's port too)."""
+    kind, b64 = loopback_sshd.host_key.with_suffix(".pub").read_text().split()[:2]
+    with open(loopback_sshd.known_hosts, "a") as f:
+        f.write(f"[127.0.0.1]:{proxy.port} {kind} {b64}\n")
+    return loopback_sshd.cluster(port=proxy.port, **ssh)
+
+
+def _cut_during(loopback_sshd, proxy: BlackholeProxy, cluster: Cluster, sleep: str, timeout: float | None = None):
+    """Run ``sleep <sleep>`` as step 'load weights' (deadline ``timeout``, else
+    ssh.command_timeout), cut the network once it runs on the host; the step's
+    result and the result of a step after it."""
+    with loopback_sshd.runner(cluster) as r:
+        assert r.run(_echo())["lb0"].status == OK  # the path works, through the proxy
+        done: dict = {}
+        t = threading.Thread(target=lambda: done.update(res=r.run(Step(name="load weights", build=lambda n: f"sleep {sleep}", timeout=timeout))))
+        t.start()
+        try:
+            _wait_for(lambda: loopback_sshd.running("sleep", sleep), 10, f"sleep {sleep} running on the host")
+            proxy.cut()
+        finally:
+            t.join(80)
+        assert not t.is_alive(), "the step did not return"
+        later = r.run(_echo("after the cut"))
+    loopback_sshd.strays.extend(loopback_sshd.running("sleep", sleep))
+    return done["res"]["lb0"], later["lb0"]
+
+
+def test_a_network_cut_mid_command_is_noticed_by_keepalives_not_the_deadline(loopback_sshd):
+    with BlackholeProxy(("127.0.0.1", loopback_sshd.port)) as proxy:
+        cluster = _through(loopback_sshd, proxy, keepalive_s=0.5, keepalive_count=3, command_timeout=60)
+        res, later = _cut_during(loopback_sshd, proxy, cluster, "591")
+    assert res.status == UNREACHABLE
+    assert res.msg.startswith("connection lost during step 'load weights' after "), res.msg
+    assert "s: no answer to keepalives for " in res.msg
+    assert res.msg.endswith(
+        f"s from 127.0.0.1:{proxy.port} (3 intervals of 0.5s without a packet: ssh.keepalive_s, ssh.keepalive_count): "
+        "the network to the host or the host itself went silent"
+    ), res.msg
+    # the keepalives ended it: not the 60 s deadline ("timed out"), not a close seen on the wire
+    assert "timed out" not in res.msg and "closed the connection" not in res.msg
+    assert later.status == SKIPPED and later.msg == f"unreachable earlier: {res.msg}"
+
+
+def test_without_keepalives_the_same_cut_waits_for_the_commands_deadline(loopback_sshd):
+    """The control: with ssh.keepalive_s = 0 nothing notices the cut but the deadline."""
+    with BlackholeProxy(("127.0.0.1", loopback_sshd.port)) as proxy:
+        cluster = _through(loopback_sshd, proxy, keepalive_s=0)
+        res, _ = _cut_during(loopback_sshd, proxy, cluster, "592", timeout=3)
+    assert res.status == FAILED
+    assert res.msg.startswith("timed out after 3s at step 'load weights' (the command's deadline)"), res.msg
+    assert "keepalive" not in res.msg
+
+
+def test_keepalives_answered_keep_a_silent_command_alive(loopback_sshd):
+    """A command that prints nothing for longer than keepalive_count intervals
+    on a working network: sshd answers the keepalives, the command finishes."""
+    with BlackholeProxy(("127.0.0.1", loopback_sshd.port)) as proxy:
+        cluster = _through(loopback_sshd, proxy, keepalive_s=0.5, keepalive_count=3, command_timeout=60)
+        with loopback_sshd.runner(cluster) as r:
+            res = r.run(Step(name="quiet", build=lambda n: "sleep 4; echo still here"))["lb0"]
+            transport = r.connections["lb0"].client.get_transport()
+            sent, answered = transport.keepalives_sent, transport.keepalives_answered
+    assert res.status == OK, res.msg
+    assert res.stdout == "still here\n"
+    # keepalives went out while the command was silent, and sshd answered them
+    assert sent >= 1 and answered >= sent - 1, (sent, answered)
+
+
+def test_a_cut_to_the_jump_host_is_noticed_by_keepalives(loopback_sshd):
+    with BlackholeProxy(("127.0.0.2", loopback_sshd.port)) as proxy:
+        kind, b64 = loopback_sshd.host_key.with_suffix(".pub").read_text().split()[:2]
+        with open(loopback_sshd.known_hosts, "a") as f:
+            f.write(f"[127.0.0.1]:{proxy.port} {kind} {b64}\n")
+        # the node is 127.0.0.1 behind the jump host root@127.0.0.1:<proxy> (which reaches 127.0.0.2's sshd)
+        cluster = loopback_sshd.cluster(jump_host=f"root@127.0.0.1:{proxy.port}", keepalive_s=0.5, keepalive_count=3, command_timeout=60)
+        res, _ = _cut_during(loopback_sshd, proxy, cluster, "593")
+    assert res.status == UNREACHABLE
+    assert res.msg.startswith("connection lost during step 'load weights' after "), res.msg
+    assert "s: no answer to keepalives for " in res.msg and "timed out" not in res.msg, res.msg
+
+
 # --- off loopback: the words only -----------------------------------------------------------------
 @pytest.mark.parametrize(
     "exc, expected",

@@ -1,6 +1,8 @@
 """llmdeploy.connect: IndexedSSHConfig gives paramiko's SSHConfig.lookup
 answers from the blocks that can apply only; the transport's TCP socket sends
-and acknowledges small packets at once."""
+and acknowledges small packets at once; its keepalives count the intervals
+without a packet from the peer and route the replies (the whole path over a
+cut network: tests/reliability/test_ssh_faults.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import socket
 import paramiko
 import pytest
 
-from llmdeploy.connect import IndexedSSHConfig, _nodelay_transport
+from llmdeploy.connect import IndexedSSHConfig, KeepaliveTimeout, KeepaliveTransport, _lost_detail, _nodelay_transport
+from llmdeploy.inventory import Ssh
 
 CONFIG = """\
 IdentityFile ~/.ssh/first
@@ -142,3 +145,110 @@ def test_a_socket_that_is_not_tcp_is_left_as_it_is():
     with a, b:
         transport = _nodelay_transport(a)
         assert transport.sock is a
+
+
+# --- keepalives: the counting, on a transport that is not started ---------------------------------
+@contextlib.contextmanager
+def _idle_transport():
+    a, b = socket.socketpair()
+    t = _nodelay_transport(a)
+    try:
+        yield t
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_transport_is_the_keepalive_one_and_is_off_until_started():
+    with _idle_transport() as t:
+        assert isinstance(t, KeepaliveTransport)
+        assert t._ka_interval == 0
+
+
+def test_intervals_without_a_packet_end_the_connection_at_the_count():
+    with _idle_transport() as t:
+        t.start_keepalive(15, 3)
+        t._ka_rx_at = t._ka_tick_at - 1  # nothing from the peer since before the first interval
+        t._keepalive_tick()
+        t._keepalive_tick()
+        assert t._ka_missed == 2
+        with pytest.raises(KeepaliveTimeout) as err:
+            t._keepalive_tick()
+        assert err.value.missed == 3 and err.value.interval == 15
+        assert str(err.value).startswith("no answer to keepalives for ")
+
+
+def test_a_packet_from_the_peer_resets_the_count():
+    with _idle_transport() as t:
+        t.start_keepalive(15, 3)
+        t._ka_rx_at = t._ka_tick_at - 1
+        t._keepalive_tick()
+        t._keepalive_tick()
+        t._ka_rx_at = t._ka_tick_at  # an answer, or any packet, in the last interval
+        t._keepalive_tick()
+        assert t._ka_missed == 0
+        t._ka_rx_at = t._ka_tick_at - 1  # then silence again
+        t._keepalive_tick()
+        t._keepalive_tick()  # two silent intervals again: still under the count
+        assert t._ka_missed == 2
+
+
+def test_no_keepalive_is_sent_before_the_key_exchange_nor_while_a_user_thread_sends():
+    with _idle_transport() as t:
+        t.start_keepalive(15, 3)
+        assert not t.clear_to_send.is_set()
+        assert t._send_keepalive() is False and t.keepalives_sent == 0
+        t.clear_to_send.set()
+        with t.clear_to_send_lock:  # a user thread in the middle of a send
+            assert t._send_keepalive() is False
+        with t._ka_order:  # our own global request waits for its reply
+            assert t._send_keepalive() is False
+        assert list(t._ka_pending) == []
+
+
+def test_a_keepalive_goes_out_once_keys_are_exchanged_and_wants_an_answer():
+    a, b = socket.socketpair()
+    with a, b:
+        t = _nodelay_transport(a)
+        t.start_keepalive(15, 3)
+        t.clear_to_send.set()
+        sent = []
+        t._send_message = sent.append  # the packetizer would encrypt it; the message is what matters
+        assert t._send_keepalive() is True and t.keepalives_sent == 1
+        m = paramiko.Message(sent[0].asbytes())
+        assert m.get_byte() == paramiko.common.cMSG_GLOBAL_REQUEST
+        assert m.get_text() == "keepalive@openssh.com" and m.get_boolean() is True
+        assert list(t._ka_pending) == ["keepalive"]
+
+
+def test_replies_go_to_whoever_asked_in_request_order(monkeypatch):
+    with _idle_transport() as t:
+        seen = []
+        monkeypatch.setattr(paramiko.Transport, "_parse_request_failure", lambda self, m: seen.append("user"))
+        t._ka_pending.extend(["keepalive", "user", "keepalive"])
+        for _ in range(3):
+            t._parse_request_failure(paramiko.Message())
+        assert seen == ["user"] and t.keepalives_answered == 2 and not t._ka_pending
+
+
+def test_the_lost_connection_names_the_keepalives_and_the_settings():
+    class Conn:  # what _lost_detail reads of a Fabric Connection
+        host, port, gateway = "192.0.2.7", 22, None
+
+    with _idle_transport() as t:
+        t.saved_exception = KeepaliveTimeout(46.2, 3, 15)
+        Conn.client = type("C", (), {"get_transport": lambda self: t})()
+        assert _lost_detail(Conn(), EOFError()) == (
+            "no answer to keepalives for 46.2s from 192.0.2.7:22 (3 intervals of 15s without a packet: "
+            "ssh.keepalive_s, ssh.keepalive_count): the network to the host or the host itself went silent"
+        )
+
+
+def test_keepalive_settings_default_like_openssh_practice_and_are_checked():
+    ssh = Ssh()
+    assert (ssh.keepalive_s, ssh.keepalive_count) == (15.0, 3)
+    assert Ssh(keepalive_s=0).keepalive_s == 0  # off
+    for bad in ({"keepalive_s": -1}, {"keepalive_count": 0}, {"keepalive_s": "often"}):
+        with pytest.raises(ValueError) as err:
+            Ssh(**bad)
+        assert next(iter(bad)) in str(err.value)

@@ -184,13 +184,17 @@ def test_check_mode_put_makes_no_temporary_file(tmp_path, monkeypatch):
 
 def test_testinfra_ssh_config_from_the_inventory(tmp_path):
     c = load_cluster("a3")
-    c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"user": "ops", "port": 2222, "identity_file": "/k/id", "known_hosts": "/k/kh", "jump_host": "bastion.example"})})
+    c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"user": "ops", "port": 2222, "identity_file": "/k/id", "known_hosts": "/k/kh",
+                                                                 "jump_host": "bastion.example", "keepalive_s": 7.6, "keepalive_count": 4})})
     text = check.ssh_config_text(c, c.nodes[:2], "/tmp/cm")
     block = text.split("\n\n")[1]
     assert block.splitlines()[0] == f"Host {c.nodes[0].name}"
     for line in (f"HostName {c.nodes[0].ip}", "Port 2222", "User ops", "IdentityFile /k/id", "UserKnownHostsFile /k/kh",
-                 "StrictHostKeyChecking yes", "BatchMode yes", "ProxyJump bastion.example", "ControlPath /tmp/cm/%C"):
+                 "StrictHostKeyChecking yes", "BatchMode yes", "ProxyJump bastion.example", "ControlPath /tmp/cm/%C",
+                 "ServerAliveInterval 8", "ServerAliveCountMax 4"):
         assert f"    {line}" in block.splitlines()
+    off = c.model_copy(update={"ssh": c.ssh.model_copy(update={"keepalive_s": 0})})
+    assert "    ServerAliveInterval 0" in check.ssh_config_text(off, c.nodes[:1], "/tmp/cm").splitlines()
     cmd = check.pytest_command(c, c.nodes[:2], "/tmp/cfg", "/tmp/j.xml")
     assert f"--hosts=ssh://{c.nodes[0].name},ssh://{c.nodes[1].name}" in cmd and "--ssh-config=/tmp/cfg" in cmd
 
