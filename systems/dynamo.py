@@ -14,7 +14,8 @@ Services, in the playbook's order (``playbooks/serve-dynamo.yaml``):
   (replicas never share one): a container per node it spans; the container
   on its first node merges the worker's role settings onto the base file of
   the recipes checkout and runs ``mpirun ... [numactl -m 0,1]
-  trtllm-llmapi-launch python3 -m dynamo.trtllm ... --publish-metrics``; the
+  trtllm-llmapi-launch python3 -m dynamo.trtllm --model-path "$MODEL_PATH"
+  --served-model-name <profile.served_model_name> ... --publish-metrics``; the
   others hold its ranks (entered by mpirun's launch agent, as for
   trtllm-serve). A group that dies is restarted as a group.
 
@@ -155,10 +156,26 @@ def mpirun_args(cluster: Cluster, rid: str, w: dynamo.Worker, prepared: dict) ->
     for name in env_of(cluster, first, w):
         if name != "CUDA_VISIBLE_DEVICES":
             args += ["-x", name]
+    # --model-path is the seed's spelling; ai-dynamo 1.6.1 still takes it, as
+    # the obsolete alias of --model (dynamo/trtllm/backend_args.py), so the seed's line stays
     tail = shlex.join(membind(cluster, first, prepared) + [
-        "trtllm-llmapi-launch", "python3", "-m", "dynamo.trtllm"]) + ' --model-path "$MODEL_PATH" ' + shlex.join([
-        "--disaggregation-mode", w.role, "--extra-engine-args", f"{rd}/{w.name}.config.yaml", "--publish-metrics"])
+        "trtllm-llmapi-launch", "python3", "-m", "dynamo.trtllm"]) + ' --model-path "$MODEL_PATH" ' + shlex.join(worker_args(cluster, rid, w))
     return args, tail
+
+
+def worker_args(cluster: Cluster, rid: str, w: dynamo.Worker) -> list[str]:
+    """``dynamo.trtllm``'s arguments after the seed's ``--model-path "$MODEL_PATH"``.
+
+    ``--served-model-name`` is ours, not the seed's: without it a worker
+    registers the name Dynamo derives from the model path (``/models/qwen35``;
+    ai-dynamo 1.6.1 ``dynamo/trtllm/backend_args.py``: "Defaults to deriving
+    it from model path"), while the seed's own chat request, every client and
+    the ``/v1/models`` readiness probe ask for the served name
+    (nvidia/Qwen3.5-397B-A17B-NVFP4-V2). Every replica passes the same one
+    ("Replicas share ... served model name")."""
+    prof = profile_of(cluster)
+    return ["--served-model-name", prof.served_model_name, "--disaggregation-mode", w.role,
+            "--extra-engine-args", f"{release_dir(cluster, rid)}/{w.name}.config.yaml", "--publish-metrics"]
 
 
 def env_of(cluster: Cluster, node: Node, w: dynamo.Worker | None = None, frontend: bool = False) -> dict[str, str]:
