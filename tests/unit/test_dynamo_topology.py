@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from llmdeploy.errors import InventoryError
 from llmdeploy.inventory import (
+    PLATFORMS,
     Budget,
     Cluster,
     DynamoWorker,
@@ -29,6 +30,7 @@ from llmdeploy.inventory import (
 from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
 from llmdeploy.runner import FAILED, OK
 from roles import budget, commenv, dynamo, trtllm
+from tests.conftest import run_invoke
 
 SEED = Path(__file__).resolve().parent.parent / "data" / "seeds" / "000_640ab2471bd84fcd.txt"
 BOUNCE = "cache_transceiver_config.kv_cache_bounce_size_mb"
@@ -536,6 +538,39 @@ def test_profile_fields_are_checked():
     problems = refused(lambda: gb300("1P1D-B8", recipes_dir="/opt/x $(reboot)", nats_server="http://x:4222"))
     assert any(p.startswith("profile.recipes_dir: ") and "not a safe absolute path" in p for p in problems)
     assert any(p.startswith("profile.nats_server: ") for p in problems)
+
+
+@pytest.mark.parametrize("platform", sorted(set(PLATFORMS) - {"gb300"}))
+def test_dynamo_outside_gb300_is_refused_naming_the_platform(platform):
+    """Seed 000's Dynamo profile is for GB300 NVL72: on another platform it is
+    refused with the reason, naming the field, whatever the node count."""
+    def build(nodes: int):
+        return Cluster(name="t", platform=platform, nic="eth0", nodes=make_nodes("n", nodes, "198.51.100.10"),
+                       model=Model(path="/models/Qwen3.5-397B-A17B-NVFP4-V2"), image=image(IMAGE_DYNAMO),
+                       profile=dynamo_gb300("1P1D-B8", recipes_dir="/opt/TensorRT-LLM"))
+
+    name = PLATFORMS[platform].name
+    for nodes in (1, 2):
+        assert refused(lambda: build(nodes)) == [
+            f"platform: {platform} ({name}): the dynamo profile (profile.kind) is the seed's Qwen3.5 GB300 NVL72 agentic "
+            "profile, for gb300 only; its topologies, GPU placement and host-memory budget are not given for other platforms"
+        ]
+
+
+def test_dynamo_on_a_b200_inventory_exits_2_before_any_connection(tmp_path):
+    """invoke with a B200 inventory of the Dynamo profile: exit 2, the file and
+    the field named, and no node contacted (its address is a documentation
+    one; facts would have to connect to it)."""
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    (inv / "dyn_b200.py").write_text(INVENTORY.format(extra="").replace('platform="gb300"', 'platform="b200"')
+                                     .replace('"1P4D-B4"', '"1P1D-B8"').replace('make_nodes("g", 3,', 'make_nodes("g", 1,')
+                                     .replace('name="big"', 'name="dyn-b200"'))
+    for task in (["deploy", "--check"], ["facts"], ["prepare"]):
+        res = run_invoke(task[0], "--cluster", "dyn-b200", *task[1:], env={"LLMDEPLOY_INVENTORY": str(inv)}, timeout=60)
+        assert res.returncode == 2, (task, res.stdout, res.stderr)
+        assert "dyn_b200.py: platform: b200 (B200): the dynamo profile (profile.kind)" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr and res.stdout == "", task
 
 
 INVENTORY = """
