@@ -22,7 +22,9 @@ Services, in the playbook's order (``playbooks/serve-dynamo.yaml``):
 Every container of the TensorRT-LLM image gets the seed's ``docker run``
 flags and mounts, an environment file with the seed's setup block, sources
 the profile's ``qwen3.5-gb300-agentic.env`` and unsets
-``TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS``.
+``TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS``; a worker of any topology but
+the colocated 1P1D also unsets ``TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL``
+(the seed's "unset the weight-loading variable"), and its ranks get neither.
 
 Ready: the frontend's ``/health`` body says healthy and lists every worker
 (it answers 200 while unhealthy), every worker's system port ``/health``,
@@ -292,8 +294,8 @@ def probe(cluster: Cluster, name: str) -> Probe | list[Probe]:
 def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | None) -> dict[str, dict[str, tuple[str, int]]]:
     prof = profile_of(cluster)
     rd = release_dir(cluster, plan.release)
-    def setup(exports: dict[str, str]) -> str:
-        return render("dynamo-setup.sh.j2", profile_env=PROFILE_ENV, recipes_mount=prof.recipes_mount, exports=exports)
+    def setup(exports: dict[str, str], unsets: list[tuple[str, str]] = ()) -> str:
+        return render("dynamo-setup.sh.j2", profile_env=PROFILE_ENV, recipes_mount=prof.recipes_mount, exports=exports, unsets=list(unsets))
 
     out: dict[str, dict[str, tuple[str, int]]] = {}
     for n in cluster.nodes:
@@ -320,7 +322,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
             mpirun, tail = mpirun_args(cluster, plan.release, w, prepared)
             f[f"{w.name}.{'serve' if launcher else 'hold'}.sh"] = (render(
                 "dynamo-worker.sh.j2", worker=w.name, role=w.role, profile=w.profile, ranks=w.ranks, release=plan.release, cluster=cluster.name,
-                launcher=launcher, setup=setup(dynamo.worker_env(cluster, w, n.name)), merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(cluster, w),
+                launcher=launcher, setup=setup(dynamo.worker_env(cluster, w, n.name), dynamo.worker_unsets(cluster)), merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(cluster, w),
                 overrides=shlex.quote(f"{rd}/{w.name}.overrides.yaml"), config=shlex.quote(f"{rd}/{w.name}.config.yaml"),
                 profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=tail), 0o755)
             if len(w.nodes) > 1:

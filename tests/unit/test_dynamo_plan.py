@@ -287,6 +287,7 @@ TEMP_CLUSTERS = {
     "t-1p4d-b4": ("1P4D-B4", 9, 120, ""),
     "t-2p3d": ("2P3D", 8, 130, ""),
     "t-3p2d": ("3P2D", 5, 140, ""),
+    "t-1p1d-b4": ("1P1D-B4", 1, 150, ""),
 }
 
 
@@ -710,6 +711,65 @@ def test_role_exports_win_over_the_profile_env_as_in_the_seed(tmp_path, role):
     for k in set(role_exports) & {"CUDA_SCALE_LAUNCH_QUEUES", "TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL", "DYN_TOKENIZER"}:
         assert seed["env"][k] == role_exports[k]
     assert_same_end(seed, ours, c, plan, worker, tmp_path)
+
+
+# --- the weight-loading variable, per topology -------------------------------------------------------
+WEIGHTS = dynamo.WEIGHT_LOADING_ENV
+# a profile environment that sets it (the seed: it "preserves the source profile's ... weight-staging ... settings")
+PROFILE_ENV_WITH_WEIGHTS = PROFILE_ENV_EXPORTED + f"export {WEIGHTS}=0\n"
+EVERY_TOPOLOGY = [CLUSTER, "t-1p1d-b4", "t-1p2d", "t-1p4d-b1", "t-1p4d-b4", "t-2p3d", "t-3p1d", "t-3p2d"]
+
+
+def test_the_seed_names_the_weight_loading_variable_and_when_to_unset_it():
+    sec = " ".join(_section().split())
+    assert seed_exports(ROLE_HEADERS["prefill"])[WEIGHTS] == seed_exports(ROLE_HEADERS["decode"])[WEIGHTS] == "1"
+    assert (f"For the two colocated 1P1D profiles, retain cache_transceiver_config.kv_cache_bounce_size_mb: 2048 on both roles "
+            f"and {WEIGHTS}=1 on both workers. For the other profiles, remove that bounce-size override and unset the "
+            "weight-loading variable to use the pinned runtime’s defaults.") in sec
+    colocated = {t.name for t in dynamo.TOPOLOGIES.values() if t.colocated}
+    assert colocated == {"1P1D-B8", "1P1D-B4"}
+
+
+@pytest.mark.parametrize("name", EVERY_TOPOLOGY)
+def test_the_weight_loading_variable_is_unset_where_the_seed_says(name, temp_cluster, tmp_path):
+    """Colocated 1P1D: every worker keeps TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1
+    (its own export wins over the profile environment) and its ranks get it.
+    Every other topology: each worker script unsets it after sourcing the
+    profile environment, so neither the launcher's shell nor any rank (mpirun
+    -x) has it, whatever the profile environment says. The frontend is left alone."""
+    c = load_cluster(CLUSTER) if name == CLUSTER else temp_cluster(name)
+    colocated = c.profile.topology_info.colocated
+    _, _, plan = planned(c)
+    source = f'. "$CONFIG_DIR/{seed_profile_env()}"'
+    scripts = 0
+    for host, fname, text in _scripts_of(plan):
+        lines = text.splitlines()
+        worker = fname != "frontend.sh"
+        if worker and not colocated:
+            assert lines.count(f"unset {WEIGHTS}") == 1, (host, fname)
+            assert lines.index(source) < lines.index(seed_unset()) < lines.index(f"unset {WEIGHTS}"), (host, fname)
+            # after it, nothing sets it again
+            assert not any(WEIGHTS in ln for ln in lines[lines.index(f"unset {WEIGHTS}") + 1:]), (host, fname)
+        else:
+            assert f"unset {WEIGHTS}" not in lines, (host, fname)
+        scripts += worker
+        if not worker:
+            continue
+        # run it: the launcher to its mpirun, a holder's setup to a stand-in that shows its environment
+        env = {**_env_file(plan.files[host][_env_file_of(fname)][0]), "CONFIG_DIR": "@CONF@"}
+        assert (env.get(WEIGHTS) == "1") == colocated, (host, fname)
+        body = text if fname.endswith(".serve.sh") else text.replace("exec sleep infinity", "exec python3 -c env-dump")
+        call = run_script(tmp_path / host / fname, "sh", body, env, PROFILE_ENV_WITH_WEIGHTS)[-1]
+        if colocated:
+            assert call["env"][WEIGHTS] == "1", (host, fname)
+        else:
+            assert WEIGHTS not in call["env"], (host, fname)
+        if call["tool"] == "mpirun":
+            _, xs, _ = _strip_ours(call["argv"][:call["argv"].index("trtllm-llmapi-launch")])
+            assert (WEIGHTS in xs) == colocated, (host, fname)
+            # -x names only variables the launcher has (OpenMPI warns about the others and passes nothing)
+            assert set(xs) <= set(call["env"]), (host, fname)
+    assert scripts == sum(len(w.nodes) for w in dynamo.placement(c))
 
 
 # --- the control plane, the order, the probes ------------------------------------------------------
