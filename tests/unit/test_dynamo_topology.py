@@ -376,6 +376,22 @@ def test_3p1d_and_3p2d_layouts():
     assert names == [["n0"], ["n1"], ["n2"], ["n3"], ["n4"]]
 
 
+def test_the_simulated_3p2d_is_the_layout_its_integration_test_expects():
+    from llmdeploy.inventory import list_clusters
+    from tests.integration import test_deploy_dynamo_3p2d as t
+
+    c = load_cluster("sim-gb300-3p2d")
+    assert c.profile.topology == "3P2D" and [n.name for n in c.nodes] == t.NODES
+    assert {w.name: (w.rank0_node, w.system_port) for w in dynamo.placement(c)} == t.WORKERS
+    assert all(len(w.nodes) == 1 and w.ranks == 4 for w in dynamo.placement(c))
+    assert c.profile.served_model_name == t.SERVED and not c.profile.topology_info.colocated
+    # its own addresses: no other simulated cluster's node shares an IP with it
+    mine = {str(n.ip) for n in c.nodes}
+    for name in list_clusters():
+        if name.startswith("sim-") and name != c.name:
+            assert not mine & {str(n.ip) for n in load_cluster(name).nodes}, name
+
+
 def test_explicit_workers_place_where_told():
     c = gb300("1P1D-B4", workers=[
         DynamoWorker(gpus={"n0": [3]}, system_port=9001, env={"EXTRA": "1"}),
