@@ -274,20 +274,20 @@ def chat_request(cluster: Cluster) -> dict:
 # produces iteration stats under enable_iter_perf_stats"), and with the
 # profile's iter_perf_stats_interval: 40 TensorRT-LLM builds a stats record
 # only on every 40th executor iteration (NVIDIA/TensorRT-LLM #19717; under
-# attention DP an idle-draining batch emits none). Which prefill and decode
-# worker a request reaches is the router's choice (KV-aware, with session
-# affinity), so a probe of every worker's sample after a chat or a few passes
-# or fails by where the router sent them (a whole-release restart after one
-# decode died failed on "prefill2 /metrics: ... has no
-# trtllm_kv_cache_utilization sample"). What Dynamo itself offers to tell a
-# worker is up does not depend on traffic (docs "Health Check Reference"):
-# the frontend's /health lists the discovered instances, and each worker's
-# system port (DYN_SYSTEM_PORT) /health turns 200 "ready" once its endpoints
-# are registered. So readiness is: the frontend lists every worker by role,
-# every worker's own /health is ready, /v1/models has the served name, the
-# seed's chat answers (through whichever workers the router picks), and every
-# worker's /metrics answers Prometheus text (the seed's curl --fail).
-KV_METRIC_NOTE = "trtllm_kv_cache_utilization appears only after a worker's engine ran sampled iterations"
+# attention DP an unsampled batch that drains the executor emits no record
+# either). Which prefill and decode worker a request reaches is the router's
+# choice (KV-aware, with session affinity), so a probe of every worker's
+# sample after a chat or a few passes or fails by where the router sent them
+# (a whole-release restart after one decode died failed on "prefill2
+# /metrics: ... has no trtllm_kv_cache_utilization sample"). What Dynamo
+# itself offers to tell a worker is up does not depend on traffic (docs
+# "Health Check Reference"): the frontend's /health lists the discovered
+# instances, and each worker's system port (DYN_SYSTEM_PORT) /health turns
+# 200 "ready" once its endpoints are registered. So readiness is: the
+# frontend lists every worker by role, every worker's own /health is ready,
+# /v1/models has the served name, the seed's chat answers (through whichever
+# workers the router picks), and every worker's /metrics answers Prometheus
+# text (the seed's curl --fail).
 
 
 def probe(cluster: Cluster, name: str) -> Probe | list[Probe]:
@@ -309,7 +309,7 @@ def probe(cluster: Cluster, name: str) -> Probe | list[Probe]:
                      body=chat_request(cluster), headers={"x-dynamo-session-id": SESSION_ID}, check="answer")
     if name == "worker_metrics":
         # the seed's `curl --fail` of every worker's /metrics; not its trtllm_kv_cache_utilization
-        # sample, which shows only after that worker's engine ran (and sampled) iterations (KV_METRIC_NOTE)
+        # sample, which shows only after that worker's engine ran (and sampled) iterations (see above)
         return [Probe(name=f"{w.name} /metrics", kind="http", host=w.rank0_node, port=w.system_port, path="/metrics", check="prometheus")
                 for w in workers]
     raise KeyError(f"dynamo has no readiness probe {name!r}")

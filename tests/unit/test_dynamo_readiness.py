@@ -22,7 +22,7 @@ from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
 from roles import dynamo
 from sim.standins import dynamo as dy
 
-TOPOLOGIES = ["1P1D-B8", "1P2D", "2P3D", "3P1D", "3P2D"]
+TOPOLOGIES = list(dynamo.TOPOLOGIES)  # every topology of the seed
 
 
 def cluster_of(topology: str) -> Cluster:
