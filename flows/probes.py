@@ -129,6 +129,16 @@ def _metric(body: bytes, name: str) -> str | None:
 _SAMPLE = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*(\{[^}]*\})?\s+\S")
 
 
+def _prometheus(body: bytes, _: str) -> str | None:
+    """A metrics page in Prometheus text format (comments and samples; no
+    particular metric: which ones a server shows may depend on the traffic it had)."""
+    lines = [ln for ln in body.decode(errors="replace").splitlines() if ln.strip()]
+    bad = next((ln for ln in lines if not ln.startswith("#") and not _SAMPLE.match(ln)), None)
+    if bad is not None:
+        return f"is not Prometheus text (line {bad[:80]!r}): {body[:200]!r}"
+    return None
+
+
 def _dynamo_health(body: bytes, arg: str) -> str | None:
     """Dynamo's frontend answers 200 even when unhealthy: the body must say
     healthy and list every expected worker. ``arg``: JSON list of the
@@ -153,7 +163,7 @@ def _dynamo_health(body: bytes, arg: str) -> str | None:
 
 CHECKS: dict[str, Callable[[bytes, str], str | None]] = {
     "": _any, "models": _models, "think": _think, "reasoning": _reasoning, "answer": _answer,
-    "json": _json_field, "metric": _metric, "dynamo_health": _dynamo_health,
+    "json": _json_field, "metric": _metric, "prometheus": _prometheus, "dynamo_health": _dynamo_health,
 }
 
 

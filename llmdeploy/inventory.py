@@ -710,6 +710,8 @@ DYNAMO_TOPOLOGIES: dict[str, DynamoTopology] = {
     )
 }
 
+# the platforms seed 000 gives the Dynamo profile for: "Use a GB300 NVL72 system"
+DYNAMO_PLATFORMS = ("gb300",)
 # never set in production or accuracy runs (seed 000); the workers unset it
 DYNAMO_FORBIDDEN_ENV = "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS"
 # set from the topology and the placement, never through an env dict
@@ -1291,8 +1293,14 @@ class Cluster(Strict):
             if prof.tp % prof.ep:
                 problems.append(("profile.ep", f"EP {prof.ep} must divide TP {prof.tp}"))
         elif isinstance(prof, DynamoProfile):
-            if plat.vendor != "nvidia":
-                problems.append(("profile.kind", f"dynamo needs an NVIDIA platform, not {self.platform}"))
+            if self.platform not in DYNAMO_PLATFORMS:
+                # seed 000 gives Dynamo's profile, topologies and placement for
+                # four-GPU GB300 NVL72 nodes only ("Use a GB300 NVL72 system")
+                problems.append(
+                    ("platform", f"{self.platform} ({plat.name}): the dynamo profile (profile.kind) is the seed's "
+                     f"Qwen3.5 GB300 NVL72 agentic profile, for {', '.join(DYNAMO_PLATFORMS)} only; its topologies, "
+                     "GPU placement and host-memory budget are not given for other platforms")
+                )
             else:
                 # GPU masks, ranks = TP x PP, nodes and GPUs the topology needs,
                 # ports per node (node 0's services and every DYN_SYSTEM_PORT)

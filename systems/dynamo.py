@@ -14,20 +14,24 @@ Services, in the playbook's order (``playbooks/serve-dynamo.yaml``):
   (replicas never share one): a container per node it spans; the container
   on its first node merges the worker's role settings onto the base file of
   the recipes checkout and runs ``mpirun ... [numactl -m 0,1]
-  trtllm-llmapi-launch python3 -m dynamo.trtllm ... --publish-metrics``; the
+  trtllm-llmapi-launch python3 -m dynamo.trtllm --model-path "$MODEL_PATH"
+  --served-model-name <profile.served_model_name> ... --publish-metrics``; the
   others hold its ranks (entered by mpirun's launch agent, as for
   trtllm-serve). A group that dies is restarted as a group.
 
 Every container of the TensorRT-LLM image gets the seed's ``docker run``
 flags and mounts, an environment file with the seed's setup block, sources
 the profile's ``qwen3.5-gb300-agentic.env`` and unsets
-``TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS``.
+``TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS``; a worker of any topology but
+the colocated 1P1D also unsets ``TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL``
+(the seed's "unset the weight-loading variable"), and its ranks get neither.
 
 Ready: the frontend's ``/health`` body says healthy and lists every worker
 (it answers 200 while unhealthy), every worker's system port ``/health``,
-``/v1/models`` lists the served model, a chat request with an
-``x-dynamo-session-id`` answers, then every worker's ``/metrics`` shows
-``trtllm_kv_cache_utilization``.
+``/v1/models`` lists the served model, the seed's chat request with an
+``x-dynamo-session-id`` answers, then every worker's ``/metrics`` answers
+Prometheus text. None of it depends on which workers the router picked:
+``trtllm_kv_cache_utilization`` is not waited for (see ``probe``).
 """
 
 from __future__ import annotations
@@ -155,10 +159,26 @@ def mpirun_args(cluster: Cluster, rid: str, w: dynamo.Worker, prepared: dict) ->
     for name in env_of(cluster, first, w):
         if name != "CUDA_VISIBLE_DEVICES":
             args += ["-x", name]
+    # --model-path is the seed's spelling; ai-dynamo 1.6.1 still takes it, as
+    # the obsolete alias of --model (dynamo/trtllm/backend_args.py), so the seed's line stays
     tail = shlex.join(membind(cluster, first, prepared) + [
-        "trtllm-llmapi-launch", "python3", "-m", "dynamo.trtllm"]) + ' --model-path "$MODEL_PATH" ' + shlex.join([
-        "--disaggregation-mode", w.role, "--extra-engine-args", f"{rd}/{w.name}.config.yaml", "--publish-metrics"])
+        "trtllm-llmapi-launch", "python3", "-m", "dynamo.trtllm"]) + ' --model-path "$MODEL_PATH" ' + shlex.join(worker_args(cluster, rid, w))
     return args, tail
+
+
+def worker_args(cluster: Cluster, rid: str, w: dynamo.Worker) -> list[str]:
+    """``dynamo.trtllm``'s arguments after the seed's ``--model-path "$MODEL_PATH"``.
+
+    ``--served-model-name`` is ours, not the seed's: without it a worker
+    registers the name Dynamo derives from the model path (``/models/qwen35``;
+    ai-dynamo 1.6.1 ``dynamo/trtllm/backend_args.py``: "Defaults to deriving
+    it from model path"), while the seed's own chat request, every client and
+    the ``/v1/models`` readiness probe ask for the served name
+    (nvidia/Qwen3.5-397B-A17B-NVFP4-V2). Every replica passes the same one
+    ("Replicas share ... served model name")."""
+    prof = profile_of(cluster)
+    return ["--served-model-name", prof.served_model_name, "--disaggregation-mode", w.role,
+            "--extra-engine-args", f"{release_dir(cluster, rid)}/{w.name}.config.yaml", "--publish-metrics"]
 
 
 def env_of(cluster: Cluster, node: Node, w: dynamo.Worker | None = None, frontend: bool = False) -> dict[str, str]:
@@ -247,6 +267,29 @@ def chat_request(cluster: Cluster) -> dict:
     return {"model": profile_of(cluster).served_model_name, "messages": [{"role": "user", "content": CHAT_PROMPT}], "max_tokens": 256}
 
 
+# Why readiness does not wait for trtllm_kv_cache_utilization. The seed checks
+# it "after traffic", and a worker only has it once its own engine ran
+# iterations: ai-dynamo 1.6.1 dynamo/trtllm/publisher.py sets the gauge from
+# the engine's iteration stats (_publish_stats_task; "the engine only
+# produces iteration stats under enable_iter_perf_stats"), and with the
+# profile's iter_perf_stats_interval: 40 TensorRT-LLM builds a stats record
+# only on every 40th executor iteration (NVIDIA/TensorRT-LLM #19717; under
+# attention DP an unsampled batch that drains the executor emits no record
+# either). Which prefill and decode worker a request reaches is the router's
+# choice (KV-aware, with session affinity), so a probe of every worker's
+# sample after a chat or a few passes or fails by where the router sent them
+# (a whole-release restart after one decode died failed on "prefill2
+# /metrics: ... has no trtllm_kv_cache_utilization sample"). What Dynamo
+# itself offers to tell a worker is up does not depend on traffic (docs
+# "Health Check Reference"): the frontend's /health lists the discovered
+# instances, and each worker's system port (DYN_SYSTEM_PORT) /health turns
+# 200 "ready" once its endpoints are registered. So readiness is: the
+# frontend lists every worker by role, every worker's own /health is ready,
+# /v1/models has the served name, the seed's chat answers (through whichever
+# workers the router picks), and every worker's /metrics answers Prometheus
+# text (the seed's curl --fail).
+
+
 def probe(cluster: Cluster, name: str) -> Probe | list[Probe]:
     prof = profile_of(cluster)
     n0 = cluster.node0.name
@@ -261,22 +304,22 @@ def probe(cluster: Cluster, name: str) -> Probe | list[Probe]:
     if name == "models":
         return Probe(name="/v1/models", kind="http", host=n0, port=prof.frontend_port, path="/v1/models", check="models", arg=prof.served_model_name)
     if name == "chat":
-        # one conversation per replica of the larger role, so that every worker serves one (its metrics need traffic)
-        n = max(sum(w.role == "prefill" for w in workers), sum(w.role == "decode" for w in workers))
-        return [Probe(name="chat check" if i == 0 else f"chat check {i + 1}", kind="http", host=n0, port=prof.frontend_port, method="POST",
-                      path="/v1/chat/completions", body=chat_request(cluster),
-                      headers={"x-dynamo-session-id": SESSION_ID if i == 0 else f"{SESSION_ID}-{i + 1}"}, check="answer") for i in range(n)]
+        # the seed's request, once: whichever prefill and decode worker the router picks for it
+        return Probe(name="chat check", kind="http", host=n0, port=prof.frontend_port, method="POST", path="/v1/chat/completions",
+                     body=chat_request(cluster), headers={"x-dynamo-session-id": SESSION_ID}, check="answer")
     if name == "worker_metrics":
-        return [Probe(name=f"{w.name} /metrics", kind="http", host=w.rank0_node, port=w.system_port, path="/metrics", check="metric",
-                      arg="trtllm_kv_cache_utilization") for w in workers]
+        # the seed's `curl --fail` of every worker's /metrics; not its trtllm_kv_cache_utilization
+        # sample, which shows only after that worker's engine ran (and sampled) iterations (see above)
+        return [Probe(name=f"{w.name} /metrics", kind="http", host=w.rank0_node, port=w.system_port, path="/metrics", check="prometheus")
+                for w in workers]
     raise KeyError(f"dynamo has no readiness probe {name!r}")
 
 
 def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | None) -> dict[str, dict[str, tuple[str, int]]]:
     prof = profile_of(cluster)
     rd = release_dir(cluster, plan.release)
-    def setup(exports: dict[str, str]) -> str:
-        return render("dynamo-setup.sh.j2", profile_env=PROFILE_ENV, recipes_mount=prof.recipes_mount, exports=exports)
+    def setup(exports: dict[str, str], unsets: list[tuple[str, str]] = ()) -> str:
+        return render("dynamo-setup.sh.j2", profile_env=PROFILE_ENV, recipes_mount=prof.recipes_mount, exports=exports, unsets=list(unsets))
 
     out: dict[str, dict[str, tuple[str, int]]] = {}
     for n in cluster.nodes:
@@ -303,7 +346,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
             mpirun, tail = mpirun_args(cluster, plan.release, w, prepared)
             f[f"{w.name}.{'serve' if launcher else 'hold'}.sh"] = (render(
                 "dynamo-worker.sh.j2", worker=w.name, role=w.role, profile=w.profile, ranks=w.ranks, release=plan.release, cluster=cluster.name,
-                launcher=launcher, setup=setup(dynamo.worker_env(cluster, w, n.name)), merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(cluster, w),
+                launcher=launcher, setup=setup(dynamo.worker_env(cluster, w, n.name), dynamo.worker_unsets(cluster)), merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(cluster, w),
                 overrides=shlex.quote(f"{rd}/{w.name}.overrides.yaml"), config=shlex.quote(f"{rd}/{w.name}.config.yaml"),
                 profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=tail), 0o755)
             if len(w.nodes) > 1:

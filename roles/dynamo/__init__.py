@@ -22,7 +22,9 @@ Placement, from the topology and the inventory's four-GPU GB300 nodes:
   bound by rank 0 on the worker's first node;
 - prefill workers get CUDA_SCALE_LAUNCH_QUEUES=4x and
   TRTLLM_SKIP_KV_CACHE_ESTIMATION=1; the colocated 1P1D topologies also
-  TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1 on both workers.
+  TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1 on both workers, every other
+  topology's workers unset it after sourcing the profile environment
+  (``worker_unsets``).
 """
 
 from __future__ import annotations
@@ -101,6 +103,11 @@ BOUNCE_KEY = "cache_transceiver_config.kv_cache_bounce_size_mb"
 DELETE_KEY = "__delete__"
 # removed from every worker's environment (the seed's ``unset``)
 UNSET_ENV = (DYNAMO_FORBIDDEN_ENV,)
+# the weight-loading variable: "For the two colocated 1P1D profiles, retain ...
+# TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1 on both workers. For the other
+# profiles, remove that bounce-size override and unset the weight-loading
+# variable to use the pinned runtime's defaults" (seed 000, "Select Another Topology")
+WEIGHT_LOADING_ENV = "TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL"
 
 
 def profile_of(cluster: Cluster) -> DynamoProfile:
@@ -212,6 +219,17 @@ def node_env(cluster: Cluster, node: Node) -> dict[str, str]:
     return {}
 
 
+def worker_unsets(cluster: Cluster) -> list[tuple[str, str]]:
+    """What a worker's shell unsets after sourcing the profile environment,
+    beyond the forced acceptance every shell unsets, each with why: for every
+    topology but the colocated 1P1D the weight-loading variable, which the
+    profile environment may set, so that the pinned runtime's default applies."""
+    if topology_of(cluster).colocated:
+        return []
+    return [(WEIGHT_LOADING_ENV, f"topology {topology_of(cluster).name} is not the colocated 1P1D: "
+             "the pinned runtime's default weight loading (seed 000, \"Select Another Topology\")")]
+
+
 def frontend_env(cluster: Cluster) -> dict[str, str]:
     """The frontend shell's variables (ETCD_LEASE_TTL, DYN_TOKENIZER_*), in the seed's order."""
     return dict(profile_of(cluster).frontend_env)
@@ -222,7 +240,8 @@ def worker_env(cluster: Cluster, worker: Worker, node: Node | str | None = None)
     (only with ``node``: it is per node), DYN_SYSTEM_PORT, the prefill
     variables, TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL (colocated 1P1D), then
     profile.worker_env and the worker's own env. The seed also unsets
-    ``UNSET_ENV`` in every worker shell."""
+    ``UNSET_ENV`` in every worker shell, and ``worker_unsets`` in those of
+    the topologies that are not the colocated 1P1D."""
     out: dict[str, str] = {}
     if node is not None:
         out["CUDA_VISIBLE_DEVICES"] = worker.cuda_visible_devices(node if isinstance(node, str) else node.name)

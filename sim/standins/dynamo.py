@@ -12,7 +12,8 @@ the container's own: what the container mounts.
 
 Worker (``dynamo.trtllm``), one process per MPI rank
 (``mpirun ... trtllm-llmapi-launch python3 -m dynamo.trtllm --model-path M
---disaggregation-mode prefill|decode --extra-engine-args Y [--publish-metrics]``):
+[--served-model-name N] --disaggregation-mode prefill|decode --extra-engine-args Y
+[--publish-metrics]``):
 every rank checks the image, ``--gpus``, its GPU (``CUDA_VISIBLE_DEVICES``
 must list exactly as many GPUs as this world has ranks on this host, each
 one existing and not held by another world's rank), ``M/config.json`` and the
@@ -34,7 +35,10 @@ finds the other ranks exactly as the trtllm-serve stand-in does (trtllm.py:
 - once every rank joined and the model "loaded", registers
   ``v1/instances/<DYN_NAMESPACE>/<prefill|decode|backend>/generate/<lease id hex>``
   with the lease; the value (JSON) names the instance, its address, the
-  system port, the mode, the served model and the ranks.
+  system port, the mode, the model and the ranks. The model is registered
+  as Dynamo registers it (``registered_model_name``): ``--served-model-name``
+  when given, else the ``--model``/``--model-path`` value itself (e.g.
+  ``/models/qwen35``), never a name the worker was not told.
 
 A lost rank makes the world fail like trtllm-serve's (rank 0 reports it,
 marks itself not ready and exits 1 after ``abort_after_s``); a dead rank 0
@@ -84,7 +88,9 @@ from pathlib import Path
 from . import trtllm as trtllm_sim
 
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
-DEFAULT_MODEL = "nvidia/Qwen3.5-397B-A17B-NVFP4-V2"
+# ai-dynamo 1.6.1 dynamo/trtllm/backend_args.py: DEFAULT_MODEL, what --model
+# (alias --model-path) is without the flag or DYN_TRTLLM_MODEL
+DEFAULT_MODEL = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
 INSTANCES = "v1/instances/"
 DEFAULT_LEASE_TTL = 10
 MODES = ("prefill", "decode", "prefill_and_decode")
@@ -560,11 +566,34 @@ def _parser(prog_args: dict):
     return Parser(prog="__main__.py", **prog_args)
 
 
-def parse_worker_args(argv: list[str]):
+def registered_model_name(served_model_name: str | None, model: str) -> str:
+    """The model name a TensorRT-LLM worker registers (what the frontend's
+    /v1/models lists and a request's "model" must name), as ai-dynamo 1.6.1
+    derives it: ``DynamoTrtllmConfig.validate`` (dynamo/trtllm/backend_args.py)
+    turns an empty --served-model-name into None; ``init_llm_worker``
+    (dynamo/trtllm/workers/llm_worker.py) calls
+    ``register_model(..., config.model, config.served_model_name, ...)`` and
+    labels its metrics ``config.served_model_name or config.model``; the
+    runtime's ``register_model`` (ai-dynamo/dynamo
+    lib/bindings/python/rust/lib.rs) names the model ``model_name`` or else the
+    model path exactly as given (lib/llm/src/local_model.rs,
+    ``LocalModelBuilder::build``: "The served model name defaults to the full
+    model path"). So ``--model-path /models/qwen35`` alone registers
+    "/models/qwen35", not the checkpoint's Hugging Face id."""
+    return served_model_name or model
+
+
+def parse_worker_args(argv: list[str], env=None):
+    """``dynamo.trtllm``'s options that the stand-in acts on. ``--model`` and
+    its obsolete alias ``--model-path``, ``--served-model-name`` and their
+    environment defaults (``DYN_TRTLLM_MODEL``, ``DYN_TRTLLM_SERVED_MODEL_NAME``,
+    read as ``env_or_default`` does: set means used) are ai-dynamo 1.6.1's
+    (``DynamoTrtllmArgGroup.add_arguments`` in dynamo/trtllm/backend_args.py)."""
+    env = os.environ if env is None else env
     p = _parser({"description": "Dynamo TensorRT-LLM worker"})
     p.add_argument("--endpoint", default=None)
-    p.add_argument("--model-path", default="Qwen/Qwen3-0.6B")
-    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--model", "--model-path", dest="model_path", default=env.get("DYN_TRTLLM_MODEL", DEFAULT_MODEL))
+    p.add_argument("--served-model-name", default=env.get("DYN_TRTLLM_SERVED_MODEL_NAME"))
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--pipeline-parallel-size", type=int, default=1)
     p.add_argument("--expert-parallel-size", type=int, default=None)
@@ -676,7 +705,7 @@ def main_worker(argv: list[str]) -> int:
             return 1
         namespace, component, endpoint_name = ep
     system_port = int(env.get("DYN_SYSTEM_PORT") or 8081)
-    served = a.served_model_name or DEFAULT_MODEL
+    served = registered_model_name(a.served_model_name, a.model_path)
     print(f"[TensorRT-LLM] TensorRT-LLM version: {version} (simulated), rank {rank} of {size} on {host}", flush=True)
     if rank == 0:
         log("INFO", "dynamo.trtllm", f"Dynamo {_dist_version('ai_dynamo')} TensorRT-LLM worker: mode={mode} "

@@ -175,6 +175,14 @@ def _exec_line(script: str) -> list[str]:
     return tokens[1:]
 
 
+def with_served_name(tokens: list[str], served: str) -> list[str]:
+    """The seed's ``dynamo.trtllm`` argv with ``--served-model-name <served>``
+    right after its ``--model-path <path>``: the one pair the deployment adds,
+    so that the worker registers the name the seed's chat request asks for."""
+    at = tokens.index("--model-path")
+    return tokens[:at + 2] + ["--served-model-name", served] + tokens[at + 2:]
+
+
 def _strip_ours(tokens: list[str]) -> tuple[list[str], list[str], list[str]]:
     """(mpirun argv without what the deployment adds, the -x names, the rest of the added options)."""
     out, xs, added, i = [], [], [], 0
@@ -279,6 +287,7 @@ TEMP_CLUSTERS = {
     "t-1p4d-b4": ("1P4D-B4", 9, 120, ""),
     "t-2p3d": ("2P3D", 8, 130, ""),
     "t-3p2d": ("3P2D", 5, 140, ""),
+    "t-1p1d-b4": ("1P1D-B4", 1, 150, ""),
 }
 
 
@@ -536,16 +545,17 @@ def test_the_setup_part_exports_the_profile_env_and_unsets_forced_acceptance(tmp
 
 
 # --- the workers ----------------------------------------------------------------------------------
-def assert_seeds_mpirun(ours: list[str], role: str, ranks: int, rd: str, worker: str) -> list[str]:
-    """``ours`` is the seed's mpirun line for ``role`` with -np ``ranks`` and the
-    release's merged file for the seed's YAML, token for token, plus the
+def assert_seeds_mpirun(ours: list[str], role: str, ranks: int, rd: str, worker: str, served: str) -> list[str]:
+    """``ours`` is the seed's mpirun line for ``role`` with -np ``ranks``, the
+    release's merged file for the seed's YAML and ``--served-model-name
+    <served>`` after its ``--model-path``, token for token, plus the
     deployment's own options between ``--bind-to none`` and the launch; the -x names."""
     seed = seed_mpirun(role)
     at_seed = seed.index("trtllm-llmapi-launch")
     assert seed[2] == "-np"
     head = [str(ranks) if i == 3 else t for i, t in enumerate(seed[:at_seed])]
     yaml_path = _pairs(seed, "--extra-engine-args")[0]
-    tail = [f"{rd}/{worker}.config.yaml" if t == yaml_path else t for t in seed[at_seed:]]
+    tail = with_served_name([f"{rd}/{worker}.config.yaml" if t == yaml_path else t for t in seed[at_seed:]], served)
     assert ours[:len(head)] == head, ours
     at = ours.index("trtllm-llmapi-launch")
     assert ours[at:] == tail
@@ -563,7 +573,7 @@ def test_worker_serve_scripts_are_the_seeds_mpirun():
     for worker, role, ranks in (("prefill0", "prefill", 1), ("decode0", "decode", 2)):
         script = files[f"{worker}.serve.sh"]
         ours = _exec_line(script)
-        xs = assert_seeds_mpirun(ours, role, ranks, rd, worker)
+        xs = assert_seeds_mpirun(ours, role, ranks, rd, worker, c.profile.served_model_name)
         assert ours[6:8] == ["--host", f"localhost:{ranks}"]
         # every variable of its environment file goes to the ranks, except the per-node GPU mask; then the profile's
         env = _env_file(files[f"{worker}.env"])
@@ -598,6 +608,35 @@ def test_worker_env_files_are_the_seeds_role_exports():
         for k in seed_exports(ROLE_HEADERS["frontend"]):
             assert k not in env, (worker, k)
         assert FORCED not in env
+
+
+@pytest.mark.parametrize("name", [CLUSTER, "t-1p2d", "t-1p4d-b1", "t-1p4d-b4", "t-2p3d", "t-3p1d", "t-3p2d"])
+def test_every_worker_registers_the_name_that_readiness_and_the_seeds_chat_ask_for(name, temp_cluster):
+    """Without --served-model-name a Dynamo worker registers a name derived from
+    --model-path ("$MODEL_PATH", /models/qwen35): /v1/models and the chat
+    request, which ask for the checkpoint's id, would never pass."""
+    c = load_cluster(CLUSTER) if name == CLUSTER else temp_cluster(name)
+    _, _, plan = planned(c)
+    body, _ = seed_chat()
+    (models,) = [p for p in plan.ready if p.path == "/v1/models"]
+    chats = [p for p in plan.ready if p.path == "/v1/chat/completions"]
+    assert models.arg == body["model"] == c.profile.served_model_name
+    assert chats and all(p.body["model"] == body["model"] for p in chats)
+    launches = []
+    for host, fname, text in _scripts_of(plan):
+        argv = _exec_line(text)
+        if fname.endswith(".serve.sh"):
+            args = argv[argv.index("dynamo.trtllm") + 1:]
+            assert _pairs(args, "--served-model-name") == [body["model"]], (host, fname)
+            assert _pairs(args, "--model-path") == ["$MODEL_PATH"], (host, fname)  # the seed's spelling stays
+            launches.append(fname.split(".")[0])
+        else:
+            assert "dynamo.trtllm" not in argv, (host, fname)
+    assert sorted(launches) == sorted(w.name for w in dynamo.placement(c))
+    # what --check shows for each launcher is that line
+    for u in plan.units():
+        if "serve_command" in u.show and u.role in ("prefill", "decode"):
+            assert f"--served-model-name {body['model']} " in u.show["serve_command"], u.container
 
 
 # --- the seed's shells against ours, both run -----------------------------------------------------
@@ -638,7 +677,7 @@ def assert_same_end(seed: dict, ours: dict, c, plan, worker, tmp: Path) -> None:
     rd = release_dir(c, plan.release)
     seed_yaml = _pairs(seed["argv"], "--extra-engine-args")[0]
     assert seed_yaml == f"{tmp / 'seed' / 'conf'}/{dynamo.base_yaml_name(c, worker)}"
-    want = [f"{rd}/{worker.name}.config.yaml" if a == seed_yaml else a for a in seed["argv"]]
+    want = with_served_name([f"{rd}/{worker.name}.config.yaml" if a == seed_yaml else a for a in seed["argv"]], c.profile.served_model_name)
     stripped, xs, added = _strip_ours(ours["argv"])
     assert stripped == want
     assert added == ["--host", f"localhost:{worker.ranks}"]
@@ -672,6 +711,65 @@ def test_role_exports_win_over_the_profile_env_as_in_the_seed(tmp_path, role):
     for k in set(role_exports) & {"CUDA_SCALE_LAUNCH_QUEUES", "TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL", "DYN_TOKENIZER"}:
         assert seed["env"][k] == role_exports[k]
     assert_same_end(seed, ours, c, plan, worker, tmp_path)
+
+
+# --- the weight-loading variable, per topology -------------------------------------------------------
+WEIGHTS = dynamo.WEIGHT_LOADING_ENV
+# a profile environment that sets it (the seed: it "preserves the source profile's ... weight-staging ... settings")
+PROFILE_ENV_WITH_WEIGHTS = PROFILE_ENV_EXPORTED + f"export {WEIGHTS}=0\n"
+EVERY_TOPOLOGY = [CLUSTER, "t-1p1d-b4", "t-1p2d", "t-1p4d-b1", "t-1p4d-b4", "t-2p3d", "t-3p1d", "t-3p2d"]
+
+
+def test_the_seed_names_the_weight_loading_variable_and_when_to_unset_it():
+    sec = " ".join(_section().split())
+    assert seed_exports(ROLE_HEADERS["prefill"])[WEIGHTS] == seed_exports(ROLE_HEADERS["decode"])[WEIGHTS] == "1"
+    assert (f"For the two colocated 1P1D profiles, retain cache_transceiver_config.kv_cache_bounce_size_mb: 2048 on both roles "
+            f"and {WEIGHTS}=1 on both workers. For the other profiles, remove that bounce-size override and unset the "
+            "weight-loading variable to use the pinned runtime’s defaults.") in sec
+    colocated = {t.name for t in dynamo.TOPOLOGIES.values() if t.colocated}
+    assert colocated == {"1P1D-B8", "1P1D-B4"}
+
+
+@pytest.mark.parametrize("name", EVERY_TOPOLOGY)
+def test_the_weight_loading_variable_is_unset_where_the_seed_says(name, temp_cluster, tmp_path):
+    """Colocated 1P1D: every worker keeps TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1
+    (its own export wins over the profile environment) and its ranks get it.
+    Every other topology: each worker script unsets it after sourcing the
+    profile environment, so neither the launcher's shell nor any rank (mpirun
+    -x) has it, whatever the profile environment says. The frontend is left alone."""
+    c = load_cluster(CLUSTER) if name == CLUSTER else temp_cluster(name)
+    colocated = c.profile.topology_info.colocated
+    _, _, plan = planned(c)
+    source = f'. "$CONFIG_DIR/{seed_profile_env()}"'
+    scripts = 0
+    for host, fname, text in _scripts_of(plan):
+        lines = text.splitlines()
+        worker = fname != "frontend.sh"
+        if worker and not colocated:
+            assert lines.count(f"unset {WEIGHTS}") == 1, (host, fname)
+            assert lines.index(source) < lines.index(seed_unset()) < lines.index(f"unset {WEIGHTS}"), (host, fname)
+            # after it, nothing sets it again
+            assert not any(WEIGHTS in ln for ln in lines[lines.index(f"unset {WEIGHTS}") + 1:]), (host, fname)
+        else:
+            assert f"unset {WEIGHTS}" not in lines, (host, fname)
+        scripts += worker
+        if not worker:
+            continue
+        # run it: the launcher to its mpirun, a holder's setup to a stand-in that shows its environment
+        env = {**_env_file(plan.files[host][_env_file_of(fname)][0]), "CONFIG_DIR": "@CONF@"}
+        assert (env.get(WEIGHTS) == "1") == colocated, (host, fname)
+        body = text if fname.endswith(".serve.sh") else text.replace("exec sleep infinity", "exec python3 -c env-dump")
+        call = run_script(tmp_path / host / fname, "sh", body, env, PROFILE_ENV_WITH_WEIGHTS)[-1]
+        if colocated:
+            assert call["env"][WEIGHTS] == "1", (host, fname)
+        else:
+            assert WEIGHTS not in call["env"], (host, fname)
+        if call["tool"] == "mpirun":
+            _, xs, _ = _strip_ours(call["argv"][:call["argv"].index("trtllm-llmapi-launch")])
+            assert (WEIGHTS in xs) == colocated, (host, fname)
+            # -x names only variables the launcher has (OpenMPI warns about the others and passes nothing)
+            assert set(xs) <= set(call["env"]), (host, fname)
+    assert scripts == sum(len(w.nodes) for w in dynamo.placement(c))
 
 
 # --- the control plane, the order, the probes ------------------------------------------------------
@@ -736,8 +834,10 @@ def test_readiness_probes_are_the_seeds_checks():
     by = {(p.port, p.path, p.method): p for p in ready}
     for name, port in ports.items():
         assert by[(port, "/health", "GET")].host == n0
+        # the seed's curl --fail of /metrics: Prometheus text; its "after traffic" metric is not waited for
         m = by[(port, "/metrics", "GET")]
-        assert (m.host, m.check, m.arg) == (n0, "metric", seed_metric())
+        assert (m.host, m.check) == (n0, "prometheus")
+    assert not any(seed_metric() in p.arg for p in ready)
     models = by[(front, "/v1/models", "GET")]
     assert (models.check, models.arg) == ("models", body["model"])
     chat = by[(front, "/v1/chat/completions", "POST")]
@@ -766,7 +866,7 @@ def test_3p1d_decode_is_one_mpi_group_across_four_nodes(temp_cluster, inventory)
     # the launcher: the seed's decode line with -np 16, the hostfile and the launch agent
     files = node_doc(doc, launcher)["files"]
     ours = _exec_line(files["decode0.serve.sh"])
-    assert_seeds_mpirun(ours, "decode", 16, rd, "decode0")
+    assert_seeds_mpirun(ours, "decode", 16, rd, "decode0", c.profile.served_model_name)
     assert _has_seq(ours, ["--hostfile", f"{rd}/decode0.hostfile", "--mca", "plm_rsh_agent", f"{rd}/decode0.mpi-agent.sh"])
     assert "--host" not in ours
     hosts = [ln.split() for ln in files["decode0.hostfile"].splitlines() if ln.strip() and not ln.startswith("#")]
@@ -795,7 +895,7 @@ def test_3p1d_decode_is_one_mpi_group_across_four_nodes(temp_cluster, inventory)
         assert gpus == [0, 1, 2, 3]
         f = node_doc(doc, host)["files"]
         ours = _exec_line(f[f"prefill{i}.serve.sh"])
-        assert_seeds_mpirun(ours, "prefill", 4, rd, f"prefill{i}")
+        assert_seeds_mpirun(ours, "prefill", 4, rd, f"prefill{i}", c.profile.served_model_name)
         assert ours[6:8] == ["--host", "localhost:4"]
         assert "--hostfile" not in ours and "plm_rsh_agent" not in ours and f"prefill{i}.mpi-agent.sh" not in f
     # every TensorRT-LLM container has the seed's docker run
@@ -940,7 +1040,7 @@ def test_every_multi_node_topology_in_check_json(name, temp_cluster, inventory):
         assert "cache_transceiver_config.kv_cache_bounce_size_mb" in overrides.get("__delete__", [])
         assert overrides["tensor_parallel_size"] == w.tp == w.ranks
         ours = _exec_line(files[f"{w.name}.serve.sh"])
-        assert_seeds_mpirun(ours, w.role, w.ranks, rd, w.name)
+        assert_seeds_mpirun(ours, w.role, w.ranks, rd, w.name, c.profile.served_model_name)
         if len(w.nodes) > 1:
             hosts = [ln.split() for ln in files[f"{w.name}.hostfile"].splitlines() if ln.strip() and not ln.startswith("#")]
             assert hosts == [[h, f"slots={len(g)}"] for h, g in w.nodes]

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from llmdeploy.errors import InventoryError
 from llmdeploy.inventory import (
+    PLATFORMS,
     Budget,
     Cluster,
     DynamoWorker,
@@ -29,6 +30,7 @@ from llmdeploy.inventory import (
 from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
 from llmdeploy.runner import FAILED, OK
 from roles import budget, commenv, dynamo, trtllm
+from tests.conftest import run_invoke
 
 SEED = Path(__file__).resolve().parent.parent / "data" / "seeds" / "000_640ab2471bd84fcd.txt"
 BOUNCE = "cache_transceiver_config.kv_cache_bounce_size_mb"
@@ -374,6 +376,22 @@ def test_3p1d_and_3p2d_layouts():
     assert names == [["n0"], ["n1"], ["n2"], ["n3"], ["n4"]]
 
 
+def test_the_simulated_3p2d_is_the_layout_its_integration_test_expects():
+    from llmdeploy.inventory import list_clusters
+    from tests.integration import test_deploy_dynamo_3p2d as t
+
+    c = load_cluster("sim-gb300-3p2d")
+    assert c.profile.topology == "3P2D" and [n.name for n in c.nodes] == t.NODES
+    assert {w.name: (w.rank0_node, w.system_port) for w in dynamo.placement(c)} == t.WORKERS
+    assert all(len(w.nodes) == 1 and w.ranks == 4 for w in dynamo.placement(c))
+    assert c.profile.served_model_name == t.SERVED and not c.profile.topology_info.colocated
+    # its own addresses: no other simulated cluster's node shares an IP with it
+    mine = {str(n.ip) for n in c.nodes}
+    for name in list_clusters():
+        if name.startswith("sim-") and name != c.name:
+            assert not mine & {str(n.ip) for n in load_cluster(name).nodes}, name
+
+
 def test_explicit_workers_place_where_told():
     c = gb300("1P1D-B4", workers=[
         DynamoWorker(gpus={"n0": [3]}, system_port=9001, env={"EXTRA": "1"}),
@@ -536,6 +554,39 @@ def test_profile_fields_are_checked():
     problems = refused(lambda: gb300("1P1D-B8", recipes_dir="/opt/x $(reboot)", nats_server="http://x:4222"))
     assert any(p.startswith("profile.recipes_dir: ") and "not a safe absolute path" in p for p in problems)
     assert any(p.startswith("profile.nats_server: ") for p in problems)
+
+
+@pytest.mark.parametrize("platform", sorted(set(PLATFORMS) - {"gb300"}))
+def test_dynamo_outside_gb300_is_refused_naming_the_platform(platform):
+    """Seed 000's Dynamo profile is for GB300 NVL72: on another platform it is
+    refused with the reason, naming the field, whatever the node count."""
+    def build(nodes: int):
+        return Cluster(name="t", platform=platform, nic="eth0", nodes=make_nodes("n", nodes, "198.51.100.10"),
+                       model=Model(path="/models/Qwen3.5-397B-A17B-NVFP4-V2"), image=image(IMAGE_DYNAMO),
+                       profile=dynamo_gb300("1P1D-B8", recipes_dir="/opt/TensorRT-LLM"))
+
+    name = PLATFORMS[platform].name
+    for nodes in (1, 2):
+        assert refused(lambda: build(nodes)) == [
+            f"platform: {platform} ({name}): the dynamo profile (profile.kind) is the seed's Qwen3.5 GB300 NVL72 agentic "
+            "profile, for gb300 only; its topologies, GPU placement and host-memory budget are not given for other platforms"
+        ]
+
+
+def test_dynamo_on_a_b200_inventory_exits_2_before_any_connection(tmp_path):
+    """invoke with a B200 inventory of the Dynamo profile: exit 2, the file and
+    the field named, and no node contacted (its address is a documentation
+    one; facts would have to connect to it)."""
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    (inv / "dyn_b200.py").write_text(INVENTORY.format(extra="").replace('platform="gb300"', 'platform="b200"')
+                                     .replace('"1P4D-B4"', '"1P1D-B8"').replace('make_nodes("g", 3,', 'make_nodes("g", 1,')
+                                     .replace('name="big"', 'name="dyn-b200"'))
+    for task in (["deploy", "--check"], ["facts"], ["prepare"]):
+        res = run_invoke(task[0], "--cluster", "dyn-b200", *task[1:], env={"LLMDEPLOY_INVENTORY": str(inv)}, timeout=60)
+        assert res.returncode == 2, (task, res.stdout, res.stderr)
+        assert "dyn_b200.py: platform: b200 (B200): the dynamo profile (profile.kind)" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr and res.stdout == "", task
 
 
 INVENTORY = """
