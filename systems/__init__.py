@@ -52,6 +52,30 @@ def nics(cluster: Cluster, names: list[str]) -> str:
     return ",".join(out)
 
 
+def mpi_exports(envs: list[dict[str, str]], node_specific: list[str] | tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """Which variables of one MPI world mpirun exports with ``-x NAME``, and
+    which each node keeps from its own environment: (exported, per node).
+
+    ``envs`` is the environment file of every node of the world, the launch
+    node's first. ``-x NAME`` gives every rank, on every node, the launch
+    node's value. A rank needs its own node's value of a per-node variable
+    (the NIC in NCCL_SOCKET_IFNAME, a GPU mask), and it has it already: the
+    launch agent starts each node's ORTE daemon with ``docker exec`` in that
+    node's serving container, whose ``--env-file`` is the node's own file, and
+    the ranks inherit the daemon's environment (on the launch node, mpirun's).
+    So a variable is per node, and never exported, when it is declared so
+    (``node_specific``) or its value differs between the nodes or some node
+    lacks it; the rest is the same everywhere and is exported. Pure."""
+    if not envs:
+        return [], []
+    first, others = envs[0], envs[1:]
+    declared = set(node_specific)
+    per_node = [k for k in first if k in declared or any(e.get(k) != first[k] for e in others)]
+    for e in others:
+        per_node += [k for k in e if k not in first and k not in per_node]
+    return [k for k in first if k not in per_node], per_node
+
+
 def module_for(kind: str):
     name = MODULES.get(kind)
     if name is None:

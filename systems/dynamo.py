@@ -41,7 +41,7 @@ from llmdeploy.inventory import Cluster, DynamoProfile, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
 from roles import commenv, containers, dynamo, trtllm
-from systems import nics, render, serving_image
+from systems import mpi_exports, nics, render, serving_image
 from systems.trtllm import launch_agent_args, ssh_mounts_for, tcp_if_args
 
 PROFILE_ENV = "qwen3.5-gb300-agentic.env"
@@ -151,10 +151,12 @@ def mpirun_args(cluster: Cluster, rid: str, w: dynamo.Worker, prepared: dict) ->
         args += ["--hostfile", f"{rd}/{w.name}.hostfile", *launch_agent_args(f"{rd}/{w.name}.mpi-agent.sh"),
                  *tcp_if_args(nics(cluster, w.node_names))]
     first = cluster.node(w.rank0_node)
-    # every variable of the environment file except the per-node GPU mask (each node's container has its own)
-    for name in env_of(cluster, first, w):
-        if name != "CUDA_VISIBLE_DEVICES":
-            args += ["-x", name]
+    # every variable of the environment file but the per-node ones (the GPU mask, the NIC, any value that differs
+    # between the group's nodes): each node's container has its own (systems.mpi_exports)
+    exported, _ = mpi_exports([env_of(cluster, cluster.node(h), w) for h in w.node_names],
+                              commenv.node_specific(cluster) + ["CUDA_VISIBLE_DEVICES"])
+    for name in exported:
+        args += ["-x", name]
     tail = shlex.join(membind(cluster, first, prepared) + [
         "trtllm-llmapi-launch", "python3", "-m", "dynamo.trtllm"]) + ' --model-path "$MODEL_PATH" ' + shlex.join([
         "--disaggregation-mode", w.role, "--extra-engine-args", f"{rd}/{w.name}.config.yaml", "--publish-metrics"])

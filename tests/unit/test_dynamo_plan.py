@@ -565,9 +565,11 @@ def test_worker_serve_scripts_are_the_seeds_mpirun():
         ours = _exec_line(script)
         xs = assert_seeds_mpirun(ours, role, ranks, rd, worker)
         assert ours[6:8] == ["--host", f"localhost:{ranks}"]
-        # every variable of its environment file goes to the ranks, except the per-node GPU mask; then the profile's
+        # every variable of its environment file goes to the ranks, except the per-node ones (the GPU mask, the
+        # node's NIC: each container has its own, systems.mpi_exports); then the profile's
         env = _env_file(files[f"{worker}.env"])
-        assert xs == [k for k in env if k != "CUDA_VISIBLE_DEVICES"]
+        per_node = ("CUDA_VISIBLE_DEVICES", *commenv.node_specific(c))
+        assert xs == [k for k in env if k not in per_node]
         assert ours[ours.index("trtllm-llmapi-launch") - 1] == "$X"
         # the merged file: the seed's YAML (from the recipes checkout) with the role settings layered on
         (merge,) = [ln for ln in script.splitlines() if ln.startswith("python3 ")]
@@ -642,8 +644,10 @@ def assert_same_end(seed: dict, ours: dict, c, plan, worker, tmp: Path) -> None:
     stripped, xs, added = _strip_ours(ours["argv"])
     assert stripped == want
     assert added == ["--host", f"localhost:{worker.ranks}"]
-    # the ranks get every variable of the final environment but the GPU mask (each node's container has its own)
-    assert set(xs) == {k for k in _final_env(ours) if k != "CUDA_VISIBLE_DEVICES"}
+    # the ranks get every variable of the final environment but the per-node ones: the GPU mask and the NIC
+    # (each node's container has its own)
+    per_node = ("CUDA_VISIBLE_DEVICES", *commenv.node_specific(c))
+    assert set(xs) == {k for k in _final_env(ours) if k not in per_node}
 
 
 @pytest.mark.parametrize("role", ["frontend", "prefill", "decode"])

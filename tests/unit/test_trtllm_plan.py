@@ -181,8 +181,11 @@ def test_the_launch_nodes_serve_command(cluster):
     assert doc["launch"]["mpirun"] == node0["serve_command"]
     assert ours[:6] == ["mpirun", "--allow-run-as-root", "-np", str(want["np"]), "--hostfile", f"{rd}/hostfile"]
     assert want["np"] == c.profile.tp * c.profile.pp == seed_tp(want["family"])
-    # the node's environment reaches every rank: one -x per variable, no value on the line
-    assert _pairs(ours, "-x") == list(node0["env"]) and node0["env"]
+    # every rank has its node's environment file; -x exports only what is the same on every node (no value on
+    # the line), never a node's own NIC (systems.mpi_exports; tests/unit/test_mpi_env.py)
+    assert _pairs(ours, "-x") == doc["launch"]["exported_env"]
+    assert doc["launch"]["exported_env"] + doc["launch"]["per_node_env"] == list(node0["env"]) and node0["env"]
+    assert {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= set(doc["launch"]["per_node_env"])
     for name, value in node0["env"].items():
         assert f"{name}={value}" not in node0["serve_command"]
     # the launch agent only across nodes
