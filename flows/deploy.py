@@ -147,7 +147,7 @@ def finish(runner: Runner, cluster: Cluster, plan: ReleasePlan, out: Outcome, im
 
 
 def engine_for(cluster: Cluster, runner: Runner, con: Console, quiet: bool, system: str) -> Engine:
-    return Engine(cluster, runner, con, quiet=quiet, signatures=systems.signatures(system))
+    return Engine(cluster, runner, con, quiet=quiet, signatures=systems.signatures(system, cluster))
 
 
 def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_prepare: bool, force: bool, message: str | None,

@@ -52,6 +52,23 @@ def nics(cluster: Cluster, names: list[str]) -> str:
     return ",".join(out)
 
 
+# A rank whose NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME names no interface of its node: NCCL's
+# (src/bootstrap.cc, src/transport/net_socket.cc) and Gloo's (gloo/transport/tcp/device.cc) own words.
+NIC_PATTERN = r"Bootstrap : no socket interface found|NET/Socket : no interface found|Unable to find address for: \S+"
+NIC_REASON = ("no network interface of a rank's node matches NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME (the NIC of that "
+              "node's environment file; the node is named in this line; invoke prepare checks each node's NIC)")
+
+
+def nic_signature() -> tuple[str, str]:
+    """The failure signature of a NIC variable that names no interface of a rank's node."""
+    return NIC_PATTERN, NIC_REASON
+
+
+def nic_reason(cluster: Cluster) -> str:
+    """NIC_REASON with the NIC the inventory gives each node (what each node's environment file names)."""
+    return f"{NIC_REASON}; the inventory's NIC per node: " + ", ".join(f"{n.name} {n.nic}" for n in cluster.nodes)
+
+
 def mpi_exports(envs: list[dict[str, str]], node_specific: list[str] | tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """Which variables of one MPI world mpirun exports with ``-x NAME``, and
     which each node keeps from its own environment: (exported, per node).
@@ -148,10 +165,16 @@ def build(cluster: Cluster, prepared: dict[str, dict], rid: str, image_id: str |
     return plan
 
 
-def signatures(kind: str) -> list[tuple[str, str]]:
-    """The system's failure signatures (the common ones are added by llmdeploy.logs)."""
+def signatures(kind: str, cluster: Cluster | None = None) -> list[tuple[str, str]]:
+    """The system's failure signatures (the common ones are added by llmdeploy.logs);
+    with ``cluster``, the NIC signature names every node's NIC."""
     name = MODULES.get(kind)
-    return list(importlib.import_module(f"{__name__}.{name}").SIGNATURES) if name else []
+    if not name:
+        return []
+    sigs = list(importlib.import_module(f"{__name__}.{name}").SIGNATURES)
+    if cluster is not None:
+        sigs = [(p, nic_reason(cluster)) if p == NIC_PATTERN else (p, r) for p, r in sigs]
+    return sigs
 
 
 def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:

@@ -41,7 +41,7 @@ from llmdeploy.inventory import Cluster, DynamoProfile, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
 from roles import commenv, containers, dynamo, trtllm
-from systems import mpi_exports, nics, render, serving_image
+from systems import mpi_exports, nic_signature, nics, render, serving_image
 from systems.trtllm import launch_agent_args, ssh_mounts_for, tcp_if_args
 
 PROFILE_ENV = "qwen3.5-gb300-agentic.env"
@@ -50,6 +50,7 @@ CHAT_PROMPT = "Write a Python function that adds two integers."
 STOP_CLEANUP = "rm -f /dev/shm/moe_* 2>/dev/null; true\n"
 DRIFT_ENV_PREFIXES = ["DYN_", "ETCD_", "NATS_", "NCCL_", "TRTLLM_", "TLLM_", "CUDA_"]
 SIGNATURES: list[tuple[str, str]] = [
+    nic_signature(),  # first: the rank's own words, before what mpirun and NCCL say after it
     (r"Failed to connect to etcd server|etcd.*connection refused",
      "the worker cannot reach etcd (ETCD_ENDPOINTS; is the control plane up?)"),
     (r"Failed to connect to NATS server|nats: no servers available",

@@ -30,12 +30,13 @@ from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Unit
 from roles import commenv, containers, trtllm
 from roles.trtllm import eplb
-from systems import mpi_exports, nics, render, serving_image
+from systems import mpi_exports, nic_signature, nics, render, serving_image
 
 CHAT_PROMPT = "Where is New York?"
 STOP_CLEANUP = ""
 DRIFT_ENV_PREFIXES = ["NCCL_", "GLOO_", "UCX_", "TLLM_", "TRTLLM_"]
 SIGNATURES: list[tuple[str, str]] = [
+    nic_signature(),  # first: the rank's own words, before what mpirun and NCCL say after it
     (r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError",
      "CUDA out of memory on a rank (lower kv_cache_config.free_gpu_memory_fraction, max_batch_size or max_num_tokens)"),
     (r"mpirun noticed that process rank \d+ .*exited on signal",

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import shlex
 
+import systems
 from flows import deploy as dep
+from llmdeploy import logs
 from llmdeploy.inventory import Budget, Cluster, Model, Node
 from llmdeploy.profiles import IMAGE_DYNAMO, IMAGE_TRTLLM, dynamo_gb300, image, trtllm_qwen38_fp8
 from roles import commenv, dynamo
+from sim.standins import trtllm as standin
 from systems import mpi_exports
 from systems import trtllm as trtllm_sys
 
@@ -133,3 +136,24 @@ def test_a_dynamo_group_on_one_node_still_leaves_its_nic_to_the_container():
     assert len(w.nodes) == 1
     exec_line = shlex.split(plan.files[w.rank0_node][f"{w.name}.serve.sh"][0].rstrip("\n").splitlines()[-1])
     assert "NCCL_SOCKET_IFNAME" not in _exports(exec_line) and "CUDA_VISIBLE_DEVICES" not in _exports(exec_line)
+
+
+# --- the failure signature names the NIC ----------------------------------------------------------
+def test_a_rank_without_its_nic_is_named_with_every_nodes_nic():
+    c = b200_two_nics()
+    # what node 1's rank prints when it got node 0's NIC, then what mpirun says after it
+    err = standin.ifname_error({"NCCL_SOCKET_IFNAME": NICS[0]}, "nics-1", 77, 0, [NICS[1], "lo"], [NICS[1], "lo"])
+    log = ("[TRT-LLM] [RANK 8] [I] starting\n" + err + "\n"
+           "Primary job  terminated normally, but 1 process returned\na non-zero exit code.\n"
+           "mpirun detected that one or more processes exited with non-zero status, thus causing\n")
+    for kind in ("trtllm-serve", "dynamo"):
+        reason, line = logs.match(log, systems.signatures(kind, c))
+        assert reason.startswith("no network interface of a rank's node matches NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME"), kind
+        assert reason.endswith(f"the inventory's NIC per node: nics-0 {NICS[0]}, nics-1 {NICS[1]}")
+        assert line.startswith("nics-1:77:77 ") and line.endswith("NCCL WARN Bootstrap : no socket interface found")
+    # Gloo names the interface itself
+    err = standin.ifname_error({"GLOO_SOCKET_IFNAME": NICS[0]}, "nics-1", 77, 0, [NICS[1]], [NICS[1]])
+    reason, line = logs.match(err, systems.signatures("trtllm-serve", c))
+    assert reason.startswith("no network interface of a rank's node") and line.endswith(f"Unable to find address for: {NICS[0]}")
+    # without a cluster (a caller that has none) the reason still names the variables
+    assert logs.match(err, systems.signatures("trtllm-serve"))[0] == systems.NIC_REASON
