@@ -93,6 +93,28 @@ def mpi_exports(envs: list[dict[str, str]], node_specific: list[str] | tuple[str
     return [k for k in first if k not in per_node], per_node
 
 
+def hostfile(cluster: Cluster, release: str, ranks: list[tuple[str, int]]) -> str:
+    """An OpenMPI hostfile for the nodes ``ranks`` names, in rank order
+    [(node name, slots)]. Across nodes each entry is the node's serving IP:
+    mpirun takes the entry that is one of its own interfaces' addresses for
+    the launch node (checked with OpenMPI 4.1) and hands the others to the
+    launch agent, so no node name has to resolve on node 0 or in its
+    container. One node alone keeps its name (its container's hostname)."""
+    by_ip = len(ranks) > 1
+    entries = [(str(cluster.node(name).ip) if by_ip else name, slots, name) for name, slots in ranks]
+    return render("hostfile.j2", release=release, cluster=cluster.name, by_ip=by_ip, entries=entries)
+
+
+def launch_agent(cluster: Cluster, release: str, container: str, names: list[str], ssh_config: str | None) -> str:
+    """The launch agent (``mpi-agent.sh``) of an MPI world over ``names``:
+    each node's serving IP (its hostfile entry) to its SSH host, the node's
+    name (a Host the launch ssh_config knows), then ``docker exec`` into
+    ``container`` there. Every value is quoted."""
+    targets = [(str(cluster.node(name).ip), name) for name in names]
+    return render("mpi-agent.sh.j2", release=release, cluster=cluster.name, container=container, targets=targets,
+                  ssh_config=ssh_config or "")
+
+
 def module_for(kind: str):
     name = MODULES.get(kind)
     if name is None:

@@ -41,7 +41,7 @@ from llmdeploy.inventory import Cluster, DynamoProfile, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
 from roles import commenv, containers, dynamo, trtllm
-from systems import mpi_exports, nic_signature, nics, render, serving_image
+from systems import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
 from systems.trtllm import launch_agent_args, ssh_mounts_for, tcp_if_args
 
 PROFILE_ENV = "qwen3.5-gb300-agentic.env"
@@ -310,12 +310,10 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
                 overrides=shlex.quote(f"{rd}/{w.name}.overrides.yaml"), config=shlex.quote(f"{rd}/{w.name}.config.yaml"),
                 profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=tail), 0o755)
             if len(w.nodes) > 1:
-                f[f"{w.name}.mpi-agent.sh"] = (render("mpi-agent.sh.j2", release=plan.release, cluster=cluster.name,
-                                                      container=container(cluster, plan.release, w.name),
-                                                      ssh_config=shlex.quote(prof.launch_ssh_config) if prof.launch_ssh_config else ""), 0o755)
+                f[f"{w.name}.mpi-agent.sh"] = (launch_agent(cluster, plan.release, container(cluster, plan.release, w.name), w.node_names,
+                                                            prof.launch_ssh_config), 0o755)
                 if launcher:
-                    f[f"{w.name}.hostfile"] = (render("hostfile.j2", release=plan.release, cluster=cluster.name,
-                                                      ranks=[(host, len(gpus)) for host, gpus in w.nodes]), 0o644)
+                    f[f"{w.name}.hostfile"] = (hostfile(cluster, plan.release, [(host, len(gpus)) for host, gpus in w.nodes]), 0o644)
         main = units[0] if units else None
         meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "system": plan.system, "topology": prof.topology,
                 # the image prepare pulled (its ID is image_id) and the one the containers run (with the wheels)

@@ -30,7 +30,7 @@ from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Unit
 from roles import commenv, containers, trtllm
 from roles.trtllm import eplb
-from systems import mpi_exports, nic_signature, nics, render, serving_image
+from systems import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
 
 CHAT_PROMPT = "Where is New York?"
 STOP_CLEANUP = ""
@@ -263,15 +263,14 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
                 "container": u.container, "image": u.show["image"], "image_id": image_id, "system": plan.system,
                 "command": shlex.split(u.show["container_command"])[shlex.split(u.show["container_command"]).index(u.show["image"]) + 1:]}
         if len(placement(cluster)) > 1:
-            files[SERVE_FILES["agent"]] = (render("mpi-agent.sh.j2", release=plan.release, cluster=cluster.name, container=u.container,
-                                                  ssh_config=shlex.quote(prof.launch_ssh_config) if prof.launch_ssh_config else ""), 0o755)
+            files[SERVE_FILES["agent"]] = (launch_agent(cluster, plan.release, u.container, [node.name for node, _, _ in placement(cluster)],
+                                                        prof.launch_ssh_config), 0o755)
         if emap:
             meta["eplb_map"] = {"source": str(emap.path), "sha256": emap.sha256, "num_slots": emap.num_slots, "layers": emap.layers}
         if u.role != "launcher":
             files[SERVE_FILES["hold"]] = (render("trtllm-hold.sh.j2", **merge), 0o755)
         else:
-            files[SERVE_FILES["hostfile"]] = (render("hostfile.j2", release=plan.release, cluster=cluster.name,
-                                                     ranks=[(node.name, slots) for node, slots, _ in placement(cluster)]), 0o644)
+            files[SERVE_FILES["hostfile"]] = (hostfile(cluster, plan.release, [(node.name, slots) for node, slots, _ in placement(cluster)]), 0o644)
             files[SERVE_FILES["serve"]] = (render("trtllm-serve.sh.j2", command=u.show["serve_command"],
                                                   per_node=" ".join(world_envs(cluster)[1]), **merge), 0o755)
         meta["curated"] = trtllm.curated_path(prof)

@@ -774,7 +774,7 @@ def test_3p1d_decode_is_one_mpi_group_across_four_nodes(temp_cluster, inventory)
     assert _has_seq(ours, ["--hostfile", f"{rd}/decode0.hostfile", "--mca", "plm_rsh_agent", f"{rd}/decode0.mpi-agent.sh"])
     assert "--host" not in ours
     hosts = [ln.split() for ln in files["decode0.hostfile"].splitlines() if ln.strip() and not ln.startswith("#")]
-    assert hosts == [[h, "slots=4"] for h in decode_nodes]
+    assert hosts == [[str(c.node(h).ip), "slots=4"] for h in decode_nodes]
     for h in decode_nodes:
         f = node_doc(doc, h)["files"]
         assert "decode0.mpi-agent.sh" in f, h
@@ -947,7 +947,7 @@ def test_every_multi_node_topology_in_check_json(name, temp_cluster, inventory):
         assert_seeds_mpirun(ours, w.role, w.ranks, rd, w.name)
         if len(w.nodes) > 1:
             hosts = [ln.split() for ln in files[f"{w.name}.hostfile"].splitlines() if ln.strip() and not ln.startswith("#")]
-            assert hosts == [[h, f"slots={len(g)}"] for h, g in w.nodes]
+            assert hosts == [[str(c.node(h).ip), f"slots={len(g)}"] for h, g in w.nodes]
         else:
             assert ["--host", f"localhost:{w.ranks}"] == ours[6:8]
         for host, gpus in w.nodes:
