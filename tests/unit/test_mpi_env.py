@@ -7,6 +7,7 @@ groups, on inventories whose nodes have different NIC names."""
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import systems
@@ -18,6 +19,7 @@ from roles import commenv, dynamo
 from sim.standins import trtllm as standin
 from systems import mpi_exports
 from systems import trtllm as trtllm_sys
+from tests.conftest import run_invoke
 
 NICS = ["ens1f0", "enp65s0f1"]
 
@@ -157,3 +159,15 @@ def test_a_rank_without_its_nic_is_named_with_every_nodes_nic():
     assert reason.startswith("no network interface of a rank's node") and line.endswith(f"Unable to find address for: {NICS[0]}")
     # without a cluster (a caller that has none) the reason still names the variables
     assert logs.match(err, systems.signatures("trtllm-serve"))[0] == systems.NIC_REASON
+
+
+def test_the_simulated_inventory_with_two_nic_names_in_check_json():
+    """inventory/sim_b200_nics.py (the integration test's cluster): what deploy --check shows, no node needed."""
+    res = run_invoke("deploy", "--cluster", "sim-b200-nics", "--check", "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert [(n["host"], n["env"]["NCCL_SOCKET_IFNAME"], n["env"]["GLOO_SOCKET_IFNAME"]) for n in doc["nodes"]] == [
+        ("sim-b200-nics-0", "ens1f0", "ens1f0"), ("sim-b200-nics-1", "enp65s0f1", "enp65s0f1")]
+    mpirun = shlex.split(doc["launch"]["mpirun"])
+    assert _exports(mpirun) == doc["launch"]["exported_env"] == []
+    assert doc["launch"]["per_node_env"] == ["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"]
