@@ -94,6 +94,9 @@ def print_check(con: Console, doc: dict) -> None:
         con.print(f"  container: {escape(p['container_command'])}", soft_wrap=True)
         if p.get("serve_command"):
             con.print(f"  serve:     {escape(p['serve_command'])}", soft_wrap=True)
+        for u in p.get("units") or []:
+            if u.get("serve_command"):
+                con.print(f"  serve ({escape(u['service'])}): {escape(u['serve_command'])}", soft_wrap=True)
         for name, text in (p.get("files") or {}).items():
             con.print(f"  [dim]{escape(name)}:[/]")
             con.print(escape(text.rstrip()), soft_wrap=True)

@@ -40,7 +40,7 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, DynamoProfile, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
-from roles import commenv, containers, dynamo, trtllm
+from roles import commenv, containers, dynamo, numa, trtllm
 from systems import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
 from systems.trtllm import launch_agent_args, ssh_mounts_for, tcp_if_args
 
@@ -89,11 +89,17 @@ def container(cluster: Cluster, rid: str, service: str) -> str:
 
 
 def membind(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> list[str]:
-    """``numactl -m 0,1`` where prepare found that layout (its record), else nothing."""
-    binding = (prepared.get(node.name) or {}).get("binding") or {}
-    if binding.get("kind") == "numactl" and binding.get("prefix"):
-        return shlex.split(binding["prefix"])
-    return []
+    """``numactl -m 0,1`` where prepare found that layout (its record) or the
+    inventory demands it, else nothing (roles.numa.membind)."""
+    return numa.membind(cluster, node, prepared.get(node.name))[0] or []
+
+
+def membind_shown(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> tuple[str, dict]:
+    """What ``deploy --check`` shows before ``trtllm-llmapi-launch``: the prefix
+    when it is known, else which recorded fact decides it; and the same as data."""
+    prefix, why = numa.membind(cluster, node, prepared.get(node.name))
+    data = {"prefix": shlex.join(prefix) if prefix is not None else None, "decided_by": why}
+    return ("" if prefix is not None else f"[numactl -m 0,1 or nothing: {why}] "), data
 
 
 # --- command lines -------------------------------------------------------------------------------
@@ -233,7 +239,8 @@ def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, r
                 show = {"container_command": shlex.join(cmd), "image": image, "ranks": f"{w.ranks} ({len(gpus)} here)",
                         "cuda_visible_devices": w.cuda_visible_devices(host), "system_port": w.system_port}
                 if launcher:
-                    show["serve_command"] = f"{shlex.join(mpirun)} <-x every variable of {PROFILE_ENV}> {tail}"
+                    note, show["numactl"] = membind_shown(cluster, node, prepared)
+                    show["serve_command"] = f"{shlex.join(mpirun)} <-x every variable of {PROFILE_ENV}> {note}{tail}"
                 units.append(Unit(host=host, container=container(cluster, rid, w.name), prefix=f"{w.name}.", order=1 if launcher else 0,
                                   role=w.role, show=show))
             out.append(Service(name=w.name, units=units, restart="group"))

@@ -12,6 +12,7 @@ tests/unit/test_dynamo_topology.py's."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -578,6 +579,8 @@ def test_worker_serve_scripts_are_the_seeds_mpirun():
         # what --check shows is that line
         (unit,) = [u for u in units_of(doc) if u["service"] == worker]
         shown = unit["serve_command"].replace(f" <-x every variable of {seed_profile_env()}> ", " $X ")
+        # numa_membind auto: check mode says which prepare record decides numactl (tests/unit/test_numactl_check.py)
+        shown = re.sub(r"\[numactl -m 0,1 or nothing: [^\]]*\] ", "", shown)
         assert shlex.split(shown) == ours
         assert unit["cuda_visible_devices"] == seed_exports(ROLE_HEADERS[role])["CUDA_VISIBLE_DEVICES"]
         assert str(unit["system_port"]) == seed_exports(ROLE_HEADERS[role])["DYN_SYSTEM_PORT"]
