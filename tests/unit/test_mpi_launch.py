@@ -49,7 +49,8 @@ def test_the_hostfile_names_each_node_by_its_serving_ip():
 
 def _fake_bin(tmp: Path, log: Path) -> Path:
     """``ssh`` that logs its argv and runs the remote command with sh (as a node's sshd would), and
-    ``docker`` that logs its argv and, for ``exec -i NAME CMD...``, runs CMD (as in the container)."""
+    ``docker`` that logs its argv and, for ``exec -i NAME CMD...``, runs CMD with the container's
+    environment: ``<tmp>/<ssh host>.env`` when there is one (what docker's --env-file gave it)."""
     d = tmp / "bin"
     d.mkdir()
     py = shutil.which("python3")
@@ -58,14 +59,21 @@ def _fake_bin(tmp: Path, log: Path) -> Path:
         import json, os, sys
         with open({str(log)!r}, "a") as f:
             f.write(json.dumps(["ssh"] + sys.argv[1:]) + "\\n")
+        os.environ["FAKE_NODE"] = sys.argv[-2]  # the host the command runs on
         os.execvp("sh", ["sh", "-c", sys.argv[-1]])
     """))
+    # docker exec: the container's environment is its --env-file (here <tmp>/<node>.env, when there is one)
     (d / "docker").write_text(textwrap.dedent(f"""\
         #!{py}
         import json, os, sys
         with open({str(log)!r}, "a") as f:
             f.write(json.dumps(["docker"] + sys.argv[1:]) + "\\n")
         assert sys.argv[1:3] == ["exec", "-i"], sys.argv
+        env_file = os.path.join({str(tmp)!r}, os.environ.get("FAKE_NODE", "") + ".env")
+        if os.path.exists(env_file):
+            for line in open(env_file).read().splitlines():
+                k, _, v = line.partition("=")
+                os.environ[k] = v
         os.execvp(sys.argv[4], sys.argv[4:])
     """))
     for f in d.iterdir():
@@ -128,3 +136,31 @@ def test_real_openmpi_takes_its_own_address_as_local_and_launches_the_other_thro
     # one daemon to start, on the second node, reached by its SSH host; the first node's entry was taken as local
     assert len(ssh) == 1 and ssh[0][-2] == "hf-node-1" and "orted" in ssh[0][-1]
     assert [call[:4] for call in calls if call[0] == "docker"] == [["docker", "exec", "-i", "hf-r1"]]
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed (scripts/setup.sh installs openmpi-bin)")
+def test_real_openmpi_ranks_keep_their_nodes_environment_unless_mpirun_exports_it(tmp_path):
+    """The premise of systems.mpi_exports: a rank on another node inherits the environment of the daemon
+    the agent started there (docker exec: that node's --env-file), unless ``-x NAME`` overrides it with the
+    launch node's value, which is what gave node 1's ranks node 0's NIC."""
+    c = b200(ips=("127.0.0.1", "127.0.0.2"))
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(systems.hostfile(c, "r1", [("hf-node-0", 1), ("hf-node-1", 1)]))
+    agent = tmp_path / "mpi-agent.sh"
+    agent.write_text(systems.launch_agent(c, "r1", "hf-r1", [n.name for n in c.nodes], None))
+    agent.chmod(0o755)
+    (tmp_path / "hf-node-1.env").write_text("NCCL_SOCKET_IFNAME=enp65s0f1\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
+    env["PATH"] = f"{_fake_bin(tmp_path, tmp_path / 'calls.jsonl')}:{env['PATH']}"
+    env["NCCL_SOCKET_IFNAME"] = "ens1f0"  # node 0's container
+
+    def ranks(*exports: str) -> list[str]:
+        res = subprocess.run(["mpirun", "--allow-run-as-root", "-np", "2", "--hostfile", str(hostfile),
+                              "--mca", "plm_rsh_agent", str(agent), "--mca", "plm_rsh_no_tree_spawn", "1", *exports,
+                              "sh", "-c", 'echo "rank=$OMPI_COMM_WORLD_RANK nic=$NCCL_SOCKET_IFNAME"'],
+                             capture_output=True, text=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return sorted(ln for ln in res.stdout.splitlines() if ln.startswith("rank="))
+
+    assert ranks() == ["rank=0 nic=ens1f0", "rank=1 nic=enp65s0f1"]
+    assert ranks("-x", "NCCL_SOCKET_IFNAME") == ["rank=0 nic=ens1f0", "rank=1 nic=ens1f0"]
