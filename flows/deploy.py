@@ -94,6 +94,9 @@ def print_check(con: Console, doc: dict) -> None:
         con.print(f"  container: {escape(p['container_command'])}", soft_wrap=True)
         if p.get("serve_command"):
             con.print(f"  serve:     {escape(p['serve_command'])}", soft_wrap=True)
+        for u in p.get("units") or []:
+            if u.get("serve_command"):
+                con.print(f"  serve ({escape(u['service'])}): {escape(u['serve_command'])}", soft_wrap=True)
         for name, text in (p.get("files") or {}).items():
             con.print(f"  [dim]{escape(name)}:[/]")
             con.print(escape(text.rstrip()), soft_wrap=True)
@@ -147,7 +150,7 @@ def finish(runner: Runner, cluster: Cluster, plan: ReleasePlan, out: Outcome, im
 
 
 def engine_for(cluster: Cluster, runner: Runner, con: Console, quiet: bool, system: str) -> Engine:
-    return Engine(cluster, runner, con, quiet=quiet, signatures=systems.signatures(system))
+    return Engine(cluster, runner, con, quiet=quiet, signatures=systems.signatures(system, cluster))
 
 
 def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_prepare: bool, force: bool, message: str | None,

@@ -17,7 +17,9 @@ cluster = Cluster(
     # one of the curated profiles (qwen3.8-low-latency[-mtp3].yaml,
     # qwen3.8-high-throughput[-mtp3].yaml); overrides are layered on it, e.g.
     #   trtllm_qwen38_fp8("qwen3.8-high-throughput-mtp3.yaml",
-    #                     overrides={"speculative_config.max_draft_len": 2, "kv_cache_config.free_gpu_memory_fraction": 0.8},
+    #                     overrides={"speculative_config.max_draft_len": 2, "kv_cache_config.free_gpu_memory_fraction": 0.8})
+    # (attention DP at EP = TP = 16 here); the guide's static EPLB maps are for EP32, i.e. tp=32 on four nodes:
+    #   trtllm_qwen38_fp8("qwen3.8-high-throughput-mtp3.yaml", tp=32,
     #                     eplb_map="maps/qwen3.8-ep32-static544-mtp3.yaml")   # a local file, checked before anything starts
     # mpirun's launch agent on node 0 reaches node 1 with root's ssh config there;
     # launch_ssh_config="/root/.ssh/cluster_config" names another.

@@ -354,27 +354,32 @@ class CuratedProfile(BaseModel):
     tp: tuple[int, ...]  # tensor_parallel_size values the guide runs it at, the minimum first
     mtp: bool  # speculative_config (MTP3) is part of the profile
     high_throughput: bool  # attention DP + a static EPLB map
+    # moe_expert_parallel_size as the guide runs the profile: "1" (low latency,
+    # TP16/EP1), "tp" (high throughput, attention DP: TP32/EP32, EP = TP), or
+    # None (the guide names no EP: the curated file's own value applies)
+    ep: Literal["1", "tp"] | None = None
     eplb_layers: int | None = None  # MoE layers a static map must cover
     eplb_map_name: str | None = None  # the guide's map for this profile
 
 
 TRTLLM_CURATED: dict[str, CuratedProfile] = {
+    # "Low-latency profiles use TP16/EP1 on 16 GPUs"
     "qwen3.8-low-latency.yaml": CuratedProfile(
-        checkpoint="Qwen3.8-2.4T-A95B FP8", family="Qwen3.8", tp=(16,), mtp=False, high_throughput=False
+        checkpoint="Qwen3.8-2.4T-A95B FP8", family="Qwen3.8", tp=(16,), mtp=False, high_throughput=False, ep="1"
     ),
     "qwen3.8-low-latency-mtp3.yaml": CuratedProfile(
-        checkpoint="Qwen3.8-2.4T-A95B FP8", family="Qwen3.8", tp=(16,), mtp=True, high_throughput=False
+        checkpoint="Qwen3.8-2.4T-A95B FP8", family="Qwen3.8", tp=(16,), mtp=True, high_throughput=False, ep="1"
     ),
     # TP16 is the checkpoint's minimum ("tensor_parallel_size: 16 for the
     # minimum-GPU configurations"); "High-throughput profiles use attention DP
     # with TP32/EP32 on 32 GPUs and a 544-slot static EPLB map". The no-MTP map
     # covers the 92 target-model layers, the MTP3 map also the MTP layer.
     "qwen3.8-high-throughput.yaml": CuratedProfile(
-        checkpoint="Qwen3.8-2.4T-A95B FP8", family="Qwen3.8", tp=(16, 32), mtp=False, high_throughput=True,
+        checkpoint="Qwen3.8-2.4T-A95B FP8", family="Qwen3.8", tp=(16, 32), mtp=False, high_throughput=True, ep="tp",
         eplb_layers=QWEN38_MOE_LAYERS, eplb_map_name="qwen3.8-ep32-static544.yaml",
     ),
     "qwen3.8-high-throughput-mtp3.yaml": CuratedProfile(
-        checkpoint="Qwen3.8-2.4T-A95B FP8", family="Qwen3.8", tp=(16, 32), mtp=True, high_throughput=True,
+        checkpoint="Qwen3.8-2.4T-A95B FP8", family="Qwen3.8", tp=(16, 32), mtp=True, high_throughput=True, ep="tp",
         eplb_layers=QWEN38_MOE_LAYERS + 1, eplb_map_name="qwen3.8-ep32-static544-mtp3.yaml",
     ),
     "qwen3.5.yaml": CuratedProfile(
@@ -383,8 +388,17 @@ TRTLLM_CURATED: dict[str, CuratedProfile] = {
 }
 
 OVERRIDE_KEY_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
-# set from profile.tp / profile.pp, never through overrides
-_PARALLEL_KEYS = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp"}
+# set from profile.tp / profile.pp / profile.ep, never through overrides
+_PARALLEL_KEYS = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "moe_expert_parallel_size": "ep"}
+# the expert-parallel size a static EPLB map was generated for, in its file name as the guide names them
+# (qwen3.8-ep32-static544.yaml)
+EPLB_MAP_EP_RE = re.compile(r"(?:^|[^a-z0-9])ep(\d+)(?![0-9])")
+
+
+def eplb_map_ep_from_name(name: str) -> int | None:
+    """32 for ``qwen3.8-ep32-static544-mtp3.yaml``; None when the name says no EP."""
+    m = EPLB_MAP_EP_RE.search(Path(name).name.lower())
+    return int(m.group(1)) if m else None
 
 
 def _override_value_problem(value, where: str) -> str | None:
@@ -454,7 +468,11 @@ class TrtllmProfile(Strict):
     served_model_name: str = Field(pattern=r"^[A-Za-z0-9._/-]+$")
     tp: int = Field(ge=1)
     pp: int = Field(default=1, ge=1)
-    ep: int = Field(default=1, ge=1)
+    # moe_expert_parallel_size, written into the overrides; default as the
+    # guide runs the curated profile (CuratedProfile.ep): 1 for low latency,
+    # TP for high throughput; for a profile the guide gives no EP, unset
+    # leaves the curated file's own value
+    ep: int | None = Field(default=None, ge=1)
     port: Port = 8000
     # TRTLLM_DIR of the guide: where TensorRT LLM lives inside the container
     trtllm_dir: SafePath = "/app/tensorrt_llm"
@@ -468,6 +486,9 @@ class TrtllmProfile(Strict):
     # a static EPLB placement on this machine (absolute, or relative to the
     # inventory directory); high-throughput profiles only
     eplb_map: str | None = None
+    # the expert-parallel size the map was generated for; default: read from
+    # its file name (qwen3.8-ep32-static544.yaml: 32). Must equal ep.
+    eplb_map_ep: int | None = Field(default=None, ge=1)
     # MPI slots (ranks) per node name; a node not named here gets its devices
     slots: dict[str, Annotated[int, Field(ge=0, le=64)]] = Field(default_factory=dict)
     # the ssh_config (a path on node 0) mpirun's launch agent uses to reach
@@ -520,6 +541,13 @@ class TrtllmProfile(Strict):
             if self.tp not in curated.tp:
                 allowed = " or ".join(f"TP{t}" for t in curated.tp)
                 problems.append(("tp", f"{self.config} runs {curated.checkpoint} at {allowed}, not TP{self.tp}"))
+            if self.ep is None and curated.ep is not None:
+                self.ep = self.tp if curated.ep == "tp" else 1
+            if curated.ep == "tp" and self.ep != self.tp:
+                problems.append(
+                    ("ep", f"moe_expert_parallel_size {self.ep} (profile.ep) disagrees with tensor_parallel_size {self.tp} "
+                     f"(profile.tp): {self.config} runs attention DP with EP = TP (seed 000: TP32/EP32)")
+                )
 
         flat, bad = flatten_overrides(self.overrides)
         problems += [(f"overrides.{where}", msg) for where, msg in bad]
@@ -541,6 +569,23 @@ class TrtllmProfile(Strict):
             if self.eplb_map is not None and (dotted == "moe_config.load_balancer" or dotted.startswith("moe_config.load_balancer.")):
                 problems.append((f"overrides.{dotted}", "profile.eplb_map sets moe_config.load_balancer; set one, not both"))
 
+        if self.eplb_map_ep is not None and self.eplb_map is None:
+            problems.append(("eplb_map_ep", "is the EP of profile.eplb_map, which is not set"))
+        if self.eplb_map is not None and curated is not None and curated.high_throughput:
+            map_ep = self.eplb_map_ep or eplb_map_ep_from_name(self.eplb_map)
+            if map_ep is None:
+                problems.append(
+                    ("eplb_map", f"{self.eplb_map}: the expert-parallel size the placement was generated for is not known: "
+                     "name it in the file name (qwen3.8-ep32-static544.yaml, as the guide does) or set profile.eplb_map_ep")
+                )
+            elif map_ep != self.ep:
+                problems.append(
+                    ("eplb_map", f"{Path(self.eplb_map).name} is a placement for EP {map_ep}, but moe_expert_parallel_size "
+                     f"is {self.ep} (profile.ep, at tensor_parallel_size {self.tp}): a placement is specific to its EP "
+                     f"(seed 000: generate a new one when EP changes); use a map for EP {self.ep} or run TP{map_ep}/EP{map_ep}")
+                )
+            if self.ep is not None and EPLB_NUM_SLOTS % self.ep:
+                problems.append(("ep", f"EP {self.ep} does not divide the static map's {EPLB_NUM_SLOTS} slots"))
         if self.eplb_map is not None and curated is not None:
             if not curated.high_throughput:
                 ht = [name for name, c in TRTLLM_CURATED.items() if c.high_throughput]
@@ -1290,7 +1335,7 @@ class Cluster(Strict):
                         (f"profile.slots.{node0.name}",
                          f"node 0 ({node0.name}) needs at least one slot: rank 0 and the HTTP server run there")
                     )
-            if prof.tp % prof.ep:
+            if prof.ep is not None and prof.tp % prof.ep:
                 problems.append(("profile.ep", f"EP {prof.ep} must divide TP {prof.tp}"))
         elif isinstance(prof, DynamoProfile):
             if self.platform not in DYNAMO_PLATFORMS:

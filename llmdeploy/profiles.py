@@ -6,7 +6,7 @@ flag and variable of the guides lives here once.
 
 from __future__ import annotations
 
-from .inventory import TRTLLM_CURATED, DynamoProfile, Image, TrtllmProfile, VllmAscendProfile
+from .inventory import DynamoProfile, Image, TrtllmProfile, VllmAscendProfile
 
 # vLLM-Ascend 0.23.0, Qwen3.8-2.4T-A95B (seed 001)
 IMAGE_A3 = "quay.io/ascend/vllm-ascend:qwen3.8-a3"
@@ -100,18 +100,17 @@ def trtllm_qwen38_fp8(config: str = "qwen3.8-low-latency.yaml", **overrides) -> 
     profiles: qwen3.8-low-latency.yaml, qwen3.8-low-latency-mtp3.yaml (EP1),
     qwen3.8-high-throughput.yaml, qwen3.8-high-throughput-mtp3.yaml (attention
     DP, EP = TP; the guide measured them at tp=32 on 32 GPUs; ``eplb_map=``
-    for its 544-slot static placement)."""
-    curated = TRTLLM_CURATED.get(config)
+    for its 544-slot static placement, which is for EP32: tp=32)."""
     values = dict(served_model_name="Qwen/Qwen3.8-2.4T-A95B-FP8", tp=16, config=config)
     values.update(overrides)
-    if "ep" not in values:
-        values["ep"] = values["tp"] if curated is not None and curated.high_throughput else 1
+    # ep: unset is the guide's (TrtllmProfile: EP1 low latency, EP = TP high throughput)
     return TrtllmProfile(**values)
 
 
 def trtllm_qwen35_nvfp4(**overrides) -> TrtllmProfile:
     """Qwen3.5-397B-A17B NVFP4 at TP4 (general deployment, qwen3.5.yaml)."""
-    values = dict(served_model_name="nvidia/Qwen3.5-397B-A17B-NVFP4", tp=4, ep=1, config="qwen3.5.yaml")
+    # the guide gives TP4 only: EP stays the curated file's (profile.ep sets it)
+    values = dict(served_model_name="nvidia/Qwen3.5-397B-A17B-NVFP4", tp=4, config="qwen3.5.yaml")
     values.update(overrides)
     return TrtllmProfile(**values)
 

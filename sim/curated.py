@@ -18,7 +18,7 @@ _QWEN38_HEAD = """\
 
 _LOW_LATENCY = """\
 tensor_parallel_size: 16
-moe_expert_parallel_size: 16
+moe_expert_parallel_size: 1
 enable_attention_dp: false
 max_batch_size: 32
 max_num_tokens: 8192

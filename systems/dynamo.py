@@ -44,8 +44,8 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, DynamoProfile, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
-from roles import commenv, containers, dynamo, trtllm
-from systems import nics, render, serving_image
+from roles import commenv, containers, dynamo, numa, trtllm
+from systems import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
 from systems.trtllm import launch_agent_args, ssh_mounts_for, tcp_if_args
 
 PROFILE_ENV = "qwen3.5-gb300-agentic.env"
@@ -54,6 +54,7 @@ CHAT_PROMPT = "Write a Python function that adds two integers."
 STOP_CLEANUP = "rm -f /dev/shm/moe_* 2>/dev/null; true\n"
 DRIFT_ENV_PREFIXES = ["DYN_", "ETCD_", "NATS_", "NCCL_", "TRTLLM_", "TLLM_", "CUDA_"]
 SIGNATURES: list[tuple[str, str]] = [
+    nic_signature(),  # first: the rank's own words, before what mpirun and NCCL say after it
     (r"Failed to connect to etcd server|etcd.*connection refused",
      "the worker cannot reach etcd (ETCD_ENDPOINTS; is the control plane up?)"),
     (r"Failed to connect to NATS server|nats: no servers available",
@@ -92,11 +93,17 @@ def container(cluster: Cluster, rid: str, service: str) -> str:
 
 
 def membind(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> list[str]:
-    """``numactl -m 0,1`` where prepare found that layout (its record), else nothing."""
-    binding = (prepared.get(node.name) or {}).get("binding") or {}
-    if binding.get("kind") == "numactl" and binding.get("prefix"):
-        return shlex.split(binding["prefix"])
-    return []
+    """``numactl -m 0,1`` where prepare found that layout (its record) or the
+    inventory demands it, else nothing (roles.numa.membind)."""
+    return numa.membind(cluster, node, prepared.get(node.name))[0] or []
+
+
+def membind_shown(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> tuple[str, dict]:
+    """What ``deploy --check`` shows before ``trtllm-llmapi-launch``: the prefix
+    when it is known, else which recorded fact decides it; and the same as data."""
+    prefix, why = numa.membind(cluster, node, prepared.get(node.name))
+    data = {"prefix": shlex.join(prefix) if prefix is not None else None, "decided_by": why}
+    return ("" if prefix is not None else f"[numactl -m 0,1 or nothing: {why}] "), data
 
 
 # --- command lines -------------------------------------------------------------------------------
@@ -155,10 +162,12 @@ def mpirun_args(cluster: Cluster, rid: str, w: dynamo.Worker, prepared: dict) ->
         args += ["--hostfile", f"{rd}/{w.name}.hostfile", *launch_agent_args(f"{rd}/{w.name}.mpi-agent.sh"),
                  *tcp_if_args(nics(cluster, w.node_names))]
     first = cluster.node(w.rank0_node)
-    # every variable of the environment file except the per-node GPU mask (each node's container has its own)
-    for name in env_of(cluster, first, w):
-        if name != "CUDA_VISIBLE_DEVICES":
-            args += ["-x", name]
+    # every variable of the environment file but the per-node ones (the GPU mask, the NIC, any value that differs
+    # between the group's nodes): each node's container has its own (systems.mpi_exports)
+    exported, _ = mpi_exports([env_of(cluster, cluster.node(h), w) for h in w.node_names],
+                              commenv.node_specific(cluster) + ["CUDA_VISIBLE_DEVICES"])
+    for name in exported:
+        args += ["-x", name]
     # --model-path is the seed's spelling; ai-dynamo 1.6.1 still takes it, as
     # the obsolete alias of --model (dynamo/trtllm/backend_args.py), so the seed's line stays
     tail = shlex.join(membind(cluster, first, prepared) + [
@@ -250,7 +259,8 @@ def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, r
                 show = {"container_command": shlex.join(cmd), "image": image, "ranks": f"{w.ranks} ({len(gpus)} here)",
                         "cuda_visible_devices": w.cuda_visible_devices(host), "system_port": w.system_port}
                 if launcher:
-                    show["serve_command"] = f"{shlex.join(mpirun)} <-x every variable of {PROFILE_ENV}> {tail}"
+                    note, show["numactl"] = membind_shown(cluster, node, prepared)
+                    show["serve_command"] = f"{shlex.join(mpirun)} <-x every variable of {PROFILE_ENV}> {note}{tail}"
                 units.append(Unit(host=host, container=container(cluster, rid, w.name), prefix=f"{w.name}.", order=1 if launcher else 0,
                                   role=w.role, show=show))
             out.append(Service(name=w.name, units=units, restart="group"))
@@ -350,12 +360,10 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
                 overrides=shlex.quote(f"{rd}/{w.name}.overrides.yaml"), config=shlex.quote(f"{rd}/{w.name}.config.yaml"),
                 profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=tail), 0o755)
             if len(w.nodes) > 1:
-                f[f"{w.name}.mpi-agent.sh"] = (render("mpi-agent.sh.j2", release=plan.release, cluster=cluster.name,
-                                                      container=container(cluster, plan.release, w.name),
-                                                      ssh_config=shlex.quote(prof.launch_ssh_config) if prof.launch_ssh_config else ""), 0o755)
+                f[f"{w.name}.mpi-agent.sh"] = (launch_agent(cluster, plan.release, container(cluster, plan.release, w.name), w.node_names,
+                                                            prof.launch_ssh_config), 0o755)
                 if launcher:
-                    f[f"{w.name}.hostfile"] = (render("hostfile.j2", release=plan.release, cluster=cluster.name,
-                                                      ranks=[(host, len(gpus)) for host, gpus in w.nodes]), 0o644)
+                    f[f"{w.name}.hostfile"] = (hostfile(cluster, plan.release, [(host, len(gpus)) for host, gpus in w.nodes]), 0o644)
         main = units[0] if units else None
         meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "system": plan.system, "topology": prof.topology,
                 # the image prepare pulled (its ID is image_id) and the one the containers run (with the wheels)

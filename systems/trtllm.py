@@ -30,12 +30,13 @@ from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Unit
 from roles import commenv, containers, trtllm
 from roles.trtllm import eplb
-from systems import nics, render, serving_image
+from systems import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
 
 CHAT_PROMPT = "Where is New York?"
 STOP_CLEANUP = ""
 DRIFT_ENV_PREFIXES = ["NCCL_", "GLOO_", "UCX_", "TLLM_", "TRTLLM_"]
 SIGNATURES: list[tuple[str, str]] = [
+    nic_signature(),  # first: the rank's own words, before what mpirun and NCCL say after it
     (r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError",
      "CUDA out of memory on a rank (lower kv_cache_config.free_gpu_memory_fraction, max_batch_size or max_num_tokens)"),
     (r"mpirun noticed that process rank \d+ .*exited on signal",
@@ -91,11 +92,19 @@ def tcp_if_args(nic_list: str) -> list[str]:
     return ["--mca", "oob_tcp_if_include", nic_list, "--mca", "btl_tcp_if_include", nic_list]
 
 
+def world_envs(cluster: Cluster) -> tuple[list[str], list[str]]:
+    """(the variables mpirun exports to every rank, those each node keeps from
+    its own environment file): ``systems.mpi_exports`` over the environment
+    files of the world's nodes, the node's NIC variables always per node."""
+    envs = [commenv.env_vars(cluster, node) for node, _, _ in placement(cluster)]
+    return mpi_exports(envs, commenv.node_specific(cluster))
+
+
 def world_env(cluster: Cluster) -> list[str]:
-    """The variables every rank needs (``-x NAME``: the value comes from the
-    launch container's environment file, so no value, secrets included, is on
-    the command line)."""
-    return list(commenv.env_vars(cluster, cluster.node0))
+    """The variables mpirun exports to every rank (``-x NAME``: the value
+    comes from the launch container's environment file, so no value, secrets
+    included, is on the command line); not the per-node ones (``world_envs``)."""
+    return world_envs(cluster)[0]
 
 
 def mpirun_args(cluster: Cluster, rid: str) -> list[str]:
@@ -254,16 +263,16 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
                 "container": u.container, "image": u.show["image"], "image_id": image_id, "system": plan.system,
                 "command": shlex.split(u.show["container_command"])[shlex.split(u.show["container_command"]).index(u.show["image"]) + 1:]}
         if len(placement(cluster)) > 1:
-            files[SERVE_FILES["agent"]] = (render("mpi-agent.sh.j2", release=plan.release, cluster=cluster.name, container=u.container,
-                                                  ssh_config=shlex.quote(prof.launch_ssh_config) if prof.launch_ssh_config else ""), 0o755)
+            files[SERVE_FILES["agent"]] = (launch_agent(cluster, plan.release, u.container, [node.name for node, _, _ in placement(cluster)],
+                                                        prof.launch_ssh_config), 0o755)
         if emap:
             meta["eplb_map"] = {"source": str(emap.path), "sha256": emap.sha256, "num_slots": emap.num_slots, "layers": emap.layers}
         if u.role != "launcher":
             files[SERVE_FILES["hold"]] = (render("trtllm-hold.sh.j2", **merge), 0o755)
         else:
-            files[SERVE_FILES["hostfile"]] = (render("hostfile.j2", release=plan.release, cluster=cluster.name,
-                                                     ranks=[(node.name, slots) for node, slots, _ in placement(cluster)]), 0o644)
-            files[SERVE_FILES["serve"]] = (render("trtllm-serve.sh.j2", command=u.show["serve_command"], **merge), 0o755)
+            files[SERVE_FILES["hostfile"]] = (hostfile(cluster, plan.release, [(node.name, slots) for node, slots, _ in placement(cluster)]), 0o644)
+            files[SERVE_FILES["serve"]] = (render("trtllm-serve.sh.j2", command=u.show["serve_command"],
+                                                  per_node=" ".join(world_envs(cluster)[1]), **merge), 0o755)
         meta["curated"] = trtllm.curated_path(prof)
         files["release.json"] = (json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644)
         out[n.name] = files
@@ -291,5 +300,6 @@ def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
         nodes.append(doc)
     prof = profile_of(cluster)
     return {"nodes": nodes, "launch": {"host": cluster.node0.name, "mpirun": nodes[0].get("serve_command"),
+                                       "exported_env": world_envs(cluster)[0], "per_node_env": world_envs(cluster)[1],
                                        "curated": trtllm.curated_path(prof), "config": f"{release_dir(cluster, plan.release)}/{SERVE_FILES['config']}",
                                        "overrides_yaml": plan.files[cluster.node0.name][trtllm.OVERRIDES_NAME][0]}}

@@ -24,23 +24,42 @@ class EnvValueError(ValueError):
     pass
 
 
+def node_values(cluster: Cluster, node: Node) -> dict[str, str]:
+    """The variables whose value is the node's own (its serving NIC or IP):
+    HCCL/Gloo/TP interface and address on Ascend, NCCL_SOCKET_IFNAME and
+    GLOO_SOCKET_IFNAME on NVIDIA. Each node's environment file holds its own;
+    nothing may carry one node's value to another (``node_specific``)."""
+    prof = cluster.profile
+    out: dict[str, str] = {}
+    if isinstance(prof, VllmAscendProfile):
+        for key in prof.ip_env:
+            out[key] = str(node.ip)
+        for key in prof.ifname_env:
+            out[key] = node.nic
+    elif isinstance(prof, (TrtllmProfile, DynamoProfile)):
+        out["NCCL_SOCKET_IFNAME"] = node.nic
+        out["GLOO_SOCKET_IFNAME"] = node.nic
+    return out
+
+
+def node_specific(cluster: Cluster) -> list[str]:
+    """The names of ``node_values``: node-specific whatever their values
+    happen to be (two nodes may share a NIC name today and not tomorrow)."""
+    return list(node_values(cluster, cluster.node0))
+
+
 def env_vars(cluster: Cluster, node: Node) -> dict[str, str]:
     """Every variable the node's serving processes need, in a stable order."""
     prof = cluster.profile
     out: dict[str, str] = {}
     if isinstance(prof, VllmAscendProfile):
         out.update(prof.env)
-        for key in prof.ip_env:
-            out[key] = str(node.ip)
-        for key in prof.ifname_env:
-            out[key] = node.nic
+        out.update(node_values(cluster, node))
     elif isinstance(prof, TrtllmProfile):
-        out["NCCL_SOCKET_IFNAME"] = node.nic
-        out["GLOO_SOCKET_IFNAME"] = node.nic
+        out.update(node_values(cluster, node))
         out.update(prof.env)
     elif isinstance(prof, DynamoProfile):
-        out["NCCL_SOCKET_IFNAME"] = node.nic
-        out["GLOO_SOCKET_IFNAME"] = node.nic
+        out.update(node_values(cluster, node))
         # the seed's per-shell setup block (roles.dynamo.common_env), then
         # what every worker of this node shares (the colocated 1P1D's
         # TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1); per-worker variables

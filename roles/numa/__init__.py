@@ -13,9 +13,12 @@ profile asks for a binding the node cannot give.
 
 from __future__ import annotations
 
+import shlex
+
 from llmdeploy.inventory import Cluster, DynamoProfile, Node, VllmAscendProfile
 from llmdeploy.runner import FAILED, OK, HostResult, Step
 from roles import from_facts
+from roles.record import prepared_path
 
 MIN_CPUS_PER_NPU = 5
 
@@ -59,6 +62,33 @@ def plan(cluster: Cluster, node: Node, facts: dict) -> tuple[dict, list[str]]:
             return {}, [f"profile.numa_membind {prof.numa_membind}: NUMA node {','.join(lacking)} does not exist or has no memory here (numactl -H shows {sorted(have)})"]
         return {"kind": "numactl", "prefix": f"numactl -m {prof.numa_membind}", "cpu_nodes": cpu_nodes, "gpu_memory_nodes": gpu_mem_nodes}, []
     return {"kind": "none", "reason": "the profile asks for no binding"}, []
+
+
+def membind(cluster: Cluster, node: Node, record: dict | None) -> tuple[list[str] | None, str]:
+    """The ``numactl -m`` prefix before ``trtllm-llmapi-launch`` of a Dynamo
+    worker whose launcher runs on ``node``, and what decides it. ``record`` is
+    the node's prepare record (``prepared.json``), None when no node was read
+    (``deploy --check``). With a record: its ``binding``, what prepare found.
+    Without one, what the inventory alone decides: ``numa_membind`` "off" (no
+    prefix) or a list (``numactl -m <list>``: prepare refuses a node that
+    cannot give it); for "auto" the prefix is None: not known without the
+    node, and the second value says which recorded fact decides it and where."""
+    prof = cluster.profile
+    if not isinstance(prof, DynamoProfile):
+        return [], "the profile asks for no binding"
+    if record is not None:
+        binding = record.get("binding") or {}
+        if binding.get("kind") == "numactl" and binding.get("prefix"):
+            return shlex.split(binding["prefix"]), f"the prepare record of {node.name} (binding: {binding['prefix']})"
+        return [], f"the prepare record of {node.name} (binding: {binding.get('reason') or binding.get('kind') or 'none'})"
+    if prof.numa_membind == "off":
+        return [], "profile.numa_membind is off"
+    if prof.numa_membind != "auto":
+        return ["numactl", "-m", prof.numa_membind], (f"profile.numa_membind {prof.numa_membind} (prepare refuses a node "
+                                                      "without those NUMA nodes)")
+    return None, (f"profile.numa_membind auto: the binding prepare records in {prepared_path(cluster)} on {node.name} decides "
+                  "(numactl -m 0,1 where prepare finds the Grace-Blackwell NUMA layout there: CPU NUMA nodes 0 and 1, "
+                  "GPU memory as CPU-less nodes, read with numactl -H and lscpu)")
 
 
 def plan_step(ctx) -> Step:

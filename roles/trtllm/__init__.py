@@ -1,6 +1,6 @@
 """trtllm-serve's configuration, as pure builders: which curated profile a
 cluster runs (``<config_dir>/<config>`` inside the container), the overrides
-the inventory layers on it (TP and PP from the profile, ``profile.overrides``,
+the inventory layers on it (TP, PP and EP from the profile, ``profile.overrides``,
 the static EPLB map), rendered as a reviewable YAML file, and the small
 program that merges the two inside the container::
 
@@ -53,7 +53,9 @@ def _deep_merge(base: dict, over: dict, prefix: str = "") -> None:
 
 def overrides_doc(cluster: Cluster, eplb_path_on_node: str | None = None) -> dict:
     """The nested overrides: ``tensor_parallel_size`` and
-    ``pipeline_parallel_size`` from profile.tp/pp, then ``profile.overrides``
+    ``pipeline_parallel_size`` from profile.tp/pp, ``moe_expert_parallel_size``
+    from profile.ep (where the guide gives the profile's EP, or the inventory
+    sets it), then ``profile.overrides``
     in their order, then ``moe_config.load_balancer: <eplb_path_on_node>``
     when the profile has an EPLB map (the path is where the caller puts the
     map on the node; it must be given exactly when ``profile.eplb_map`` is)."""
@@ -63,6 +65,8 @@ def overrides_doc(cluster: Cluster, eplb_path_on_node: str | None = None) -> dic
     if prof.eplb_map is None and eplb_path_on_node:
         raise ValueError(f"{cluster.name}: {eplb_path_on_node} given but the profile has no eplb_map")
     doc: dict = {"tensor_parallel_size": prof.tp, "pipeline_parallel_size": prof.pp}
+    if prof.ep is not None:
+        doc["moe_expert_parallel_size"] = prof.ep
     _deep_merge(doc, copy.deepcopy(nest_overrides(prof.flat_overrides())))
     if eplb_path_on_node:
         _safe_path(eplb_path_on_node)
@@ -90,6 +94,8 @@ def overrides_yaml(cluster: Cluster, eplb_path_on_node: str | None = None) -> st
     prof = profile_of(cluster)
     doc = overrides_doc(cluster, eplb_path_on_node)
     sources = [f"tensor_parallel_size {prof.tp}, pipeline_parallel_size {prof.pp}: profile.tp, profile.pp"]
+    if prof.ep is not None:
+        sources.append(f"moe_expert_parallel_size {prof.ep}: profile.ep (the guide's EP for {prof.config} unless set)")
     if prof.overrides:
         sources.append(f"profile.overrides: {len(prof.flat_overrides())} key(s)")
     if eplb_path_on_node:

@@ -32,6 +32,13 @@ lost rank 0) makes the rank exit 1 after ``abort_after_s`` (an NCCL
 watchdog), by which time the real ``mpirun`` has usually killed the world and
 printed which rank died.
 
+Every rank checks its interface variables against its own host's interfaces
+(``/sys/class/net``) as NCCL and Gloo do (``nccl_interfaces``, ``gloo_missing``):
+an ``NCCL_SOCKET_IFNAME`` that matches no running interface fails the rank with
+NCCL's ``Bootstrap : no socket interface found``, a ``GLOO_SOCKET_IFNAME``
+naming no interface with Gloo's ``Unable to find address for: <name>``; every
+rank logs its variables and the interfaces NCCL picks (``ifname_line``).
+
 Faults come from the host's node.json ``trtllm`` entry:
 ``crash_starts`` (this host's ranks crash on their first N world starts, with
 a CUDA out-of-memory line; starts are counted per world in
@@ -332,22 +339,97 @@ def _container_has_gpus() -> bool:
     return env.get(b"NVIDIA_VISIBLE_DEVICES", b"void") not in (b"void", b"none", b"")
 
 
-def _nccl_ifname_error() -> str | None:
-    want = os.environ.get("NCCL_SOCKET_IFNAME")
-    if not want or want.startswith("^"):
+# --- the network interfaces NCCL and Gloo pick (pure, stdlib only) ----------------------------------
+# NCCL (github.com/NVIDIA/nccl): src/misc/socket.cc ncclFindInterfaces reads NCCL_SOCKET_IFNAME when it is
+# longer than one character; src/os/linux.cc ncclOsFindInterfaces strips a leading '^' (exclude), then a
+# leading '=' (exact), splits the rest at ',' into "prefix[:port]" entries (src/misc/utils.cc
+# parseStringList: empty entries dropped) and keeps each running interface for which matchIfList (prefix,
+# or whole name with '=', an empty list matching everything) differs from '^'. None found:
+# src/bootstrap.cc "Bootstrap : no socket interface found" (ncclInvalidUsage),
+# src/transport/net_socket.cc "NET/Socket : no interface found".
+# Gloo through PyTorch: torch/csrc/distributed/c10d/init.cpp splits GLOO_SOCKET_IFNAME (longer than one
+# character) at ',' and creates a device per name; gloo/transport/tcp/device.cc lookupAddrForIface wants an
+# interface of exactly that name, else "Unable to find address for: <name>".
+NCCL_INVALID_USAGE = "invalid usage (run with NCCL_DEBUG=WARN for details)"
+
+
+def nccl_interfaces(spec: str | None, names: list[str]) -> list[str] | None:
+    """The interfaces of ``names`` NCCL uses for ``NCCL_SOCKET_IFNAME=spec``;
+    None when NCCL ignores the variable (unset, or one character) and picks one itself."""
+    if spec is None or len(spec) <= 1:
         return None
-    exact = want.startswith("=")
-    names = [n for n in want.lstrip("=").split(",") if n]
+    exclude = spec.startswith("^")
+    rest = spec[1:] if exclude else spec
+    exact = rest.startswith("=")
+    rest = rest[1:] if exact else rest
+    prefixes = [e.split(":", 1)[0] for e in rest.split(",")]
+    prefixes = [p for p in prefixes if p]
+
+    def listed(name: str) -> bool:
+        if not prefixes:
+            return True
+        return any(name == p if exact else name.startswith(p) for p in prefixes)
+
+    return [n for n in names if listed(n) != exclude]
+
+
+def gloo_missing(spec: str | None, names: list[str]) -> list[str]:
+    """The names of ``GLOO_SOCKET_IFNAME=spec`` that are no interface of ``names`` (Gloo fails on the first)."""
+    if spec is None or len(spec) <= 1:
+        return []
+    return [i for i in spec.split(",") if i not in names]
+
+
+def host_interfaces(net: str = "/sys/class/net") -> tuple[list[str], list[str]]:
+    """(every interface of this host, the running ones: not operationally down)."""
     try:
-        have = os.listdir("/sys/class/net")
+        names = sorted(os.listdir(net))
     except OSError:
+        return [], []
+    running = []
+    for n in names:
+        try:
+            with open(os.path.join(net, n, "operstate")) as f:
+                state = f.read().strip()
+        except OSError:
+            state = "unknown"
+        if state not in ("down", "lowerlayerdown", "notpresent"):
+            running.append(n)
+    return names, running
+
+
+def ifname_error(env, host: str, pid: int, local_rank: int, names: list[str], running: list[str]) -> str | None:
+    """What a rank prints when its interface variables name no interface of its host, as NCCL and Gloo say it; None if fine."""
+    want = env.get("NCCL_SOCKET_IFNAME")
+    found = nccl_interfaces(want, running)
+    prefix = f"{host}:{pid}:{pid} [{local_rank}]"
+    if found == []:
+        return (f"{prefix} NCCL INFO NCCL_SOCKET_IFNAME set by environment to {want}\n"
+                f"{prefix} bootstrap.cc:126 NCCL WARN Bootstrap : no socket interface found\n"
+                f"RuntimeError: NCCL error in: /src/tensorrt_llm/cpp/tensorrt_llm/runtime/ncclCommunicator.cpp:65, {NCCL_INVALID_USAGE}")
+    missing = gloo_missing(env.get("GLOO_SOCKET_IFNAME"), names)
+    if missing:
+        return ("RuntimeError: [enforce fail at /opt/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/device.cc:83] "
+                f"ifa != nullptr. Unable to find address for: {missing[0]}")
+    return None
+
+
+def ifname_line(env, rank: int, size: int, host: str, running: list[str]) -> str:
+    """The rank's interface variables and what NCCL picks from them (tests read every rank's line)."""
+    want = env.get("NCCL_SOCKET_IFNAME")
+    found = nccl_interfaces(want, running)
+    picked = ",".join(found) if found is not None else "auto"
+    return (f"rank {rank} of {size} on {host}: network interfaces NCCL_SOCKET_IFNAME={want or ''} (NCCL uses {picked}), "
+            f"GLOO_SOCKET_IFNAME={env.get('GLOO_SOCKET_IFNAME') or ''}")
+
+
+def _nccl_ifname_error() -> str | None:
+    """ifname_error for this process (also the Dynamo worker stand-in's)."""
+    _, _, local_rank, _ = world_of(os.environ)
+    names, running = host_interfaces()
+    if not names:
         return None
-    if any((h == n) if exact else h.startswith(n) for n in names for h in have):
-        return None
-    return (f"{os.uname().nodename}:{os.getpid()}:{os.getpid()} [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to {want}\n"
-            f"{os.uname().nodename}:{os.getpid()}:{os.getpid()} [0] bootstrap.cc:77 NCCL WARN Bootstrap : no socket interface found\n"
-            "RuntimeError: NCCL error in: /src/tensorrt_llm/cpp/tensorrt_llm/runtime/ncclCommunicator.cpp:65, "
-            "internal error - please report this issue to the NCCL developers")
+    return ifname_error(os.environ, os.uname().nodename, os.getpid(), local_rank, names, running)
 
 
 def main(argv: list[str]) -> int:
@@ -404,6 +486,7 @@ def main(argv: list[str]) -> int:
     if err:
         print(err, flush=True)
         return 1
+    log(ifname_line(env, rank, size, host, host_interfaces()[1]))
     # one rank: no launcher; a start of its own (a container's pid repeats at every start)
     rdv = rendezvous_of(env, a["port"]) if size > 1 else {"world": f"{os.getpid()}.{time.time_ns()}", "addrs": [], "port": 0}
     if rdv is None:

@@ -28,7 +28,8 @@ def test_1p2d_decode_groups_span_two_nodes(sim_cluster):
         assert all(env.get("OMPI_COMM_WORLD_SIZE") == "8" for env, _, _ in _procs(node, SIM_CLUSTER).values() if "OMPI_COMM_WORLD_RANK" in env)
     assert (base / "releases" / rid / "decode0.hostfile").exists() is False  # decode0's launcher is node 1
     hostfile = host_dir(SIM_CLUSTER, NODES[1]) / f"root/var/lib/llmdeploy/sim-gb300-1p2d/releases/{rid}/decode0.hostfile"
-    assert hostfile.read_text().splitlines()[-2:] == [f"{NODES[1]} slots=4", f"{NODES[2]} slots=4"]
+    # each node by its serving IP (inventory/sim_gb300_1p2d.py: 198.19.31.10 + index)
+    assert hostfile.read_text().splitlines()[-2:] == ["198.19.31.11 slots=4", "198.19.31.12 slots=4"]
     doc = json.loads(run_invoke("status", "--cluster", SIM_CLUSTER, "--json").stdout)
     assert doc["healthy"]
     assert sorted(u["service"] for n in NODES for u in doc["nodes"][n]["units"].values()) == sorted(

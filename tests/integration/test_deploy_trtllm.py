@@ -87,7 +87,8 @@ def test_one_mpi_world_across_both_nodes_then_status(faults):
         assert env["NCCL_SOCKET_IFNAME"] == "ens1f0"
     assert any("orted" in cmd for env, cmd, _ in _procs("sim-b200-1").values())
     rel = _base("sim-b200-0") / "releases" / rid
-    assert (rel / "hostfile").read_text().splitlines()[-2:] == ["sim-b200-0 slots=8", "sim-b200-1 slots=8"]
+    # each node by its serving IP: OpenMPI took node 0's for its own node, the agent mapped node 1's to its SSH host
+    assert (rel / "hostfile").read_text().splitlines()[-2:] == ["198.19.20.10 slots=8", "198.19.20.11 slots=8"]
     for node in NODES:
         # every node merged the curated profile with the release's overrides
         assert "tensor_parallel_size: 16" in (_base(node) / "releases" / rid / "config.yaml").read_text()

@@ -432,7 +432,9 @@ KINDS = {".sh": "sh", ".env": "env", ".yaml": "yaml", ".json": "json", "hostfile
 def _files_of(sink: dict, host: str, files: dict) -> None:
     for name, (text, _) in files.items():
         kind = "env" if name == "env" else next((k for suffix, k in KINDS.items() if name.endswith(suffix)), "text")
-        args = ["sim-host-1", "orted", "--mca", "ess", "env"] if name.endswith("mpi-agent.sh") else []
+        # the agent is called with a hostfile entry (a node's serving IP): the last node its case maps
+        ips = re.findall(r"^\s+'?([0-9.]+)'?\) target=", text, re.M) if name.endswith("mpi-agent.sh") else []
+        args = [ips[-1], "orted", "--mca", "ess", "env"] if ips else []
         sink[f"release/{host}/{name}"] = (kind, text, args)
 
 
@@ -767,7 +769,7 @@ def structure_problems(kind: str, text: str, nodes: int) -> list[str]:
         except ValueError as exc:
             out.append(f"JSON does not parse: {exc}")
     elif kind == "hostfile":
-        out += [f"hostfile line {ln!r}" for ln in lines if not re.match(r"^[A-Za-z0-9][A-Za-z0-9-]* slots=\d+$", ln)]
+        out += [f"hostfile line {ln!r}" for ln in lines if not re.match(r"^[A-Za-z0-9][A-Za-z0-9.-]* slots=\d+$", ln)]
     elif kind == "py":
         try:
             compile(text, "merge-config.py", "exec")

@@ -12,6 +12,7 @@ tests/unit/test_dynamo_topology.py's."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -575,9 +576,11 @@ def test_worker_serve_scripts_are_the_seeds_mpirun():
         ours = _exec_line(script)
         xs = assert_seeds_mpirun(ours, role, ranks, rd, worker, c.profile.served_model_name)
         assert ours[6:8] == ["--host", f"localhost:{ranks}"]
-        # every variable of its environment file goes to the ranks, except the per-node GPU mask; then the profile's
+        # every variable of its environment file goes to the ranks, except the per-node ones (the GPU mask, the
+        # node's NIC: each container has its own, systems.mpi_exports); then the profile's
         env = _env_file(files[f"{worker}.env"])
-        assert xs == [k for k in env if k != "CUDA_VISIBLE_DEVICES"]
+        per_node = ("CUDA_VISIBLE_DEVICES", *commenv.node_specific(c))
+        assert xs == [k for k in env if k not in per_node]
         assert ours[ours.index("trtllm-llmapi-launch") - 1] == "$X"
         # the merged file: the seed's YAML (from the recipes checkout) with the role settings layered on
         (merge,) = [ln for ln in script.splitlines() if ln.startswith("python3 ")]
@@ -586,6 +589,8 @@ def test_worker_serve_scripts_are_the_seeds_mpirun():
         # what --check shows is that line
         (unit,) = [u for u in units_of(doc) if u["service"] == worker]
         shown = unit["serve_command"].replace(f" <-x every variable of {seed_profile_env()}> ", " $X ")
+        # numa_membind auto: check mode says which prepare record decides numactl (tests/unit/test_numactl_check.py)
+        shown = re.sub(r"\[numactl -m 0,1 or nothing: [^\]]*\] ", "", shown)
         assert shlex.split(shown) == ours
         assert unit["cuda_visible_devices"] == seed_exports(ROLE_HEADERS[role])["CUDA_VISIBLE_DEVICES"]
         assert str(unit["system_port"]) == seed_exports(ROLE_HEADERS[role])["DYN_SYSTEM_PORT"]
@@ -681,8 +686,10 @@ def assert_same_end(seed: dict, ours: dict, c, plan, worker, tmp: Path) -> None:
     stripped, xs, added = _strip_ours(ours["argv"])
     assert stripped == want
     assert added == ["--host", f"localhost:{worker.ranks}"]
-    # the ranks get every variable of the final environment but the GPU mask (each node's container has its own)
-    assert set(xs) == {k for k in _final_env(ours) if k != "CUDA_VISIBLE_DEVICES"}
+    # the ranks get every variable of the final environment but the per-node ones: the GPU mask and the NIC
+    # (each node's container has its own)
+    per_node = ("CUDA_VISIBLE_DEVICES", *commenv.node_specific(c))
+    assert set(xs) == {k for k in _final_env(ours) if k not in per_node}
 
 
 @pytest.mark.parametrize("role", ["frontend", "prefill", "decode"])
@@ -870,7 +877,7 @@ def test_3p1d_decode_is_one_mpi_group_across_four_nodes(temp_cluster, inventory)
     assert _has_seq(ours, ["--hostfile", f"{rd}/decode0.hostfile", "--mca", "plm_rsh_agent", f"{rd}/decode0.mpi-agent.sh"])
     assert "--host" not in ours
     hosts = [ln.split() for ln in files["decode0.hostfile"].splitlines() if ln.strip() and not ln.startswith("#")]
-    assert hosts == [[h, "slots=4"] for h in decode_nodes]
+    assert hosts == [[str(c.node(h).ip), "slots=4"] for h in decode_nodes]
     for h in decode_nodes:
         f = node_doc(doc, h)["files"]
         assert "decode0.mpi-agent.sh" in f, h
@@ -1043,7 +1050,7 @@ def test_every_multi_node_topology_in_check_json(name, temp_cluster, inventory):
         assert_seeds_mpirun(ours, w.role, w.ranks, rd, w.name, c.profile.served_model_name)
         if len(w.nodes) > 1:
             hosts = [ln.split() for ln in files[f"{w.name}.hostfile"].splitlines() if ln.strip() and not ln.startswith("#")]
-            assert hosts == [[h, f"slots={len(g)}"] for h, g in w.nodes]
+            assert hosts == [[str(c.node(h).ip), f"slots={len(g)}"] for h, g in w.nodes]
         else:
             assert ["--host", f"localhost:{w.ranks}"] == ours[6:8]
         for host, gpus in w.nodes:

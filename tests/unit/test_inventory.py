@@ -11,7 +11,7 @@ from llmdeploy.inventory import list_clusters, load_cluster, load_cluster_file
 REAL = ["a3", "a2", "b200", "gb200", "qwen35-b200", "gb300-agentic"]
 
 
-@pytest.mark.parametrize("name", REAL + ["sim-a3", "sim-a2", "sim-b200", "sim-gb300-agentic", "sim-gb300-1p2d"])
+@pytest.mark.parametrize("name", REAL + ["sim-a3", "sim-a2", "sim-b200", "sim-b200-nics", "sim-gb300-agentic", "sim-gb300-1p2d"])
 def test_every_shipped_inventory_loads(name):
     c = load_cluster(name)
     assert c.name == name

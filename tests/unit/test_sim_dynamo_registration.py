@@ -24,10 +24,10 @@ from flows import deploy as dep
 from llmdeploy.inventory import load_cluster
 from roles import commenv, dynamo
 from sim.standins import dynamo as dy
-from sim.standins import mounts as m
 
 REPO = Path(__file__).resolve().parents[2]
 SERVED = "nvidia/Qwen3.5-397B-A17B-NVFP4-V2"
+MODEL = "/models/qwen35"
 SITE = ["ai_dynamo-1.6.0.dev20261010", "ai_dynamo_runtime-1.6.0.dev20261010", "tensorrt_llm-1.3.0a0.dev202610151219"]
 
 
@@ -154,22 +154,25 @@ def _register(tmp_path, control_plane, args, env=None) -> dict:
     ``--model-path``-less part, wait until it put its instance into etcd,
     stop it; the instance's value."""
     etcd, nats = control_plane
-    model, recipes, site, state = (tmp_path / d for d in ("model", "recipes", "site", "state"))
+    # the container's paths: the model and the recipes checkout where its mounts put them
+    model, recipes, site, state = (tmp_path / d for d in ("models/qwen35", "recipes", "site", "state"))
     for d in (model, recipes, site, state):
-        d.mkdir()
+        d.mkdir(parents=True)
     (model / "config.json").write_text("{}")
     (recipes / "decode.yaml").write_text("tensor_parallel_size: 1\npipeline_parallel_size: 1\n")
-    for name in SITE:
+    for name in SITE:  # what pip installed into the image
+        dist, version = name.split("-", 1)
         (site / f"{name}.dist-info").mkdir()
+        (site / f"{name}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: {version}\n")
+    args = [str(model) if a == MODEL else a for a in args]
     (state / "node.json").write_text(json.dumps({"gpus": [{"id": 0}]}))
     full = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site), "LLMDEPLOY_SIM_STATE": str(state),
-            m.ENV: m.encode({"/models/qwen35": str(model), "/opt/trtllm-recipes": str(recipes)}),
-            "CUDA_VISIBLE_DEVICES": "0", "DYN_SYSTEM_PORT": str(_free_port()), "DYN_NAMESPACE": "qwen35-gb300",
+            "NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0", "DYN_SYSTEM_PORT": str(_free_port()), "DYN_NAMESPACE": "qwen35-gb300",
             "ETCD_ENDPOINTS": f"http://127.0.0.1:{etcd.server_address[1]}", "NATS_SERVER": f"nats://127.0.0.1:{nats.server_address[1]}",
             **(env or {})}
     code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from sim.standins import dynamo; "
             "sys.exit(dynamo.main('dynamo.trtllm', sys.argv[1:]))")
-    argv = [*args, "--disaggregation-mode", "decode", "--extra-engine-args", "/opt/trtllm-recipes/decode.yaml", "--publish-metrics"]
+    argv = [*args, "--disaggregation-mode", "decode", "--extra-engine-args", str(recipes / "decode.yaml"), "--publish-metrics"]
     proc = subprocess.Popen([sys.executable, "-c", code, str(REPO), *argv], env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         # the event: its put, or its exit (then its output says why)
@@ -183,24 +186,26 @@ def _register(tmp_path, control_plane, args, env=None) -> dict:
     (put,) = etcd.puts
     assert put["key"] == dy.instance_key("qwen35-gb300", "decode", "generate", 4660) and put["lease"] == "4660"
     assert proc.returncode == 0, out  # SIGTERM: lease revoked, exit 0
-    return put["value"]
+    value = put["value"]
+    # the model path as the test named it (the container's /models/qwen35 is this test's directory)
+    return {k: (MODEL if v == str(model) else v) for k, v in value.items()}
 
 
 def test_a_worker_told_its_served_name_registers_it(tmp_path, control_plane):
-    value = _register(tmp_path, control_plane, ["--model-path", "/models/qwen35", "--served-model-name", SERVED])
+    value = _register(tmp_path, control_plane, ["--model-path", MODEL, "--served-model-name", SERVED])
     assert value["model"] == SERVED and value["model_path"] == "/models/qwen35" and value["mode"] == "decode"
     # what the frontend then lists in /v1/models
     assert dy.models_of([value]) == [SERVED]
 
 
 def test_a_worker_without_a_served_name_registers_its_model_path(tmp_path, control_plane):
-    value = _register(tmp_path, control_plane, ["--model-path", "/models/qwen35"])
+    value = _register(tmp_path, control_plane, ["--model-path", MODEL])
     assert value["model"] == "/models/qwen35"
     assert dy.models_of([value]) == ["/models/qwen35"]
 
 
 def test_the_served_name_may_come_from_the_environment(tmp_path, control_plane):
-    value = _register(tmp_path, control_plane, ["--model", "/models/qwen35"], env={"DYN_TRTLLM_SERVED_MODEL_NAME": "qwen35/agentic"})
+    value = _register(tmp_path, control_plane, ["--model", MODEL], env={"DYN_TRTLLM_SERVED_MODEL_NAME": "qwen35/agentic"})
     assert value["model"] == "qwen35/agentic"
 
 

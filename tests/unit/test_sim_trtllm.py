@@ -140,3 +140,95 @@ def test_split_reasoning():
     assert t.split_reasoning("think hard\n</think>\n\nanswer") == ("think hard", "answer")
     assert t.split_reasoning("<think>\nthink\n</think>\n\nanswer") == ("think", "answer")
     assert t.split_reasoning("just an answer") == (None, "just an answer")
+
+
+# --- the interfaces NCCL and Gloo pick (NCCL: src/os/linux.cc, src/misc/utils.cc) ---------------------
+HOST = ["eth0", "eth1", "ens1f0", "enp65s0f1", "lo", "docker0"]
+
+
+@pytest.mark.parametrize("spec, picked", [
+    ("ens1f0", ["ens1f0"]),                     # a prefix that is the whole name
+    ("ens", ["ens1f0"]),                        # prefix match
+    ("eth", ["eth0", "eth1"]),
+    ("=eth", []),                               # '=': the whole name only
+    ("=eth1", ["eth1"]),
+    ("=ens1f0,enp65s0f1", ["ens1f0", "enp65s0f1"]),
+    ("^docker,lo", ["eth0", "eth1", "ens1f0", "enp65s0f1"]),  # '^': every interface but these prefixes
+    ("^=eth0", ["eth1", "ens1f0", "enp65s0f1", "lo", "docker0"]),  # '^' first, then '='
+    ("^e", ["lo", "docker0"]),
+    ("eth0:1", ["eth0"]),                       # "prefix:port": the port does not change the name match
+    ("ib,eth1", ["eth1"]),
+    (",,eth1,", ["eth1"]),                      # empty entries are dropped
+    ("^=", []),                                 # an empty list matches every name, '^' inverts it
+    ("enp65s0f1", ["enp65s0f1"]),
+    ("enp65s0f2", []),
+    ("ib", []),
+])
+def test_nccl_socket_ifname_prefix_exact_and_exclude(spec, picked):
+    assert t.nccl_interfaces(spec, HOST) == picked
+
+
+@pytest.mark.parametrize("spec", [None, "", "e", "^"])
+def test_nccl_ignores_an_unset_or_one_character_ifname(spec):
+    assert t.nccl_interfaces(spec, HOST) is None
+
+
+def test_gloo_wants_whole_names():
+    assert t.gloo_missing("ens1f0", HOST) == []
+    assert t.gloo_missing("ens", HOST) == ["ens"]  # no prefix match in Gloo
+    assert t.gloo_missing("eth0,eth7", HOST) == ["eth7"]
+    assert t.gloo_missing(None, HOST) == [] and t.gloo_missing("x", HOST) == []
+
+
+def _env(nccl=None, gloo=None):
+    env = dict(OMPI)
+    if nccl is not None:
+        env["NCCL_SOCKET_IFNAME"] = nccl
+    if gloo is not None:
+        env["GLOO_SOCKET_IFNAME"] = gloo
+    return env
+
+
+def test_a_rank_whose_nic_is_not_on_its_host_fails_as_nccl_does():
+    # node 1's interface is enp65s0f1; the rank got node 0's ens1f0
+    names = ["enp65s0f1", "eth0", "lo"]
+    err = t.ifname_error(_env("ens1f0", "ens1f0"), "sim-b200-1", 4242, 1, names, names)
+    lines = err.splitlines()
+    assert lines[0] == "sim-b200-1:4242:4242 [1] NCCL INFO NCCL_SOCKET_IFNAME set by environment to ens1f0"
+    assert lines[1].endswith("NCCL WARN Bootstrap : no socket interface found") and lines[1].startswith("sim-b200-1:4242:4242 [1] ")
+    assert "invalid usage" in lines[2]
+    # its own NIC: fine
+    assert t.ifname_error(_env("enp65s0f1", "enp65s0f1"), "sim-b200-1", 4242, 1, names, names) is None
+    # NCCL takes only running interfaces: the NIC down is no interface
+    assert "no socket interface found" in t.ifname_error(_env("enp65s0f1"), "h", 1, 0, names, ["eth0", "lo"])
+    # NCCL matches, Gloo does not (Gloo wants the whole name)
+    err = t.ifname_error(_env("enp", "enp"), "h", 1, 0, names, names)
+    assert err.endswith("Unable to find address for: enp") and "NCCL" not in err
+    # nothing set: NCCL and Gloo pick an interface themselves
+    assert t.ifname_error(_env(), "h", 1, 0, names, names) is None
+
+
+def test_every_rank_logs_its_interface_variables():
+    assert t.ifname_line(_env("ens1f0", "ens1f0"), 9, 16, "sim-b200-1", ["ens1f0", "lo"]) == (
+        "rank 9 of 16 on sim-b200-1: network interfaces NCCL_SOCKET_IFNAME=ens1f0 (NCCL uses ens1f0), GLOO_SOCKET_IFNAME=ens1f0")
+    assert t.ifname_line(_env(), 0, 1, "h", ["lo"]).endswith("NCCL_SOCKET_IFNAME= (NCCL uses auto), GLOO_SOCKET_IFNAME=")
+
+
+def test_host_interfaces_reads_names_and_operstate(tmp_path):
+    for name, state in (("eth0", "up"), ("eth1", "down"), ("lo", "unknown"), ("veth9", None)):
+        (tmp_path / name).mkdir()
+        if state:
+            (tmp_path / name / "operstate").write_text(state + "\n")
+    assert t.host_interfaces(str(tmp_path)) == (["eth0", "eth1", "lo", "veth9"], ["eth0", "lo", "veth9"])
+    assert t.host_interfaces(str(tmp_path / "absent")) == ([], [])
+
+
+def test_the_stand_in_loads_with_the_standard_library_only():
+    """It runs inside the image with Debian's python3: no third-party import at module level."""
+    import ast
+    import sys
+
+    tree = ast.parse(open(t.__file__).read())
+    top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    top |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
+    assert top - {"__future__"} <= set(sys.stdlib_module_names), top

@@ -12,7 +12,8 @@ import yaml
 from pydantic import ValidationError
 
 from llmdeploy.errors import InventoryError
-from llmdeploy.inventory import Cluster, Model, Node, TrtllmProfile, load_cluster, load_cluster_file, make_nodes, problems_from_validation
+from llmdeploy.inventory import (Cluster, Model, Node, TrtllmProfile, eplb_map_ep_from_name, load_cluster, load_cluster_file, make_nodes,
+                                 problems_from_validation)
 from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen35_nvfp4, trtllm_qwen38_fp8
 from roles import trtllm
 from roles.trtllm import eplb
@@ -206,6 +207,11 @@ def test_slots_place_ranks_unevenly_node_0_first():
         (lambda: trtllm_qwen38_fp8(HT, eplb_map="/nonexistent/qwen3.8-ep32-static544.yaml"),
          ["profile.eplb_map", "/nonexistent/qwen3.8-ep32-static544.yaml is not a file"]),
         (lambda: trtllm_qwen38_fp8(HT, tp=8), ["profile.tp", "qwen3.8-high-throughput.yaml runs Qwen3.8-2.4T-A95B FP8 at TP16 or TP32, not TP8"]),
+        (lambda: trtllm_qwen38_fp8(overrides={"moe_expert_parallel_size": 8}),
+         ["profile.overrides.moe_expert_parallel_size", "comes from profile.ep"]),
+        (lambda: trtllm_qwen38_fp8(HT, ep=8),
+         ["profile.ep", "moe_expert_parallel_size 8 (profile.ep) disagrees with tensor_parallel_size 16 (profile.tp)", "EP = TP"]),
+        (lambda: trtllm_qwen38_fp8(eplb_map_ep=32), ["profile.eplb_map_ep", "profile.eplb_map, which is not set"]),
         (lambda: trtllm_qwen38_fp8(launch_ssh_config="ssh_config"), ["profile.launch_ssh_config", "safe absolute path"]),
         (lambda: trtllm_qwen38_fp8(trtllm_dir="/app/$(x)"), ["profile.trtllm_dir", "safe absolute path"]),
     ],
@@ -217,12 +223,60 @@ def test_profile_problems_name_the_field(build, fragments):
 
 
 def test_high_throughput_at_the_minimum_tp16_on_16_gpus(tmp_path):
-    path = tmp_path / "qwen3.8-ep32-static544-mtp3.yaml"
-    path.write_text(map_text(layers=93))
-    c = nvidia_cluster(trtllm_qwen38_fp8(HT_MTP, eplb_map=str(path), overrides={"speculative_config.max_draft_len": 2}))
+    """TP16 is the checkpoint's minimum: attention DP at EP16, written into the overrides; a static map
+    generated for EP16 goes with it."""
+    c = nvidia_cluster(trtllm_qwen38_fp8(HT_MTP, overrides={"speculative_config.max_draft_len": 2}))
     assert (c.profile.tp, c.profile.ep) == (16, 16)
     assert c.profile.ranks(c.nodes) == [("n0", 8), ("n1", 8)]
+    doc = trtllm.overrides_doc(c)
+    assert (doc["tensor_parallel_size"], doc["moe_expert_parallel_size"]) == (16, 16)
+    path = tmp_path / "qwen3.8-ep16-static544-mtp3.yaml"
+    path.write_text(map_text(layers=93))
+    c = nvidia_cluster(trtllm_qwen38_fp8(HT_MTP, eplb_map=str(path), overrides={"speculative_config.max_draft_len": 2}))
     assert trtllm.overrides_doc(c, "/etc/llmdeploy/map.yaml")["moe_config"] == {"load_balancer": "/etc/llmdeploy/map.yaml"}
+
+
+def test_an_ep32_placement_at_tp16_is_refused_naming_both_values(tmp_path):
+    """Issue 19: qwen3.8-high-throughput.yaml at TP16 with the guide's ep32-static544 map used to be
+    accepted; the map is for EP32 (seed 000: a placement is specific to EP), the merged config's EP is 16."""
+    path = tmp_path / "qwen3.8-ep32-static544.yaml"
+    path.write_text(map_text())
+    text = problems_of(lambda: nvidia_cluster(trtllm_qwen38_fp8(HT, eplb_map=str(path))))
+    assert ("profile.eplb_map: qwen3.8-ep32-static544.yaml is a placement for EP 32, but moe_expert_parallel_size is 16 "
+            "(profile.ep, at tensor_parallel_size 16)") in text
+    assert "use a map for EP 16 or run TP32/EP32" in text
+    # the same map at the guide's TP32/EP32 (32 GPUs) is fine
+    c = nvidia_cluster(trtllm_qwen38_fp8(HT, tp=32, eplb_map=str(path)), nodes=make_nodes("n", 4, "192.0.2.10"))
+    assert (c.profile.ep, trtllm.overrides_doc(c, "/m.yaml")["moe_expert_parallel_size"]) == (32, 32)
+    # a map whose name says no EP: profile.eplb_map_ep says it, else refused
+    plain = tmp_path / "placement.yaml"
+    plain.write_text(map_text())
+    text = problems_of(lambda: trtllm_qwen38_fp8(HT, eplb_map=str(plain)))
+    assert "profile.eplb_map" in text and "expert-parallel size the placement was generated for is not known" in text
+    assert trtllm_qwen38_fp8(HT, eplb_map=str(plain), eplb_map_ep=16).ep == 16
+    text = problems_of(lambda: trtllm_qwen38_fp8(HT, eplb_map=str(plain), eplb_map_ep=32))
+    assert "placement.yaml is a placement for EP 32, but moe_expert_parallel_size is 16" in text
+
+
+@pytest.mark.parametrize("name, ep", [("qwen3.8-ep32-static544.yaml", 32), ("qwen3.8-ep32-static544-mtp3.yaml", 32),
+                                      ("maps/EP16_static.yaml", 16), ("deep16.yaml", None), ("static544.yaml", None),
+                                      ("qwen3.8-ep320.yaml", 320)])
+def test_the_map_ep_from_its_file_name(name, ep):
+    assert eplb_map_ep_from_name(name) == ep
+
+
+def test_every_guide_profile_writes_its_ep_and_qwen35_keeps_the_curated_one():
+    for config, ep in (("qwen3.8-low-latency.yaml", 1), ("qwen3.8-low-latency-mtp3.yaml", 1),
+                       (HT, 16), (HT_MTP, 16)):
+        c = nvidia_cluster(trtllm_qwen38_fp8(config))
+        assert trtllm.overrides_doc(c)["moe_expert_parallel_size"] == ep, config
+        assert f"moe_expert_parallel_size {ep}: profile.ep" in trtllm.overrides_yaml(c)
+    # the guide gives Qwen3.5 no EP: the curated file's value stays unless the inventory sets one
+    one = [Node(name="n0", ip="192.0.2.10", devices=4)]
+    q = nvidia_cluster(trtllm_qwen35_nvfp4(), nodes=one)
+    assert q.profile.ep is None and "moe_expert_parallel_size" not in trtllm.overrides_doc(q)
+    assert trtllm.overrides_doc(nvidia_cluster(trtllm_qwen35_nvfp4(ep=2), nodes=one))["moe_expert_parallel_size"] == 2
+    assert "profile.ep: EP 3 must divide TP 4" in problems_of(lambda: nvidia_cluster(trtllm_qwen35_nvfp4(ep=3), nodes=one))
 
 
 def test_config_dir_follows_trtllm_dir_unless_set():
@@ -234,9 +288,9 @@ def test_eplb_map_relative_to_the_inventory_dir(tmp_path, monkeypatch):
     (tmp_path / "maps").mkdir()
     (tmp_path / "maps" / "qwen3.8-ep32-static544.yaml").write_text(map_text())
     monkeypatch.setenv("LLMDEPLOY_INVENTORY", str(tmp_path))
-    p = trtllm_qwen38_fp8(HT, eplb_map="maps/qwen3.8-ep32-static544.yaml")
+    p = trtllm_qwen38_fp8(HT, tp=32, eplb_map="maps/qwen3.8-ep32-static544.yaml")
     assert p.eplb_map_file() == tmp_path / "maps" / "qwen3.8-ep32-static544.yaml"
-    assert (p.tp, p.ep) == (16, 16)  # attention DP: EP = TP
+    assert (p.tp, p.ep) == (32, 32)  # attention DP: EP = TP, the map's EP
     assert eplb.load_map(p.eplb_map_file(), p.config).layers == 92
 
 
@@ -287,18 +341,20 @@ def test_overrides_yaml_names_the_curated_file_and_every_key():
     text = trtllm.overrides_yaml(c)
     assert text == trtllm.overrides_yaml(c)  # deterministic
     assert "/app/tensorrt_llm/examples/configs/curated/qwen3.8-low-latency-mtp3.yaml" in text.splitlines()[1]
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "speculative_config.max_draft_len",
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "moe_expert_parallel_size", "speculative_config.max_draft_len",
                 "kv_cache_config.free_gpu_memory_fraction", "max_batch_size"):
         assert f"#   {key}\n" in text
     doc = yaml.safe_load(text)
     assert doc == trtllm.overrides_doc(c) == {
         "tensor_parallel_size": 16,
         "pipeline_parallel_size": 1,
+        "moe_expert_parallel_size": 1,  # the guide's low latency: TP16/EP1
         "speculative_config": {"max_draft_len": 2},
         "kv_cache_config": {"free_gpu_memory_fraction": 0.8},
         "max_batch_size": 4,
     }
-    assert list(doc) == ["tensor_parallel_size", "pipeline_parallel_size", "speculative_config", "kv_cache_config", "max_batch_size"]
+    assert list(doc) == ["tensor_parallel_size", "pipeline_parallel_size", "moe_expert_parallel_size", "speculative_config",
+                         "kv_cache_config", "max_batch_size"]
     assert trtllm.curated_path(c.profile) == "/app/tensorrt_llm/examples/configs/curated/qwen3.8-low-latency-mtp3.yaml"
 
 

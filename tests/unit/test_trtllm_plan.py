@@ -181,8 +181,11 @@ def test_the_launch_nodes_serve_command(cluster):
     assert doc["launch"]["mpirun"] == node0["serve_command"]
     assert ours[:6] == ["mpirun", "--allow-run-as-root", "-np", str(want["np"]), "--hostfile", f"{rd}/hostfile"]
     assert want["np"] == c.profile.tp * c.profile.pp == seed_tp(want["family"])
-    # the node's environment reaches every rank: one -x per variable, no value on the line
-    assert _pairs(ours, "-x") == list(node0["env"]) and node0["env"]
+    # every rank has its node's environment file; -x exports only what is the same on every node (no value on
+    # the line), never a node's own NIC (systems.mpi_exports; tests/unit/test_mpi_env.py)
+    assert _pairs(ours, "-x") == doc["launch"]["exported_env"]
+    assert doc["launch"]["exported_env"] + doc["launch"]["per_node_env"] == list(node0["env"]) and node0["env"]
+    assert {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= set(doc["launch"]["per_node_env"])
     for name, value in node0["env"].items():
         assert f"{name}={value}" not in node0["serve_command"]
     # the launch agent only across nodes
@@ -212,9 +215,10 @@ def test_hostfile_and_ranks(cluster):
     c = load_cluster(cluster)
     lines = [ln for ln in doc["nodes"][0]["files"]["hostfile"].splitlines() if ln.strip() and not ln.startswith("#")]
     entries = [re.fullmatch(r"(\S+) slots=(\d+)", ln).groups() for ln in lines]
-    assert [(h, int(s)) for h, s in entries] == [(n["host"], n["slots"]) for n in doc["nodes"]]
+    # across nodes each node by its serving IP (nothing to resolve on node 0); one node alone by its name
+    names = [str(n.ip) for n in c.nodes] if len(c.nodes) > 1 else [c.node0.name]
+    assert [(h, int(s)) for h, s in entries] == [(name, n["slots"]) for name, n in zip(names, doc["nodes"])]
     assert [int(s) for _, s in entries] == want["slots"] == [n.devices for n in c.nodes]
-    assert entries[0][0] == c.node0.name
     # ranks: contiguous, node 0 first, every rank 0..TP-1 once, as many as the node's slots
     covered = []
     for n in doc["nodes"]:
@@ -275,17 +279,18 @@ def test_a3_is_node0_then_workers():
 HT = "qwen3.8-high-throughput.yaml"
 
 
-def ht_inventory(tmp_path: Path, name: str, text: str) -> Path:
-    """An inventory directory with one cluster (documentation addresses) and its map under maps/."""
+def ht_inventory(tmp_path: Path, name: str, text: str, nodes: int = 4, tp: int = 32) -> Path:
+    """An inventory directory with one cluster (documentation addresses) and the guide's EP32 map under
+    maps/; by default the guide's TP32/EP32 on 4 x 8 B200."""
     inv = tmp_path / "inventory"
     (inv / "maps").mkdir(parents=True)
     (inv / "maps" / "qwen3.8-ep32-static544.yaml").write_text(text)
     (inv / f"{name.replace('-', '_')}.py").write_text(textwrap.dedent(f"""
         from llmdeploy.inventory import Cluster, Model, make_nodes
         from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
-        cluster = Cluster(name="{name}", platform="b200", nic="eth0", nodes=make_nodes("ht-node-", 2, "192.0.2.70"),
+        cluster = Cluster(name="{name}", platform="b200", nic="eth0", nodes=make_nodes("ht-node-", {nodes}, "192.0.2.70"),
                           model=Model(path="/root/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8"), image=image(IMAGE_TRTLLM),
-                          profile=trtllm_qwen38_fp8("{HT}", eplb_map="maps/qwen3.8-ep32-static544.yaml"))
+                          profile=trtllm_qwen38_fp8("{HT}", tp={tp}, eplb_map="maps/qwen3.8-ep32-static544.yaml"))
     """))
     return inv
 
@@ -299,7 +304,7 @@ def test_eplb_map_is_the_load_balancer_of_the_overrides(tmp_path, monkeypatch):
     rd = rdir(doc)
     overrides = yaml.safe_load(doc["launch"]["overrides_yaml"])
     assert overrides["moe_config"] == {"load_balancer": f"{rd}/eplb.yaml"}
-    assert overrides["tensor_parallel_size"] == 16
+    assert (overrides["tensor_parallel_size"], overrides["moe_expert_parallel_size"]) == (32, 32)
     assert f"Layered on the curated profile /app/tensorrt_llm/examples/configs/curated/{HT}" in doc["launch"]["overrides_yaml"]
     # every node gets the map itself next to that path, and its overrides point at it
     monkeypatch.setenv("LLMDEPLOY_INVENTORY", str(inv))
@@ -340,3 +345,19 @@ def test_a_bad_eplb_map_is_refused_before_a_real_deploy_connects(tmp_path, monke
     c = load_cluster("ht-bad")
     with pytest.raises(LlmdeployError, match=r"profile\.eplb_map"):
         dep.deploy(c, Console(quiet=True), False, True, False, False, None, 0, False, prepare_fn=lambda *a: 0, rollback_fn=lambda *a: 0)
+
+
+def test_tp16_with_the_ep32_map_is_refused_before_any_connection(tmp_path):
+    """Issue 19: the guide's EP32 placement under a TP16 (so EP16) world was accepted silently; now the
+    inventory is invalid: exit 2, the file, the field and both values, nothing read from any node."""
+    inv = ht_inventory(tmp_path, "ht-tp16", map_text(), nodes=2, tp=16)
+    res = run_invoke("deploy", "--cluster", "ht-tp16", "--check", env={"LLMDEPLOY_INVENTORY": str(inv)}, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    err = " ".join(res.stderr.split())
+    assert "ht_tp16.py" in err
+    assert ("profile.eplb_map: qwen3.8-ep32-static544.yaml is a placement for EP 32, but moe_expert_parallel_size is 16 "
+            "(profile.ep, at tensor_parallel_size 16)") in err
+    assert res.stdout == "" and "Traceback" not in res.stderr
+    # a real deploy is refused the same way: the inventory does not load, so nothing connects
+    res = run_invoke("deploy", "--cluster", "ht-tp16", env={"LLMDEPLOY_INVENTORY": str(inv)}, timeout=60)
+    assert res.returncode == 2 and "is a placement for EP 32" in res.stderr

@@ -1,0 +1,24 @@
+"""sim-b200 whose two nodes name their serving NIC differently (ens1f0 on node
+0, enp65s0f1 on node 1): one trtllm-serve world of 16 ranks in which every
+rank must use its own node's NIC (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME from
+its node's environment file, never node 0's through mpirun -x)."""
+
+from llmdeploy.inventory import Cluster, DeploySettings, Model, VerifySettings
+from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
+from sim.paths import cluster_dir, sim_nodes, sim_ssh
+
+cluster = Cluster(
+    name="sim-b200-nics",
+    platform="b200",
+    nic="ens1f0",
+    ssh=sim_ssh("sim-b200-nics"),
+    nodes=sim_nodes("sim-b200-nics-", 2, "198.19.22.10", **{"1": {"nic": "enp65s0f1"}}),
+    model=Model(path="/root/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8"),
+    image=image(IMAGE_TRTLLM),
+    # all_reduce_perf busbw floor (GB/s) for the simulated pair
+    verify=VerifySettings(nccl_min_busbw=300),
+    # seconds, not the hours a real load takes
+    deploy=DeploySettings(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5, stop_timeout_s=5),
+    # mpirun's launch agent on node 0 reaches the other node with the simulator's own ssh_config (key, known_hosts)
+    profile=trtllm_qwen38_fp8("qwen3.8-low-latency.yaml", launch_ssh_config=str(cluster_dir("sim-b200-nics") / "ssh_config")),
+)
