@@ -19,6 +19,7 @@ import yaml
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan, Service, order_services
+from roles.mpi import nics  # noqa: F401 (the systems' OpenMPI *_if_include lists)
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -40,16 +41,6 @@ def serving_image(cluster: Cluster, node, prepared: dict[str, dict]) -> str:
 
     rec = prepared.get(node.name) or {}
     return (rec.get("image") or {}).get("serving_ref") or wheels.serving_ref(cluster)
-
-
-def nics(cluster: Cluster, names: list[str]) -> str:
-    """The serving NICs of these nodes, each once (OpenMPI's *_if_include)."""
-    out: list[str] = []
-    for name in names:
-        nic = cluster.node(name).nic
-        if nic not in out:
-            out.append(nic)
-    return ",".join(out)
 
 
 def module_for(kind: str):

@@ -41,8 +41,9 @@ from llmdeploy.inventory import Cluster, DynamoProfile, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
 from roles import commenv, containers, dynamo, trtllm
+from roles.mpi import launch_agent_args, launch_ssh_args, tcp_if_args
 from systems import nics, render, serving_image
-from systems.trtllm import launch_agent_args, ssh_mounts_for, tcp_if_args
+from systems.trtllm import ssh_mounts_for
 
 PROFILE_ENV = "qwen3.5-gb300-agentic.env"
 SESSION_ID = "qwen35-example-session"
@@ -309,7 +310,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
             if len(w.nodes) > 1:
                 f[f"{w.name}.mpi-agent.sh"] = (render("mpi-agent.sh.j2", release=plan.release, cluster=cluster.name,
                                                       container=container(cluster, plan.release, w.name),
-                                                      ssh_config=shlex.quote(prof.launch_ssh_config) if prof.launch_ssh_config else ""), 0o755)
+                                                      ssh_args=shlex.join(launch_ssh_args(prof.launch_ssh_config))), 0o755)
                 if launcher:
                     f[f"{w.name}.hostfile"] = (render("hostfile.j2", release=plan.release, cluster=cluster.name,
                                                       ranks=[(host, len(gpus)) for host, gpus in w.nodes]), 0o644)

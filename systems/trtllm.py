@@ -29,6 +29,7 @@ from llmdeploy.inventory import Cluster, Node, TrtllmProfile
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Unit
 from roles import commenv, containers, trtllm
+from roles.mpi import launch_agent_args, launch_ssh_args, tcp_if_args
 from roles.trtllm import eplb
 from systems import nics, render, serving_image
 
@@ -77,18 +78,6 @@ def placement(cluster: Cluster) -> list[tuple[Node, int, range]]:
 
 def _ranks_text(r: range) -> str:
     return f"{r.start}" if len(r) == 1 else f"{r.start}-{r.stop - 1}"
-
-
-def launch_agent_args(agent: str) -> list[str]:
-    """mpirun reaches the other nodes' containers through ``agent``; every
-    daemon is started from the launch node (only it needs SSH to the others).
-    OpenMPI's daemons check the agent's path too: it is on every node."""
-    return ["--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1"]
-
-
-def tcp_if_args(nic_list: str) -> list[str]:
-    """OpenMPI's own TCP traffic (daemons, byte transfer) on the serving NICs only."""
-    return ["--mca", "oob_tcp_if_include", nic_list, "--mca", "btl_tcp_if_include", nic_list]
 
 
 def world_env(cluster: Cluster) -> list[str]:
@@ -255,7 +244,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
                 "command": shlex.split(u.show["container_command"])[shlex.split(u.show["container_command"]).index(u.show["image"]) + 1:]}
         if len(placement(cluster)) > 1:
             files[SERVE_FILES["agent"]] = (render("mpi-agent.sh.j2", release=plan.release, cluster=cluster.name, container=u.container,
-                                                  ssh_config=shlex.quote(prof.launch_ssh_config) if prof.launch_ssh_config else ""), 0o755)
+                                                  ssh_args=shlex.join(launch_ssh_args(prof.launch_ssh_config))), 0o755)
         if emap:
             meta["eplb_map"] = {"source": str(emap.path), "sha256": emap.sha256, "num_slots": emap.num_slots, "layers": emap.layers}
         if u.role != "launcher":
