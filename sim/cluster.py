@@ -45,7 +45,7 @@ SSHD = "/usr/sbin/sshd"
 HCCN_CONF = "/etc/hccn.conf"
 REPO = Path(__file__).resolve().parent.parent
 STANDINS_ASCEND = ["npu-smi", "hccn_tool", "lscpu", "numactl", "docker"]
-STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "docker", "ibstat", "mpirun", "all_reduce_perf"]
+STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "docker", "ibstat", "all_reduce_perf"]
 # on PATH inside simulated containers (before the host's own directories)
 # (python3 runs the Dynamo stand-ins for `python3 -m dynamo.frontend|trtllm`;
 # numactl: the seed's `numactl -m 0,1 trtllm-llmapi-launch ...` inside the container)
