@@ -1,12 +1,12 @@
 """roles.mpi: how mpirun on node 0 reaches the other nodes, one mechanism for
-every MPI world the tool starts (the serving worlds' launch agent runs ssh
-with its arguments)."""
+every MPI world the tool starts: the serving worlds' launch agent and
+verify-comm's all_reduce_perf run ssh with the same arguments."""
 
 import json
 import shlex
 
 from llmdeploy.inventory import load_cluster
-from roles import mpi
+from roles import comm, mpi
 from tests.conftest import run_invoke
 
 
@@ -21,7 +21,7 @@ def test_ssh_from_node_0_checks_host_keys_and_never_prompts():
     assert mpi.tcp_if_args("a,b") == ["--mca", "oob_tcp_if_include", "a,b", "--mca", "btl_tcp_if_include", "a,b"]
 
 
-def test_the_serving_launch_agent_runs_ssh_with_them():
+def test_serving_and_verify_comm_reach_the_nodes_with_the_same_ssh():
     c = load_cluster("sim-b200")
     want = mpi.launch_ssh_args(c.profile.launch_ssh_config)
     assert want[:2] == ["-F", "/var/tmp/llmdeploy-sim/sim-b200/ssh_config"]
@@ -29,3 +29,6 @@ def test_the_serving_launch_agent_runs_ssh_with_them():
     assert res.returncode == 0, res.stderr
     agent = json.loads(res.stdout)["nodes"][0]["files"]["mpi-agent.sh"]
     assert f'exec ssh {shlex.join(want)} "$host" "docker exec -i ' in agent
+    argv = shlex.split(comm.all_reduce_command(c, "-b 8 -e 8G -f 2 -g 1"))
+    assert argv[argv.index("plm_rsh_agent") + 1] == "ssh" and argv[argv.index("plm_rsh_args") + 1].split() == want
+    assert argv[argv.index("plm_rsh_no_tree_spawn") + 1] == "1"

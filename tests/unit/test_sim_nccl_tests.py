@@ -179,6 +179,12 @@ def test_a_node_without_the_nccl_interface_fails_its_ranks_in_ncclcomminitrank(t
     assert "Test NCCL failure common.cu:217 'invalid usage (run with NCCL_DEBUG=WARN for details) / Bootstrap : no socket interface found'" in res.stdout
     # mpirun names one of node 1's ranks (2 or 3) as the first to fail
     assert re.search(r"Process name: \[\[\d+,1\],[23]\]\s+Exit code:\s+3", res.stderr), res.stderr
+    # ... and verify-comm's reading of it names node 1 (ranks 2-3 of a two-node world of 2 GPUs each)
+    c = load_cluster("sim-b200")
+    small = c.model_copy(update={"nodes": [n.model_copy(update={"devices": 2, "nic": nic}) for n, nic in zip(c.nodes, ("lo", "ens2f0"))]})
+    host = os.uname().nodename
+    said = comm.all_reduce_failure(small, " ".join(ARGS), {"sim-b200-0": "elsewhere", "sim-b200-1": host}, res.stdout, res.stderr)
+    assert said[0] == "sim-b200-1: NCCL WARN Bootstrap : no socket interface found (NCCL_SOCKET_IFNAME=ens2f0)", said
 
 
 @needs_mpirun
