@@ -5,7 +5,12 @@ Ascend: one round trip per node for every hccn_tool query (roles.comm), the
 TLS value compared across every NPU of every node, then one round trip per
 node for its share of the ping plan (pings in parallel on every node).
 NVIDIA: the facts (GPUs, topology, ibstat, the NCCL interface), then
-``all_reduce_perf`` under ``mpirun`` from node 0 against the busbw floor.
+``all_reduce_perf`` as one MPI world: the real OpenMPI ``mpirun`` on node 0
+reaches the other nodes over SSH as serving's worlds do (roles.mpi), one
+rank per GPU, each node's ranks with that node's ``NCCL_SOCKET_IFNAME``;
+the largest size's busbw against the floor. A failure names the node (the
+hostname NCCL and nccl-tests print, the rank mpirun says failed first, ssh's
+words when a daemon could not start there).
 
 Both: the host network that HCCL/Gloo/NCCL bootstrap over (the serving NIC,
 ``*_SOCKET_IFNAME``): one round trip per node, which pings every other
@@ -160,9 +165,8 @@ def host_network(cluster: Cluster, runner: Runner, nodes: dict[str, dict]) -> di
 
 
 def nvidia(cluster: Cluster, runner: Runner) -> dict:
-    from roles import comm, facts, nic
+    from roles import facts, nic
 
-    vs = cluster.verify
     res = runner.run(facts.gather_step(cluster))
     nodes: dict[str, dict] = {}
     for n in cluster.nodes:
@@ -188,24 +192,49 @@ def nvidia(cluster: Cluster, runner: Runner) -> dict:
     host_links = host_network(cluster, runner, nodes)
     perf = None
     if all(v.get("reachable") for v in nodes.values()):
-        cmd = comm.all_reduce_command(cluster, vs.all_reduce_args, vs.nccl_min_busbw)
-        out, err, code = runner.exec(cluster.node0, cmd, timeout=max(600.0, cluster.ssh.command_timeout))
-        perf = comm.parse_all_reduce(out)
-        perf["command"] = cmd
-        problems = []
-        if perf["max_busbw"] is None:
-            lines = [ln for ln in (err + out).strip().splitlines() if ln.strip()]
-            problems.append(f"all_reduce_perf did not run (exit {code}): {lines[-1] if lines else 'no output'}")
-        else:
-            if vs.nccl_min_busbw and perf["max_busbw"] < vs.nccl_min_busbw:
-                problems.append(f"busbw {perf['max_busbw']:g} GB/s < floor {vs.nccl_min_busbw:g} GB/s (verify.nccl_min_busbw)")
-            if not perf["oob_ok"]:
-                problems.append(f"out of bounds values: {perf['out_of_bounds']} FAILED")
-            if perf["wrong_ranks"]:
-                problems.append(f"wrong results on ranks {perf['wrong_ranks']}")
-        perf["ok"] = not problems
-        perf["failures"] = problems
+        perf = all_reduce(cluster, runner, {n.name: (res[n.name].data or {}).get("hostname") for n in cluster.nodes})
     return {"nodes": nodes, "all_reduce": perf, "host_links": host_links}
+
+
+def all_reduce(cluster: Cluster, runner: Runner, hostnames: dict[str, str | None]) -> dict:
+    """``all_reduce_perf`` as one MPI world from node 0 (roles.comm), judged:
+    the largest size's busbw against ``verify.nccl_min_busbw``, out-of-bounds
+    values, the exit status; every failure names its node."""
+    from roles import comm
+
+    vs = cluster.verify
+    empty = {"max_busbw": None, "avg_busbw": None, "out_of_bounds": None, "oob_ok": False, "wrong_ranks": [], "sizes": 0}
+    try:
+        cmd = comm.all_reduce_command(cluster, vs.all_reduce_args)
+    except ValueError as exc:
+        return {**empty, "command": None, "ok": False, "failures": [f"all_reduce_perf not run: {exc}"]}
+    names = comm.mpi_host_problems(cluster, hostnames)
+    if names:
+        return {**empty, "command": cmd, "ok": False, "failures": [f"all_reduce_perf not run: {p}" for p in names]}
+    out, err, code = runner.exec(cluster.node0, cmd, timeout=max(600.0, cluster.ssh.command_timeout))
+    perf = comm.parse_all_reduce(out)
+    perf["command"] = cmd
+    perf["exit"] = code
+    problems = []
+    why = comm.all_reduce_failure(cluster, vs.all_reduce_args, hostnames, out, err) if code else []
+    if perf["max_busbw"] is None:
+        lines = [ln.strip() for ln in (err + "\n" + out).strip().splitlines() if ln.strip() and set(ln.strip()) != {"-"}]
+        problems.append(f"all_reduce_perf did not run (exit {code})" + (": " + "; ".join(why) if why else f": {lines[-1] if lines else 'no output'}"))
+    else:
+        if vs.nccl_min_busbw and perf["max_busbw"] < vs.nccl_min_busbw:
+            problems.append(f"busbw {perf['max_busbw']:g} GB/s < floor {vs.nccl_min_busbw:g} GB/s (verify.nccl_min_busbw)")
+        if not perf["oob_ok"]:
+            problems.append(f"out of bounds values: {perf['out_of_bounds']} FAILED")
+        if perf["wrong_ranks"]:
+            problems.append(f"wrong results on ranks {perf['wrong_ranks']}")
+        if code and not problems:
+            problems.append(f"all_reduce_perf exited with status {code}" + (": " + "; ".join(why) if why else ""))
+    perf["ok"] = not problems
+    perf["failures"] = problems
+    if problems:
+        # what mpirun and the ranks said, for the saved report (the table itself is in max_busbw & co.)
+        perf["raw"] = (err.strip() + "\n" + out.strip())[-3000:]
+    return perf
 
 
 def run(cluster: Cluster, con: Console, json_out: bool, full: bool) -> int:
@@ -285,7 +314,11 @@ def _print(con: Console, cluster: Cluster, doc: dict) -> None:
     perf = doc.get("all_reduce")
     if perf is not None:
         style = "green" if perf["ok"] else "bold red"
-        con.print(f"all_reduce_perf: busbw {perf['max_busbw']} GB/s (avg {perf['avg_busbw']}), out of bounds {perf['out_of_bounds']}: [{style}]{'ok' if perf['ok'] else '; '.join(perf['failures'])}[/]")
+        said = "ok" if perf["ok"] else "; ".join(perf["failures"])
+        if perf["max_busbw"] is None:
+            con.print(f"all_reduce_perf: [{style}]{escape(said)}[/]")
+        else:
+            con.print(f"all_reduce_perf: busbw {perf['max_busbw']} GB/s (avg {perf['avg_busbw']}), out of bounds {perf['out_of_bounds']}: [{style}]{escape(said)}[/]")
     verdict = "[bold green]communication healthy[/]" if doc["ok"] else "[bold red]communication FAILED[/]"
     con.print(f"{verdict}; report saved on {cluster.node0.name}:{report_path(cluster)}")
 

@@ -45,7 +45,7 @@ SSHD = "/usr/sbin/sshd"
 HCCN_CONF = "/etc/hccn.conf"
 REPO = Path(__file__).resolve().parent.parent
 STANDINS_ASCEND = ["npu-smi", "hccn_tool", "lscpu", "numactl"]
-STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "ibstat", "mpirun", "all_reduce_perf"]
+STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "ibstat", "all_reduce_perf"]
 # the Ascend driver's character devices that the seed's docker run passes
 # with --device (real majors are assigned by the driver at load time; these
 # come from the range Linux keeps for local use, Documentation/admin-guide/devices.txt 240-254)

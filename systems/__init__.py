@@ -19,6 +19,8 @@ import yaml
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan, Service, order_services
+from roles.mpi import launch_ssh_args
+from roles.mpi import nics  # noqa: F401 (the systems' OpenMPI *_if_include lists)
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -40,16 +42,6 @@ def serving_image(cluster: Cluster, node, prepared: dict[str, dict]) -> str:
 
     rec = prepared.get(node.name) or {}
     return (rec.get("image") or {}).get("serving_ref") or wheels.serving_ref(cluster)
-
-
-def nics(cluster: Cluster, names: list[str]) -> str:
-    """The serving NICs of these nodes, each once (OpenMPI's *_if_include)."""
-    out: list[str] = []
-    for name in names:
-        nic = cluster.node(name).nic
-        if nic not in out:
-            out.append(nic)
-    return ",".join(out)
 
 
 # A rank whose NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME names no interface of its node: NCCL's
@@ -108,11 +100,12 @@ def hostfile(cluster: Cluster, release: str, ranks: list[tuple[str, int]]) -> st
 def launch_agent(cluster: Cluster, release: str, container: str, names: list[str], ssh_config: str | None) -> str:
     """The launch agent (``mpi-agent.sh``) of an MPI world over ``names``:
     each node's serving IP (its hostfile entry) to its SSH host, the node's
-    name (a Host the launch ssh_config knows), then ``docker exec`` into
-    ``container`` there. Every value is quoted."""
+    name (a Host the launch ssh_config knows), over ssh with the launch
+    settings every MPI launch from node 0 uses (``roles.mpi``), then ``docker
+    exec`` into ``container`` there. Every value is quoted."""
     targets = [(str(cluster.node(name).ip), name) for name in names]
     return render("mpi-agent.sh.j2", release=release, cluster=cluster.name, container=container, targets=targets,
-                  ssh_config=ssh_config or "")
+                  ssh_args=shlex.join(launch_ssh_args(ssh_config)))
 
 
 def module_for(kind: str):

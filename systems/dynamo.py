@@ -45,8 +45,9 @@ from llmdeploy.inventory import Cluster, DynamoProfile, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
 from roles import commenv, containers, dynamo, numa, trtllm
+from roles.mpi import launch_agent_args, tcp_if_args
 from systems import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
-from systems.trtllm import launch_agent_args, ssh_mounts_for, tcp_if_args
+from systems.trtllm import ssh_mounts_for
 
 PROFILE_ENV = "qwen3.5-gb300-agentic.env"
 SESSION_ID = "qwen35-example-session"

@@ -29,6 +29,7 @@ from llmdeploy.inventory import Cluster, Node, TrtllmProfile
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Unit
 from roles import commenv, containers, trtllm
+from roles.mpi import launch_agent_args, tcp_if_args
 from roles.trtllm import eplb
 from systems import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
 
@@ -78,18 +79,6 @@ def placement(cluster: Cluster) -> list[tuple[Node, int, range]]:
 
 def _ranks_text(r: range) -> str:
     return f"{r.start}" if len(r) == 1 else f"{r.start}-{r.stop - 1}"
-
-
-def launch_agent_args(agent: str) -> list[str]:
-    """mpirun reaches the other nodes' containers through ``agent``; every
-    daemon is started from the launch node (only it needs SSH to the others).
-    OpenMPI's daemons check the agent's path too: it is on every node."""
-    return ["--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1"]
-
-
-def tcp_if_args(nic_list: str) -> list[str]:
-    """OpenMPI's own TCP traffic (daemons, byte transfer) on the serving NICs only."""
-    return ["--mca", "oob_tcp_if_include", nic_list, "--mca", "btl_tcp_if_include", nic_list]
 
 
 def world_envs(cluster: Cluster) -> tuple[list[str], list[str]]:

@@ -36,7 +36,7 @@ import shlex
 from collections import Counter
 
 from llmdeploy.inventory import NIC_RE, Cluster, Node
-from roles import in_one_piece
+from roles import in_one_piece, mpi
 from roles.facts import excerpt, number, section, split_sections
 
 CHECKS = ["link", "health", "netdetect", "gateway", "lldp", "optical", "tls", "npu_ip"]
@@ -385,18 +385,181 @@ def pair_name(x: dict) -> str:
 
 
 # --- NVIDIA ---------------------------------------------------------------------------------------
-def all_reduce_command(cluster: Cluster, args: str, min_busbw: float | None) -> str:
-    """``mpirun`` over the cluster's nodes, one rank per GPU (nccl-tests README)."""
-    per = {n.name: n.devices or cluster.platform_info.devices for n in cluster.nodes}
-    hosts = ",".join(f"{n.ip}:{per[n.name]}" for n in cluster.nodes)
-    env = [f"NCCL_SOCKET_IFNAME={cluster.node0.nic}", "NCCL_DEBUG=WARN"]
-    if min_busbw:
-        env.append(f"NCCL_TESTS_MIN_BW={min_busbw:g}")
-    cmd = ["mpirun", "--allow-run-as-root", "-np", str(sum(per.values())), "-H", hosts, "--bind-to", "none"]
-    for e in env:
-        cmd += ["-x", e]
-    cmd += ["all_reduce_perf", *shlex.split(args)]
+# all_reduce_perf (NVIDIA/nccl-tests) as one MPI world from node 0: the real
+# OpenMPI ``mpirun`` reaches the other nodes the way serving's worlds do
+# (roles.mpi: ssh from node 0 with the launch ssh_config, BatchMode, host keys
+# checked, every daemon from node 0, OpenMPI's TCP on the serving NICs).
+#
+# One app context per node (OpenMPI's ``mpirun ... : ...`` form), node 0
+# first, so the ranks are numbered node by node and rank 0 is on node 0:
+# ``-np <ranks of the node> -H <node>:<ranks>``, and ``-x`` with that node's
+# own NCCL_SOCKET_IFNAME. ``-x`` belongs to its app context (OpenMPI 4.1:
+# a variable given in the first context does not reach the ranks of the
+# second), so every context carries every variable; one ``-x`` for all would
+# give every node node 0's NIC name.
+#
+# Hosts are the inventory's node names, as in serving's hostfile: node 0's
+# ssh_config resolves them, and OpenMPI takes the entry that is its own
+# hostname for itself. :func:`mpi_host_problems` checks them against the
+# hostnames the facts read, before mpirun runs.
+ALL_REDUCE_ENV = {"NCCL_DEBUG": "WARN"}
+
+
+def nccl_ifname(cluster: Cluster, node: Node) -> str:
+    """NCCL_SOCKET_IFNAME as the node's own communication environment has it
+    (roles.commenv: the node's serving NIC, unless the profile's ``env``
+    sets it)."""
+    env = getattr(cluster.profile, "env", None) or {}
+    value = env.get("NCCL_SOCKET_IFNAME") or _nic(cluster, node)
+    if not value or "\n" in value:
+        raise ValueError(f"{node.name}: NCCL_SOCKET_IFNAME {value!r} is not an interface list")
+    return value
+
+
+def _gpus_per_rank(args: list[str]) -> int:
+    """GPUs one all_reduce_perf process drives: ``-g`` (``--ngpus``) x ``-t``
+    (``--nthreads``), 1 x 1 unless given (nccl-tests src/common.cu)."""
+    got = {"g": 1, "t": 1}
+    names = {"-g": "g", "--ngpus": "g", "-t": "t", "--nthreads": "t"}
+    for i, a in enumerate(args):
+        key, eq, value = a.partition("=")
+        if not eq and a[:2] in ("-g", "-t") and len(a) > 2:  # -g8: the value attached (getopt)
+            key, eq, value = a[:2], "=", a[2:]
+        if key in names and (eq or i + 1 < len(args)):
+            text = value if eq else args[i + 1]
+            if not text.isdigit() or int(text) < 1:
+                raise ValueError(f"verify.all_reduce_args: {key} {text!r} is not a positive number")
+            got[names[key]] = int(text)
+    return got["g"] * got["t"]
+
+
+def all_reduce_ranks(cluster: Cluster, args: str) -> list[tuple[Node, int, range]]:
+    """(node, processes on it, their global ranks), node 0 first: every GPU
+    of every node in one world (``-g 1``: one rank per GPU)."""
+    per = _gpus_per_rank(shlex.split(args))
+    out, first = [], 0
+    for n in cluster.nodes:
+        devices = n.devices or cluster.platform_info.devices
+        if devices % per:
+            raise ValueError(f"{n.name}: {devices} GPUs cannot be split into processes of {per} GPUs (verify.all_reduce_args)")
+        k = devices // per
+        out.append((n, k, range(first, first + k)))
+        first += k
+    return out
+
+
+def all_reduce_command(cluster: Cluster, args: str) -> str:
+    """``mpirun`` on node 0 over every node, one rank per GPU (nccl-tests
+    README: ``mpirun -np <ranks> -N <per node> ./build/all_reduce_perf -b 8 -e 8G -f 2 -g 1``),
+    each node's ranks with that node's NCCL_SOCKET_IFNAME.
+
+    No ``NCCL_TESTS_MIN_BW``: nccl-tests holds it against the average busbw
+    over every size of the run (src/common.cu ``bw[0] /= bw_count[0]``),
+    which from 8 bytes up is far below what the fabric carries; the floor
+    (``verify.nccl_min_busbw``) is held against the largest size's busbw,
+    where the bandwidth is what counts (doc/PERFORMANCE.md)."""
+    ranks = all_reduce_ranks(cluster, args)
+    program = ["all_reduce_perf", *shlex.split(args)]
+    cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none"]
+    if len(ranks) > 1:
+        cmd += mpi.ssh_launch_args(getattr(cluster.profile, "launch_ssh_config", None))
+    cmd += mpi.tcp_if_args(mpi.nics(cluster, [n.name for n in cluster.nodes]))
+    for i, (n, k, _) in enumerate(ranks):
+        if i:
+            cmd.append(":")
+        cmd += ["-np", str(k), "-H", f"{n.name}:{k}", "-x", f"NCCL_SOCKET_IFNAME={nccl_ifname(cluster, n)}"]
+        for key, value in ALL_REDUCE_ENV.items():
+            cmd += ["-x", f"{key}={value}"]
+        cmd += program
     return shlex.join(cmd)
+
+
+def mpi_host_problems(cluster: Cluster, hostnames: dict[str, str | None]) -> list[str]:
+    """The nodes whose hostname (``hostnames``: node -> what the facts read)
+    is not their inventory name, which all_reduce_command gives mpirun as
+    their host: OpenMPI takes node 0's entry for itself only when it is its
+    hostname, and reaches every other entry by that name over SSH."""
+    out = []
+    for n in cluster.nodes:
+        h = (hostnames.get(n.name) or "").strip()
+        if h and n.name not in (h, h.split(".")[0]):
+            out.append(f"{n.name}: its hostname is {h!r}, not its inventory name {n.name!r}, which mpirun is given as its host "
+                       f"(OpenMPI knows a host by its hostname: name the node {h.split('.')[0]!r} in the inventory)")
+    return out
+
+
+# nccl-tests' and NCCL's own lines (nccl-tests src/common.h NCCLCHECK/TESTCHECK;
+# NCCL src/debug.cc "host:pid:tid [dev] file:line (func) NCCL WARN msg")
+_NCCL_WARN = re.compile(r"^(?P<host>[^\s:]+):\d+:\d+ \[\d+\] (?:\S+:\d+ )?(?:\(\S+\) )?NCCL WARN (?P<msg>.+)$", re.M)
+_TEST_NCCL = re.compile(r"^(?P<host>[^\s:]+): Test NCCL failure \S+ '(?P<msg>[^']*)'", re.M)
+_TEST_CUDA = re.compile(r"^(?P<host>[^\s:]+): Test CUDA failure \S+ '(?P<msg>[^']*)'", re.M)
+# OpenMPI 4.1's mpirun: the first process that failed, and ssh's own words when a daemon did not start
+_MPI_PROC = re.compile(r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]\s*\n\s*Exit code:\s*(?P<code>-?\d+)")
+_MPI_SIGNAL = re.compile(r"mpirun noticed that process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) exited on signal (?P<sig>\d+)")
+_SSH = re.compile(r"^(?:ssh: (?:Could not resolve hostname (?P<host>[^:\s]+)|connect to host (?P<chost>\S+) port \d+)[^\n]*"
+                  r"|Host key verification failed\.|[^\n]*Permission denied \(publickey[^\n]*|[^\n]*REMOTE HOST IDENTIFICATION HAS CHANGED[^\n]*)$", re.M)
+_ORTE_DAEMONS = ("ORTE was unable to reliably start one or more daemons", "An ORTE daemon has unexpectedly failed",
+                 "ORTE has lost communication with a remote daemon", "ORTE does not know how to route")
+
+
+def all_reduce_failure(cluster: Cluster, args: str, hostnames: dict[str, str | None], out: str, err: str) -> list[str]:
+    """Why an all_reduce_perf world failed, each reason naming its node:
+    NCCL's WARN lines and nccl-tests' failure lines (by the hostname they
+    print; ``hostnames``: node -> its hostname from the facts), the rank
+    mpirun says failed first or was killed (MPI ranks go node by node, as
+    :func:`all_reduce_command` places them), ssh's own words when mpirun
+    could not start its daemon on a node. Empty when the output says none
+    of these."""
+    ranks = all_reduce_ranks(cluster, args)
+    by_host: dict[str, str] = {}
+    for n in cluster.nodes:
+        by_host[n.name] = n.name
+        h = (hostnames.get(n.name) or "").strip()
+        if h:
+            by_host[h] = by_host[h.split(".")[0]] = n.name
+
+    def node_of_host(h: str) -> str | None:
+        return by_host.get(h) or by_host.get(h.split(".")[0])
+
+    def node_of_rank(r: int) -> str:
+        return next((n.name for n, _, rs in ranks if r in rs), f"rank {r}")
+
+    text = out + "\n" + err
+    problems: list[str] = []
+
+    def add(msg: str) -> None:
+        if msg not in problems:
+            problems.append(msg)
+
+    def named(node: str) -> bool:
+        return any(p.startswith(f"{node}: ") for p in problems)
+
+    for m in _NCCL_WARN.finditer(text):
+        node = node_of_host(m.group("host"))
+        said = m.group("msg").strip()
+        if "interface" in said and node:
+            said += f" (NCCL_SOCKET_IFNAME={nccl_ifname(cluster, cluster.node(node))})"
+        add(f"{node or 'host ' + m.group('host')}: NCCL WARN {said}")
+    for pattern, what in ((_TEST_NCCL, "NCCL failure"), (_TEST_CUDA, "CUDA failure")):
+        for m in pattern.finditer(text):
+            node = node_of_host(m.group("host")) or f"host {m.group('host')}"
+            if what == "CUDA failure" or not named(node):  # NCCL's own WARN line says more
+                add(f"{node}: all_reduce_perf: {what} '{m.group('msg')}'")
+    for m in _MPI_SIGNAL.finditer(text):
+        add(f"{node_of_rank(int(m.group('rank')))}: rank {m.group('rank')} was killed by signal {m.group('sig')}")
+    m = _MPI_PROC.search(text)
+    if m and not named(node_of_rank(int(m.group("rank")))):
+        add(f"{node_of_rank(int(m.group('rank')))}: rank {m.group('rank')} exited with status {m.group('code')}")
+    if any(s in text for s in _ORTE_DAEMONS):
+        others = [n.name for n in cluster.nodes[1:]]
+        anywhere = others[0] if len(others) == 1 else "one of " + ", ".join(others)
+        said = list(_SSH.finditer(text)) or [None]
+        for s in said:
+            host = (s.group("host") or s.group("chost")) if s else None
+            words = f" ({s.group(0).strip()})" if s else ""
+            add(f"{(node_of_host(host) if host else None) or anywhere}: mpirun on {cluster.node0.name} could not start its daemon there over SSH{words}; "
+                "check node 0's ssh_config (profile.launch_ssh_config), its key and known_hosts for that node")
+    return problems
 
 
 def parse_all_reduce(out: str) -> dict:

@@ -295,100 +295,6 @@ def ibstat(argv: list[str]) -> int:
     return 0
 
 
-# --- mpirun / all_reduce_perf (nccl-tests) --------------------------------------------------
-def _size(text: str) -> int:
-    mult = {"K": 1024, "M": 1024**2, "G": 1024**3}
-    return int(float(text[:-1]) * mult[text[-1].upper()]) if text[-1:].upper() in mult else int(text)
-
-
-def mpirun(argv: list[str]) -> int:
-    """Checks that every host of -H answers on its SSH port (as mpirun's
-    launcher needs), then runs the program once with the world size."""
-    import socket
-
-    np_, hosts, env, i = None, [], {}, 0
-    while i < len(argv):
-        a = argv[i]
-        if a in ("-np", "-n") and i + 1 < len(argv):
-            np_ = int(argv[i + 1]); i += 2; continue
-        if a in ("-H", "--host") and i + 1 < len(argv):
-            hosts = argv[i + 1].split(","); i += 2; continue
-        if a == "-x" and i + 1 < len(argv):
-            k, _, v = argv[i + 1].partition("=")
-            env[k] = v if _ else os.environ.get(k, "")
-            i += 2; continue
-        if a in ("--bind-to", "--map-by", "--hostfile", "-N") and i + 1 < len(argv):
-            i += 2; continue
-        if a.startswith("-"):
-            i += 1; continue
-        break
-    prog = argv[i:]
-    if not prog:
-        return _fail("mpirun: no executable was specified", 1)
-    slots = 0
-    for h in hosts:
-        name, _, n = h.partition(":")
-        slots += int(n or 1)
-        try:
-            with socket.create_connection((name, 22), timeout=2):
-                pass
-        except OSError:
-            print("--------------------------------------------------------------------------\n"
-                  "ORTE was unable to reliably start one or more daemons.\n"
-                  f"This usually is caused by: an inability to reach host {name}\n"
-                  "--------------------------------------------------------------------------", file=sys.stderr)
-            return 1
-    if np_ is not None and slots and np_ > slots:
-        return _fail(f"There are not enough slots available in the system to satisfy the {np_} slots that were requested by the application", 1)
-    os.environ.update(env)
-    os.environ["LLMDEPLOY_SIM_RANKS"] = str(np_ or slots or 1)
-    os.environ["LLMDEPLOY_SIM_HOSTS"] = ",".join(h.partition(":")[0] for h in hosts)
-    return TOOLS.get(prog[0], lambda a: _fail(f"mpirun: {prog[0]}: not found", 1))(prog[1:])
-
-
-def all_reduce_perf(argv: list[str]) -> int:
-    hw = _hw()
-    opts = {"-b": "8", "-e": "128M", "-f": "2", "-g": "1"}
-    for i, a in enumerate(argv[:-1]):
-        if a in opts:
-            opts[a] = argv[i + 1]
-    nccl = hw.get("nccl") or {}
-    peak = float(nccl.get("busbw", 370.0))
-    wrong_rank = nccl.get("wrong_rank")
-    ranks = int(os.environ.get("LLMDEPLOY_SIM_RANKS", "1"))
-    lo, hi, f = _size(opts["-b"]), _size(opts["-e"]), int(opts["-f"])
-    print(f"# nThread 1 nGpus {opts['-g']} minBytes {lo} maxBytes {hi} step: {f}(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0")
-    print("#\n# Using devices")
-    for r in range(ranks):
-        print(f"#  Rank {r:2d} Group  0 Pid {1000 + r:6d} on {os.uname().nodename:>10} device {r % 8:2d} [0x{0x18 + r % 8:02x}] NVIDIA GPU")
-    print("#\n#                                                              out-of-place                       in-place          ")
-    print("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong")
-    print("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       ")
-    size, total, n, wrong_total = lo, 0.0, 0, 0
-    factor = 2 * (ranks - 1) / ranks if ranks > 1 else 1.0
-    while size <= hi:
-        bus = peak * size / (size + 64 * 1024 * 1024)
-        alg = bus / factor if factor else bus
-        t = size / (alg * 1e3) if alg > 0 else 0.0
-        wrong = 1 if wrong_rank is not None else 0
-        wrong_total += wrong
-        print(f"{size:12d} {max(size // 4, 1):13d}     float     sum      -1 {t:8.2f} {alg:7.2f} {bus:7.2f} {wrong:6d} {t:8.2f} {alg:7.2f} {bus:7.2f} {wrong:6d}")
-        total += bus
-        n += 1
-        size *= f
-    if wrong_rank is not None:
-        print(f"rank={wrong_rank} #wrong={wrong_total}")
-    avg = total / max(n, 1)
-    print(f"# Out of bounds values : {wrong_total} {'OK' if not wrong_total else 'FAILED'}")
-    print(f"# Avg bus bandwidth    : {avg:.4f} ")
-    print("#")
-    floor = os.environ.get("NCCL_TESTS_MIN_BW")
-    if floor and avg < 0.9 * float(floor):
-        print(f" FAILED: average bus bandwidth {avg:.2f} is below 0.9 x NCCL_TESTS_MIN_BW {float(floor):g}")
-        return 1
-    return 1 if wrong_total else 0
-
-
 def _lazy(module: str, attr: str):
     """A tool from a module imported only when it runs (vllm's imports http.server: ~25 ms)."""
     def run(argv: list[str]) -> int:
@@ -409,8 +315,8 @@ TOOLS = {
     # inside the simulated images (sim/images.py)
     "vllm": _lazy("vllm", "main"),
     "trtllm-serve": _lazy("trtllm", "main"),
-    "mpirun": mpirun,
-    "all_reduce_perf": all_reduce_perf,
+    # one rank of an MPI job under the real mpirun (sim/standins/nccl_tests.py)
+    "all_reduce_perf": _lazy("nccl_tests", "main"),
 }
 
 

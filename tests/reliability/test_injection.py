@@ -479,7 +479,7 @@ def build_artifacts(cluster: Cluster, cli: dict[str, str], only: tuple[str, ...]
                     text = comm.ping_script(cluster, plan[n.name])
                     if text:
                         sink[f"verify/pings{'-full' if full else ''}/{n.name}"] = ("sh", text, [])
-        sink["verify/all_reduce"] = ("sh", comm.all_reduce_command(cluster, cluster.verify.all_reduce_args, cluster.verify.nccl_min_busbw), [])
+        sink["verify/all_reduce"] = ("sh", comm.all_reduce_command(cluster, cluster.verify.all_reduce_args), [])
         # the host network pings of every node (the flow builds them only for nodes whose facts it read)
         host_ping = getattr(comm, "host_ping_script", None)
         for n in cluster.nodes if host_ping else []:

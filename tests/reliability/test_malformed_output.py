@@ -103,8 +103,19 @@ def good() -> dict:
                                   "--format=csv,noheader,nounits")
             o["nvtopo"] = _standin(state, "nvidia-smi", "topo", "-m")
             o["ibstat"] = _standin(state, "ibstat")
-            o["all_reduce"] = _standin(state, "all_reduce_perf", "-b", "8", "-e", "8G", "-f", "2", "-g", "1", LLMDEPLOY_SIM_RANKS="16")
+            o["all_reduce"] = _all_reduce_world(c, hw)
     return out
+
+
+def _all_reduce_world(c, hw: dict) -> str:
+    """What the simulated all_reduce_perf's rank 0 prints for a healthy world
+    of 16 ranks on the cluster's two nodes (sim/standins/nccl_tests.py; one
+    rank alone would move nothing between ranks: busbw 0)."""
+    from sim.standins import nccl_tests
+
+    o = nccl_tests.parse_args(["-b", "8", "-e", "8G", "-f", "2", "-g", "1"])
+    devices = "".join(nccl_tests.device_lines(r, 1000 + r, c.nodes[r // 8].name, [r % 8], hw["gpus"]) for r in range(16))
+    return nccl_tests.header(o) + devices + nccl_tests.result(o, 16, 370.0, [0] * 16, None)[0]
 
 
 def section(name: str, text: str, rc: int | str = 0) -> str:

@@ -1,0 +1,60 @@
+"""How OpenMPI's ``mpirun`` on node 0 reaches the other nodes, in one place
+for every MPI world the tool starts: the serving worlds (trtllm-serve,
+Dynamo's workers, through the release's launch agent ``mpi-agent.sh``) and
+verify-comm's ``all_reduce_perf`` (straight onto the hosts).
+
+- Every daemon (``orted``) is started from node 0 over SSH
+  (``plm_rsh_no_tree_spawn``): only node 0 needs SSH to the others.
+- SSH runs with the cluster's launch settings as node 0 sees them: the
+  ssh_config named by ``profile.launch_ssh_config`` (a path on node 0; else
+  root's own), ``BatchMode`` (no prompt can hang a launch) and
+  ``StrictHostKeyChecking=yes`` (an unknown or changed host key fails the
+  launch instead of being accepted).
+- OpenMPI's own TCP (its out-of-band channel and the byte-transfer layer) is
+  kept on the serving NICs.
+
+Pure: values in, argument lists out.
+"""
+
+from __future__ import annotations
+
+from llmdeploy.inventory import Cluster
+
+# ssh's options for every launch from node 0 (after -F <ssh_config>)
+LAUNCH_SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+
+
+def launch_ssh_args(ssh_config: str | None) -> list[str]:
+    """ssh's arguments (before the host) for a launch from node 0."""
+    return (["-F", ssh_config] if ssh_config else []) + LAUNCH_SSH_OPTIONS
+
+
+def launch_agent_args(agent: str) -> list[str]:
+    """mpirun reaches the other nodes through ``agent`` (a program called as
+    ``agent <host> <orted command ...>``: ``ssh``, or a launch agent script);
+    every daemon is started from the launch node (only it needs SSH to the
+    others). OpenMPI's daemons check the agent's path too: it is on every node."""
+    return ["--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1"]
+
+
+def ssh_launch_args(ssh_config: str | None) -> list[str]:
+    """mpirun reaches the other nodes with ``ssh`` itself, given
+    :func:`launch_ssh_args` (OpenMPI splits ``plm_rsh_args`` at spaces: the
+    inventory's paths have none)."""
+    return launch_agent_args("ssh") + ["--mca", "plm_rsh_args", " ".join(launch_ssh_args(ssh_config))]
+
+
+def tcp_if_args(nic_list: str) -> list[str]:
+    """OpenMPI's own TCP traffic (daemons, byte transfer) on the serving NICs only."""
+    return ["--mca", "oob_tcp_if_include", nic_list, "--mca", "btl_tcp_if_include", nic_list]
+
+
+def nics(cluster: Cluster, names: list[str]) -> str:
+    """The serving NICs of these nodes, each once (OpenMPI's *_if_include: a
+    node uses the ones it has)."""
+    out: list[str] = []
+    for name in names:
+        nic = cluster.node(name).nic
+        if nic not in out:
+            out.append(nic)
+    return ",".join(out)
