@@ -3,11 +3,30 @@ plus the parser of what it reads back. Helpers shared by the roles live here."""
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
+from pathlib import Path
 from typing import Any, Callable, Hashable
+
+import jinja2
 
 from llmdeploy.inventory import Node
 from llmdeploy.runner import FAILED, SKIPPED, HostResult
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+# the one Jinja2 environment over templates/ (roles and systems render through it)
+_jinja = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+_jinja.filters["q"] = shlex.quote
+
+
+def render(template: str, **values) -> str:
+    """``templates/<template>`` rendered with ``values`` (``| q``: shlex.quote)."""
+    return _jinja.get_template(template).render(**values)
+
+
+def add_filter(name: str, fn: Callable) -> None:
+    """A filter a role's templates use (e.g. roles.dynamo's YAML scalars)."""
+    _jinja.filters[name] = fn
 
 
 def node_facts(ctx, node: Node) -> dict | None:

@@ -67,3 +67,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q -e '.[test]'
     touch "$stamp"
 fi
+
+# The simulated cluster's container images (sim/images.py: debootstrap, then
+# docker build in a namespace of its own), built once per machine and again
+# only when the simulator's stand-ins change; here rather than inside the
+# first test's time limit. Needs root and network namespaces, like the cluster.
+if [ "$(id -u)" -eq 0 ] && ip netns add lds-setup-probe 2>/dev/null; then
+    ip netns del lds-setup-probe
+    .venv/bin/python -m sim.images
+fi

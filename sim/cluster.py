@@ -27,7 +27,7 @@ from pathlib import Path
 from llmdeploy.errors import SimError
 from llmdeploy.inventory import Cluster
 
-from . import curated, dockerd, hardware, images
+from . import curated, dockerd, hardware, images, netns
 from .standins import __main__ as standins
 from .standins import fast
 from .paths import (
@@ -239,13 +239,13 @@ def dev_lines(hw: dict) -> list[str]:
     return out
 
 
-def _start_services(cluster: Cluster, cdir: Path, state: dict) -> dict[str, str]:
+def _start_services(cluster: Cluster, cdir: Path, state: dict, registry: str) -> dict[str, str]:
     """The cluster's registry (read-only over the image cache) and package index, on the management bridge."""
     ips = service_ips(cluster)
     tls = images.tls()
     mb = _links(cluster.name)["mgmt_bridge"]
     _sh("ip", "addr", "add", f"{ips['index']}/24", "dev", mb)
-    (cdir / "registry.yml").write_text(images.registry_config(images.cache() / "registry", f"{ips['registry']}:443", tls, True))
+    (cdir / "registry.yml").write_text(images.registry_config(Path(registry), f"{ips['registry']}:443", tls, True))
     procs = {
         "registry": subprocess.Popen(["docker-registry", "serve", str(cdir / "registry.yml")], stdin=subprocess.DEVNULL,
                                      stdout=open(cdir / "registry.log", "w"), stderr=subprocess.STDOUT, start_new_session=True),
@@ -284,10 +284,19 @@ def _wait_dockerd(hosts: list[tuple[str, int, Path]], timeout: float = 90) -> No
 
 
 def up(cluster: Cluster, echo=print) -> dict:
-    """Create the simulated hosts of ``cluster``; returns the recorded state."""
+    """Create the simulated hosts of ``cluster``; returns the recorded state.
+    When anything fails, what was made is removed again before the error goes on."""
+    try:
+        return _up(cluster, echo)
+    except BaseException:
+        down(cluster.name, echo=lambda *_: None)
+        raise
+
+
+def _up(cluster: Cluster, echo) -> dict:
     preflight()
     down(cluster.name, echo=lambda *_: None)
-    images.ensure(echo)
+    built = images.ensure(echo)
     cdir = cluster_dir(cluster.name)
     cdir.mkdir(parents=True, exist_ok=True)
     links = _links(cluster.name)
@@ -298,7 +307,6 @@ def up(cluster: Cluster, echo=print) -> dict:
     key = cdir / "id_ed25519"
     _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"llmdeploy-sim-{cluster.name}", "-f", str(key))
     _write(cdir / "authorized_keys", (cdir / "id_ed25519.pub").read_text(), 0o600)
-    Path("/run/sshd").mkdir(exist_ok=True)
     # mount points on this machine: remembered across clusters, removed (if
     # still empty) when the last simulated cluster goes down
     made_file = sim_root() / "created_dirs.json"
@@ -338,7 +346,7 @@ def up(cluster: Cluster, echo=print) -> dict:
         # through an interface npu<d> in each host
         _batch([c for d in range(cluster.platform_info.devices) for c in (f"link add {nb}{d} type bridge", f"link set {nb}{d} up")])
 
-    services = _start_services(cluster, cdir, state)
+    services = _start_services(cluster, cdir, state, built["registry"])
     known_hosts, ssh_config = [], []
     procs = []
     for i, node in enumerate(cluster.nodes):
@@ -403,6 +411,8 @@ def up(cluster: Cluster, echo=print) -> dict:
         tools = STANDINS_ASCEND if cluster.platform_info.vendor == "ascend" else STANDINS_NVIDIA
         for tool in tools:
             _write(bindir / tool, _standin_wrapper(tool), 0o755)
+        # the host's docker is Debian's client, whatever this machine has in /usr/local/bin
+        (bindir / "docker").symlink_to("/usr/bin/docker")
         if ascend:
             _write(bindir / "hccn_tool", _hccn_wrapper(), 0o755)
             _write(hdir / "hccn.conf", hardware.hccn_conf(hw))
@@ -533,37 +543,25 @@ def _save_state(cdir: Path, state: dict) -> None:
     tmp.replace(cdir / "state.json")
 
 
-def _netns_pids(ns: str) -> list[int]:
-    res = _sh("ip", "netns", "pids", ns, check=False)
-    return [int(p) for p in res.stdout.split() if p.isdigit()]
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
 
 
-def _kill_netns(ns: str) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = _netns_pids(ns)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        end = time.monotonic() + 3
-        while time.monotonic() < end and _netns_pids(ns):
-            time.sleep(0.05)
-
-
-def _processes_naming(directory: Path) -> list[int]:
-    """Processes whose command line names a path under ``directory``."""
-    want = (str(directory) + "/").encode()
+def _services_of(cdir: Path) -> list[int]:
+    """The cluster's registry and package index: processes whose command line
+    is the one _start_services gave them (a recorded pid is not trusted alone:
+    after a reboot it may be anybody's)."""
+    registry = ["docker-registry", "serve", str(cdir / "registry.yml")]
     out = []
     for p in Path("/proc").iterdir():
-        if p.name.isdigit() and int(p.name) != os.getpid():
-            try:
-                if want in (p / "cmdline").read_bytes():
-                    out.append(int(p.name))
-            except OSError:
-                pass
+        if not p.name.isdigit():
+            continue
+        argv = _cmdline(int(p.name))
+        if argv[:3] == registry or ("sim.pypi" in argv and str(cdir / "index.pid") in argv):
+            out.append(int(p.name))
     return out
 
 
@@ -572,6 +570,9 @@ def _stop_dockerds(pidfiles: list[Path], timeout: float = 20) -> None:
     for f in pidfiles:
         try:
             pid = int(f.read_text().strip())
+            argv = _cmdline(pid)
+            if argv[:1] != ["dockerd"] or str(f) not in argv:
+                continue  # not the daemon that wrote this file (a reboot, a reused pid)
             os.kill(pid, signal.SIGTERM)
             pids.append(pid)
         except (OSError, ValueError):
@@ -614,7 +615,7 @@ def down(name: str, echo=print) -> bool:
     hosts = state.get("hosts", {})
     _stop_dockerds([Path(h["dir"]) / "dockerd.pid" for h in hosts.values() if h.get("dir")])
     for ns in sorted(namespaces):
-        _kill_netns(ns)
+        netns.kill(ns)
         if _sh("ip", "netns", "del", ns, check=False).returncode == 0:
             removed = True
     # whatever a daemon left in its containers' cgroups (a container with a
@@ -622,7 +623,7 @@ def down(name: str, echo=print) -> bool:
     if dockerd.kill_cgroups(cgroup_parent(name, "")):
         removed = True
     # the registry and the index (their command lines name the cluster's directory)
-    for pid in set(state.get("services", {}).values()) | set(_processes_naming(cdir)):
+    for pid in _services_of(cdir):
         try:
             os.kill(pid, signal.SIGKILL)
             removed = True

@@ -105,14 +105,6 @@ def files() -> dict[str, str]:
     return out
 
 
-def write(directory: str | Path) -> None:
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    for name, text in files().items():
-        (d / name).write_text(text)
-        os.chmod(d / name, 0o644)
-
-
 # --- a TensorRT-LLM checkout ("recipes"): the Dynamo agentic base role files ---------------
 # Seed 000, "Qwen3.5 GB300 NVL72 Agentic Disaggregated Serving": the files the
 # guide adds under examples/configs/curated/ of the checkout (not in the older

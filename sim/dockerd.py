@@ -148,12 +148,6 @@ def start_lines(data_root: Path, exec_root: Path, pidfile: Path, log: Path, path
     ]
 
 
-def ready_probe() -> str:
-    """A command that succeeds once the host's daemon answers."""
-    return "docker version --format '{{.Server.Version}}'"
-
-
-
 def cgroup_dirs(prefix: str, mountinfo: str | None = None) -> list[Path]:
     """The cgroups named ``prefix*`` at the top of every hierarchy of this
     machine: where daemons started with ``--cgroup-parent /<prefix>...`` put

@@ -42,7 +42,6 @@ def node_hardware(cluster: Cluster, index: int, node: Node) -> dict:
         "cpus": cpus,
         "numa_nodes": numa_nodes,
         "mem_total_kib": shape["mem_gib"] * GIB_KIB,
-        "docker_version": "28.2.2",
         "npus": [],
         "gpus": [],
     }

@@ -34,17 +34,15 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
 from llmdeploy.errors import SimError
 
-from . import curated, dockerd
+from . import curated, dockerd, netns
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -259,10 +257,16 @@ def base_tarball() -> tuple[Path, str]:
         return tar, key
     if not shutil.which("debootstrap"):
         raise SimError("debootstrap is missing: run scripts/setup.sh")
-    root = cache() / f"rootfs-{key}.d"
-    shutil.rmtree(root, ignore_errors=True)
+    import tempfile
+
+    cache().mkdir(parents=True, exist_ok=True)
+    # a directory of its own (an interrupted run's is left alone), and a
+    # mount namespace of its own: debootstrap's /proc and /sys mounts go
+    # with it, however it ends
+    root = Path(tempfile.mkdtemp(prefix=f"rootfs-{key}.", dir=cache()))
     print(f"sim: building the base image's root filesystem (debootstrap {SUITE}, once per machine)", file=sys.stderr)
-    _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), debian_mirror()],
+    _run(["unshare", "--mount", "--propagation", "private", "--", "debootstrap", "--variant=minbase",
+          f"--include={','.join(PACKAGES)}", SUITE, str(root), debian_mirror()],
          "building the simulated images' base", timeout=1800)
     # pip installs into the image as NGC's and Ascend's images allow (no PEP 668 marker)
     for marker in root.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
@@ -346,21 +350,45 @@ def built() -> dict:
         return {}
 
 
+def registry_dir(key: str) -> Path:
+    """The registry storage of one build: a cluster keeps serving the images
+    it was brought up with while another checkout builds other ones."""
+    return cache() / f"registry-{key}"
+
+
 def ensure(echo=print) -> dict:
-    """Build what is missing; returns {ref: {"id": ..., "digest": ...}}."""
+    """Build what is missing; returns {"key", "registry": storage,
+    "images": {ref: {"id": ..., "digest": ...}}}."""
     with _lock():
         tar, base_key = base_tarball()
         base = f"llmdeploy-sim/base:{base_key}"
         want = _contexts_key(base)
         have = built()
-        if have.get("key") == want and (cache() / "registry" / "docker").exists():
+        if have.get("key") == want and (registry_dir(want) / "docker").exists():
             return have
         echo("sim: building the simulated images (once per machine and stand-in version)")
         result = _build(tar, base, want)
+        result["registry"] = str(registry_dir(want))
         tmp = cache() / "images.json.tmp"
         tmp.write_text(json.dumps(result, indent=1))
         tmp.replace(cache() / "images.json")
+        _prune_registries(keep=registry_dir(want))
         return result
+
+
+def _prune_registries(keep: Path) -> None:
+    """Registry storages of earlier builds that no simulated cluster serves."""
+    from .paths import sim_root
+
+    served = set()
+    for cfg in sim_root().glob("*/registry.yml"):
+        try:
+            served.add(json.loads(cfg.read_text())["storage"]["filesystem"]["rootdirectory"])
+        except (OSError, ValueError, KeyError):
+            pass
+    for d in cache().glob("registry*"):
+        if d.is_dir() and d != keep and str(d) not in served:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 BUILDER_NS = "lds-builder"
@@ -383,9 +411,10 @@ def registry_config(storage: Path, addr: str, tls_files: dict[str, Path] | None,
 def _build(tar: Path, base: str, key: str) -> dict:
     work = cache() / "builder"
     work.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["ip", "netns", "del", BUILDER_NS], capture_output=True)
+    _stop_namespace(BUILDER_NS)  # what an interrupted build left (its dockerd holds the pid file and data-root)
     _run(["ip", "netns", "add", BUILDER_NS], "making the image builder's namespace")
-    (work / "registry.yml").write_text(registry_config(cache() / "registry", BUILDER_REGISTRY, None, False))
+    shutil.rmtree(registry_dir(key), ignore_errors=True)  # a build that did not finish
+    (work / "registry.yml").write_text(registry_config(registry_dir(key), BUILDER_REGISTRY, None, False))
     script = "\n".join([
         "set -e",
         *dockerd.cgroup_mounts(),
@@ -413,18 +442,8 @@ def _build(tar: Path, base: str, key: str) -> dict:
 
 
 def _stop_namespace(ns: str) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = [int(p) for p in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        end = time.monotonic() + 15
-        while time.monotonic() < end and subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
-            time.sleep(0.1)
+    """The builder's dockerd stops its containers on SIGTERM: a longer grace."""
+    netns.kill(ns, grace=15)
     subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
@@ -462,4 +481,5 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--inside"]:
         print(json.dumps(_inside(Path(sys.argv[2]), sys.argv[3], sys.argv[4])))
         sys.exit(0)
-    print(json.dumps(ensure(), indent=1))
+    done = ensure()
+    print(f"sim images: {len(done['images'])} images (build {done['key']}) in {done['registry']}")

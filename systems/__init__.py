@@ -13,26 +13,19 @@ import importlib
 import shlex
 from pathlib import Path
 
-import jinja2
 import yaml
 
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan, Service, order_services
-from roles.mpi import launch_ssh_args
+from roles import render  # noqa: F401 (the systems render their files with it)
+from roles import mpi
 from roles.mpi import nics  # noqa: F401 (the systems' OpenMPI *_if_include lists)
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-_jinja = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-_jinja.filters["q"] = shlex.quote
 
 # profile kind -> module
 MODULES = {"vllm-ascend": "vllm_ascend", "trtllm-serve": "trtllm", "dynamo": "dynamo"}
-
-
-def render(template: str, **values) -> str:
-    return _jinja.get_template(template).render(**values)
 
 
 def serving_image(cluster: Cluster, node, prepared: dict[str, dict]) -> str:
@@ -103,9 +96,7 @@ def launch_agent(cluster: Cluster, release: str, container: str, names: list[str
     name (a Host the launch ssh_config knows), over ssh with the launch
     settings every MPI launch from node 0 uses (``roles.mpi``), then ``docker
     exec`` into ``container`` there. Every value is quoted."""
-    targets = [(str(cluster.node(name).ip), name) for name in names]
-    return render("mpi-agent.sh.j2", release=release, cluster=cluster.name, container=container, targets=targets,
-                  ssh_args=shlex.join(launch_ssh_args(ssh_config)))
+    return mpi.launch_agent(cluster, names, ssh_config, release, container)
 
 
 def module_for(kind: str):

@@ -398,11 +398,12 @@ def pair_name(x: dict) -> str:
 # second), so every context carries every variable; one ``-x`` for all would
 # give every node node 0's NIC name.
 #
-# Hosts are the inventory's node names, as in serving's hostfile: node 0's
-# ssh_config resolves them, and OpenMPI takes the entry that is its own
-# hostname for itself. :func:`mpi_host_problems` checks them against the
-# hostnames the facts read, before mpirun runs.
+# Hosts are the nodes' serving IPs, as in serving's hostfiles: OpenMPI takes
+# the one that is its own address for node 0, and reaches the others through
+# the same launch agent as the serving worlds (roles.mpi.launch_agent: IP ->
+# the node's SSH host), written to a temporary file on node 0 for the run.
 ALL_REDUCE_ENV = {"NCCL_DEBUG": "WARN"}
+AGENT_END = "LLMDEPLOY_MPI_AGENT"
 
 
 def nccl_ifname(cluster: Cluster, node: Node) -> str:
@@ -460,32 +461,32 @@ def all_reduce_command(cluster: Cluster, args: str) -> str:
     where the bandwidth is what counts (doc/PERFORMANCE.md)."""
     ranks = all_reduce_ranks(cluster, args)
     program = ["all_reduce_perf", *shlex.split(args)]
+    multi = len(ranks) > 1
     cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none"]
-    if len(ranks) > 1:
-        cmd += mpi.ssh_launch_args(getattr(cluster.profile, "launch_ssh_config", None))
     cmd += mpi.tcp_if_args(mpi.nics(cluster, [n.name for n in cluster.nodes]))
     for i, (n, k, _) in enumerate(ranks):
         if i:
             cmd.append(":")
-        cmd += ["-np", str(k), "-H", f"{n.name}:{k}", "-x", f"NCCL_SOCKET_IFNAME={nccl_ifname(cluster, n)}"]
+        cmd += ["-np", str(k), "-H", f"{n.ip if multi else n.name}:{k}", "-x", f"NCCL_SOCKET_IFNAME={nccl_ifname(cluster, n)}"]
         for key, value in ALL_REDUCE_ENV.items():
             cmd += ["-x", f"{key}={value}"]
         cmd += program
-    return shlex.join(cmd)
-
-
-def mpi_host_problems(cluster: Cluster, hostnames: dict[str, str | None]) -> list[str]:
-    """The nodes whose hostname (``hostnames``: node -> what the facts read)
-    is not their inventory name, which all_reduce_command gives mpirun as
-    their host: OpenMPI takes node 0's entry for itself only when it is its
-    hostname, and reaches every other entry by that name over SSH."""
-    out = []
-    for n in cluster.nodes:
-        h = (hostnames.get(n.name) or "").strip()
-        if h and n.name not in (h, h.split(".")[0]):
-            out.append(f"{n.name}: its hostname is {h!r}, not its inventory name {n.name!r}, which mpirun is given as its host "
-                       f"(OpenMPI knows a host by its hostname: name the node {h.split('.')[0]!r} in the inventory)")
-    return out
+    if not multi:
+        return shlex.join(cmd)
+    agent = mpi.launch_agent(cluster, [n.name for n, _, _ in ranks], getattr(cluster.profile, "launch_ssh_config", None))
+    if AGENT_END in agent:
+        raise ValueError(f"the launch agent of {cluster.name} holds {AGENT_END}")
+    # mpirun's launch options with the agent's path, which only the shell knows
+    launch = " ".join(shlex.quote(a) for a in mpi.launch_agent_args("AGENT")).replace("AGENT", '"$agent"')
+    return "\n".join([
+        'agent=$(mktemp "${TMPDIR:-/tmp}/llmdeploy-mpi-agent.XXXXXX") || exit 1',
+        "trap 'rm -f \"$agent\"' EXIT",
+        f"cat > \"$agent\" <<'{AGENT_END}'",
+        agent.rstrip("\n"),
+        AGENT_END,
+        'chmod 700 "$agent"',
+        f"{shlex.join(cmd[:4])} {launch} {shlex.join(cmd[4:])}",
+    ]) + "\n"
 
 
 # nccl-tests' and NCCL's own lines (nccl-tests src/common.h NCCLCHECK/TESTCHECK;
@@ -513,7 +514,7 @@ def all_reduce_failure(cluster: Cluster, args: str, hostnames: dict[str, str | N
     ranks = all_reduce_ranks(cluster, args)
     by_host: dict[str, str] = {}
     for n in cluster.nodes:
-        by_host[n.name] = n.name
+        by_host[n.name] = by_host[str(n.ip)] = n.name  # mpirun names a node by its -H entry
         h = (hostnames.get(n.name) or "").strip()
         if h:
             by_host[h] = by_host[h.split(".")[0]] = n.name

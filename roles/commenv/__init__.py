@@ -6,18 +6,13 @@ Pure: (cluster, node) -> variables -> file content. The files role writes it.
 
 from __future__ import annotations
 
-from pathlib import Path
 
-import jinja2
 
 from llmdeploy.inventory import Cluster, DynamoProfile, Node, TrtllmProfile, VllmAscendProfile
 from roles import dynamo
 from roles.files import put_step, sum_probe
+from roles import render as render_template
 
-TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
-_env = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True
-)
 
 
 class EnvValueError(ValueError):
@@ -79,7 +74,7 @@ def env_path(cluster: Cluster, node: Node) -> str:
 
 
 def render(cluster: Cluster, node: Node) -> str:
-    return _env.get_template("comm.env.j2").render(
+    return render_template("comm.env.j2",
         cluster=cluster.name, node=node.name, role=cluster.role_of(node), env=env_vars(cluster, node)
     )
 

@@ -30,9 +30,7 @@ Placement, from the topology and the inventory's four-GPU GB300 nodes:
 from __future__ import annotations
 
 import posixpath
-from pathlib import Path
 
-import jinja2
 import yaml
 
 from llmdeploy.inventory import (
@@ -48,11 +46,9 @@ from llmdeploy.inventory import (
     DynamoTopology,
     Node,
 )
+from roles import add_filter
+from roles import render as render_template
 
-TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
-_env = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True
-)
 
 
 def _yaml_value(value) -> str:
@@ -61,7 +57,7 @@ def _yaml_value(value) -> str:
     return text.removesuffix("\n").removesuffix("\n...").strip()
 
 
-_env.filters["y"] = _yaml_value
+add_filter("y", _yaml_value)
 
 # --- data (seed 000, "Select Another Topology") ---------------------------------------
 PREFILL_PROFILES: dict[str, DynamoPrefillProfile] = DYNAMO_PREFILL_PROFILES
@@ -168,7 +164,7 @@ def role_yaml(cluster: Cluster, worker: Worker) -> str:
     prof = profile_of(cluster)
     topo = prof.topology_info
     retained = PREFILL_RETAINED if worker.role == "prefill" else DECODE_RETAINED
-    return _env.get_template(f"dynamo-{worker.role}.yaml.j2").render(
+    return render_template(f"dynamo-{worker.role}.yaml.j2",
         cluster=cluster.name,
         worker=worker,
         topology=topo,

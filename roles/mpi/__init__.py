@@ -18,7 +18,10 @@ Pure: values in, argument lists out.
 
 from __future__ import annotations
 
+import shlex
+
 from llmdeploy.inventory import Cluster
+from roles import render
 
 # ssh's options for every launch from node 0 (after -F <ssh_config>)
 LAUNCH_SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
@@ -37,11 +40,18 @@ def launch_agent_args(agent: str) -> list[str]:
     return ["--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1"]
 
 
-def ssh_launch_args(ssh_config: str | None) -> list[str]:
-    """mpirun reaches the other nodes with ``ssh`` itself, given
-    :func:`launch_ssh_args` (OpenMPI splits ``plm_rsh_args`` at spaces: the
-    inventory's paths have none)."""
-    return launch_agent_args("ssh") + ["--mca", "plm_rsh_args", " ".join(launch_ssh_args(ssh_config))]
+def launch_agent(cluster: Cluster, names: list[str], ssh_config: str | None, release: str = "", container: str | None = None) -> str:
+    """The launch agent of an MPI world over the nodes ``names``: mpirun
+    gives it a node's serving IP (its hostfile or ``-H`` entry), it maps the
+    IP to the node's SSH host (the node's name, a Host the launch ssh_config
+    knows) and runs the command there over ssh with :func:`launch_ssh_args`:
+    inside that node's ``container`` (the serving worlds), or on the host
+    (verify-comm). So no node name has to resolve for OpenMPI, and OpenMPI
+    takes the entry that is one of its own addresses for the launch node
+    (checked with OpenMPI 4.1). Every value is quoted."""
+    targets = [(str(cluster.node(name).ip), name) for name in names]
+    return render("mpi-agent.sh.j2", release=release, cluster=cluster.name, container=container or "", targets=targets,
+                  ssh_args=shlex.join(launch_ssh_args(ssh_config)))
 
 
 def tcp_if_args(nic_list: str) -> list[str]:

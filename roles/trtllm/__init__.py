@@ -15,15 +15,10 @@ import copy
 import posixpath
 from pathlib import Path
 
-import jinja2
 import yaml
 
 from llmdeploy.inventory import Cluster, TrtllmProfile, _safe_path, nest_overrides
-
-TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
-_env = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True
-)
+from roles import render as render_template
 
 MERGE_SCRIPT_NAME = "merge-config.py"
 OVERRIDES_NAME = "trtllm-overrides.yaml"
@@ -101,7 +96,7 @@ def overrides_yaml(cluster: Cluster, eplb_path_on_node: str | None = None) -> st
     if eplb_path_on_node:
         sources.append(f"moe_config.load_balancer: the static EPLB map of profile.eplb_map ({Path(prof.eplb_map).name})")
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=False, width=100)
-    return _env.get_template("trtllm-overrides.yaml.j2").render(
+    return render_template("trtllm-overrides.yaml.j2",
         cluster=cluster.name, curated=curated_path(prof), sources=sources, keys=dotted_keys(doc), body=body.rstrip("\n")
     )
 
@@ -109,4 +104,4 @@ def overrides_yaml(cluster: Cluster, eplb_path_on_node: str | None = None) -> st
 def merge_script() -> str:
     """merge-config.py: a standalone Python 3 program (PyYAML) run inside the
     container; see the template for its contract."""
-    return _env.get_template("trtllm-merge-config.py.j2").render()
+    return render_template("trtllm-merge-config.py.j2")

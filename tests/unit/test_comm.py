@@ -9,7 +9,7 @@ import pytest
 
 from flows import verify
 from llmdeploy.inventory import load_cluster
-from roles import comm, commenv
+from roles import comm, commenv, mpi
 from roles.facts import MARK
 
 
@@ -86,23 +86,31 @@ def _with_nics(cluster, nics: dict[str, str]):
     return cluster.model_copy(update={"nodes": nodes})
 
 
+def _mpirun_line(cmd: str) -> str:
+    return cmd.strip().splitlines()[-1]
+
+
 def test_all_reduce_is_one_world_over_ssh_from_node_0_each_node_with_its_own_nic():
     c = load_cluster("b200")
-    assert comm.all_reduce_command(c, ARGS) == (
-        "mpirun --allow-run-as-root --bind-to none"
-        " --mca plm_rsh_agent ssh --mca plm_rsh_no_tree_spawn 1 --mca plm_rsh_args '-o BatchMode=yes -o StrictHostKeyChecking=yes'"
+    cmd = comm.all_reduce_command(c, ARGS)
+    assert _mpirun_line(cmd) == (
+        'mpirun --allow-run-as-root --bind-to none --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1'
         " --mca oob_tcp_if_include ens1f0 --mca btl_tcp_if_include ens1f0"
-        f" -np 8 -H b200-node-0:8 -x NCCL_SOCKET_IFNAME=ens1f0 -x NCCL_DEBUG=WARN {RANKS}"
-        f" : -np 8 -H b200-node-1:8 -x NCCL_SOCKET_IFNAME=ens1f0 -x NCCL_DEBUG=WARN {RANKS}")
+        f" -np 8 -H 192.0.2.40:8 -x NCCL_SOCKET_IFNAME=ens1f0 -x NCCL_DEBUG=WARN {RANKS}"
+        f" : -np 8 -H 192.0.2.41:8 -x NCCL_SOCKET_IFNAME=ens1f0 -x NCCL_DEBUG=WARN {RANKS}")
+    # the launch agent, written for the run and removed after it: IP -> the node's SSH host, as serving's
+    assert cmd.startswith('agent=$(mktemp "${TMPDIR:-/tmp}/llmdeploy-mpi-agent.XXXXXX") || exit 1\ntrap \'rm -f "$agent"\' EXIT\n')
+    assert mpi.launch_agent(c, [n.name for n in c.nodes], None) in cmd
+    assert "    192.0.2.41) target=b200-node-1 ;;" in cmd and 'exec ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "$target" "$@"' in cmd
     # the second node's NIC has another name: its ranks get it, OpenMPI may use either
     mixed = _with_nics(load_cluster("sim-b200"), {"sim-b200-1": "ens2f0"})
-    assert comm.all_reduce_command(mixed, ARGS) == (
-        "mpirun --allow-run-as-root --bind-to none"
-        " --mca plm_rsh_agent ssh --mca plm_rsh_no_tree_spawn 1"
-        " --mca plm_rsh_args '-F /var/tmp/llmdeploy-sim/sim-b200/ssh_config -o BatchMode=yes -o StrictHostKeyChecking=yes'"
+    cmd = comm.all_reduce_command(mixed, ARGS)
+    assert _mpirun_line(cmd) == (
+        'mpirun --allow-run-as-root --bind-to none --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1'
         " --mca oob_tcp_if_include ens1f0,ens2f0 --mca btl_tcp_if_include ens1f0,ens2f0"
-        f" -np 8 -H sim-b200-0:8 -x NCCL_SOCKET_IFNAME=ens1f0 -x NCCL_DEBUG=WARN {RANKS}"
-        f" : -np 8 -H sim-b200-1:8 -x NCCL_SOCKET_IFNAME=ens2f0 -x NCCL_DEBUG=WARN {RANKS}")
+        f" -np 8 -H 198.19.20.10:8 -x NCCL_SOCKET_IFNAME=ens1f0 -x NCCL_DEBUG=WARN {RANKS}"
+        f" : -np 8 -H 198.19.20.11:8 -x NCCL_SOCKET_IFNAME=ens2f0 -x NCCL_DEBUG=WARN {RANKS}")
+    assert "exec ssh -F /var/tmp/llmdeploy-sim/sim-b200/ssh_config -o BatchMode=yes -o StrictHostKeyChecking=yes" in cmd
     # one node: no launch over SSH at all
     one = load_cluster("qwen35-b200")
     assert comm.all_reduce_command(one, ARGS) == (
@@ -113,12 +121,12 @@ def test_all_reduce_is_one_world_over_ssh_from_node_0_each_node_with_its_own_nic
 def test_every_app_context_carries_every_variable_and_gb200s_four_nodes_get_16_ranks():
     # OpenMPI 4.1: -x belongs to its app context, so each context repeats them all
     c = load_cluster("gb200")
-    argv = shlex.split(comm.all_reduce_command(c, ARGS))
+    argv = shlex.split(_mpirun_line(comm.all_reduce_command(c, ARGS)))
     contexts = " ".join(argv).split(" : ")
     assert len(contexts) == 4
     for i, ctx in enumerate(contexts):
         words = ctx.split()
-        assert words[words.index("-H") + 1] == f"gb200-node-{i}:4" and words[words.index("-np") + 1] == "4"
+        assert words[words.index("-H") + 1] == f"{c.nodes[i].ip}:4" and words[words.index("-np") + 1] == "4"
         assert [words[k + 1] for k, w in enumerate(words) if w == "-x"] == [f"NCCL_SOCKET_IFNAME={c.nodes[i].nic}", "NCCL_DEBUG=WARN"]
         assert ctx.endswith(RANKS)
     assert "NCCL_TESTS_MIN_BW" not in " ".join(argv)  # the floor is ours, on the largest size (see all_reduce_command)
@@ -135,7 +143,7 @@ def test_every_app_context_carries_every_variable_and_gb200s_four_nodes_get_16_r
 def test_remote_values_are_quoted_and_the_nccl_interface_is_the_nodes_environment_files():
     c = load_cluster("b200")
     odd = c.model_copy(update={"profile": c.profile.model_copy(update={"env": {"NCCL_SOCKET_IFNAME": "^docker,lo"}})})
-    cmd = comm.all_reduce_command(odd, ARGS)
+    cmd = _mpirun_line(comm.all_reduce_command(odd, ARGS))
     assert "-x 'NCCL_SOCKET_IFNAME=^docker,lo'" in cmd and shlex.split(cmd).count("NCCL_SOCKET_IFNAME=^docker,lo") == 2
     mixed = _with_nics(load_cluster("sim-b200"), {"sim-b200-1": "ens2f0"})
     for cluster in (c, odd, mixed):
@@ -143,13 +151,15 @@ def test_remote_values_are_quoted_and_the_nccl_interface_is_the_nodes_environmen
             assert comm.nccl_ifname(cluster, n) == commenv.env_vars(cluster, n)["NCCL_SOCKET_IFNAME"]
 
 
-def test_mpi_hosts_are_the_node_names_and_must_be_their_hostnames():
+def test_mpi_hosts_are_serving_ips_whatever_the_hostnames():
+    # no node name has to be its hostname or resolve on node 0: -H has the IPs, the agent the SSH hosts
     c = load_cluster("sim-b200")
-    assert comm.mpi_host_problems(c, {"sim-b200-0": "sim-b200-0", "sim-b200-1": "sim-b200-1.cluster.example"}) == []
-    assert comm.mpi_host_problems(c, {"sim-b200-0": "sim-b200-0"}) == []  # not read: nothing to hold against
-    said = comm.mpi_host_problems(c, {"sim-b200-0": "gpu-a17", "sim-b200-1": "sim-b200-1"})
-    assert said == ["sim-b200-0: its hostname is 'gpu-a17', not its inventory name 'sim-b200-0', which mpirun is given as its host "
-                    "(OpenMPI knows a host by its hostname: name the node 'gpu-a17' in the inventory)"]
+    cmd = comm.all_reduce_command(c, ARGS)
+    assert [w for w in shlex.split(_mpirun_line(cmd)) if w.endswith(":8")] == ["198.19.20.10:8", "198.19.20.11:8"]
+    # mpirun names a node by its -H entry: read back as the node
+    said = _failure(c, "", "mpirun noticed that process rank 9 with PID 77 on node 198.19.20.11 exited on signal 9 (Killed).\n",
+                    hostnames={"sim-b200-0": "gpu-a17", "sim-b200-1": "gpu-a18"})
+    assert said == ["sim-b200-1: rank 9 was killed by signal 9"]
 
 
 def _failure(cluster, out="", err="", hostnames=None):
@@ -262,7 +272,7 @@ def test_verify_comm_judges_the_world_and_names_the_node():
     # a table, but a rank failed after it (nccl-tests' status): said, with the node
     perf = verify.all_reduce(c, _Node0(good, MPI_FIRST.format(rank=12, code=7), 7), names)
     assert perf["failures"] == ["all_reduce_perf exited with status 7: sim-b200-1: rank 12 exited with status 7"]
-    # a node whose hostname is not its name: mpirun is not started
+    # a node whose hostname is not its inventory name: no matter (-H has IPs)
     run = _Node0(good)
     perf = verify.all_reduce(c, run, {"sim-b200-0": "sim-b200-0", "sim-b200-1": "gpu-b17"})
-    assert run.sent == [] and not perf["ok"] and perf["failures"][0].startswith("all_reduce_perf not run: sim-b200-1: its hostname is 'gpu-b17'")
+    assert run.sent == [("sim-b200-0", comm.all_reduce_command(c, ARGS))] and perf["ok"]

@@ -23,6 +23,7 @@ from flows import deploy as dep
 from llmdeploy.inventory import Cluster, Model, Node, load_cluster
 from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
 from roles import comm, mpi
+from sim.paths import cluster_dir
 from tests.conftest import run_invoke
 
 
@@ -173,22 +174,24 @@ def test_real_openmpi_ranks_keep_their_nodes_environment_unless_mpirun_exports_i
 def test_ssh_from_node_0_checks_host_keys_and_never_prompts():
     assert mpi.launch_ssh_args(None) == ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
     assert mpi.launch_ssh_args("/root/.ssh/cluster_config") == ["-F", "/root/.ssh/cluster_config", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
-    assert mpi.ssh_launch_args("/etc/c") == ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_no_tree_spawn", "1",
-                                             "--mca", "plm_rsh_args", "-F /etc/c -o BatchMode=yes -o StrictHostKeyChecking=yes"]
     c = load_cluster("gb200")
     mixed = c.model_copy(update={"nodes": [n.model_copy(update={"nic": "ens2f0" if i == 2 else n.nic}) for i, n in enumerate(c.nodes)]})
     assert mpi.nics(mixed, [n.name for n in mixed.nodes]) == "enP6p3s0f0np0,ens2f0"
     assert mpi.tcp_if_args("a,b") == ["--mca", "oob_tcp_if_include", "a,b", "--mca", "btl_tcp_if_include", "a,b"]
 
 
-def test_serving_and_verify_comm_reach_the_nodes_with_the_same_ssh():
+def test_serving_and_verify_comm_reach_the_nodes_with_the_same_agent():
     c = load_cluster("sim-b200")
     want = mpi.launch_ssh_args(c.profile.launch_ssh_config)
-    assert want[:2] == ["-F", "/var/tmp/llmdeploy-sim/sim-b200/ssh_config"]
+    assert want[:2] == ["-F", str(cluster_dir("sim-b200") / "ssh_config")]
     res = run_invoke("deploy", "--cluster", "sim-b200", "--check", "--json")
     assert res.returncode == 0, res.stderr
     agent = json.loads(res.stdout)["nodes"][0]["files"]["mpi-agent.sh"]
     assert f'exec ssh {shlex.join(want)} "$target" "docker exec -i ' in agent
-    argv = shlex.split(comm.all_reduce_command(c, "-b 8 -e 8G -f 2 -g 1"))
-    assert argv[argv.index("plm_rsh_agent") + 1] == "ssh" and argv[argv.index("plm_rsh_args") + 1].split() == want
-    assert argv[argv.index("plm_rsh_no_tree_spawn") + 1] == "1"
+    # verify-comm: the same IP -> SSH host table and ssh, on the hosts (no container)
+    cmd = comm.all_reduce_command(c, "-b 8 -e 8G -f 2 -g 1")
+    table = [ln for ln in agent.splitlines() if ") target=" in ln]
+    assert table and all(ln in cmd.splitlines() for ln in table)
+    assert f'exec ssh {shlex.join(want)} "$target" "$@"' in cmd
+    argv = shlex.split(cmd.strip().splitlines()[-1])
+    assert argv[argv.index("plm_rsh_agent") + 1] == "$agent" and argv[argv.index("plm_rsh_no_tree_spawn") + 1] == "1"
