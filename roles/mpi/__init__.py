@@ -27,9 +27,13 @@ from roles import render
 LAUNCH_SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
 
 
-def launch_ssh_args(ssh_config: str | None) -> list[str]:
-    """ssh's arguments (before the host) for a launch from node 0."""
-    return (["-F", ssh_config] if ssh_config else []) + LAUNCH_SSH_OPTIONS
+def launch_ssh_args(ssh_config: str | None, keepalive_s: float = 0, keepalive_count: int = 3) -> list[str]:
+    """ssh's arguments (before the host) for a launch from node 0; with
+    ``keepalive_s`` (the inventory's ``ssh.keepalive_s``/``keepalive_count``)
+    OpenSSH's ServerAlive*: a node cut off without a FIN ends its session
+    (and mpirun's world) within that window instead of hanging."""
+    alive = ["-o", f"ServerAliveInterval={keepalive_s:g}", "-o", f"ServerAliveCountMax={keepalive_count}"] if keepalive_s else []
+    return (["-F", ssh_config] if ssh_config else []) + LAUNCH_SSH_OPTIONS + alive
 
 
 def launch_agent_args(agent: str) -> list[str]:
@@ -51,7 +55,7 @@ def launch_agent(cluster: Cluster, names: list[str], ssh_config: str | None, rel
     (checked with OpenMPI 4.1). Every value is quoted."""
     targets = [(str(cluster.node(name).ip), name) for name in names]
     return render("mpi-agent.sh.j2", release=release, cluster=cluster.name, container=container or "", targets=targets,
-                  ssh_args=shlex.join(launch_ssh_args(ssh_config)))
+                  ssh_args=shlex.join(launch_ssh_args(ssh_config, cluster.ssh.keepalive_s, cluster.ssh.keepalive_count)))
 
 
 def tcp_if_args(nic_list: str) -> list[str]:

@@ -13,8 +13,10 @@ profile asks for a binding the node cannot give.
 
 from __future__ import annotations
 
+import re
 import shlex
 
+from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, DynamoProfile, Node, VllmAscendProfile
 from llmdeploy.runner import FAILED, OK, HostResult, Step
 from roles import from_facts
@@ -79,7 +81,12 @@ def membind(cluster: Cluster, node: Node, record: dict | None) -> tuple[list[str
     if record is not None:
         binding = record.get("binding") or {}
         if binding.get("kind") == "numactl" and binding.get("prefix"):
-            return shlex.split(binding["prefix"]), f"the prepare record of {node.name} (binding: {binding['prefix']})"
+            words = shlex.split(binding["prefix"]) if isinstance(binding["prefix"], str) else []
+            # the record is read from the node: only a numactl memory binding goes in front of the launch
+            if len(words) != 3 or words[:2] != ["numactl", "-m"] or not re.fullmatch(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*", words[2]):
+                raise LlmdeployError(f"{node.name}: {prepared_path(cluster)}: binding.prefix {binding['prefix']!r} is not "
+                                     "'numactl -m <NUMA nodes>': run invoke prepare again")
+            return words, f"the prepare record of {node.name} (binding: {binding['prefix']})"
         return [], f"the prepare record of {node.name} (binding: {binding.get('reason') or binding.get('kind') or 'none'})"
     if prof.numa_membind == "off":
         return [], "profile.numa_membind is off"

@@ -101,7 +101,7 @@ def test_all_reduce_is_one_world_over_ssh_from_node_0_each_node_with_its_own_nic
     # the launch agent, written for the run and removed after it: IP -> the node's SSH host, as serving's
     assert cmd.startswith('agent=$(mktemp "${TMPDIR:-/tmp}/llmdeploy-mpi-agent.XXXXXX") || exit 1\ntrap \'rm -f "$agent"\' EXIT\n')
     assert mpi.launch_agent(c, [n.name for n in c.nodes], None) in cmd
-    assert "    192.0.2.41) target=b200-node-1 ;;" in cmd and 'exec ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "$target" "$@"' in cmd
+    assert "    192.0.2.41) target=b200-node-1 ;;" in cmd and 'exec ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o ServerAliveInterval=15 -o ServerAliveCountMax=3 "$target" "$@"' in cmd
     # the second node's NIC has another name: its ranks get it, OpenMPI may use either
     mixed = _with_nics(load_cluster("sim-b200"), {"sim-b200-1": "ens2f0"})
     cmd = comm.all_reduce_command(mixed, ARGS)

@@ -101,7 +101,8 @@ def test_the_launch_agent_maps_each_ip_to_its_node_and_quotes_the_command(tmp_pa
     res = subprocess.run(["sh", str(agent), "192.0.2.41", *words], capture_output=True, text=True, env=env, timeout=30)
     assert res.returncode == 0, res.stderr
     ssh, docker = _calls(log)
-    assert ssh[:-2] == ["ssh", "-F", "/root/.ssh/cluster_config", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+    assert ssh[:-2] == ["ssh", "-F", "/root/.ssh/cluster_config", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                        "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3"]
     assert ssh[-2] == "hf-node-1"  # the node's SSH host, not its IP
     # the container's shell gets exactly the command mpirun gave, through the node's login shell unchanged
     assert docker[:6] == ["docker", "exec", "-i", "hf-r1", "/bin/sh", "-c"] and docker[6] == " ".join(words) + " "
@@ -174,6 +175,8 @@ def test_real_openmpi_ranks_keep_their_nodes_environment_unless_mpirun_exports_i
 def test_ssh_from_node_0_checks_host_keys_and_never_prompts():
     assert mpi.launch_ssh_args(None) == ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
     assert mpi.launch_ssh_args("/root/.ssh/cluster_config") == ["-F", "/root/.ssh/cluster_config", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+    assert mpi.launch_ssh_args(None, 15, 3) == ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                                                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3"]
     c = load_cluster("gb200")
     mixed = c.model_copy(update={"nodes": [n.model_copy(update={"nic": "ens2f0" if i == 2 else n.nic}) for i, n in enumerate(c.nodes)]})
     assert mpi.nics(mixed, [n.name for n in mixed.nodes]) == "enP6p3s0f0np0,ens2f0"
@@ -182,7 +185,8 @@ def test_ssh_from_node_0_checks_host_keys_and_never_prompts():
 
 def test_serving_and_verify_comm_reach_the_nodes_with_the_same_agent():
     c = load_cluster("sim-b200")
-    want = mpi.launch_ssh_args(c.profile.launch_ssh_config)
+    want = mpi.launch_ssh_args(c.profile.launch_ssh_config, c.ssh.keepalive_s, c.ssh.keepalive_count)
+    assert "ServerAliveInterval=15" in want  # the inventory's keepalives reach the launch's ssh too
     assert want[:2] == ["-F", str(cluster_dir("sim-b200") / "ssh_config")]
     res = run_invoke("deploy", "--cluster", "sim-b200", "--check", "--json")
     assert res.returncode == 0, res.stderr

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 from flows import deploy as dep
+from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import load_cluster
 from roles import numa
 from tests.conftest import run_invoke
@@ -69,6 +70,15 @@ def test_the_pure_decision(cluster_with):
     assert numa.membind(c, n, None)[0] == ["numactl", "-m", "0,1"]
     c, _ = cluster_with("off")
     assert numa.membind(c, n, None) == ([], "profile.numa_membind is off")
+
+
+@pytest.mark.parametrize("prefix", ["rm -rf /tmp/x", "numactl -m 0,1 sh -c id", "numactl --interleave all", "numactl -m '0;id'", ["numactl"]])
+def test_a_record_whose_prefix_is_not_a_membind_is_refused(cluster_with, prefix):
+    # the record comes from the node: nothing but numactl -m <NUMA nodes> goes in front of the launch
+    c, _ = cluster_with("auto")
+    with pytest.raises(LlmdeployError, match=r"t-numa-1: .*prepared.json: binding.prefix .* is not 'numactl -m <NUMA nodes>'"):
+        numa.membind(c, c.nodes[1], {"binding": {"kind": "numactl", "prefix": prefix}})
+    assert numa.membind(c, c.nodes[1], {"binding": {"kind": "numactl", "prefix": "numactl -m 0-1,4"}})[0] == ["numactl", "-m", "0-1,4"]
 
 
 def test_check_shows_numactl_when_the_inventory_decides(cluster_with):
