@@ -144,7 +144,10 @@ def start_lines(data_root: Path, exec_root: Path, pidfile: Path, log: Path, path
     cmd = shlex.join(daemon_args(data_root, exec_root, pidfile, runtime, cgroup_parent))
     return [
         f"mkdir -p {shlex.quote(str(data_root))} {shlex.quote(str(exec_root))}",
-        f"env {assign} {cmd} >{shlex.quote(str(log))} 2>&1 </dev/null &",
+        # in a subshell that exits at once: dockerd is nobody's child on the
+        # host (not sshd's: a test that ends a host's SSH sessions ends
+        # them alone), and stays in the host's namespaces
+        f"( env {assign} {cmd} >{shlex.quote(str(log))} 2>&1 </dev/null & )",
     ]
 
 

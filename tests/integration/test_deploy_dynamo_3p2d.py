@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 from llmdeploy.release import parse_ledger
+from sim import hostview
 from sim.paths import host_dir, netns_name
 from tests.conftest import run_invoke
 from tests.integration.test_deploy_trtllm import _procs
@@ -49,7 +50,7 @@ def _worker_procs(worker: str) -> dict[int, tuple[dict, str]]:
     """The processes of ``worker``'s container on its node: those whose
     environment (from the container's env file) has its DYN_SYSTEM_PORT."""
     node, port = WORKERS[worker]
-    return {pid: (env, cmd) for pid, (env, cmd) in _procs(node, SIM_CLUSTER).items() if env.get("DYN_SYSTEM_PORT") == str(port)}
+    return {pid: (env, cmd) for pid, (env, cmd, _) in _procs(node, SIM_CLUSTER).items() if env.get("DYN_SYSTEM_PORT") == str(port)}
 
 
 def _ranks(worker: str) -> dict[int, tuple[dict, str]]:
@@ -118,10 +119,8 @@ def test_3p2d_restarts_whole_after_a_decode_worker_died(sim_cluster):
     os.kill(rank0[0], signal.SIGKILL)
     _wait_gone(procs)
     decode1 = f"{SIM_CLUSTER}-{rid}-decode1"
-    while True:  # until status reads the container's exit (the daemon records it after its process is gone)
-        code, doc = _status()
-        if doc["nodes"][NODES[4]]["units"][decode1]["state"] != "running":
-            break
+    hostview.docker(SIM_CLUSTER, NODES[4], "wait", decode1)  # until its daemon has recorded the container's exit
+    code, doc = _status()
     assert code == 1 and not doc["healthy"]
     assert doc["nodes"][NODES[4]]["units"][decode1]["state"].startswith("exited")
     assert f"decode container {decode1} exited" in doc["nodes"][NODES[4]]["reason"]

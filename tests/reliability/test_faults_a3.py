@@ -142,7 +142,7 @@ def test_a_host_unreachable_from_the_start_is_named_with_its_step_and_the_others
 def _session_sshds(node):
     """The sshd processes serving connections to ``node`` (children of its listener)."""
     listener = json.loads((cluster_dir(SIM_CLUSTER) / "state.json").read_text())["hosts"][node]["pid"]
-    out = subprocess.run(["pgrep", "-P", str(listener)], capture_output=True, text=True).stdout.split()
+    out = subprocess.run(["pgrep", "-x", "-P", str(listener), "sshd"], capture_output=True, text=True).stdout.split()
     return [int(p) for p in out]
 
 
@@ -156,6 +156,7 @@ def test_a_connection_killed_mid_step_fails_that_host_only_and_promptly(healthy)
             while time.monotonic() < deadline and not any(
                     "sim.standins npu-smi" in cmd for _, cmd, _ in hostview.processes(SIM_CLUSTER, "sim-a3-3").values()):
                 time.sleep(0.2)
+            assert _session_sshds("sim-a3-3"), "the facts step never reached sim-a3-3"
             for pid in _session_sshds("sim-a3-3"):
                 os.kill(pid, signal.SIGKILL)
             out, err = p.communicate(timeout=60)
