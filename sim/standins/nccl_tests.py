@@ -55,6 +55,7 @@ import struct
 import sys
 import time
 
+from .nccl import NCCL_INVALID_USAGE, find_interfaces, local_interfaces  # noqa: F401 (NCCL's rules, shared)
 from .trtllm import rendezvous_of, world_of
 
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
@@ -67,7 +68,6 @@ TEST_SUCCESS, TEST_NCCL_ERROR, TEST_NOT_IMPLEMENTED, TEST_NUM_RESULTS = 0, 3, 5,
 # nccl-tests src/common.cu: where the failures below are reported (line numbers of 2.19.6)
 LINE_GET_UNIQUE_ID, LINE_COMM_INIT, LINE_INIT_COMMS, LINE_MAIN = 1550, 217, 1620, 1454
 # NCCL src/init.cc ncclGetErrorString
-NCCL_INVALID_USAGE = "invalid usage (run with NCCL_DEBUG=WARN for details)"
 NCCL_REMOTE_ERROR = "remote process exited or there was a network error"
 
 # nccl-tests src/common.cu: getopt_long's short options (every one takes a value but -h)
@@ -84,8 +84,6 @@ USAGE = ("USAGE: all_reduce_perf \n\t[-t,--nthreads <num threads>] \n\t[-g,--ngp
          "[-f,--stepfactor <increment factor>] \n\t[-n,--iters <iteration count>] \n\t[-m,--agg_iters <aggregated iteration count>] \n\t"
          "[-w,--warmup_iters <warmup iteration count>] \n\t[-c,--check <check iteration count>] \n\t[-h,--help]\n")
 MIB = 1024 * 1024
-IFF_RUNNING = 0x40  # <net/if.h>
-SIOCGIFFLAGS, SIOCGIFADDR = 0x8913, 0x8915  # <linux/sockios.h>
 
 
 class Usage(Exception):
@@ -171,53 +169,6 @@ def sizes(o: dict) -> list[int]:
             size += o["i"]
         else:
             break
-    return out
-
-
-# --- NCCL's interface choice (src/misc/socket.cc ncclFindInterfaces, src/os/linux.cc) ----------
-def _match(name: str, spec: str) -> bool:
-    """ncclOsFindInterfaces' test of one interface name against a list: prefixes
-    (``=``: exact names; ``^``: everything but these; ``name:port`` reads the name)."""
-    neg = spec.startswith("^")
-    spec = spec[1:] if neg else spec
-    exact = spec.startswith("=")
-    spec = spec[1:] if exact else spec
-    prefixes = [p.split(":", 1)[0] for p in spec.split(",") if p.split(":", 1)[0]]
-    hit = not prefixes or any(name == p if exact else name.startswith(p) for p in prefixes)
-    return hit != neg
-
-
-def find_interfaces(spec: str | None, interfaces: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The (name, IPv4 address) NCCL would use, from the running interfaces
-    with an address, in order: ``NCCL_SOCKET_IFNAME`` when it is longer than
-    one character, else ``ib``, then anything but docker/lo/virbr, then
-    docker, lo, virbr."""
-    if spec is not None and len(spec) > 1:
-        return [i for i in interfaces if _match(i[0], spec)]
-    for auto in ("ib", "^docker,lo,virbr", "docker", "lo", "virbr"):
-        found = [i for i in interfaces if _match(i[0], auto)]
-        if found:
-            return found
-    return []
-
-
-def local_interfaces() -> list[tuple[str, str]]:
-    """This host's running interfaces with an IPv4 address: (name, address)."""
-    out = []
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        for _, name in socket.if_nameindex():
-            req = struct.pack("256s", name.encode()[:15])
-            try:
-                flags = struct.unpack("H", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req)[16:18])[0]
-                if not flags & IFF_RUNNING:
-                    continue
-                addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFADDR, req)[20:24])
-            except OSError:
-                continue  # no IPv4 address
-            out.append((name, addr))
-    finally:
-        s.close()
     return out
 
 

@@ -58,6 +58,9 @@ import threading
 import time
 from pathlib import Path
 
+from . import nccl
+from .nccl import NCCL_INVALID_USAGE
+
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
 
 REASONING_PARSERS = ("deepseek-r1", "qwen3", "qwen3_5", "nano-v3", "gpt_oss")
@@ -350,7 +353,6 @@ def _container_has_gpus() -> bool:
 # Gloo through PyTorch: torch/csrc/distributed/c10d/init.cpp splits GLOO_SOCKET_IFNAME (longer than one
 # character) at ',' and creates a device per name; gloo/transport/tcp/device.cc lookupAddrForIface wants an
 # interface of exactly that name, else "Unable to find address for: <name>".
-NCCL_INVALID_USAGE = "invalid usage (run with NCCL_DEBUG=WARN for details)"
 
 
 def nccl_interfaces(spec: str | None, names: list[str]) -> list[str] | None:
@@ -358,19 +360,7 @@ def nccl_interfaces(spec: str | None, names: list[str]) -> list[str] | None:
     None when NCCL ignores the variable (unset, or one character) and picks one itself."""
     if spec is None or len(spec) <= 1:
         return None
-    exclude = spec.startswith("^")
-    rest = spec[1:] if exclude else spec
-    exact = rest.startswith("=")
-    rest = rest[1:] if exact else rest
-    prefixes = [e.split(":", 1)[0] for e in rest.split(",")]
-    prefixes = [p for p in prefixes if p]
-
-    def listed(name: str) -> bool:
-        if not prefixes:
-            return True
-        return any(name == p if exact else name.startswith(p) for p in prefixes)
-
-    return [n for n in names if listed(n) != exclude]
+    return [n for n in names if nccl.match(n, spec)]
 
 
 def gloo_missing(spec: str | None, names: list[str]) -> list[str]:
@@ -381,21 +371,14 @@ def gloo_missing(spec: str | None, names: list[str]) -> list[str]:
 
 
 def host_interfaces(net: str = "/sys/class/net") -> tuple[list[str], list[str]]:
-    """(every interface of this host, the running ones: not operationally down)."""
+    """(every interface of this host, for Gloo's exact names; those NCCL can
+    use: running, with an IPv4 address, as ``nccl.local_interfaces`` reads them)."""
     try:
         names = sorted(os.listdir(net))
     except OSError:
         return [], []
-    running = []
-    for n in names:
-        try:
-            with open(os.path.join(net, n, "operstate")) as f:
-                state = f.read().strip()
-        except OSError:
-            state = "unknown"
-        if state not in ("down", "lowerlayerdown", "notpresent"):
-            running.append(n)
-    return names, running
+    usable = {n for n, _ in nccl.local_interfaces()}
+    return names, [n for n in names if n in usable]
 
 
 def ifname_error(env, host: str, pid: int, local_rank: int, names: list[str], running: list[str]) -> str | None:
