@@ -269,7 +269,7 @@ def _wait_dockerd(hosts: list[tuple[str, int, Path]], timeout: float = 90) -> No
     while pending:
         left = []
         for name, pid, hdir in pending:
-            res = subprocess.run(["nsenter", "-t", str(pid), "-m", "-n", "docker", "version", "--format", "{{.Server.Version}}"],
+            res = subprocess.run(["nsenter", "-t", str(pid), "-m", "-n", dockerd.CLI, "version", "--format", "{{.Server.Version}}"],
                                  capture_output=True, text=True)
             if res.returncode != 0:
                 left.append((name, pid, hdir))
@@ -412,7 +412,7 @@ def _up(cluster: Cluster, echo) -> dict:
         for tool in tools:
             _write(bindir / tool, _standin_wrapper(tool), 0o755)
         # the host's docker is Debian's client, whatever this machine has in /usr/local/bin
-        (bindir / "docker").symlink_to("/usr/bin/docker")
+        (bindir / "docker").symlink_to(dockerd.CLI)
         if ascend:
             _write(bindir / "hccn_tool", _hccn_wrapper(), 0o755)
             _write(hdir / "hccn.conf", hardware.hccn_conf(hw))

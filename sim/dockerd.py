@@ -38,6 +38,9 @@ RUNTIME = "llmdeploy-sim-runc"
 # in the host's own /run (a tmpfs of its mount namespace): containerd's socket
 # path must fit a Unix socket address (108 bytes), which a host directory does not
 EXEC_ROOT = "/run/docker"
+# Debian's docker client, the daemon's own: the hosts' PATH gets it first, and
+# the simulator calls it by path (this machine may have another in /usr/local/bin)
+CLI = "/usr/bin/docker"
 
 
 def cgroup_mounts(mountinfo: str | None = None) -> list[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from llmdeploy.errors import SimError
 
+from . import dockerd
 from .paths import cluster_dir, netns_name
 
 _CGROUP_ID = re.compile(r"/([0-9a-f]{64})(?:/|$)")
@@ -26,7 +27,7 @@ def _host_pid(cluster: str, node: str) -> int:
 
 def docker(cluster: str, node: str, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
     """``docker ARGS`` on ``node`` (its mount and network namespaces: its own daemon)."""
-    res = subprocess.run(["nsenter", "-t", str(_host_pid(cluster, node)), "-m", "-n", "docker", *args],
+    res = subprocess.run(["nsenter", "-t", str(_host_pid(cluster, node)), "-m", "-n", dockerd.CLI, *args],
                          capture_output=True, text=True, input=input, timeout=120)
     if check and res.returncode != 0:
         raise SimError(f"docker {' '.join(args)} on {node}: {res.stderr.strip()}")

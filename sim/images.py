@@ -423,8 +423,8 @@ def _build(tar: Path, base: str, key: str) -> dict:
         f"docker-registry serve {shlex.quote(str(work / 'registry.yml'))} >{shlex.quote(str(work / 'registry.log'))} 2>&1 &",
         *dockerd.start_lines(work / "docker", Path(dockerd.EXEC_ROOT), work / "dockerd.pid", work / "dockerd.log",
                              os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")),
-        "for i in $(seq 600); do docker version >/dev/null 2>&1 && break; sleep 0.1; done",
-        "docker version >/dev/null",
+        f"for i in $(seq 600); do {dockerd.CLI} version >/dev/null 2>&1 && break; sleep 0.1; done",
+        f"{dockerd.CLI} version >/dev/null",
         'exec "$@"',
     ])
     proc = subprocess.Popen(["ip", "netns", "exec", BUILDER_NS, "unshare", "--mount", "--propagation", "private", "--",
@@ -449,9 +449,9 @@ def _stop_namespace(ns: str) -> None:
 
 def _inside(tar: Path, base: str, key: str) -> dict:
     """In the builder's namespace: import the base, build, push, report."""
-    if subprocess.run(["docker", "image", "inspect", base], capture_output=True).returncode != 0:
+    if subprocess.run([dockerd.CLI, "image", "inspect", base], capture_output=True).returncode != 0:
         with open(tar, "rb") as f:
-            _run(["docker", "import", "-", base], "importing the base image", stdin=f)
+            _run([dockerd.CLI, "import", "-", base], "importing the base image", stdin=f)
     out: dict = {"key": key, "images": {}}
     for ref, spec in IMAGES.items():
         host, path, tag = split_ref(ref)
@@ -463,9 +463,9 @@ def _inside(tar: Path, base: str, key: str) -> dict:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(data)
             os.chmod(p, mode)
-        _run(["docker", "build", "-q", "-t", local, str(ctx)], f"building {ref}", env={**os.environ, "DOCKER_BUILDKIT": "0"})
-        _run(["docker", "push", local], f"pushing {ref}")
-        ins = json.loads(_run(["docker", "image", "inspect", local], f"inspecting {ref}").stdout)[0]
+        _run([dockerd.CLI, "build", "-q", "-t", local, str(ctx)], f"building {ref}", env={**os.environ, "DOCKER_BUILDKIT": "0"})
+        _run([dockerd.CLI, "push", local], f"pushing {ref}")
+        ins = json.loads(_run([dockerd.CLI, "image", "inspect", local], f"inspecting {ref}").stdout)[0]
         digest = next((d.split("@", 1)[1] for d in ins.get("RepoDigests") or [] if d.startswith(BUILDER_REGISTRY + "/")), None)
         out["images"][ref] = {"id": ins["Id"], "digest": digest}
     shutil.rmtree(cache() / "builder" / "context", ignore_errors=True)
