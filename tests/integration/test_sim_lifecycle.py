@@ -34,13 +34,15 @@ def _cluster_pids() -> dict[int, str]:
 
 
 def _alive(pids: dict[int, str]) -> dict[int, str]:
-    """Those of ``pids`` that still run the same command (a pid may have been reused)."""
+    """Those of ``pids`` that still run the same command (a pid may have been
+    reused); a zombie is dead (its new parent, this machine's pid 1, reaps it when it will)."""
     out = {}
     for pid, comm in pids.items():
         try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == comm:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if stat.split("(", 1)[1].rsplit(")", 1)[0] == comm and stat.rsplit(")", 1)[1].split()[0] != "Z":
                 out[pid] = comm
-        except OSError:
+        except (OSError, IndexError):
             pass
     return out
 
