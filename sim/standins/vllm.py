@@ -380,9 +380,24 @@ def hccl_check() -> str | None:
     return None
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM ends the server, as vLLM's does (uvicorn's shutdown on the API
+    server; EngineCoreProc's signal_handler in a headless engine). In a
+    container the server is process 1, for which the kernel ignores a signal
+    without a handler: without this, docker stop waits its whole timeout."""
+    import signal
+
+    def stop(signum, frame):
+        print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim-vllm] Shutting down (signal {signum})", flush=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: list[str]) -> int:
     """``vllm ARGV``: only ``serve`` is simulated. An option ``vllm serve``
     does not have exits 2 with argparse's message, before anything starts."""
+    _stop_on_sigterm()
     try:
         spec = load_options()
     except (OSError, OptionsFileError) as exc:
