@@ -43,21 +43,26 @@ EXEC_ROOT = "/run/docker"
 CLI = "/usr/bin/docker"
 
 
-def cgroup_mounts(mountinfo: str | None = None) -> list[str]:
-    """Shell lines that mount this machine's cgroup hierarchies again under
-    /sys/fs/cgroup (run inside the host's own mount namespace)."""
+def _cgroup_fs(mountinfo: str | None) -> list[tuple[str, str, str]]:
+    """(mount point, cgroup or cgroup2, super options) of this machine's cgroup
+    hierarchies under /sys/fs/cgroup, from /proc/self/mountinfo."""
     if mountinfo is None:
         mountinfo = Path("/proc/self/mountinfo").read_text()
-    lines: list[str] = []
-    v2 = None
+    out = []
     for row in mountinfo.splitlines():
         left, _, right = row.partition(" - ")
         fields, rfields = left.split(), right.split()
-        if len(fields) < 5 or len(rfields) < 3:
-            continue
-        point, fstype, opts = fields[4], rfields[0], rfields[2]
-        if not point.startswith("/sys/fs/cgroup"):
-            continue
+        if len(fields) >= 5 and len(rfields) >= 3 and rfields[0] in ("cgroup", "cgroup2") and fields[4].startswith("/sys/fs/cgroup"):
+            out.append((fields[4], rfields[0], rfields[2]))
+    return out
+
+
+def cgroup_mounts(mountinfo: str | None = None) -> list[str]:
+    """Shell lines that mount this machine's cgroup hierarchies again under
+    /sys/fs/cgroup (run inside the host's own mount namespace)."""
+    lines: list[str] = []
+    v2 = None
+    for point, fstype, opts in _cgroup_fs(mountinfo):
         if fstype == "cgroup":
             keep = [o for o in opts.split(",") if o not in ("rw", "ro") and not o.startswith(("release_agent=", "clone_children"))]
             lines.append(f"mkdir -p {shlex.quote(point)} && mount -t cgroup -o {shlex.quote(','.join(keep) or 'none')} cgroup {shlex.quote(point)}")
@@ -158,15 +163,7 @@ def cgroup_dirs(prefix: str, mountinfo: str | None = None) -> list[Path]:
     """The cgroups named ``prefix*`` at the top of every hierarchy of this
     machine: where daemons started with ``--cgroup-parent /<prefix>...`` put
     their containers (to find what is left)."""
-    if mountinfo is None:
-        mountinfo = Path("/proc/self/mountinfo").read_text()
-    out = []
-    for row in mountinfo.splitlines():
-        left, _, right = row.partition(" - ")
-        fields, rfields = left.split(), right.split()
-        if len(fields) >= 5 and rfields and rfields[0] in ("cgroup", "cgroup2") and fields[4].startswith("/sys/fs/cgroup"):
-            out += [p for p in Path(fields[4]).glob(prefix.strip("/") + "*") if p.is_dir()]
-    return out
+    return [p for point, _, _ in _cgroup_fs(mountinfo) for p in Path(point).glob(prefix.strip("/") + "*") if p.is_dir()]
 
 
 def kill_cgroups(prefix: str) -> int:

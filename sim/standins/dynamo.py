@@ -759,9 +759,7 @@ def main_worker(argv: list[str]) -> int:
             tlog(f"cannot find rank 0: no OMPI_MCA_orte_hnp_uri (nor SLURM_LAUNCH_NODE_IPADDR) in the environment of a world of {size} ranks", "E")
             return 1
     else:
-        # one rank: its launch's own id (a container's mpirun repeats its job id and pid at every start)
-        one = trtllm_sim.rendezvous_of(env)
-        rdv = {"world": one["world"] if one else f"{os.getpid()}.{time.time_ns()}", "addrs": [], "port": 0}
+        rdv = trtllm_sim.one_rank_world(env)
     faults = _faults()
     gpu = int(visible.split(",")[local_rank]) if visible else local_rank
     holder = claim_gpu(gpu, rdv["world"])

@@ -123,6 +123,14 @@ def rendezvous_port(world: str, avoid: int | None = None) -> int:
     return port + 1 if port == avoid else port
 
 
+def one_rank_world(env) -> dict:
+    """A world of one rank (no rank 0 to meet): the launch's own id under
+    mpirun, else one of this start's own (a container's pid and mpirun's job
+    id repeat at every start)."""
+    one = rendezvous_of(env)
+    return {"world": one["world"] if one else f"{os.getpid()}.{time.time_ns()}", "addrs": [], "port": 0}
+
+
 def rendezvous_of(env, avoid_port: int | None = None) -> dict | None:
     """Where rank 0 listens and the world's id, from the launcher's environment:
     {"world": id, "addrs": [ip...], "port": p}, or None if the launcher says nothing."""
@@ -470,8 +478,7 @@ def main(argv: list[str]) -> int:
         print(err, flush=True)
         return 1
     log(ifname_line(env, rank, size, host, host_interfaces()[1]))
-    # one rank: no launcher; a start of its own (a container's pid repeats at every start)
-    rdv = rendezvous_of(env, a["port"]) if size > 1 else {"world": f"{os.getpid()}.{time.time_ns()}", "addrs": [], "port": 0}
+    rdv = rendezvous_of(env, a["port"]) if size > 1 else one_rank_world(env)
     if rdv is None:
         log("cannot find rank 0: no OMPI_MCA_orte_hnp_uri (nor SLURM_LAUNCH_NODE_IPADDR) in the environment of a world "
             f"of {size} ranks", "E")
