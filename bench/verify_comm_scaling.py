@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO))
 from rich.console import Console  # noqa: E402
 
 INVENTORY = '''from llmdeploy.inventory import Cluster, Model
-from llmdeploy.profiles import IMAGE_A3, image, vllm_a3_w8a8
+from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8
 from sim.paths import sim_nodes, sim_ssh
 
 cluster = Cluster(

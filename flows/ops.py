@@ -579,7 +579,7 @@ def _cleanups() -> str:
     import systems
 
     parts = []
-    for kind in systems.MODULES:
+    for kind in systems.SYSTEMS:
         text = systems.module_for(kind).STOP_CLEANUP
         if text and text not in parts:
             parts.append(text)

@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from llmdeploy.errors import InventoryError, LlmdeployError
+from llmdeploy import playbook
+from llmdeploy.errors import LlmdeployError
+from llmdeploy.playbook import PLAYBOOK_DIR, select_nodes  # noqa: F401 (the flows select hosts here)
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import HostResult, Step
 
-PLAYBOOK_DIR = Path(__file__).resolve().parent.parent / "playbooks"
 
 
 @dataclass
@@ -65,33 +64,9 @@ class Context:
         return r.data if r is not None else None
 
 
-def select_nodes(cluster: Cluster, limit: str | None = None, hosts: str = "all") -> list[Node]:
-    """Nodes of ``hosts`` (all | node0 | workers), narrowed by ``--limit a,b``.
-    Unknown names in --limit are an error (exit 2) before anything runs."""
-    if hosts == "all":
-        nodes = list(cluster.nodes)
-    elif hosts == "node0":
-        nodes = [cluster.node0]
-    elif hosts == "workers":
-        nodes = list(cluster.nodes[1:])
-    else:
-        raise LlmdeployError(f"unknown host selection {hosts!r} (all, node0, workers)")
-    if limit:
-        wanted = [x.strip() for x in limit.split(",") if x.strip()]
-        known = {n.name for n in cluster.nodes}
-        unknown = [w for w in wanted if w not in known]
-        if unknown:
-            raise InventoryError("--limit", [f"no node named {u!r} in cluster {cluster.name} (nodes: {', '.join(sorted(known))})" for u in unknown])
-        nodes = [n for n in nodes if n.name in wanted]
-    return nodes
-
-
 def load_playbook(name: str, directory: Path | None = None) -> list[Play]:
     path = (directory or PLAYBOOK_DIR) / f"{name}.yaml"
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise LlmdeployError(f"{path}: no such playbook") from None
+    data = playbook.load(name, directory)
     plays = []
     for i, p in enumerate(data or []):
         try:

@@ -6,7 +6,7 @@ the NIC, the model and tokenizer paths, the ports and the SSH settings.
 """
 
 from llmdeploy.inventory import Cluster, Model, Ssh, make_nodes
-from llmdeploy.profiles import IMAGE_A2, image, vllm_a2_w4a8
+from systems.vllm_ascend.catalogue import IMAGE_A2, image, vllm_a2_w4a8
 
 cluster = Cluster(
     name="a2",

@@ -7,7 +7,7 @@ settings. Every other value is the seed's.
 """
 
 from llmdeploy.inventory import Cluster, Model, Ssh, make_nodes
-from llmdeploy.profiles import IMAGE_A3, image, vllm_a3_w8a8
+from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8
 
 cluster = Cluster(
     name="a3",

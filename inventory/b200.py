@@ -5,7 +5,7 @@ used for NCCL/GLOO/UCX, the model path, the curated profile if not low latency.
 """
 
 from llmdeploy.inventory import Cluster, Model, make_nodes
-from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
+from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
 
 cluster = Cluster(
     name="b200",

@@ -5,7 +5,7 @@ the model path and the curated profile.
 """
 
 from llmdeploy.inventory import Cluster, Model, make_nodes
-from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
+from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
 
 cluster = Cluster(
     name="gb200",

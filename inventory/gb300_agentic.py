@@ -12,7 +12,7 @@ the base role files come from (mounted at /opt/trtllm-recipes).
 """
 
 from llmdeploy.inventory import Budget, Cluster, Model, Node
-from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
+from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
 
 cluster = Cluster(
     name="gb300-agentic",

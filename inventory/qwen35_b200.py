@@ -5,7 +5,7 @@ Uses 4 of the node's 8 GPUs. An operator replaces: the node name and IP
 """
 
 from llmdeploy.inventory import Cluster, Model, Node
-from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen35_nvfp4
+from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen35_nvfp4
 
 cluster = Cluster(
     name="qwen35-b200",

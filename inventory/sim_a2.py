@@ -2,7 +2,7 @@
 Node 5's serving NIC has another name, as on clusters with mixed NIC models."""
 
 from llmdeploy.inventory import Cluster, DeploySettings, Model
-from llmdeploy.profiles import IMAGE_A2, image, vllm_a2_w4a8
+from systems.vllm_ascend.catalogue import IMAGE_A2, image, vllm_a2_w4a8
 from sim.paths import sim_nodes, sim_ssh
 
 cluster = Cluster(

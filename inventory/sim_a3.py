@@ -6,7 +6,7 @@ stand-in checkpoint directory on each host.
 """
 
 from llmdeploy.inventory import Cluster, DeploySettings, Model
-from llmdeploy.profiles import IMAGE_A3, image, vllm_a3_w8a8
+from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8
 from sim.paths import sim_nodes, sim_ssh
 
 cluster = Cluster(

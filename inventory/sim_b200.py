@@ -1,7 +1,7 @@
 """The simulated twin of b200.py: 2 simulated 8-GPU B200 hosts, trtllm-serve TP16."""
 
 from llmdeploy.inventory import Cluster, DeploySettings, Model, VerifySettings
-from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
+from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
 from sim.paths import cluster_dir, sim_nodes, sim_ssh
 
 cluster = Cluster(

@@ -4,7 +4,7 @@ rank must use its own node's NIC (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME from
 its node's environment file, never node 0's through mpirun -x)."""
 
 from llmdeploy.inventory import Cluster, DeploySettings, Model, VerifySettings
-from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
+from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
 from sim.paths import cluster_dir, sim_nodes, sim_ssh
 
 cluster = Cluster(

@@ -1,7 +1,7 @@
 """The simulated twin of gb200.py: 4 simulated 4-GPU GB200 hosts, trtllm-serve TP16 (one MPI world of 16 ranks, 4 per node)."""
 
 from llmdeploy.inventory import Cluster, DeploySettings, Model
-from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
+from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
 from sim.paths import cluster_dir, sim_nodes, sim_ssh
 
 cluster = Cluster(

@@ -3,7 +3,7 @@ with the frontend, etcd and NATS; decode0 and decode1 (D8-B4), each one TP8
 MPI group across two nodes (1,2 and 3,4)."""
 
 from llmdeploy.inventory import Budget, Cluster, DeploySettings, Model
-from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
+from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
 from sim.paths import cluster_dir, sim_nodes, sim_ssh
 
 cluster = Cluster(

@@ -5,7 +5,7 @@ and 4. Five replicas behind one KV-aware router: the cluster on which
 readiness must not depend on which worker the router picks."""
 
 from llmdeploy.inventory import Budget, Cluster, DeploySettings, Model
-from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
+from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
 from sim.paths import sim_nodes, sim_ssh
 
 cluster = Cluster(

@@ -1,7 +1,7 @@
 """The simulated twin of gb300_agentic.py: one 4-GPU GB300 host, Dynamo 1P1D-B8."""
 
 from llmdeploy.inventory import Budget, Cluster, DeploySettings, Model
-from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
+from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
 from sim.paths import sim_nodes, sim_ssh
 
 cluster = Cluster(

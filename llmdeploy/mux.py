@@ -338,7 +338,9 @@ class Client:
         log = open(str(self.path) + ".log", "ab")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "llmdeploy.hold", "--socket", str(self.path), "--idle", f"{self.cluster.ssh.persist_s:g}"],
+            [sys.executable, "-m", "llmdeploy.hold", "--socket", str(self.path), "--idle", f"{self.cluster.ssh.persist_s:g}",
+             # the serving system's profile class, to validate the cluster again there
+             "--profile-module", type(self.cluster.profile).__module__],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True, close_fds=True,
         )
         log.close()

@@ -25,7 +25,7 @@ def render(template: str, **values) -> str:
 
 
 def add_filter(name: str, fn: Callable) -> None:
-    """A filter a role's templates use (e.g. roles.dynamo's YAML scalars)."""
+    """A filter a role's templates use (e.g. a system's YAML scalars)."""
     _jinja.filters[name] = fn
 
 

@@ -4,44 +4,20 @@ free disk under base_dir, and host memory for what the profile reserves."""
 
 from __future__ import annotations
 
-from llmdeploy.inventory import Cluster, DynamoProfile, Node, TrtllmProfile, VllmAscendProfile
+from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import FAILED, OK, HostResult, Step
-from roles import dynamo, from_facts
-
-GIB = 1024**3
+from roles import from_facts
 
 
 def ports_for(cluster: Cluster, node: Node) -> dict[int, str]:
     """The TCP ports serving binds on ``node`` -> the inventory field they come from."""
-    prof = cluster.profile
-    out: dict[int, str] = {}
-    is0 = node.name == cluster.node0.name
-    if isinstance(prof, (VllmAscendProfile, TrtllmProfile)):
-        # vLLM: the API and the DP RPC port live on node 0; headless workers bind neither.
-        # trtllm-serve: the HTTP server runs on rank 0's host only.
-        if is0:
-            out = {port: f"profile.{key}" for key, port in prof.ports().items()}
-    elif isinstance(prof, DynamoProfile):
-        # node 0: the frontend, and etcd and NATS unless external; every
-        # worker's DYN_SYSTEM_PORT on the node of its rank 0
-        if is0:
-            out = {port: f"profile.{key}" for key, port in prof.ports().items()}
-        for w in dynamo.placement(cluster):
-            if w.rank0_node == node.name:
-                out[w.system_port] = f"{w.name} DYN_SYSTEM_PORT"
-    return out
+    return cluster.profile.node_ports(cluster, node)
 
 
 def memory_need(cluster: Cluster, node: Node) -> dict[str, float]:
-    """Host memory (GiB) serving needs on ``node``, by purpose."""
-    need: dict[str, float] = {}
-    prof = cluster.profile
-    if isinstance(prof, DynamoProfile):
-        # 128 GiB of host KV cache per rank on this node, from the placement
-        ranks = sum(dynamo.ranks_on(cluster, node).values())
-        if ranks:
-            per = prof.host_cache_bytes_per_rank / GIB
-            need[f"host KV cache ({ranks} ranks x {per:g} GiB)"] = ranks * per
+    """Host memory (GiB) serving needs on ``node``, by purpose: what the serving
+    system reserves there, then the inventory's budget."""
+    need: dict[str, float] = dict(cluster.profile.host_memory_gib(cluster, node))
     if cluster.budget.weights_host_gib:
         need["weights loading/staging"] = cluster.budget.weights_host_gib
     need["OS margin"] = cluster.budget.os_margin_gib

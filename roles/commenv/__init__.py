@@ -8,8 +8,7 @@ from __future__ import annotations
 
 
 
-from llmdeploy.inventory import Cluster, DynamoProfile, Node, TrtllmProfile, VllmAscendProfile
-from roles import dynamo
+from llmdeploy.inventory import Cluster, Node
 from roles.files import put_step, sum_probe
 from roles import render as render_template
 
@@ -20,21 +19,12 @@ class EnvValueError(ValueError):
 
 
 def node_values(cluster: Cluster, node: Node) -> dict[str, str]:
-    """The variables whose value is the node's own (its serving NIC or IP):
-    HCCL/Gloo/TP interface and address on Ascend, NCCL_SOCKET_IFNAME and
-    GLOO_SOCKET_IFNAME on NVIDIA. Each node's environment file holds its own;
-    nothing may carry one node's value to another (``node_specific``)."""
-    prof = cluster.profile
-    out: dict[str, str] = {}
-    if isinstance(prof, VllmAscendProfile):
-        for key in prof.ip_env:
-            out[key] = str(node.ip)
-        for key in prof.ifname_env:
-            out[key] = node.nic
-    elif isinstance(prof, (TrtllmProfile, DynamoProfile)):
-        out["NCCL_SOCKET_IFNAME"] = node.nic
-        out["GLOO_SOCKET_IFNAME"] = node.nic
-    return out
+    """The variables whose value is the node's own (its serving NIC or IP),
+    as the serving system names them (``profile.node_env``: HCCL/Gloo/TP
+    interface and address on Ascend, NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME
+    on NVIDIA). Each node's environment file holds its own; nothing may carry
+    one node's value to another (``node_specific``)."""
+    return cluster.profile.node_env(cluster, node)
 
 
 def node_specific(cluster: Cluster) -> list[str]:
@@ -44,24 +34,10 @@ def node_specific(cluster: Cluster) -> list[str]:
 
 
 def env_vars(cluster: Cluster, node: Node) -> dict[str, str]:
-    """Every variable the node's serving processes need, in a stable order."""
-    prof = cluster.profile
-    out: dict[str, str] = {}
-    if isinstance(prof, VllmAscendProfile):
-        out.update(prof.env)
-        out.update(node_values(cluster, node))
-    elif isinstance(prof, TrtllmProfile):
-        out.update(node_values(cluster, node))
-        out.update(prof.env)
-    elif isinstance(prof, DynamoProfile):
-        out.update(node_values(cluster, node))
-        # the seed's per-shell setup block (roles.dynamo.common_env), then
-        # what every worker of this node shares (the colocated 1P1D's
-        # TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1); per-worker variables
-        # come from roles.dynamo.worker_env
-        out.update(dynamo.common_env(cluster, node))
-        out.update(dynamo.node_env(cluster, node))
-    # secrets last, so that no profile value can shadow them
+    """Every variable the node's serving processes need, in a stable order:
+    the serving system's (``profile.environment``), then the secrets, last so
+    that no profile value can shadow them."""
+    out = dict(cluster.profile.environment(cluster, node))
     out.update(cluster.secret_values())
     for key, value in out.items():
         if "\n" in value or "\r" in value:

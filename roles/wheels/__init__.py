@@ -1,5 +1,5 @@
-"""Pinned wheels in the image (the Dynamo profile's ai-dynamo and
-ai-dynamo-runtime): installed once into a derived image on each node with
+"""Pinned wheels in the image (``ServingProfile.wheel_set``: e.g. a
+profile's ai-dynamo and ai-dynamo-runtime): installed once into a derived image on each node with
 ``docker run ... pip install`` + ``docker commit``, then verified the way the
 seed does, with ``importlib.metadata`` inside the image. The derived image is
 what the start step runs. Profiles without wheels skip this step."""
@@ -11,7 +11,7 @@ import json
 import re
 import shlex
 
-from llmdeploy.inventory import Cluster, DynamoProfile, Node
+from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
 from roles.facts import excerpt
 
@@ -20,10 +20,9 @@ CONTAINER_WHEELS = "/wheels"
 
 
 def pins(cluster: Cluster) -> dict[str, str]:
-    prof = cluster.profile
-    if not isinstance(prof, DynamoProfile):
-        return {}
-    return dict(w.split("==", 1) for w in prof.wheels)
+    """{name: version} of the wheels the serving system pins ({} for none)."""
+    ws = cluster.profile.wheel_set()
+    return ws.by_name() if ws else {}
 
 
 def derived_ref(cluster: Cluster) -> str:
@@ -38,9 +37,9 @@ def serving_ref(cluster: Cluster) -> str:
     return derived_ref(cluster) if pins(cluster) else cluster.image.ref
 
 
-def _verify_py(want: dict[str, str]) -> str:
-    # the seed's check, plus tensorrt-llm's version for the record
-    names = list(want) + ["tensorrt-llm"]
+def _verify_py(want: dict[str, str], report: list[str]) -> str:
+    # the seed's check, plus the versions the system wants on record
+    names = list(want) + [r for r in report if r not in want]
     return (
         "import importlib.metadata as m, json, sys\n"
         "out = {}\n"
@@ -56,25 +55,25 @@ def build(cluster: Cluster, check: bool = False) -> str | None:
     want = pins(cluster)
     if not want:
         return None  # the profile pins no wheels: the runner skips the host
-    prof = cluster.profile
+    ws = cluster.profile.wheel_set()
     tag = shlex.quote(derived_ref(cluster))
     name = shlex.quote(f"llmdeploy-wheels-{cluster.name}")
-    if prof.wheel_dir:
+    if ws.wheel_dir:
         src = ["--no-index", "--find-links", CONTAINER_WHEELS]
-        mount = f"-v {shlex.quote(prof.wheel_dir)}:{CONTAINER_WHEELS}:ro "
+        mount = f"-v {shlex.quote(ws.wheel_dir)}:{CONTAINER_WHEELS}:ro "
     else:
-        src = ["--index-url", prof.wheel_index_url]
-        for url in prof.wheel_extra_index_urls:
+        src = ["--index-url", ws.index_url]
+        for url in ws.extra_index_urls:
             src += ["--extra-index-url", url]
         mount = ""
-    pip = " ".join(shlex.quote(a) for a in ["python3", "-m", "pip", "install", "--pre", "--no-cache-dir", *src, *prof.wheels])
+    pip = " ".join(shlex.quote(a) for a in ["python3", "-m", "pip", "install", "--pre", "--no-cache-dir", *src, *ws.pins])
     lines = [
         f"tag={tag}",
-        f"verify() {{ docker run --rm \"$1\" python3 -c {shlex.quote(_verify_py(want))}; }}",
+        f"verify() {{ docker run --rm \"$1\" python3 -c {shlex.quote(_verify_py(want, ws.report))}; }}",
         f'if docker image inspect "$tag" >/dev/null 2>&1 && verify "$tag"; then echo "{MARK} state present"; exit 0; fi',
     ]
-    if prof.wheel_dir:
-        lines.append(f'[ -d {shlex.quote(prof.wheel_dir)} ] || {{ echo "wheel directory {prof.wheel_dir} is missing" >&2; exit 3; }}')
+    if ws.wheel_dir:
+        lines.append(f'[ -d {shlex.quote(ws.wheel_dir)} ] || {{ echo "wheel directory {ws.wheel_dir} is missing" >&2; exit 3; }}')
     if check:
         lines.append(f'echo "{MARK} state would-install"')
         return "\n".join(lines) + "\n"

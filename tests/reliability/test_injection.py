@@ -1016,9 +1016,9 @@ def test_harness_sees_an_unquoted_value(sandbox: Sandbox):
 
 
 def test_harness_sees_a_builder_that_drops_its_quoting(sandbox: Sandbox):
-    """roles.serve with shlex.join replaced by ' '.join: the field and payloads
+    """systems.vllm_ascend.serve with shlex.join replaced by ' '.join: the field and payloads
     the matrix accepts are then caught (marker, split argument)."""
-    import roles.serve as serve
+    from systems.vllm_ascend import serve
 
     ref = next(f for f in FIELDS if f.id == "a3:profile.quantization")
     baseline(ref.cluster)
@@ -1098,7 +1098,7 @@ def _sim_variant(tmp: Path, marker_dir: Path, which: int) -> dict[str, str]:
     text = (REPO / "inventory" / "sim_a3.py").read_text()
     m = [str(marker_dir / f"m{i}") for i in range(10)]
     anchor = "vllm_a3_w8a8(port=8000, rpc_port=13389)"
-    assert anchor in text and "from llmdeploy.profiles import IMAGE_A3, image, vllm_a3_w8a8" in text and "    image=image(IMAGE_A3),\n" in text
+    assert anchor in text and "from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8" in text and "    image=image(IMAGE_A3),\n" in text
     env = {"LLMDEPLOY_INJECT_A": f"$(touch {m[0]})", "LLMDEPLOY_INJECT_B": f"`touch {m[1]}`", "LLMDEPLOY_INJECT_C": f"x; touch {m[2]}",
            "LLMDEPLOY_INJECT_D": f"x' ; touch {m[3]} ; '", "LLMDEPLOY_INJECT_E": f'x" ; touch {m[4]} ; "', "LLMDEPLOY_INJECT_F": f"x | touch {m[5]} & y",
            "LLMDEPLOY_INJECT_G": "spl it", "LLMDEPLOY_INJECT_H": "-rf"}
@@ -1108,7 +1108,7 @@ def _sim_variant(tmp: Path, marker_dir: Path, which: int) -> dict[str, str]:
     if which == 2:
         extra += f", quantization={f'ascend; touch {m[7]}'!r}, safetensors_load_strategy={f'`touch {m[8]}`'!r}, host={f'0.0.0.0 $(touch {m[9]})'!r}"
     text = text.replace(anchor, f"vllm_a3_w8a8(port=8000, rpc_port=13389, {extra})")
-    text = text.replace("from llmdeploy.profiles import IMAGE_A3, image, vllm_a3_w8a8", "from llmdeploy.profiles import IMAGE_A3, a3_env, image, vllm_a3_w8a8")
+    text = text.replace("from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8", "from systems.vllm_ascend.catalogue import IMAGE_A3, a3_env, image, vllm_a3_w8a8")
     text = text.replace("    image=image(IMAGE_A3),\n", f"    image=image(IMAGE_A3),\n    secret_env={{'HF_TOKEN': {SECRET_SRC!r}}},\n")
     inv = tmp / f"inventory{which}"
     inv.mkdir()

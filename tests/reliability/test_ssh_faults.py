@@ -24,7 +24,7 @@ import paramiko
 import pytest
 
 from llmdeploy.inventory import Cluster, Model, Node, Ssh
-from llmdeploy.profiles import IMAGE_A3, image, vllm_a3_w8a8
+from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8
 from llmdeploy.runner import FAILED, OK, SKIPPED, UNREACHABLE, Runner, Step, _unreachable_reason, make_connection
 
 SSHD = "/usr/sbin/sshd"

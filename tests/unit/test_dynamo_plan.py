@@ -28,7 +28,8 @@ from flows import deploy as dep
 from flows import engine as engine_mod
 from llmdeploy.inventory import load_cluster
 from llmdeploy.release import release_dir
-from roles import commenv, dynamo, wheels
+from roles import commenv, wheels
+from systems.dynamo import workers as dynamo
 from roles import image as image_role
 from tests.conftest import run_invoke
 
@@ -271,7 +272,7 @@ def planned(cluster):
 
 INVENTORY = """
 from llmdeploy.inventory import Budget, Cluster, Model, make_nodes
-from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
+from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
 cluster = Cluster(name="{name}", platform="gb300", nic="eth0", nodes=make_nodes("{name}-", {nodes}, "198.51.100.{first}"),
                   model=Model(path="/models/Qwen3.5-397B-A17B-NVFP4-V2"), image=image(IMAGE_DYNAMO), budget=Budget(weights_host_gib=208),
                   profile=dynamo_gb300("{topology}", recipes_dir="/opt/TensorRT-LLM"{extra}))

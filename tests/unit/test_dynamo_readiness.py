@@ -18,8 +18,8 @@ from flows import deploy as dep
 from flows import engine as engine_mod
 from flows import probes
 from llmdeploy.inventory import Budget, Cluster, Model, make_nodes
-from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
-from roles import dynamo
+from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
+from systems.dynamo import workers as dynamo
 from sim.standins import dynamo as dy
 
 TOPOLOGIES = list(dynamo.TOPOLOGIES)  # every topology of the seed

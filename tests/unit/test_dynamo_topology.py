@@ -15,21 +15,13 @@ import yaml
 from pydantic import ValidationError
 
 from llmdeploy.errors import InventoryError
-from llmdeploy.inventory import (
-    PLATFORMS,
-    Budget,
-    Cluster,
-    DynamoWorker,
-    Model,
-    Node,
-    load_cluster,
-    load_cluster_file,
-    make_nodes,
-    problems_from_validation,
-)
-from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
+from llmdeploy.inventory import PLATFORMS, Budget, Cluster, Model, Node, load_cluster, load_cluster_file, make_nodes, problems_from_validation
+from systems.dynamo.profile import DynamoWorker
+from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
 from llmdeploy.runner import FAILED, OK
-from roles import budget, commenv, dynamo, trtllm
+from roles import budget, commenv
+from systems.dynamo import workers as dynamo
+from systems.trtllm import config as trtllm
 from tests.conftest import run_invoke
 
 SEED = Path(__file__).resolve().parent.parent / "data" / "seeds" / "000_640ab2471bd84fcd.txt"
@@ -591,7 +583,8 @@ def test_dynamo_on_a_b200_inventory_exits_2_before_any_connection(tmp_path):
 
 INVENTORY = """
 from llmdeploy.inventory import Cluster, Model, make_nodes
-from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
+from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300
+from llmdeploy.inventory import image
 cluster = Cluster(name="big", platform="gb300", nic="eth0", nodes=make_nodes("g", 3, "198.51.100.10"),
                   model=Model(path="/m"), image=image(IMAGE_DYNAMO),
                   profile=dynamo_gb300("1P4D-B4", recipes_dir="/opt/TensorRT-LLM"{extra}))

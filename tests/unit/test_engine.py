@@ -22,9 +22,10 @@ import systems
 from flows import deploy as dep
 from flows.probes import CHECKS, chat_message
 from llmdeploy import lock, release
+from llmdeploy import playbook
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import DeploySettings, load_cluster
-from llmdeploy.profiles import trtllm_qwen38_fp8
+from systems.trtllm.catalogue import trtllm_qwen38_fp8
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit, order_services
 from llmdeploy.runner import UnreachableError
 from roles import containers as ctr
@@ -204,7 +205,7 @@ def test_a_misordered_playbook_is_refused(tmp_path, monkeypatch):
             restart: none
         ready: [health]
     """))
-    monkeypatch.setattr(systems, "PLAYBOOKS", tmp_path)
+    monkeypatch.setattr(playbook, "PLAYBOOK_DIR", tmp_path)
     with pytest.raises(LlmdeployError, match="'workers' starts after 'node0'"):
         systems.build(load_cluster("a3"), {}, dep.DRAFT_ID, None)
 

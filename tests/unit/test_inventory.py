@@ -60,7 +60,7 @@ def test_list_clusters_names_the_modules():
 
 BASE = """
 from llmdeploy.inventory import Cluster, Model, Node, Ssh, make_nodes
-from llmdeploy.profiles import IMAGE_A3, image, vllm_a3_w8a8
+from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8
 nodes = make_nodes("n", 4, "192.0.2.10")
 model = Model(path="/models/x")
 profile = vllm_a3_w8a8()

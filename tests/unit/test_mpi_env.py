@@ -11,13 +11,16 @@ import json
 import shlex
 
 import systems
+import systems.common
 from flows import deploy as dep
 from llmdeploy import logs
 from llmdeploy.inventory import Budget, Cluster, Model, Node
-from llmdeploy.profiles import IMAGE_DYNAMO, IMAGE_TRTLLM, dynamo_gb300, image, trtllm_qwen38_fp8
-from roles import commenv, dynamo
+from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300
+from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
+from roles import commenv
+from systems.dynamo import workers as dynamo
 from sim.standins import trtllm as standin
-from systems import mpi_exports
+from systems.common import mpi_exports
 from systems import trtllm as trtllm_sys
 from tests.conftest import run_invoke
 
@@ -158,7 +161,7 @@ def test_a_rank_without_its_nic_is_named_with_every_nodes_nic():
     reason, line = logs.match(err, systems.signatures("trtllm-serve", c))
     assert reason.startswith("no network interface of a rank's node") and line.endswith(f"Unable to find address for: {NICS[0]}")
     # without a cluster (a caller that has none) the reason still names the variables
-    assert logs.match(err, systems.signatures("trtllm-serve"))[0] == systems.NIC_REASON
+    assert logs.match(err, systems.signatures("trtllm-serve"))[0] == systems.common.NIC_REASON
 
 
 def test_the_simulated_inventory_with_two_nic_names_in_check_json():

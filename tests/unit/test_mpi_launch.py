@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 import systems
+import systems.common
 from flows import deploy as dep
 from llmdeploy.inventory import Cluster, Model, Node, load_cluster
-from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
+from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
 from roles import comm, mpi
 from sim.paths import cluster_dir
 from tests.conftest import run_invoke
@@ -48,7 +49,7 @@ def test_the_hostfile_names_each_node_by_its_serving_ip():
     # which node each IP is, for the person reading it
     assert "#   192.0.2.41 = hf-node-1\n" in text
     # one node alone keeps its name: its container's --hostname
-    assert entries(systems.hostfile(c, "r", [("hf-node-0", 4)])) == [["hf-node-0", "slots=4"]]
+    assert entries(systems.common.hostfile(c, "r", [("hf-node-0", 4)])) == [["hf-node-0", "slots=4"]]
 
 
 def _fake_bin(tmp: Path, log: Path) -> Path:
@@ -92,7 +93,7 @@ def _calls(log: Path) -> list[list[str]]:
 def test_the_launch_agent_maps_each_ip_to_its_node_and_quotes_the_command(tmp_path):
     c = b200(launch_ssh_config="/root/.ssh/cluster_config")
     agent = tmp_path / "mpi-agent.sh"
-    agent.write_text(systems.launch_agent(c, "r1", "hf-r1", [n.name for n in c.nodes], c.profile.launch_ssh_config))
+    agent.write_text(systems.common.launch_agent(c, "r1", "hf-r1", [n.name for n in c.nodes], c.profile.launch_ssh_config))
     log = tmp_path / "calls.jsonl"
     env = {**os.environ, "PATH": f"{_fake_bin(tmp_path, log)}:{os.environ['PATH']}"}
     # what mpirun passes: the hostfile entry, then orted's command for a remote shell (as to ssh: words that
@@ -122,10 +123,10 @@ def test_real_openmpi_takes_its_own_address_as_local_and_launches_the_other_thro
     run orted here, so the rank on the "other node" really starts."""
     c = b200(ips=("127.0.0.1", "127.0.0.2"))
     hostfile = tmp_path / "hostfile"
-    hostfile.write_text(systems.hostfile(c, "r1", [("hf-node-0", 1), ("hf-node-1", 1)]))
+    hostfile.write_text(systems.common.hostfile(c, "r1", [("hf-node-0", 1), ("hf-node-1", 1)]))
     assert entries(hostfile.read_text()) == [["127.0.0.1", "slots=1"], ["127.0.0.2", "slots=1"]]
     agent = tmp_path / "mpi-agent.sh"
-    agent.write_text(systems.launch_agent(c, "r1", "hf-r1", [n.name for n in c.nodes], None))
+    agent.write_text(systems.common.launch_agent(c, "r1", "hf-r1", [n.name for n in c.nodes], None))
     agent.chmod(0o755)
     log = tmp_path / "calls.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
@@ -150,9 +151,9 @@ def test_real_openmpi_ranks_keep_their_nodes_environment_unless_mpirun_exports_i
     launch node's value, which is what gave node 1's ranks node 0's NIC."""
     c = b200(ips=("127.0.0.1", "127.0.0.2"))
     hostfile = tmp_path / "hostfile"
-    hostfile.write_text(systems.hostfile(c, "r1", [("hf-node-0", 1), ("hf-node-1", 1)]))
+    hostfile.write_text(systems.common.hostfile(c, "r1", [("hf-node-0", 1), ("hf-node-1", 1)]))
     agent = tmp_path / "mpi-agent.sh"
-    agent.write_text(systems.launch_agent(c, "r1", "hf-r1", [n.name for n in c.nodes], None))
+    agent.write_text(systems.common.launch_agent(c, "r1", "hf-r1", [n.name for n in c.nodes], None))
     agent.chmod(0o755)
     (tmp_path / "hf-node-1.env").write_text("NCCL_SOCKET_IFNAME=enp65s0f1\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}

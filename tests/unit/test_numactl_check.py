@@ -16,13 +16,13 @@ import pytest
 from flows import deploy as dep
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import load_cluster
-from roles import numa
+from systems.dynamo import numa
 from tests.conftest import run_invoke
 
 RECORD = "/var/lib/llmdeploy/t-numa/prepared.json"
 INVENTORY = """
 from llmdeploy.inventory import Budget, Cluster, Model, make_nodes
-from llmdeploy.profiles import IMAGE_DYNAMO, dynamo_gb300, image
+from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
 cluster = Cluster(name="t-numa", platform="gb300", nic="eth0", nodes=make_nodes("t-numa-", 5, "198.51.100.80"),
                   model=Model(path="/models/Qwen3.5-397B-A17B-NVFP4-V2"), image=image(IMAGE_DYNAMO), budget=Budget(weights_host_gib=208),
                   profile=dynamo_gb300("1P2D", recipes_dir="/opt/TensorRT-LLM", numa_membind="{membind}"))

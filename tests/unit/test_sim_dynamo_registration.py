@@ -22,7 +22,8 @@ import pytest
 
 from flows import deploy as dep
 from llmdeploy.inventory import load_cluster
-from roles import commenv, dynamo
+from roles import commenv
+from systems.dynamo import workers as dynamo
 from sim.standins import dynamo as dy
 
 REPO = Path(__file__).resolve().parents[2]

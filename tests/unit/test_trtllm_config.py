@@ -12,11 +12,11 @@ import yaml
 from pydantic import ValidationError
 
 from llmdeploy.errors import InventoryError
-from llmdeploy.inventory import (Cluster, Model, Node, TrtllmProfile, eplb_map_ep_from_name, load_cluster, load_cluster_file, make_nodes,
-                                 problems_from_validation)
-from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen35_nvfp4, trtllm_qwen38_fp8
-from roles import trtllm
-from roles.trtllm import eplb
+from llmdeploy.inventory import Cluster, Model, Node, load_cluster, load_cluster_file, make_nodes, problems_from_validation
+from systems.trtllm.profile import TrtllmProfile, eplb_map_ep_from_name
+from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen35_nvfp4, trtllm_qwen38_fp8
+from systems.trtllm import config as trtllm
+from systems.trtllm import eplb
 
 HT = "qwen3.8-high-throughput.yaml"
 HT_MTP = "qwen3.8-high-throughput-mtp3.yaml"
@@ -299,7 +299,8 @@ def test_inventory_file_with_bad_slots_names_file_field_and_node(tmp_path):
     inv.mkdir()
     (inv / "slots_t.py").write_text(textwrap.dedent("""
         from llmdeploy.inventory import Cluster, Model, make_nodes
-        from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
+        from systems.trtllm.catalogue import IMAGE_TRTLLM, trtllm_qwen38_fp8
+        from llmdeploy.inventory import image
         cluster = Cluster(name="slots-t", platform="gb200", nic="eth0", nodes=make_nodes("g", 4, "192.0.2.10"),
                           model=Model(path="/m"), image=image(IMAGE_TRTLLM),
                           profile=trtllm_qwen38_fp8(slots={"g1": 5, "g2": 3}))

@@ -287,7 +287,7 @@ def ht_inventory(tmp_path: Path, name: str, text: str, nodes: int = 4, tp: int =
     (inv / "maps" / "qwen3.8-ep32-static544.yaml").write_text(text)
     (inv / f"{name.replace('-', '_')}.py").write_text(textwrap.dedent(f"""
         from llmdeploy.inventory import Cluster, Model, make_nodes
-        from llmdeploy.profiles import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
+        from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
         cluster = Cluster(name="{name}", platform="b200", nic="eth0", nodes=make_nodes("ht-node-", {nodes}, "192.0.2.70"),
                           model=Model(path="/root/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8"), image=image(IMAGE_TRTLLM),
                           profile=trtllm_qwen38_fp8("{HT}", tp={tp}, eplb_map="maps/qwen3.8-ep32-static544.yaml"))

@@ -20,7 +20,7 @@ import pytest
 
 import systems
 from llmdeploy.inventory import load_cluster
-from roles import serve
+from systems.vllm_ascend import serve
 from sim.standins import vllm as standin
 
 REPO = Path(__file__).resolve().parents[2]

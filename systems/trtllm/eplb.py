@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from llmdeploy.inventory import EPLB_NUM_EXPERTS, EPLB_NUM_SLOTS, QWEN38_MOE_LAYERS, TRTLLM_CURATED
+from .profile import EPLB_NUM_EXPERTS, EPLB_NUM_SLOTS, QWEN38_MOE_LAYERS, TRTLLM_CURATED
 
 # the fields of TensorRT LLM's MoeLoadBalancerConfig (a strict model: others are refused)
 FIELDS = ("num_slots", "initial_global_assignments", "layer_updates_per_iter")

@@ -5,8 +5,9 @@ that exits is retried alone; node 0 leaving fails the release. Ready: ``/health`
 200 on node 0 (every DP rank joined), ``/v1/models`` lists the served name, and
 the seed's chat request answers with a ``<think>`` block.
 
-The command lines come from ``roles/serve`` (the seed's ``docker run`` and
-``vllm serve``), the environment file from ``roles/commenv``."""
+The command lines come from ``serve`` (the seed's ``docker run`` and
+``vllm serve``), the environment file from ``roles/commenv``; the profile, its
+checks and the seed's catalogue are ``profile`` and ``catalogue``."""
 
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ import shlex
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
-from llmdeploy.releaseplan import Probe, ReleasePlan, Unit
-from roles import commenv, serve
-from systems import render, serving_image
+from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
+from roles import commenv
+from systems.common import render, serving_image
+
+from . import serve
+from .profile import KIND, VllmAscendProfile
+
+PROFILE = VllmAscendProfile
+# what the tables call the values a unit shows
+LABELS = {"start_rank": "start rank"}
 
 CHAT_PROMPT = "Write a Python function to merge two sorted linked lists."
 STOP_CLEANUP = "rm -f /dev/shm/moe_* 2>/dev/null; true\n"
@@ -38,7 +46,6 @@ SIGNATURES: list[tuple[str, str]] = [
     (r"lost the connection to the front-end process", "node 0 went away after the group formed"),
     (r"EngineCore encountered a fatal error", "the engine core died"),
 ]
-
 
 
 def env_file(cluster: Cluster, rid: str) -> str:
@@ -65,6 +72,11 @@ def units(cluster: Cluster, service: str, nodes: list[Node], prepared: dict, rid
     if entry.get("started") == "rpc_port":
         started = Probe(name="the DP RPC port", kind="port", host=cluster.node0.name, ip=str(cluster.node0.ip), port=prof.rpc_port)
     return out, started
+
+
+def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, rid: str) -> list[Service]:
+    made, started = units(cluster, entry["name"], nodes, prepared, rid, entry)
+    return [Service(name=entry["name"], units=made, started=started)]
 
 
 def entry_port(cluster: Cluster) -> int:

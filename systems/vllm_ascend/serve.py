@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import shlex
 
-from llmdeploy.errors import LlmdeployError
-from llmdeploy.inventory import Cluster, Node, VllmAscendProfile
+from llmdeploy.inventory import Cluster, Node
 from roles import containers
+from systems import common
+
+from .profile import VllmAscendProfile
 
 # seed 001, "Docker Image Installation": every node gets these
 ASCEND_CONTROL_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
@@ -31,12 +33,8 @@ def _json_arg(value: dict) -> str:
 
 
 def profile_of(cluster: Cluster) -> VllmAscendProfile:
-    """The cluster's profile, if deploy can start it (else LlmdeployError)."""
-    if not isinstance(cluster.profile, VllmAscendProfile):
-        raise LlmdeployError(
-            f"{cluster.name}: deploy starts vllm-ascend profiles (seed 001); starting {cluster.profile.kind} is not built yet"
-        )
-    return cluster.profile
+    """The cluster's profile, if it is this system's (else LlmdeployError)."""
+    return common.profile_of(cluster, VllmAscendProfile)
 
 
 def vllm_args(cluster: Cluster, node: Node) -> list[str]:

@@ -25,13 +25,20 @@ import posixpath
 import shlex
 
 from llmdeploy.errors import LlmdeployError
-from llmdeploy.inventory import Cluster, Node, TrtllmProfile
+from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
-from llmdeploy.releaseplan import Probe, ReleasePlan, Unit
-from roles import commenv, containers, trtllm
+from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
+from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
-from roles.trtllm import eplb
-from systems import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
+from systems import common
+from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
+
+from . import config as trtllm
+from . import eplb
+from .profile import KIND, TrtllmProfile
+
+PROFILE = TrtllmProfile
+LABELS: dict[str, str] = {}
 
 CHAT_PROMPT = "Where is New York?"
 STOP_CLEANUP = ""
@@ -57,9 +64,7 @@ EPLB_NAME = "eplb.yaml"
 
 
 def profile_of(cluster: Cluster) -> TrtllmProfile:
-    if not isinstance(cluster.profile, TrtllmProfile):
-        raise LlmdeployError(f"{cluster.name}: the profile is {cluster.profile.kind}, not trtllm-serve")
-    return cluster.profile
+    return common.profile_of(cluster, TrtllmProfile)
 
 
 def container_name(cluster: Cluster, rid: str) -> str:
@@ -179,6 +184,11 @@ def units(cluster: Cluster, service: str, nodes: list[Node], prepared: dict, rid
         out.append(Unit(host=node.name, container=container_name(cluster, rid), order=1 if launcher else 0,
                         role="launcher" if launcher else "ranks", show=show))
     return out, None
+
+
+def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, rid: str) -> list[Service]:
+    made, started = units(cluster, entry["name"], nodes, prepared, rid, entry)
+    return [Service(name=entry["name"], units=made, started=started)]
 
 
 def entry_port(cluster: Cluster) -> int:

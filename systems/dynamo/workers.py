@@ -3,10 +3,10 @@ Disaggregated Serving") as pure functions of the inventory: the topologies
 and role profiles as data, where every worker runs (``placement``), the role
 settings each worker layers on its base file (``role_yaml``, merged inside
 the container by the same ``merge-config.py`` as trtllm-serve's overrides,
-``roles.trtllm.merge_script()``), and the environments of the seed's shells.
+``systems.trtllm.config.merge_script()``), and the environments of the seed's shells.
 
 Nothing here opens a connection. The inventory is validated with the same
-placement when it loads (``llmdeploy.inventory.dynamo_placement``), so these
+placement when it loads (``systems.dynamo.placement``), so these
 functions do not fail on a loaded cluster.
 
 Placement, from the topology and the inventory's four-GPU GB300 nodes:
@@ -33,21 +33,22 @@ import posixpath
 
 import yaml
 
-from llmdeploy.inventory import (
+from llmdeploy.inventory import Cluster, Node
+from roles import add_filter
+from roles import render as render_template
+from systems import common
+
+from .profile import (
     DYNAMO_DECODE_PROFILES,
     DYNAMO_FORBIDDEN_ENV,
     DYNAMO_PREFILL_PROFILES,
     DYNAMO_TOPOLOGIES,
-    Cluster,
     DynamoDecodeProfile,
     DynamoPlacedWorker,
     DynamoPrefillProfile,
     DynamoProfile,
     DynamoTopology,
-    Node,
 )
-from roles import add_filter
-from roles import render as render_template
 
 
 
@@ -107,9 +108,7 @@ WEIGHT_LOADING_ENV = "TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL"
 
 
 def profile_of(cluster: Cluster) -> DynamoProfile:
-    if not isinstance(cluster.profile, DynamoProfile):
-        raise ValueError(f"{cluster.name}: the profile is {cluster.profile.kind}, not dynamo")
-    return cluster.profile
+    return common.profile_of(cluster, DynamoProfile)
 
 
 def topology_of(cluster: Cluster) -> DynamoTopology:

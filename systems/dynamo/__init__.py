@@ -41,13 +41,23 @@ import shlex
 from urllib.parse import urlparse
 
 from llmdeploy.errors import LlmdeployError
-from llmdeploy.inventory import Cluster, DynamoProfile, Node
+from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
-from roles import commenv, containers, dynamo, numa, trtllm
+from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
-from systems import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
+from systems import common
+from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
+# the workers are TensorRT-LLM engines: its configuration merge and launch mounts
+from systems.trtllm import config as trtllm
 from systems.trtllm import ssh_mounts_for
+
+from . import numa
+from . import workers as dynamo
+from .profile import KIND, DynamoProfile
+
+PROFILE = DynamoProfile
+LABELS: dict[str, str] = {}
 
 PROFILE_ENV = "qwen3.5-gb300-agentic.env"
 SESSION_ID = "qwen35-example-session"
@@ -83,9 +93,7 @@ NATS_DATA = "nats"
 
 
 def profile_of(cluster: Cluster) -> DynamoProfile:
-    if not isinstance(cluster.profile, DynamoProfile):
-        raise LlmdeployError(f"{cluster.name}: the profile is {cluster.profile.kind}, not dynamo")
-    return cluster.profile
+    return common.profile_of(cluster, DynamoProfile)
 
 
 def container(cluster: Cluster, rid: str, service: str) -> str:
@@ -95,7 +103,7 @@ def container(cluster: Cluster, rid: str, service: str) -> str:
 
 def membind(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> list[str]:
     """``numactl -m 0,1`` where prepare found that layout (its record) or the
-    inventory demands it, else nothing (roles.numa.membind)."""
+    inventory demands it, else nothing (numa.membind)."""
     return numa.membind(cluster, node, prepared.get(node.name))[0] or []
 
 

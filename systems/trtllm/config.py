@@ -6,7 +6,7 @@ program that merges the two inside the container::
 
     python3 merge-config.py <curated.yaml> <overrides.yaml> <out.yaml>
 
-Nothing here opens a connection. EPLB maps are checked in ``roles.trtllm.eplb``.
+Nothing here opens a connection. EPLB maps are checked in ``systems.trtllm.eplb``.
 """
 
 from __future__ import annotations
@@ -17,17 +17,18 @@ from pathlib import Path
 
 import yaml
 
-from llmdeploy.inventory import Cluster, TrtllmProfile, _safe_path, nest_overrides
+from llmdeploy.inventory import Cluster, safe_path
 from roles import render as render_template
+from systems import common
+
+from .profile import TrtllmProfile, nest_overrides
 
 MERGE_SCRIPT_NAME = "merge-config.py"
 OVERRIDES_NAME = "trtllm-overrides.yaml"
 
 
 def profile_of(cluster: Cluster) -> TrtllmProfile:
-    if not isinstance(cluster.profile, TrtllmProfile):
-        raise ValueError(f"{cluster.name}: the profile is {cluster.profile.kind}, not trtllm-serve")
-    return cluster.profile
+    return common.profile_of(cluster, TrtllmProfile)
 
 
 def curated_path(profile: TrtllmProfile) -> str:
@@ -64,7 +65,7 @@ def overrides_doc(cluster: Cluster, eplb_path_on_node: str | None = None) -> dic
         doc["moe_expert_parallel_size"] = prof.ep
     _deep_merge(doc, copy.deepcopy(nest_overrides(prof.flat_overrides())))
     if eplb_path_on_node:
-        _safe_path(eplb_path_on_node)
+        safe_path(eplb_path_on_node)
         moe = doc.setdefault("moe_config", {})
         if not isinstance(moe, dict):
             raise ValueError(f"{cluster.name}: profile.overrides sets moe_config to {moe!r}; the EPLB map needs a mapping")

@@ -1,0 +1,99 @@
+"""What several serving systems share: the serving image prepare recorded,
+the NIC failure signature, which variables an MPI world exports, OpenMPI's
+hostfile and launch agent, and the one way to get a system's own profile.
+A system imports these; nothing here knows a system."""
+
+from __future__ import annotations
+
+from llmdeploy.errors import LlmdeployError
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.serving import ServingProfile
+from roles import mpi
+from roles import render  # noqa: F401 (the systems render their files with it)
+from roles.mpi import nics  # noqa: F401 (the systems' OpenMPI *_if_include lists)
+
+
+def profile_of(cluster: Cluster, cls: type[ServingProfile]):
+    """``cluster.profile`` when it is ``cls``'s, else an error naming both kinds."""
+    if not isinstance(cluster.profile, cls):
+        want = cls.model_fields["kind"].default
+        raise LlmdeployError(f"{cluster.name}: the profile is {cluster.profile.kind}, not {want}")
+    return cluster.profile
+
+
+def nccl_node_env(node: Node) -> dict[str, str]:
+    """NCCL's and Gloo's socket interface: each node's own serving NIC."""
+    return {"NCCL_SOCKET_IFNAME": node.nic, "GLOO_SOCKET_IFNAME": node.nic}
+
+
+def serving_image(cluster: Cluster, node, prepared: dict[str, dict]) -> str:
+    """The image a node's serving containers run: what prepare recorded (the
+    image with its wheels, if any), else what the inventory implies."""
+    from roles import wheels
+
+    rec = prepared.get(node.name) or {}
+    return (rec.get("image") or {}).get("serving_ref") or wheels.serving_ref(cluster)
+
+
+# A rank whose NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME names no interface of its node: NCCL's
+# (src/bootstrap.cc, src/transport/net_socket.cc) and Gloo's (gloo/transport/tcp/device.cc) own words.
+NIC_PATTERN = r"Bootstrap : no socket interface found|NET/Socket : no interface found|Unable to find address for: \S+"
+NIC_REASON = ("no network interface of a rank's node matches NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME (the NIC of that "
+              "node's environment file; the node is named in this line; invoke prepare checks each node's NIC)")
+
+
+def nic_signature() -> tuple[str, str]:
+    """The failure signature of a NIC variable that names no interface of a rank's node."""
+    return NIC_PATTERN, NIC_REASON
+
+
+def nic_reason(cluster: Cluster) -> str:
+    """NIC_REASON with the NIC the inventory gives each node (what each node's environment file names)."""
+    return f"{NIC_REASON}; the inventory's NIC per node: " + ", ".join(f"{n.name} {n.nic}" for n in cluster.nodes)
+
+
+def mpi_exports(envs: list[dict[str, str]], node_specific: list[str] | tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """Which variables of one MPI world mpirun exports with ``-x NAME``, and
+    which each node keeps from its own environment: (exported, per node).
+
+    ``envs`` is the environment file of every node of the world, the launch
+    node's first. ``-x NAME`` gives every rank, on every node, the launch
+    node's value. A rank needs its own node's value of a per-node variable
+    (the NIC in NCCL_SOCKET_IFNAME, a GPU mask), and it has it already: the
+    launch agent starts each node's ORTE daemon with ``docker exec`` in that
+    node's serving container, whose ``--env-file`` is the node's own file, and
+    the ranks inherit the daemon's environment (on the launch node, mpirun's).
+    So a variable is per node, and never exported, when it is declared so
+    (``node_specific``) or its value differs between the nodes or some node
+    lacks it; the rest is the same everywhere and is exported. Pure."""
+    if not envs:
+        return [], []
+    first, others = envs[0], envs[1:]
+    declared = set(node_specific)
+    per_node = [k for k in first if k in declared or any(e.get(k) != first[k] for e in others)]
+    for e in others:
+        per_node += [k for k in e if k not in first and k not in per_node]
+    return [k for k in first if k not in per_node], per_node
+
+
+def hostfile(cluster: Cluster, release: str, ranks: list[tuple[str, int]]) -> str:
+    """An OpenMPI hostfile for the nodes ``ranks`` names, in rank order
+    [(node name, slots)]. Across nodes each entry is the node's serving IP:
+    mpirun takes the entry that is one of its own interfaces' addresses for
+    the launch node (checked with OpenMPI 4.1) and hands the others to the
+    launch agent, so no node name has to resolve on node 0 or in its
+    container. One node alone keeps its name (its container's hostname)."""
+    by_ip = len(ranks) > 1
+    entries = [(str(cluster.node(name).ip) if by_ip else name, slots, name) for name, slots in ranks]
+    return render("hostfile.j2", release=release, cluster=cluster.name, by_ip=by_ip, entries=entries)
+
+
+def launch_agent(cluster: Cluster, release: str, container: str, names: list[str], ssh_config: str | None) -> str:
+    """The launch agent (``mpi-agent.sh``) of an MPI world over ``names``:
+    each node's serving IP (its hostfile entry) to its SSH host, the node's
+    name (a Host the launch ssh_config knows), over ssh with the launch
+    settings every MPI launch from node 0 uses (``roles.mpi``), then ``docker
+    exec`` into ``container`` there. Every value is quoted."""
+    return mpi.launch_agent(cluster, names, ssh_config, release, container)
+
+
