@@ -338,7 +338,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
     prof = profile_of(cluster)
     rd = release_dir(cluster, plan.release)
     def setup(exports: dict[str, str], unsets: list[tuple[str, str]] = ()) -> str:
-        return render("dynamo-setup.sh.j2", profile_env=PROFILE_ENV, recipes_mount=prof.recipes_mount, exports=exports, unsets=list(unsets))
+        return render("dynamo/setup.sh.j2", profile_env=PROFILE_ENV, recipes_mount=prof.recipes_mount, exports=exports, unsets=list(unsets))
 
     out: dict[str, dict[str, tuple[str, int]]] = {}
     for n in cluster.nodes:
@@ -353,7 +353,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
                                     wait_for_file=shlex.quote(f"{rd}/{svc.name}.config.yaml") if holder else ""), 0o755)
         if any(u.container == container(cluster, plan.release, "frontend") for u in units):
             f["frontend.env"] = (env_text(cluster, n, env_of(cluster, n, frontend=True), "the frontend"), commenv.env_mode(cluster))
-            f["frontend.sh"] = (render("dynamo-frontend.sh.j2", release=plan.release, cluster=cluster.name, setup=setup(dynamo.frontend_env(cluster)),
+            f["frontend.sh"] = (render("dynamo/frontend.sh.j2", release=plan.release, cluster=cluster.name, setup=setup(dynamo.frontend_env(cluster)),
                                        port=prof.frontend_port), 0o755)
         workers_here = [w for w in dynamo.placement(cluster) if n.name in w.node_names]
         if workers_here:
@@ -364,7 +364,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
             f[f"{w.name}.overrides.yaml"] = (dynamo.role_yaml(cluster, w), 0o644)
             mpirun, tail = mpirun_args(cluster, plan.release, w, prepared)
             f[f"{w.name}.{'serve' if launcher else 'hold'}.sh"] = (render(
-                "dynamo-worker.sh.j2", worker=w.name, role=w.role, profile=w.profile, ranks=w.ranks, release=plan.release, cluster=cluster.name,
+                "dynamo/worker.sh.j2", worker=w.name, role=w.role, profile=w.profile, ranks=w.ranks, release=plan.release, cluster=cluster.name,
                 launcher=launcher, setup=setup(dynamo.worker_env(cluster, w, n.name), dynamo.worker_unsets(cluster)), merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(cluster, w),
                 overrides=shlex.quote(f"{rd}/{w.name}.overrides.yaml"), config=shlex.quote(f"{rd}/{w.name}.config.yaml"),
                 profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=tail), 0o755)

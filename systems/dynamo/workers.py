@@ -156,14 +156,14 @@ def base_yaml_path(cluster: Cluster, worker: Worker) -> str:
 
 
 def role_yaml(cluster: Cluster, worker: Worker) -> str:
-    """The worker's role settings (templates/dynamo-<role>.yaml.j2): a header
+    """The worker's role settings (templates/dynamo/<role>.yaml.j2): a header
     naming the base file it layers on, then the keys of the seed's tables;
     for topologies other than the colocated 1P1D a ``__delete__`` list that
     removes the base file's bounce-size override."""
     prof = profile_of(cluster)
     topo = prof.topology_info
     retained = PREFILL_RETAINED if worker.role == "prefill" else DECODE_RETAINED
-    return render_template(f"dynamo-{worker.role}.yaml.j2",
+    return render_template(f"dynamo/{worker.role}.yaml.j2",
         cluster=cluster.name,
         worker=worker,
         topology=topo,

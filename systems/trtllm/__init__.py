@@ -267,10 +267,10 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
         if emap:
             meta["eplb_map"] = {"source": str(emap.path), "sha256": emap.sha256, "num_slots": emap.num_slots, "layers": emap.layers}
         if u.role != "launcher":
-            files[SERVE_FILES["hold"]] = (render("trtllm-hold.sh.j2", **merge), 0o755)
+            files[SERVE_FILES["hold"]] = (render("trtllm/hold.sh.j2", **merge), 0o755)
         else:
             files[SERVE_FILES["hostfile"]] = (hostfile(cluster, plan.release, [(node.name, slots) for node, slots, _ in placement(cluster)]), 0o644)
-            files[SERVE_FILES["serve"]] = (render("trtllm-serve.sh.j2", command=u.show["serve_command"],
+            files[SERVE_FILES["serve"]] = (render("trtllm/serve.sh.j2", command=u.show["serve_command"],
                                                   per_node=" ".join(world_envs(cluster)[1]), **merge), 0o755)
         meta["curated"] = trtllm.curated_path(prof)
         files["release.json"] = (json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644)

@@ -97,7 +97,7 @@ def overrides_yaml(cluster: Cluster, eplb_path_on_node: str | None = None) -> st
     if eplb_path_on_node:
         sources.append(f"moe_config.load_balancer: the static EPLB map of profile.eplb_map ({Path(prof.eplb_map).name})")
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=False, width=100)
-    return render_template("trtllm-overrides.yaml.j2",
+    return render_template("trtllm/overrides.yaml.j2",
         cluster=cluster.name, curated=curated_path(prof), sources=sources, keys=dotted_keys(doc), body=body.rstrip("\n")
     )
 
@@ -105,4 +105,4 @@ def overrides_yaml(cluster: Cluster, eplb_path_on_node: str | None = None) -> st
 def merge_script() -> str:
     """merge-config.py: a standalone Python 3 program (PyYAML) run inside the
     container; see the template for its contract."""
-    return render_template("trtllm-merge-config.py.j2")
+    return render_template("trtllm/merge-config.py.j2")

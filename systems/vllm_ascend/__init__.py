@@ -118,7 +118,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
                 "command": shlex.split(u.show["serve_command"])}
         out[n.name] = {
             "env": (commenv.render(cluster, n), commenv.env_mode(cluster)),
-            "serve.sh": (render("serve.sh.j2", command=u.show["serve_command"]), 0o755),
+            "serve.sh": (render("vllm_ascend/serve.sh.j2", command=u.show["serve_command"]), 0o755),
             "run.sh": (render("run.sh.j2", what="this node's serving container", release=plan.release, host=n.name,
                               command=u.show["container_command"]), 0o755),
             "release.json": (json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644),
