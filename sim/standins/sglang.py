@@ -442,12 +442,12 @@ class Store:
             conn.close()
             return
         peer = Peer(conn, addr, hello)
-        refuse = None
+        refuse, kind = None, "nccl"
         with self.lock:
             old = self.peers.get(peer.rank)
             if self.phase != "store":
-                refuse = (f"node rank {peer.rank} came to a world that has already formed (its {hello.get('procs')} "
-                          "ranks never complete their NCCL bootstrap; simulator's wording)")
+                refuse, kind = (f"node rank {peer.rank} came to a world that has already formed (its {hello.get('procs')} "
+                                "ranks never complete their NCCL bootstrap; simulator's wording)"), "late"
             elif peer.rank == 0 or (old is not None and old.alive):
                 first = peer.rank * int(hello.get("procs") or self.per_node)
                 refuse = f"Bootstrap Root : rank {first} of {self.world} ranks has already checked in"
@@ -460,7 +460,7 @@ class Store:
                 if self.count >= self.world:
                     self.all_joined.set()
         if refuse:
-            _send(conn, {"t": "error", "text": refuse})
+            _send(conn, {"t": "error", "kind": kind, "text": refuse})
             conn.close()
             return
         _send(conn, {"t": "ok"})
@@ -1036,9 +1036,8 @@ def _run_worker(a, host, port, world, per_node, local, timeout, abort_after, fau
     reply = read()
     if reply is None:
         _die(local[0], "torch.distributed.DistNetworkError: failed to recv, got 0 bytes")
-    if reply.get("t") == "error":
-        _die(local[0], f"RuntimeError: {reply.get('text')}" if "NCCL WARN" not in str(reply.get("text"))
-             else NCCL_REMOTE)
+    if reply.get("t") == "error":  # NCCL's root refused this node (it says why in its own log)
+        _die(local[0], f"RuntimeError: {reply.get('text')}" if reply.get("kind") == "late" else NCCL_REMOTE)
     msg = read()
     if msg is None:
         _die(local[0], "torch.distributed.DistNetworkError: failed to recv, got 0 bytes", after=abort_after)
