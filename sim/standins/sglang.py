@@ -196,7 +196,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def check_server_args(a: argparse.Namespace) -> str | None:
     """ServerArgs' own checks (its ``__post_init__`` and ``check_server_args``), as SGLang says them; None if fine."""
     if a.tp_size < 1 or a.pp_size < 1 or a.nnodes < 1:
-        return "AssertionError: tp_size, pp_size and nnodes must be positive"
+        return "AssertionError: tp_size, pp_size and nnodes must be positive (simulator's wording)"
     if (a.tp_size * a.pp_size) % a.nnodes:
         return "AssertionError: tp_size must be divisible by number of nodes"
     dp_attention = a.enable_dp_attention and a.dp_size > 1  # dp_size 1 turns DP attention off
@@ -1081,10 +1081,11 @@ def _run_worker(a, host, port, world, per_node, local, timeout, abort_after, fau
 
 
 def _record_ready(role: str) -> None:
-    """Simulator bookkeeping shared with the vLLM stand-in (serving-times.jsonl, bench/deploy_overhead.py)."""
+    """Simulator bookkeeping shared with the vLLM stand-in (serving-times.jsonl, bench/deploy_overhead.py:
+    ``api`` when node rank 0 serves, ``worker`` when another node is up)."""
     try:
         from . import vllm as _vllm
 
-        _vllm.record_ready(f"sglang-{role}")
+        _vllm.record_ready(role)
     except Exception:  # bookkeeping only
         pass
