@@ -34,7 +34,9 @@ c10d TCPStore; NCCL's bootstrap.cc):
   clients. J/W clients joined.``; the other nodes connect (retrying) and fail
   with ``DistNetworkError: The client socket has timed out after Nms while
   trying to connect to (IP, PORT).`` when nobody answers. A node that joined
-  fails when node rank 0 goes away (``failed to recv, got 0 bytes``).
+  fails when node rank 0 goes away (``failed to recv, got 0 bytes``). The
+  store counts ranks, not nodes: a node started with another ``--nnodes``
+  or ``--tp`` brings another number of ranks (``12/16 clients joined``).
 - Then NCCL's bootstrap root (on rank 0) refuses a world whose nodes disagree:
   a node rank that checked in twice (``Bootstrap Root : rank R of W ranks has
   already checked in``), another world size (``mismatch in info from procs``),
@@ -376,6 +378,12 @@ class Peer:
         self.rank = hello["node_rank"]
         self.alive = True
         self.ready = False
+        self.greeted = threading.Event()
+        self.wlock = threading.Lock()  # the greeting and a broadcast come from different threads
+
+    def send(self, msg: dict) -> bool:
+        with self.wlock:
+            return _send(self.conn, msg)
 
 
 class Store:
@@ -463,7 +471,8 @@ class Store:
             _send(conn, {"t": "error", "kind": kind, "text": refuse})
             conn.close()
             return
-        _send(conn, {"t": "ok"})
+        peer.send({"t": "ok"})
+        peer.greeted.set()
         try:
             for line in f:
                 try:
@@ -518,10 +527,12 @@ class Store:
         return None
 
     def broadcast(self, msg: dict) -> None:
+        """To every node that joined, after its greeting."""
         with self.lock:
             peers = list(self.peers.values())
         for p in peers:
-            _send(p.conn, msg)
+            p.greeted.wait(5)
+            p.send(msg)
 
     def set_phase(self, phase: str) -> None:
         with self.lock:
@@ -1033,14 +1044,13 @@ def _run_worker(a, host, port, world, per_node, local, timeout, abort_after, fau
         except ValueError:
             return None
 
-    reply = read()
-    if reply is None:
-        _die(local[0], "torch.distributed.DistNetworkError: failed to recv, got 0 bytes")
-    if reply.get("t") == "error":  # NCCL's root refused this node (it says why in its own log)
-        _die(local[0], f"RuntimeError: {reply.get('text')}" if reply.get("kind") == "late" else NCCL_REMOTE)
     msg = read()
+    while msg is not None and msg.get("t") == "ok":  # joined; wait for the world
+        msg = read()
     if msg is None:
         _die(local[0], "torch.distributed.DistNetworkError: failed to recv, got 0 bytes", after=abort_after)
+    if msg.get("t") == "error":  # NCCL's root refused this node (it says why in its own log)
+        _die(local[0], f"RuntimeError: {msg.get('text')}" if msg.get("kind") == "late" else NCCL_REMOTE)
     if msg.get("t") != "go":
         _die(local[0], NCCL_REMOTE, after=abort_after)
     lost["phase"] = "init"

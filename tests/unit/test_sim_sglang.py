@@ -353,8 +353,8 @@ def test_without_node_rank_0_a_node_times_out_connecting(world):
 def test_a_nic_variable_naming_no_interface_fails_that_node_and_the_world(world):
     n0 = world.start(0)
     n1 = world.start(1, env={"NCCL_SOCKET_IFNAME": "nosuchnic0"})
-    assert n1.wait(20) == 1 and n0.wait(20) == 1
-    assert "NCCL WARN Bootstrap : no socket interface found" in n1.out
+    assert n1.wait(20) == 1 and n0.wait(20) == 1, n0.out + n1.out
+    assert "NCCL WARN Bootstrap : no socket interface found" in n1.out, n0.out + "\n----\n" + n1.out
     assert "RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)" in n1.out
     assert "RuntimeError: NCCL error: remote process exited or there was a network error" in n0.out
 
@@ -379,6 +379,14 @@ def test_a_duplicate_node_rank_while_the_world_forms_ends_it(world):
     assert "NCCL WARN Bootstrap Root : rank 2 of 6 ranks has already checked in" in n0.out
     assert sg.NCCL_ROOT_FAILED in n0.out
     assert sg.NCCL_REMOTE in n1.out and sg.NCCL_REMOTE in dup.out
+
+
+def test_a_node_with_another_nnodes_brings_other_ranks_to_the_store(world):
+    n0 = world.start(0, "--dist-timeout", "2", nnodes=2, tp=16)
+    n1 = world.start(1, "--dist-timeout", "2", nnodes=4, tp=16)  # 4 ranks, ranks 4..7 of 16
+    assert n0.wait(20) == 1 and n1.wait(20) == 1
+    assert re.search(r"Timed out after \d+ seconds waiting for clients\. 12/16 clients joined\.", n0.out), n0.out
+    assert "failed to recv, got 0 bytes" in n1.out
 
 
 def test_a_world_size_that_differs_fails_at_nccls_bootstrap_root(world):
