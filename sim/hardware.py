@@ -23,6 +23,9 @@ _SHAPES = {
     "b300": dict(cpus=224, cpu_numa=2, mem_gib=2048, model="NVIDIA B300 SXM6 AC", gpu_mem_mib=275040),
     "gb200": dict(cpus=144, cpu_numa=2, mem_gib=840, model="NVIDIA GB200", gpu_mem_mib=189471),
     "gb300": dict(cpus=144, cpu_numa=2, mem_gib=840, model="NVIDIA GB300", gpu_mem_mib=284208),
+    # Hopper HGX (8 SXM GPUs, two x86 sockets): what nvidia-smi names them and the MiB it reports
+    "h100": dict(cpus=224, cpu_numa=2, mem_gib=2048, model="NVIDIA H100 80GB HBM3", gpu_mem_mib=81559),
+    "h200": dict(cpus=224, cpu_numa=2, mem_gib=2048, model="NVIDIA H200", gpu_mem_mib=143771),
 }
 
 

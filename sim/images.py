@@ -7,10 +7,12 @@ Built once per machine and cached in ``$LLMDEPLOY_SIM_CACHE``
 - a Debian root filesystem (``debootstrap --variant=minbase`` with python3,
   pip, OpenMPI, the ssh client, etcd and NATS), the simulator's CA trusted in
   it; imported into a builder dockerd as the base image;
-- the images the inventories name (vLLM-Ascend, TensorRT-LLM, etcd, NATS),
-  each the base plus its serving stand-ins (``sim/standins``), the package
-  metadata the real image has (``importlib.metadata`` answers), and for
-  TensorRT-LLM the curated configs; pushed to a Docker registry (Debian's
+- the images the inventories name (vLLM-Ascend, TensorRT-LLM, SGLang, etcd,
+  NATS), each the base plus its serving stand-ins (``sim/standins``), the
+  package metadata the real image has (``importlib.metadata`` answers), for
+  TensorRT-LLM the curated configs, for SGLang an ``sglang`` package whose
+  ``launch_server`` module runs the stand-in (``python3 -m
+  sglang.launch_server``); pushed to a Docker registry (Debian's
   ``docker-registry``, the CNCF distribution registry) whose storage is the
   cache;
 - wheels of ``ai-dynamo`` and ``ai-dynamo-runtime`` (the Dynamo stand-ins as
@@ -75,6 +77,8 @@ IMAGES: dict[str, dict] = {
     "nvcr.io/nvidia/tensorrt-llm/release:1.4.0rc1": {"kind": "trtllm", "packages": {"tensorrt-llm": "1.4.0rc1"}},
     "nvcr.io/nvidia/tensorrt-llm/release:1.3.0a0.dev202610151219": {
         "kind": "trtllm", "packages": {"tensorrt-llm": "1.3.0a0.dev202610151219"}},
+    # SGLang (docs.sglang.io Installation: CUDA 13 images; v0.5.21 of 2026-10-01)
+    "lmsysorg/sglang:v0.5.21": {"kind": "sglang", "packages": {"sglang": "0.5.21"}},
     # Dynamo's control plane: Debian's etcd and nats-server in the base
     "quay.io/coreos/etcd:v3.5.17": {"kind": "plain", "packages": {}},
     "nats:2.10.24-alpine": {"kind": "plain", "packages": {}},
@@ -105,6 +109,18 @@ else
 fi
 exec "$@"
 """
+
+
+def sglang_package(version: str) -> dict[str, str]:
+    """The ``sglang`` package of the simulated SGLang image (its site-packages):
+    ``python3 -m sglang.launch_server ARGS`` runs sim/standins/sglang.py, as the
+    real module runs the server."""
+    run = ('"""sglang.launch_server of the simulated lmsysorg/sglang image: llmdeploy\'s SGLang stand-in\n'
+           '(sim/standins/sglang.py in the llmdeploy repository)."""\n'
+           f"import sys\n\nsys.path.insert(0, {STANDIN_DIR!r})\n"
+           "from sim.standins import sglang as _sim  # noqa: E402\n\n"
+           'if __name__ == "__main__":\n    sys.exit(_sim.main(sys.argv[1:]))\n')
+    return {"sglang/__init__.py": f'__version__ = "{version}"\n', "sglang/launch_server.py": run}
 
 
 def cache() -> Path:
@@ -217,6 +233,10 @@ def _context(ref: str, spec: dict, base: str) -> dict[str, tuple[bytes, int]]:
         bins["trtllm-llmapi-launch"] = TRTLLM_LLMAPI_LAUNCH
         for name, text in curated.files().items():
             files[f"curated/{name}"] = (text.encode(), 0o644)
+    if spec["kind"] == "sglang":
+        bins["numactl"] = _wrapper("numactl")
+        for path, text in sglang_package(spec["packages"]["sglang"]).items():
+            files[f"site/{path}"] = (text.encode(), 0o644)
     for name, text in bins.items():
         files[f"bin/{name}"] = (text.encode(), 0o755)
     for name, version in spec["packages"].items():

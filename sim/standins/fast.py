@@ -69,7 +69,7 @@ def calls(hw: dict) -> list[tuple[str, list[str]]]:
         out += [("npu-smi", ["info"]), ("npu-smi", ["info", "-t", "topo"]), ("npu-smi", ["info", "-l"])]
         for n in hw["npus"]:
             out += [("hccn_tool", ["-i", str(n["id"]), item, "-g"]) for item in HCCN_ITEMS]
-    if hw.get("gpus") or hw.get("platform") in ("b200", "b300", "gb200", "gb300"):
+    if hw.get("gpus") or hw.get("platform") in ("b200", "b300", "gb200", "gb300", "h100", "h200"):
         out += [
             ("nvidia-smi", [NVSMI_QUERY, "--format=csv,noheader,nounits"]),
             ("nvidia-smi", ["topo", "-m"]),
