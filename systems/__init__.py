@@ -12,18 +12,20 @@ outside ``systems/`` knows a system by name.
 
 from __future__ import annotations
 
+import importlib
+
 from llmdeploy import playbook as playbooks
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan, Service, order_services
 from llmdeploy.serving import ServingSystem
-from systems import dynamo, trtllm, vllm_ascend
 from systems.common import nic_reason, NIC_PATTERN
 
 
-def _registry(*packages) -> dict:
+def _registry(*names: str) -> dict:
     out = {}
-    for pkg in packages:
+    for name in names:
+        pkg = importlib.import_module(f"{__name__}.{name}")
         missing = [name for name in ServingSystem.__annotations__ if not hasattr(pkg, name)]
         missing += [name for name in ("services", "entry_port", "probe", "files", "check_doc") if not hasattr(pkg, name)]
         if missing:
@@ -34,9 +36,10 @@ def _registry(*packages) -> dict:
 
 # kind -> the system's package: one line per system
 SYSTEMS = _registry(
-    vllm_ascend,
-    trtllm,
-    dynamo,
+    "vllm_ascend",
+    "trtllm",
+    "dynamo",
+    "sglang",
 )
 
 

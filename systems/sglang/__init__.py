@@ -1,0 +1,177 @@
+"""SGLang multi-node serving as a release plan: every node runs
+``python3 -m sglang.launch_server`` in its own container, with the same
+``--tp``, ``--nnodes`` and ``--dist-init-addr <node 0's serving IP>:<dist_port>``
+and its own ``--node-rank`` (the inventory's node order: node 0 is rank 0,
+as SGLang's multi-node docs give it). Node rank 0 hosts torch.distributed's
+store and, once every node joined and loaded, the HTTP API; the others serve
+SGLang's health endpoint on their own port.
+
+One world: a lost node ends it on every node, so the service's restart
+policy is ``group`` (every unit stopped and the world started again, with
+backoff). Node 0's container starts first (it hosts the store), then the
+others at once. Ready: ``/health`` 200 on node 0, ``/v1/models`` lists the
+served name, and a chat answers with its reasoning part
+(``--reasoning-parser``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from llmdeploy.errors import LlmdeployError
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.release import release_dir
+from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
+from roles import commenv, containers
+from systems import common
+from systems.common import nic_signature, render, serving_image
+
+from .profile import KIND, SglangProfile
+
+PROFILE = SglangProfile
+LABELS = {"node_rank": "node rank"}
+CHAT_PROMPT = "Write a Python function that reverses a string."
+STOP_CLEANUP = ""
+DRIFT_ENV_PREFIXES = ["NCCL_", "GLOO_", "SGLANG_", "CUDA_"]
+# SGLang's and torch.distributed's words when a world does not form or ends
+# (server_args.py, torch's TCPStore, NCCL's bootstrap; sglang#3685, #3932)
+SIGNATURES: list[tuple[str, str]] = [
+    nic_signature(),
+    (r"DistStoreError: Timed out after \d+ seconds waiting for clients",
+     "not every node joined node 0's store within --dist-timeout (is every node's container running, same --nnodes and --tp, "
+     "node 0's dist port reachable on its serving IP?)"),
+    (r"The client socket has timed out after \d+ms while trying to connect to",
+     "this node never reached node 0's store at --dist-init-addr (node 0 down, or its serving IP/dist port unreachable)"),
+    (r"has already checked in|mismatch in info from procs",
+     "two nodes claim one node rank, or the nodes disagree on the world size (--node-rank, --nnodes, --tp)"),
+    (r"tp_size must be divisible by number of nodes", "--tp is not divisible by --nnodes"),
+    (r"CUDA out of memory|OutOfMemoryError", "CUDA out of memory on a node (lower mem_fraction_static)"),
+    (r"invalid device ordinal", "more ranks on a node than GPUs in its container (--gpus, --tp over --nnodes)"),
+    (r"Connection closed by peer|remote process exited or there was a network error|failed to recv, got 0 bytes",
+     "a node of the world went away, which ends the world on every node"),
+    (r"Scheduler hit an exception|Received sigquit from a child process", "a scheduler died and SGLang ended the server"),
+    (r"sglang serve: error:", "SGLang refused its command line"),
+]
+
+
+def profile_of(cluster: Cluster) -> SglangProfile:
+    return common.profile_of(cluster, SglangProfile)
+
+
+def container_name(cluster: Cluster, rid: str) -> str:
+    return f"{cluster.name}-{rid}"
+
+
+def env_file(cluster: Cluster, rid: str) -> str:
+    return f"{release_dir(cluster, rid)}/env"
+
+
+def server_args(cluster: Cluster, node: Node) -> list[str]:
+    """``python3 -m sglang.launch_server`` and its flags for ``node`` (SGLang's multi-node docs)."""
+    prof = profile_of(cluster)
+    rank = cluster.nodes.index(node)
+    args = ["python3", "-m", "sglang.launch_server", "--model-path", cluster.model.path, "--served-model-name", prof.served_model_name,
+            "--tp", str(prof.tp), "--dist-init-addr", f"{cluster.node0.ip}:{prof.dist_port}", "--nnodes", str(len(cluster.nodes)),
+            "--node-rank", str(rank), "--host", prof.host, "--port", str(prof.port)]
+    if prof.ep is not None:
+        args += ["--ep", str(prof.ep)]
+    if prof.enable_dp_attention:
+        args += ["--enable-dp-attention", "--dp", str(prof.dp)]
+    if prof.trust_remote_code:
+        args.append("--trust-remote-code")
+    if prof.reasoning_parser:
+        args += ["--reasoning-parser", prof.reasoning_parser]
+    if prof.enable_metrics:
+        args.append("--enable-metrics")
+    if prof.dist_timeout_s is not None:
+        args += ["--dist-timeout", str(prof.dist_timeout_s)]
+    if prof.mem_fraction_static is not None:
+        args += ["--mem-fraction-static", f"{prof.mem_fraction_static:g}"]
+    return args
+
+
+def docker_run_args(cluster: Cluster, node: Node, rid: str, image: str, stop_phase: int) -> list[str]:
+    """SGLang's multi-node ``docker run`` (``--gpus all --network host --ipc=host
+    --shm-size 32g -v ~/.cache/huggingface:...``), detached, named for the
+    cluster and release, with the release's environment file; logs are kept."""
+    prof = profile_of(cluster)
+    rank = cluster.nodes.index(node)
+    args = ["docker", "run", "-d", "--name", container_name(cluster, rid),
+            *containers.labels(cluster.name, rid, "world", cluster.role_of(node), stop_phase, node_rank=rank),
+            "--gpus", "all", "--network", "host", "--ipc=host", "--shm-size", prof.shm_size]
+    if prof.privileged:
+        args.append("--privileged")
+    args += ["-v", "/root/.cache:/root/.cache"]
+    for path in sorted({cluster.model.path, cluster.model.tokenizer_path}):
+        if not path.startswith("/root/.cache/"):
+            args += ["-v", f"{path}:{path}:ro"]
+    args += ["--env-file", env_file(cluster, rid), image]
+    return args + server_args(cluster, node)
+
+
+def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, rid: str) -> list[Service]:
+    """One world over ``nodes``: node 0's container first (it hosts the store), then the others."""
+    units = []
+    for n in nodes:
+        image = serving_image(cluster, n, prepared)
+        units.append(Unit(host=n.name, container=container_name(cluster, rid), role=cluster.role_of(n),
+                          order=0 if n is cluster.node0 else 1,
+                          show={"node_rank": cluster.nodes.index(n), "image": image,
+                                "container_command": shlex.join(docker_run_args(cluster, n, rid, image, entry["stop_phase"])),
+                                "serve_command": shlex.join(server_args(cluster, n))}))
+    return [Service(name=entry["name"], units=units, restart="group")]
+
+
+def entry_port(cluster: Cluster) -> int:
+    return profile_of(cluster).port
+
+
+def chat_request(model: str) -> dict:
+    """A chat with thinking on: the reasoning parser returns its reasoning part."""
+    return {"model": model, "messages": [{"role": "user", "content": CHAT_PROMPT}], "max_tokens": 1024,
+            "chat_template_kwargs": {"enable_thinking": True}}
+
+
+def probe(cluster: Cluster, name: str) -> Probe:
+    prof = profile_of(cluster)
+    host = cluster.node0.name
+    if name == "health":
+        return Probe(name="/health 200", kind="http", host=host, port=prof.port, path="/health")
+    if name == "models":
+        return Probe(name="/v1/models", kind="http", host=host, port=prof.port, path="/v1/models", check="models", arg=prof.served_model_name)
+    if name == "chat":
+        return Probe(name="chat check", kind="http", host=host, port=prof.port, method="POST", path="/v1/chat/completions",
+                     body=chat_request(prof.served_model_name), check="reasoning" if prof.reasoning_parser else "think")
+    raise LlmdeployError(f"playbooks/serve-{KIND}.yaml: {KIND} has no readiness probe {name!r} (health, models, chat)")
+
+
+def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | None) -> dict[str, dict[str, tuple[str, int]]]:
+    """Per host: env, serve.sh (the server's command, for people), run.sh, release.json."""
+    out = {}
+    for n in cluster.nodes:
+        u = plan.units(n.name)[0]
+        meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "role": u.role, "node_rank": u.show["node_rank"],
+                "container": u.container, "image": u.show["image"], "image_id": image_id, "system": plan.system,
+                "command": shlex.split(u.show["serve_command"])}
+        out[n.name] = {
+            "env": (commenv.render(cluster, n), commenv.env_mode(cluster)),
+            "serve.sh": (render("sglang/serve.sh.j2", command=u.show["serve_command"]), 0o755),
+            "run.sh": (render("run.sh.j2", what="this node's SGLang container", release=plan.release, host=n.name,
+                              command=u.show["container_command"]), 0o755),
+            "release.json": (json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644),
+        }
+    return out
+
+
+def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
+    from llmdeploy.report import mask, mask_env
+
+    nodes = []
+    for n in cluster.nodes:
+        u = plan.units(n.name)[0]
+        nodes.append({"host": n.name, "role": u.role, "node_rank": u.show["node_rank"],
+                      "env": mask_env(commenv.env_vars(cluster, n), secrets), "container": u.container, "image": u.show["image"],
+                      "container_command": mask(u.show["container_command"], secrets),
+                      "serve_command": mask(u.show["serve_command"], secrets)})
+    return {"nodes": nodes}
