@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import paramiko
 from fabric import Config, Connection
@@ -221,100 +221,157 @@ def _keyscan(host: str, port: int, key: paramiko.PKey, path: str) -> str:
     return f"ssh-keyscan {p}-t {_key_type(key)} {host} >> {path}"
 
 
+class _Target(NamedTuple):
+    """What the messages of :func:`_unreachable_reason` name of the connection
+    that could not be opened (placeholders when there is none)."""
+
+    conn: Connection | None
+    host: str
+    port: int
+    where: str
+    kwargs: dict
+    timeout: Any
+    after: str
+    known: list[str]
+
+    @classmethod
+    def of(cls, conn: Connection | None) -> "_Target":
+        host = conn.host if conn is not None else "?"
+        port = int(conn.port) if conn is not None and conn.port else 22
+        kwargs = dict(conn.connect_kwargs) if conn is not None else {}
+        timeout = kwargs.get("banner_timeout") or (conn.connect_timeout if conn is not None else None)
+        after = f" after {_secs(timeout)}" if timeout else ""
+        known = getattr(conn, "_llmdeploy_known_hosts", None) or ["known_hosts"]
+        return cls(conn, host, port, f"{host}:{port}", kwargs, timeout, after, known)
+
+
 def _unreachable_reason(exc: BaseException, conn: Connection | None = None) -> str:
     """One sentence for why ``conn`` could not be opened: what happened, where,
     and what to do about it. ``conn`` (when given) supplies the address, user,
-    keys, known_hosts and timeouts the message names."""
-    host = conn.host if conn is not None else "?"
-    port = int(conn.port) if conn is not None and conn.port else 22
-    where = f"{host}:{port}"
-    kwargs = dict(conn.connect_kwargs) if conn is not None else {}
-    timeout = kwargs.get("banner_timeout") or (conn.connect_timeout if conn is not None else None)
-    after = f" after {_secs(timeout)}" if timeout else ""
-    known = getattr(conn, "_llmdeploy_known_hosts", None) or ["known_hosts"]
-    known_text = " ".join(known)
+    keys, known_hosts and timeouts the message names.
 
+    The kinds of failure are asked in this order, the first that recognises
+    ``exc`` words it: host keys, authentication, reaching the host, the SSH
+    handshake; anything else is named by its type."""
+    target = _Target.of(conn)
+    for reason in (_host_key_reason, _auth_reason, _network_reason, _handshake_reason):
+        text = reason(exc, target)
+        if text is not None:
+            return text
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _host_key_reason(exc: BaseException, t: _Target) -> str | None:
+    """An unknown or a changed host key, with the commands that fix it."""
+    known_text = " ".join(t.known)
     if isinstance(exc, UnknownHostKey):
         entry = exc.hostname
         return (
             f"host key of {entry} is not in known_hosts ({known_text}): unknown host, refused. If this is the host you mean, "
-            f"add its key: {_keyscan(host, port, exc.key, known[0])} "
+            f"add its key: {_keyscan(t.host, t.port, exc.key, t.known[0])} "
             f"(check the fingerprint {exc.key.get_name()} {fingerprint(exc.key)} first, e.g. ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on its console)"
         )
     if isinstance(exc, paramiko.BadHostKeyException):
-        entry = _known_hosts_entry(exc.hostname, port)
+        entry = _known_hosts_entry(exc.hostname, t.port)
         return (
             f"host key of {entry} CHANGED: known_hosts ({known_text}) expects {_describe_key(exc.expected_key)}, "
             f"the host offered {_describe_key(exc.key)}; refused (a reinstalled host, or someone in the middle). "
-            f"If you verified the new key, remove the old one: ssh-keygen -R '{entry}' -f {known[0]}, "
-            f"then add the new one: {_keyscan(exc.hostname, port, exc.key, known[0])}"
+            f"If you verified the new key, remove the old one: ssh-keygen -R '{entry}' -f {t.known[0]}, "
+            f"then add the new one: {_keyscan(exc.hostname, t.port, exc.key, t.known[0])}"
         )
     if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
-        return f"{exc}: host key of {where} not known, refused (add it to {known[0]} with ssh-keyscan after checking its fingerprint)"
-    keys = [k for k in (kwargs.get("key_filename") or []) if k]
+        return f"{exc}: host key of {t.where} not known, refused (add it to {t.known[0]} with ssh-keyscan after checking its fingerprint)"
+    return None
+
+
+def _auth_reason(exc: BaseException, t: _Target) -> str | None:
+    """Authentication refused or timed out, or an identity file that cannot be
+    read (paramiko gives up at the first one): the keys tried, and why."""
+    keys = [k for k in (t.kwargs.get("key_filename") or []) if k]
     auth_missing = isinstance(exc, paramiko.SSHException) and "No authentication methods available" in str(exc)
     # paramiko gives up at the first identity file it cannot read
     key_unreadable = isinstance(exc, OSError) and getattr(exc, "filename", None) in keys
-    if isinstance(exc, paramiko.AuthenticationException) or auth_missing or key_unreadable:
-        user = conn.user if conn is not None else "?"
-        if "timeout" in str(exc).lower():
-            return f"timed out{after} during authentication as {user}@{where} (the server stopped answering)"
-        shown = ", ".join(k if os.path.exists(k) else f"{k} (missing)" for k in keys) or "no identity_file set"
-        others = " and ssh-agent/~/.ssh keys" if (kwargs.get("allow_agent") or kwargs.get("look_for_keys")) and not key_unreadable else ""
-        if key_unreadable:
-            why = f"cannot read the identity file: {exc.strerror} (check ssh.identity_file)"
-        elif isinstance(exc, paramiko.PasswordRequiredException):
-            why = "the key is encrypted and no passphrase was given"
-        elif isinstance(exc, paramiko.BadAuthenticationType):
-            why = f"the server allows only: {', '.join(exc.allowed_types) or 'nothing'}"
-        else:
-            why = f"the server accepted none of them: is the public key in {user}'s authorized_keys there?"
-        return f"authentication failed for {user}@{where} (key {shown}{others}): {why}"
+    if not (isinstance(exc, paramiko.AuthenticationException) or auth_missing or key_unreadable):
+        return None
+    user = t.conn.user if t.conn is not None else "?"
+    if "timeout" in str(exc).lower():
+        return f"timed out{t.after} during authentication as {user}@{t.where} (the server stopped answering)"
+    shown = ", ".join(k if os.path.exists(k) else f"{k} (missing)" for k in keys) or "no identity_file set"
+    others = " and ssh-agent/~/.ssh keys" if (t.kwargs.get("allow_agent") or t.kwargs.get("look_for_keys")) and not key_unreadable else ""
+    return f"authentication failed for {user}@{t.where} (key {shown}{others}): {_auth_why(exc, user, key_unreadable)}"
+
+
+def _auth_why(exc: BaseException, user: str, key_unreadable: bool) -> str:
+    """The end of the authentication message: why no key was accepted."""
+    if key_unreadable:
+        return f"cannot read the identity file: {exc.strerror} (check ssh.identity_file)"
+    if isinstance(exc, paramiko.PasswordRequiredException):
+        return "the key is encrypted and no passphrase was given"
+    if isinstance(exc, paramiko.BadAuthenticationType):
+        return f"the server allows only: {', '.join(exc.allowed_types) or 'nothing'}"
+    return f"the server accepted none of them: is the public key in {user}'s authorized_keys there?"
+
+
+def _network_reason(exc: BaseException, t: _Target) -> str | None:
+    """No SSH server reached: refused, no route, a name that does not
+    resolve, a TCP timeout, or a jump host that could not get through."""
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        parts = []
-        for addr, err in exc.errors.items():
-            a = f"{addr[0]}:{addr[1]}"
-            if err.errno == errno.ECONNREFUSED:
-                parts.append(f"connection refused by {a} (is sshd running there, on port {addr[1]}?)")
-            elif err.errno == errno.EHOSTUNREACH:
-                parts.append(f"no route to host {a} (host down, or a wrong address?)")
-            else:
-                parts.append(f"cannot connect to {a}: {err.strerror or err}")
-        return "; ".join(parts) or f"cannot connect to {where}"
+        return "; ".join(_refused_addresses(exc)) or f"cannot connect to {t.where}"
     if isinstance(exc, socket.gaierror):
-        return f"cannot resolve host name {host!r}: {exc.strerror or exc} (check the node's ssh_host and the ssh_config)"
+        return f"cannot resolve host name {t.host!r}: {exc.strerror or exc} (check the node's ssh_host and the ssh_config)"
     if isinstance(exc, (socket.timeout, TimeoutError)):
-        return f"TCP connect to {where} timed out{after} (nothing answered: the host is down, the address is wrong, or a firewall drops the packets)"
+        return f"TCP connect to {t.where} timed out{t.after} (nothing answered: the host is down, the address is wrong, or a firewall drops the packets)"
     if isinstance(exc, paramiko.ChannelException):
-        return f"the jump host could not open a connection to {where}: {exc.text or exc} (code {exc.code})"
-    if isinstance(exc, paramiko.SSHException) and "Timeout opening channel" in str(exc) and conn is not None and conn.gateway:
-        return f"the jump host did not connect to {where} within {_secs(kwargs.get('channel_timeout') or timeout)} (nothing answered behind it)"
+        return f"the jump host could not open a connection to {t.where}: {exc.text or exc} (code {exc.code})"
+    if isinstance(exc, paramiko.SSHException) and "Timeout opening channel" in str(exc) and t.conn is not None and t.conn.gateway:
+        return f"the jump host did not connect to {t.where} within {_secs(t.kwargs.get('channel_timeout') or t.timeout)} (nothing answered behind it)"
     if isinstance(exc, OSError) and not isinstance(exc, paramiko.SSHException):
         if exc.errno == errno.ENETUNREACH:
-            return f"network unreachable for {where} (no route on this machine)"
-        return f"cannot connect to {where}: {exc.strerror or exc}"
-    if isinstance(exc, (paramiko.SSHException, EOFError)):
-        transport = conn.client.get_transport() if conn is not None else None
-        version = getattr(transport, "remote_version", None)
-        text = str(exc)
-        cause = exc.__context__
-        timed_out = "No existing session" in text or "timed out" in text.lower() or isinstance(cause, (socket.timeout, TimeoutError))
-        closed = isinstance(exc, EOFError) or isinstance(cause, (EOFError, ConnectionResetError))
-        if not version:
-            if timed_out:
-                return f"timed out{after} during the SSH handshake with {where} (the host accepted the TCP connection but sent no SSH banner)"
-            if closed:
-                return (
-                    f"{where} accepted the TCP connection, then closed it before sending an SSH banner "
-                    "(sshd refusing connections: MaxStartups, tcp wrappers, a firewall; or not an SSH server)"
-                )
-            return f"SSH handshake with {where} failed before the server's banner: {text}"
+            return f"network unreachable for {t.where} (no route on this machine)"
+        return f"cannot connect to {t.where}: {exc.strerror or exc}"
+    return None
+
+
+def _refused_addresses(exc: paramiko.ssh_exception.NoValidConnectionsError) -> list[str]:
+    """One phrase per address paramiko tried and could not connect to."""
+    parts = []
+    for addr, err in exc.errors.items():
+        a = f"{addr[0]}:{addr[1]}"
+        if err.errno == errno.ECONNREFUSED:
+            parts.append(f"connection refused by {a} (is sshd running there, on port {addr[1]}?)")
+        elif err.errno == errno.EHOSTUNREACH:
+            parts.append(f"no route to host {a} (host down, or a wrong address?)")
+        else:
+            parts.append(f"cannot connect to {a}: {err.strerror or err}")
+    return parts
+
+
+def _handshake_reason(exc: BaseException, t: _Target) -> str | None:
+    """The TCP connection was up but the SSH handshake failed: before the
+    server's banner (timed out, closed) or during the key exchange after it."""
+    if not isinstance(exc, (paramiko.SSHException, EOFError)):
+        return None
+    transport = t.conn.client.get_transport() if t.conn is not None else None
+    version = getattr(transport, "remote_version", None)
+    text = str(exc)
+    cause = exc.__context__
+    timed_out = "No existing session" in text or "timed out" in text.lower() or isinstance(cause, (socket.timeout, TimeoutError))
+    closed = isinstance(exc, EOFError) or isinstance(cause, (EOFError, ConnectionResetError))
+    where, after = t.where, t.after
+    if not version:
         if timed_out:
-            return f"timed out{after} during the SSH key exchange with {where} (the server sent its banner {version!r}, then stopped answering)"
+            return f"timed out{after} during the SSH handshake with {where} (the host accepted the TCP connection but sent no SSH banner)"
         if closed:
-            return f"{where} ({version}) closed the connection during the SSH key exchange"
-        return f"SSH handshake with {where} ({version}) failed: {text}"
-    return f"{type(exc).__name__}: {exc}"
+            return (
+                f"{where} accepted the TCP connection, then closed it before sending an SSH banner "
+                "(sshd refusing connections: MaxStartups, tcp wrappers, a firewall; or not an SSH server)"
+            )
+        return f"SSH handshake with {where} failed before the server's banner: {text}"
+    if timed_out:
+        return f"timed out{after} during the SSH key exchange with {where} (the server sent its banner {version!r}, then stopped answering)"
+    if closed:
+        return f"{where} ({version}) closed the connection during the SSH key exchange"
+    return f"SSH handshake with {where} ({version}) failed: {text}"
 
 
 def _lost_detail(conn: Connection, exc: BaseException | None) -> str:
