@@ -454,55 +454,78 @@ def run_channel(transport: paramiko.Transport, command: str, timeout: float, std
     buffers: Fabric's ``Connection.run`` starts three more threads per command
     and polls every 10 ms (Invoke's ``input_sleep``)."""
     end = time.monotonic() + timeout
-    out: list[bytes] = []
-    err: list[bytes] = []
     try:
         chan = transport.open_session()
     except (paramiko.SSHException, OSError, EOFError, AttributeError) as exc:  # AttributeError: no transport
         raise _NotOpened(exc) from exc
     try:
         chan.exec_command(command)
-        data = memoryview(stdin or b"")
-        sent = 0
-        if not data:
-            chan.shutdown_write()
-        while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                _send_signal(chan, "TERM")
-                raise _TimedOut(b"".join(out).decode("utf-8", "replace"), b"".join(err).decode("utf-8", "replace"))
-            if sent < len(data):
-                while sent < len(data) and chan.send_ready():
-                    if chan.closed or chan.eof_received:  # the command ended without reading it all
-                        sent = len(data)
-                        break
-                    sent += chan.send(data[sent:sent + 32768])
-                if sent >= len(data) and not chan.closed:
-                    chan.shutdown_write()
-                # the window is full: read what came back, look again soon
-                chan.settimeout(0.005 if sent < len(data) else min(left, 1.0))
-            else:
-                chan.settimeout(min(left, 1.0))
-            try:
-                chunk = chan.recv(65536)
-            except socket.timeout:
-                chunk = None
-            while chan.recv_stderr_ready():
-                err.append(chan.recv_stderr(65536))
-            if chunk:
-                out.append(chunk)
-            elif chunk == b"":  # end of file (or closed): stderr came before it
-                break
-        while chan.recv_stderr_ready():
-            err.append(chan.recv_stderr(65536))
-        # the exit status follows the end of file; a channel closed without one is -1
-        while not chan.status_event.wait(0.05):
-            if chan.closed or time.monotonic() >= end:
-                break
-        code = chan.exit_status if chan.status_event.is_set() else -1
-        return b"".join(out).decode("utf-8", "replace"), b"".join(err).decode("utf-8", "replace"), code
+        out, err = _read_to_eof(chan, memoryview(stdin or b""), end)
+        code = _exit_status(chan, end)
+        return _decoded(out), _decoded(err), code
     finally:
         chan.close()
+
+
+def _decoded(chunks: list[bytes]) -> str:
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _read_to_eof(chan: paramiko.Channel, data: memoryview, end: float) -> tuple[list[bytes], list[bytes]]:
+    """Send ``data`` (then end of file) while reading stdout and stderr, until
+    the command's end of file; past ``end``: SIGTERM and :class:`_TimedOut`."""
+    out: list[bytes] = []
+    err: list[bytes] = []
+    sent = 0
+    if not data:
+        chan.shutdown_write()
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            _send_signal(chan, "TERM")
+            raise _TimedOut(_decoded(out), _decoded(err))
+        sent = _send_some(chan, data, sent, left)
+        try:
+            chunk = chan.recv(65536)
+        except socket.timeout:
+            chunk = None
+        while chan.recv_stderr_ready():
+            err.append(chan.recv_stderr(65536))
+        if chunk:
+            out.append(chunk)
+        elif chunk == b"":  # end of file (or closed): stderr came before it
+            break
+    while chan.recv_stderr_ready():
+        err.append(chan.recv_stderr(65536))
+    return out, err
+
+
+def _send_some(chan: paramiko.Channel, data: memoryview, sent: int, left: float) -> int:
+    """Send what of ``data`` (from ``sent`` on) the channel takes now, end of
+    file after the last byte; set how long the next read may wait. Returns how
+    much is sent by now."""
+    if sent < len(data):
+        while sent < len(data) and chan.send_ready():
+            if chan.closed or chan.eof_received:  # the command ended without reading it all
+                sent = len(data)
+                break
+            sent += chan.send(data[sent:sent + 32768])
+        if sent >= len(data) and not chan.closed:
+            chan.shutdown_write()
+        # the window is full: read what came back, look again soon
+        chan.settimeout(0.005 if sent < len(data) else min(left, 1.0))
+    else:
+        chan.settimeout(min(left, 1.0))
+    return sent
+
+
+def _exit_status(chan: paramiko.Channel, end: float) -> int:
+    """The exit status, which follows the end of file; a channel closed
+    without one (or ``end`` passed while waiting) is -1."""
+    while not chan.status_event.wait(0.05):
+        if chan.closed or time.monotonic() >= end:
+            break
+    return chan.exit_status if chan.status_event.is_set() else -1
 
 
 def _close_quietly(conn: Connection) -> None:
