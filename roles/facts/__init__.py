@@ -300,18 +300,50 @@ def parse_ibstat(text: str) -> list[dict]:
 def parse(cluster: Cluster, node: Node, stdout: str) -> dict:
     """Facts of one node from the script's output. Missing tools show as None."""
     s = split_sections(stdout)
+    cpu_nodes = parse_lscpu(_ok_text(s, "lscpu") or "")
+    facts: dict = {"host": node.name, "ip": str(node.ip), "nic_configured": node.nic}
+    facts.update(_host_facts(s, node, cpu_nodes))
+    if cluster.platform_info.vendor == "ascend":
+        accel = _npu_devices(s, cpu_nodes)
+        facts["accelerator"] = "npu"
+    else:
+        accel = _gpu_devices(s, cpu_nodes)
+        facts["accelerator"] = "gpu"
+        facts["ib_ports"] = parse_ibstat(_ok_text(s, "ibstat") or "") if _ok_text(s, "ibstat") is not None else None
+    unreadable = _unreadable(cluster, node, s, accel, facts)
+    if unreadable:
+        facts["unreadable"] = unreadable
+    for d in accel:
+        if d.get("cpu_affinity"):
+            d["cpu_list"] = d["cpu_affinity"]
+            d["cpu_affinity"] = _compact(d["cpu_affinity"])
+    facts["devices"] = accel
+    facts["devices_healthy"] = sum(1 for d in accel if d.get("health") == "OK")
+    facts["devices_expected"] = node.devices
+    facts["problems"] = _problems(cluster, node, facts)
+    return facts
+
+
+def _ok_text(s: dict[str, tuple[str, int | None]], name: str) -> str | None:
+    """Section ``name``'s output if its command succeeded, else None."""
+    v = s.get(name)
+    return v[0] if v and v[1] == 0 else None
+
+
+def _host_facts(s: dict[str, tuple[str, int | None]], node: Node, cpu_nodes: dict[int, int]) -> dict:
+    """What the host says of itself apart from its accelerators: OS, CPUs and
+    NUMA, memory, disks, listening ports, our containers, NICs, container
+    engine (in the order the facts show them)."""
 
     def text(name: str) -> str | None:
-        v = s.get(name)
-        return v[0] if v and v[1] == 0 else None
+        return _ok_text(s, name)
 
-    facts: dict = {"host": node.name, "ip": str(node.ip), "nic_configured": node.nic}
+    facts: dict = {}
     facts["hostname"] = (text("hostname") or "").strip() or None
     os_text = text("os") or ""
     m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', os_text, re.M)
     facts["os"] = m.group(1) if m else None
     facts["kernel"] = (text("kernel") or "").strip() or None
-    cpu_nodes = parse_lscpu(text("lscpu") or "")
     numa = parse_numactl(text("numactl") or "")
     facts["cpus"] = len(cpu_nodes) or None
     facts["numa_nodes"] = len(numa) or (len(set(cpu_nodes.values())) or None)
@@ -331,44 +363,41 @@ def parse(cluster: Cluster, node: Node, stdout: str) -> dict:
     dv = text("docker") or ""
     m = re.search(r"version ([^,\s]+)", dv)
     facts["container_engine"] = f"docker {m.group(1)}" if m else None
+    return facts
 
-    accel: list[dict] = []
-    if cluster.platform_info.vendor == "ascend":
-        accel = parse_npu_smi(text("npusmi") or "")
-        affinity = parse_topo_affinity(text("npusmi_topo") or "", "NPU")
-        for d in accel:
-            d["cpu_affinity"] = affinity.get(d["id"])
-            d["numa"] = _numa_of(d["cpu_affinity"], cpu_nodes)
-            ip_out = s.get(f"npu_ip {d['id']}")
-            m = re.search(r"ipaddr:\s*(\S+)", ip_out[0]) if ip_out and ip_out[1] == 0 else None
-            d["ip"] = m.group(1) if m else None
-        facts["accelerator"] = "npu"
-    else:
-        accel = parse_nvsmi(text("nvsmi") or "")
-        affinity = parse_topo_affinity(text("nvtopo") or "", "GPU")
-        for d in accel:
-            d["cpu_affinity"] = affinity.get(d["id"])
-            d["numa"] = _numa_of(d["cpu_affinity"], cpu_nodes)
-        facts["accelerator"] = "gpu"
-        facts["ib_ports"] = parse_ibstat(text("ibstat") or "") if text("ibstat") is not None else None
-    # what a device table or ibstat printed when it could not be read (or not all of it)
+
+def _npu_devices(s: dict[str, tuple[str, int | None]], cpu_nodes: dict[int, int]) -> list[dict]:
+    """The NPUs from ``npu-smi info``, each with its CPU affinity, NUMA node and ``hccn_tool`` IP."""
+    accel = parse_npu_smi(_ok_text(s, "npusmi") or "")
+    affinity = parse_topo_affinity(_ok_text(s, "npusmi_topo") or "", "NPU")
+    for d in accel:
+        d["cpu_affinity"] = affinity.get(d["id"])
+        d["numa"] = _numa_of(d["cpu_affinity"], cpu_nodes)
+        ip_out = s.get(f"npu_ip {d['id']}")
+        m = re.search(r"ipaddr:\s*(\S+)", ip_out[0]) if ip_out and ip_out[1] == 0 else None
+        d["ip"] = m.group(1) if m else None
+    return accel
+
+
+def _gpu_devices(s: dict[str, tuple[str, int | None]], cpu_nodes: dict[int, int]) -> list[dict]:
+    """The GPUs from ``nvidia-smi``, each with its CPU affinity and NUMA node."""
+    accel = parse_nvsmi(_ok_text(s, "nvsmi") or "")
+    affinity = parse_topo_affinity(_ok_text(s, "nvtopo") or "", "GPU")
+    for d in accel:
+        d["cpu_affinity"] = affinity.get(d["id"])
+        d["numa"] = _numa_of(d["cpu_affinity"], cpu_nodes)
+    return accel
+
+
+def _unreadable(cluster: Cluster, node: Node, s: dict[str, tuple[str, int | None]], accel: list[dict], facts: dict) -> dict[str, str]:
+    """What a device table or ibstat printed when it could not be read (or not all of it)."""
     unreadable: dict[str, str] = {}
     table, tool = ("npusmi", "npu-smi info") if cluster.platform_info.vendor == "ascend" else ("nvsmi", "nvidia-smi")
     if node.devices and len(accel) < node.devices:
         unreadable[tool] = _printed(s, table)
     if "ib_ports" in facts and not facts["ib_ports"]:
         unreadable["ibstat"] = _printed(s, "ibstat")
-    if unreadable:
-        facts["unreadable"] = unreadable
-    for d in accel:
-        if d.get("cpu_affinity"):
-            d["cpu_list"] = d["cpu_affinity"]
-            d["cpu_affinity"] = _compact(d["cpu_affinity"])
-    facts["devices"] = accel
-    facts["devices_healthy"] = sum(1 for d in accel if d.get("health") == "OK")
-    facts["devices_expected"] = node.devices
-    facts["problems"] = _problems(cluster, node, facts)
-    return facts
+    return unreadable
 
 
 def _printed(s: dict[str, tuple[str, int | None]], name: str) -> str:
