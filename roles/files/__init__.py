@@ -201,39 +201,58 @@ def puts_step(
     differ are sent; a host where none differs costs no round trip. ``then``:
     a script run in the same command once every file is written (its output
     in ``data["then"]``; its failure fails the host)."""
+    puts = _Puts(spec, check, diff, secrets, known, then)
+    return Step(name=name, build=puts.build, parse=puts.parse, stdin=puts.stdin, decide=puts.decide if known is not None else None)
 
-    # a node's files and those to send, worked out once per node: decide,
-    # build, stdin and parse all need them (the files may be rendered templates)
-    planned: dict[str, tuple[list, list]] = {}
 
-    def plan(node: Node) -> tuple[list[tuple[str, str | bytes, int]], list[tuple[int, tuple[str, str | bytes, int]]]]:
-        if node.name not in planned:
-            files = spec(node)
-            said = known(node) if known is not None else [None] * len(files)
-            planned[node.name] = (files, [(i, f) for i, f in enumerate(files) if not unchanged(said[i] if i < len(said) else None, f[1], f[2])])
-        return planned[node.name]
+class _Puts:
+    """The build, parse, stdin and decide of one :func:`puts_step` (its
+    arguments are theirs), sharing a node's files and those to send, worked
+    out once per node: all four need them (the files may be rendered
+    templates)."""
 
-    def todo(node: Node) -> list[tuple[int, tuple[str, str | bytes, int]]]:
-        return plan(node)[1]
+    def __init__(
+        self,
+        spec: Callable[[Node], list[tuple[str, str | bytes, int]]],
+        check: bool,
+        diff: bool,
+        secrets: list[str] | None,
+        known: Callable[[Node], list[str | None]] | None,
+        then: str | None,
+    ):
+        self.spec, self.check, self.diff, self.secrets, self.known, self.then = spec, check, diff, secrets, known, then
+        self.planned: dict[str, tuple[list, list]] = {}
 
-    def decide(node: Node) -> HostResult | None:
-        if todo(node):
+    def plan(self, node: Node) -> tuple[list[tuple[str, str | bytes, int]], list[tuple[int, tuple[str, str | bytes, int]]]]:
+        """The node's files, and those of them (with their index) that differ from what ``known`` says is there."""
+        if node.name not in self.planned:
+            files = self.spec(node)
+            said = self.known(node) if self.known is not None else [None] * len(files)
+            self.planned[node.name] = (files, [(i, f) for i, f in enumerate(files) if not unchanged(said[i] if i < len(said) else None, f[1], f[2])])
+        return self.planned[node.name]
+
+    def todo(self, node: Node) -> list[tuple[int, tuple[str, str | bytes, int]]]:
+        return self.plan(node)[1]
+
+    def decide(self, node: Node) -> HostResult | None:
+        if self.todo(node):
             return None
-        return HostResult(node.name, OK, msg=f"{', '.join(p for p, _, _ in plan(node)[0])} unchanged", data={"diff": ""})
+        return HostResult(node.name, OK, msg=f"{', '.join(p for p, _, _ in self.plan(node)[0])} unchanged", data={"diff": ""})
 
-    def build(node: Node) -> str | None:
+    def build(self, node: Node) -> str | None:
         parts = []
-        for i, (path, content, mode) in todo(node):
+        for i, (path, content, mode) in self.todo(node):
             size = len(stdin_payload(content))
             # not "( ... ) || exit": set -e is ignored in a subshell whose status is tested
-            parts.append(f"echo '{PART} {i}'\nhead -c {size} | (\n{put_script(path, None, mode, check=check, diff=diff, via_stdin=True)})\n"
+            parts.append(f"echo '{PART} {i}'\nhead -c {size} | (\n{put_script(path, None, mode, check=self.check, diff=self.diff, via_stdin=True)})\n"
                          'rc=$?; [ "$rc" -eq 0 ] || exit "$rc"')
-        if parts and then:
-            parts.append(f"echo '{THEN}'\n{then.rstrip()}")
+        if parts and self.then:
+            parts.append(f"echo '{THEN}'\n{self.then.rstrip()}")
         return "\n".join(parts) + "\n" if parts else None
 
-    def parse(node: Node, out: str, err: str, code: int) -> HostResult:
-        files = plan(node)[0]
+    def parse(self, node: Node, out: str, err: str, code: int) -> HostResult:
+        files = self.plan(node)[0]
+        then, secrets = self.then, self.secrets
         out, ran_then, then_out = out.partition(THEN + "\n") if then else (out, "", "")
         if then and code == 0 and not ran_then:
             code = 1  # the script did not get as far as ``then``
@@ -242,8 +261,8 @@ def puts_step(
             head, _, body = section.partition("\n")
             i = int(head.strip()) if head.strip().isdigit() else -1
             path = files[i][0] if 0 <= i < len(files) else "?"
-            results.append(parse_put(node, body, "", 0, check, secrets, path=path))
-        expected = len(todo(node))
+            results.append(parse_put(node, body, "", 0, self.check, secrets, path=path))
+        expected = len(self.todo(node))
         if code != 0 or len(results) < expected:
             done = [r.msg for r in results if not r.failed]
             said = mask((err.strip() or out.strip() or f"exit {code}").splitlines()[-1], secrets or [])
@@ -258,7 +277,5 @@ def puts_step(
             return HostResult(node.name, CHANGED, msg="; ".join(r.msg for r in changed), data=data)
         return HostResult(node.name, OK, msg="; ".join(r.msg for r in results), data=data)
 
-    def stdin(node: Node) -> bytes:
-        return b"".join(stdin_payload(content) for _, (_, content, _) in todo(node))
-
-    return Step(name=name, build=build, parse=parse, stdin=stdin, decide=decide if known is not None else None)
+    def stdin(self, node: Node) -> bytes:
+        return b"".join(stdin_payload(content) for _, (_, content, _) in self.todo(node))
