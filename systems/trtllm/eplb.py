@@ -94,26 +94,48 @@ def check_map(text: str, config: str) -> list[str]:
 
 
 def _check(text: str, config: str) -> tuple[list[str], dict | None]:
+    """Every problem of ``text`` as ``config``'s map, in the order a reader
+    meets them, and the parsed document (None when it is not even a mapping)."""
     want_layers = expected_layers(config)
     if want_layers is None:
         ht = [name for name, c in TRTLLM_CURATED.items() if c.eplb_layers]
         return [f"{config} takes no static EPLB map (only {', '.join(ht)})"], None
-    layer_note = (
-        f"the {QWEN38_MOE_LAYERS} MoE layers + the MTP layer"
-        if want_layers > QWEN38_MOE_LAYERS
-        else f"the {QWEN38_MOE_LAYERS} MoE layers of the target model"
-    )
+    doc, unreadable = _load(text)
+    if doc is None:
+        return [unreadable], None
 
+    problems = _field_problems(doc)
+    layers = doc.get("initial_global_assignments")
+    if layers is None:
+        problems.append(f"initial_global_assignments is missing: {want_layers} layers of {EPLB_NUM_SLOTS} expert ids each")
+        return problems, doc
+    if not isinstance(layers, dict):
+        problems.append(
+            f"initial_global_assignments must map a layer index to its {EPLB_NUM_SLOTS} expert ids, not a {type(layers).__name__}"
+        )
+        return problems, doc
+    problems.extend(_layer_key_problems(layers, config, want_layers))
+    for key, slots in layers.items():
+        problems.extend(_slot_problems(f"layer {key}", slots))
+    return problems, doc
+
+
+def _load(text: str) -> tuple[dict | None, str]:
+    """The map as a mapping, or None and why it is not one."""
     try:
         doc = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except _DuplicateKey as err:
-        return [str(err)], None
+        return None, str(err)
     except yaml.YAMLError as err:
-        return [f"not valid YAML: {' '.join(str(err).split())}"], None
+        return None, f"not valid YAML: {' '.join(str(err).split())}"
     if not isinstance(doc, dict):
         kind = f"a {type(doc).__name__}" if doc is not None else "empty"
-        return [f"the file must be a mapping with {', '.join(FIELDS)}, but it is {kind}"], None
+        return None, f"the file must be a mapping with {', '.join(FIELDS)}, but it is {kind}"
+    return doc, ""
 
+
+def _field_problems(doc: dict) -> list[str]:
+    """Unknown keys, num_slots and layer_updates_per_iter."""
     problems: list[str] = []
     for key in doc:
         if key not in FIELDS:
@@ -128,17 +150,18 @@ def _check(text: str, config: str) -> tuple[list[str], dict | None]:
     updates = doc.get("layer_updates_per_iter", 0)
     if not _is_int(updates) or updates != 0:
         problems.append(f"layer_updates_per_iter is {updates!r}; a static map needs 0 (anything else moves experts online)")
+    return problems
 
-    layers = doc.get("initial_global_assignments")
-    if layers is None:
-        problems.append(f"initial_global_assignments is missing: {want_layers} layers of {EPLB_NUM_SLOTS} expert ids each")
-        return problems, doc
-    if not isinstance(layers, dict):
-        problems.append(
-            f"initial_global_assignments must map a layer index to its {EPLB_NUM_SLOTS} expert ids, not a {type(layers).__name__}"
-        )
-        return problems, doc
 
+def _layer_key_problems(layers: dict, config: str, want_layers: int) -> list[str]:
+    """The layers of initial_global_assignments: how many, keys that are no
+    layer index or outside the range, and (with the right count) the missing ones."""
+    layer_note = (
+        f"the {QWEN38_MOE_LAYERS} MoE layers + the MTP layer"
+        if want_layers > QWEN38_MOE_LAYERS
+        else f"the {QWEN38_MOE_LAYERS} MoE layers of the target model"
+    )
+    problems: list[str] = []
     if len(layers) != want_layers:
         problems.append(f"{len(layers)} layers but {config} needs {want_layers} ({layer_note})")
     indices: list[int] = []
@@ -156,33 +179,36 @@ def _check(text: str, config: str) -> tuple[list[str], dict | None]:
         missing = sorted(set(range(want_layers)) - set(indices))
         if missing:
             problems.append(f"no assignment for layers {_ranges(missing)} (expected every layer 0..{want_layers - 1})")
+    return problems
 
-    for key, slots in layers.items():
-        label = f"layer {key}"
-        if not isinstance(slots, list):
-            problems.append(f"{label}: expected a list of {EPLB_NUM_SLOTS} expert ids, got {type(slots).__name__}")
-            continue
-        if len(slots) != EPLB_NUM_SLOTS:
-            problems.append(f"{label} has {len(slots)} slots, expected {EPLB_NUM_SLOTS}")
-        bad: list[str] = []
-        present: set[int] = set()
-        for slot, expert in enumerate(slots):
-            if not _is_int(expert):
-                bad.append(f"{label} slot {slot}: {expert!r} is not an integer expert id")
-            elif not 0 <= expert < EPLB_NUM_EXPERTS:
-                bad.append(f"{label} slot {slot}: expert id {expert} is outside 0..{EPLB_NUM_EXPERTS - 1}")
-            else:
-                present.add(expert)
-        problems.extend(bad[:_SHOWN_PER_LAYER])
-        if len(bad) > _SHOWN_PER_LAYER:
-            problems.append(f"{label}: {len(bad) - _SHOWN_PER_LAYER} more bad slots")
-        absent = sorted(set(range(EPLB_NUM_EXPERTS)) - present)
-        if absent and not bad:
-            problems.append(
-                f"{label} has no slot for expert{'s' if len(absent) > 1 else ''} {_ranges(absent)} "
-                f"(every expert 0..{EPLB_NUM_EXPERTS - 1} needs at least one)"
-            )
-    return problems, doc
+
+def _slot_problems(label: str, slots) -> list[str]:
+    """One layer's slots: their count, expert ids that are no integer or out
+    of range (the first few), and experts left without a slot."""
+    if not isinstance(slots, list):
+        return [f"{label}: expected a list of {EPLB_NUM_SLOTS} expert ids, got {type(slots).__name__}"]
+    problems: list[str] = []
+    if len(slots) != EPLB_NUM_SLOTS:
+        problems.append(f"{label} has {len(slots)} slots, expected {EPLB_NUM_SLOTS}")
+    bad: list[str] = []
+    present: set[int] = set()
+    for slot, expert in enumerate(slots):
+        if not _is_int(expert):
+            bad.append(f"{label} slot {slot}: {expert!r} is not an integer expert id")
+        elif not 0 <= expert < EPLB_NUM_EXPERTS:
+            bad.append(f"{label} slot {slot}: expert id {expert} is outside 0..{EPLB_NUM_EXPERTS - 1}")
+        else:
+            present.add(expert)
+    problems.extend(bad[:_SHOWN_PER_LAYER])
+    if len(bad) > _SHOWN_PER_LAYER:
+        problems.append(f"{label}: {len(bad) - _SHOWN_PER_LAYER} more bad slots")
+    absent = sorted(set(range(EPLB_NUM_EXPERTS)) - present)
+    if absent and not bad:
+        problems.append(
+            f"{label} has no slot for expert{'s' if len(absent) > 1 else ''} {_ranges(absent)} "
+            f"(every expert 0..{EPLB_NUM_EXPERTS - 1} needs at least one)"
+        )
+    return problems
 
 
 def load_map(path: str | Path, config: str) -> EplbMap:
