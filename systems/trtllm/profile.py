@@ -200,89 +200,18 @@ class TrtllmProfile(ServingProfile):
 
     @model_validator(mode="after")
     def _check_profile(self) -> "TrtllmProfile":
+        """Fill in the defaults that follow from the curated profile
+        (config_dir, ep), then refuse the profile with every problem at once."""
         if self.config_dir is None:
             self.config_dir = f"{self.trtllm_dir.rstrip('/')}/examples/configs/curated"
-        problems: list[tuple[str, str]] = []
         curated = TRTLLM_CURATED.get(self.config)
-        if curated is None:
-            problems.append(
-                ("config", f"{self.config!r} is not a curated profile; use one of: {', '.join(TRTLLM_CURATED)}")
-            )
-        else:
-            family_re = QWEN38_RE if curated.family == "Qwen3.8" else QWEN35_RE
-            if not family_re.search(self.served_model_name):
-                problems.append(
-                    ("served_model_name", f"{self.served_model_name!r} is not a {curated.family} model, "
-                     f"but {self.config} is tuned for {curated.checkpoint}")
-                )
-            elif curated.family == "Qwen3.8" and re.search(r"27b", self.served_model_name, re.IGNORECASE):
-                problems.append(
-                    ("served_model_name", f"{self.served_model_name!r} is the dense Qwen3.8-27B, "
-                     f"but {self.config} is tuned for {curated.checkpoint}")
-                )
-            if self.tp not in curated.tp:
-                allowed = " or ".join(f"TP{t}" for t in curated.tp)
-                problems.append(("tp", f"{self.config} runs {curated.checkpoint} at {allowed}, not TP{self.tp}"))
-            if self.ep is None and curated.ep is not None:
-                self.ep = self.tp if curated.ep == "tp" else 1
-            if curated.ep == "tp" and self.ep != self.tp:
-                problems.append(
-                    ("ep", f"moe_expert_parallel_size {self.ep} (profile.ep) disagrees with tensor_parallel_size {self.tp} "
-                     f"(profile.tp): {self.config} runs attention DP with EP = TP (seed 000: TP32/EP32)")
-                )
-
-        flat, bad = flatten_overrides(self.overrides)
-        problems += [(f"overrides.{where}", msg) for where, msg in bad]
-        for dotted, value in flat.items():
-            top = dotted.split(".", 1)[0]
-            if top in _PARALLEL_KEYS:
-                problems.append(
-                    (f"overrides.{dotted}", f"comes from profile.{_PARALLEL_KEYS[top]}; set that instead")
-                )
-            if dotted == "speculative_config.max_draft_len" and curated is not None:
-                if not curated.mtp:
-                    mtp = self.config.replace(".yaml", "-mtp3.yaml")
-                    hint = f" (use {mtp})" if mtp in TRTLLM_CURATED else ""
-                    problems.append(
-                        (f"overrides.{dotted}", f"{self.config} has no MTP speculative decoding{hint}")
-                    )
-                elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    problems.append((f"overrides.{dotted}", f"the MTP draft length must be an integer >= 1, not {value!r}"))
-            if self.eplb_map is not None and (dotted == "moe_config.load_balancer" or dotted.startswith("moe_config.load_balancer.")):
-                problems.append((f"overrides.{dotted}", "profile.eplb_map sets moe_config.load_balancer; set one, not both"))
-
-        if self.eplb_map_ep is not None and self.eplb_map is None:
-            problems.append(("eplb_map_ep", "is the EP of profile.eplb_map, which is not set"))
-        if self.eplb_map is not None and curated is not None and curated.high_throughput:
-            map_ep = self.eplb_map_ep or eplb_map_ep_from_name(self.eplb_map)
-            if map_ep is None:
-                problems.append(
-                    ("eplb_map", f"{self.eplb_map}: the expert-parallel size the placement was generated for is not known: "
-                     "name it in the file name (qwen3.8-ep32-static544.yaml, as the guide does) or set profile.eplb_map_ep")
-                )
-            elif map_ep != self.ep:
-                problems.append(
-                    ("eplb_map", f"{Path(self.eplb_map).name} is a placement for EP {map_ep}, but moe_expert_parallel_size "
-                     f"is {self.ep} (profile.ep, at tensor_parallel_size {self.tp}): a placement is specific to its EP "
-                     f"(seed 000: generate a new one when EP changes); use a map for EP {self.ep} or run TP{map_ep}/EP{map_ep}")
-                )
-            if self.ep is not None and EPLB_NUM_SLOTS % self.ep:
-                problems.append(("ep", f"EP {self.ep} does not divide the static map's {EPLB_NUM_SLOTS} slots"))
-        if self.eplb_map is not None and curated is not None:
-            if not curated.high_throughput:
-                ht = [name for name, c in TRTLLM_CURATED.items() if c.high_throughput]
-                problems.append(
-                    ("eplb_map", f"a static EPLB map goes with the high-throughput profiles ({', '.join(ht)}), not {self.config}")
-                )
-            else:
-                try:
-                    path = self.eplb_map_file()
-                    found = path.is_file()
-                except (OSError, RuntimeError) as exc:  # a name too long for the OS, a ~user that does not exist
-                    problems.append(("eplb_map", f"{self.eplb_map!r} is not a readable path: {exc}"))
-                else:
-                    if not found:
-                        problems.append(("eplb_map", f"{path} is not a file (relative paths are read from {inventory_dir()})"))
+        if curated is not None and self.ep is None and curated.ep is not None:
+            self.ep = self.tp if curated.ep == "tp" else 1
+        problems = [
+            *_curated_problems(self, curated),
+            *_override_problems(self, curated),
+            *_eplb_map_problems(self, curated),
+        ]
         if problems:
             raise ClusterProblems(problems)
         return self
@@ -325,6 +254,111 @@ class TrtllmProfile(ServingProfile):
         return {**self.node_env(cluster, node), **self.env}
 
 
+
+
+def _curated_problems(prof: TrtllmProfile, curated: CuratedProfile | None) -> list[tuple[str, str]]:
+    """A config that is no curated profile, or a model, TP or EP it is not tuned for."""
+    if curated is None:
+        return [("config", f"{prof.config!r} is not a curated profile; use one of: {', '.join(TRTLLM_CURATED)}")]
+    problems: list[tuple[str, str]] = []
+    family_re = QWEN38_RE if curated.family == "Qwen3.8" else QWEN35_RE
+    if not family_re.search(prof.served_model_name):
+        problems.append(
+            ("served_model_name", f"{prof.served_model_name!r} is not a {curated.family} model, "
+             f"but {prof.config} is tuned for {curated.checkpoint}")
+        )
+    elif curated.family == "Qwen3.8" and re.search(r"27b", prof.served_model_name, re.IGNORECASE):
+        problems.append(
+            ("served_model_name", f"{prof.served_model_name!r} is the dense Qwen3.8-27B, "
+             f"but {prof.config} is tuned for {curated.checkpoint}")
+        )
+    if prof.tp not in curated.tp:
+        allowed = " or ".join(f"TP{t}" for t in curated.tp)
+        problems.append(("tp", f"{prof.config} runs {curated.checkpoint} at {allowed}, not TP{prof.tp}"))
+    if curated.ep == "tp" and prof.ep != prof.tp:
+        problems.append(
+            ("ep", f"moe_expert_parallel_size {prof.ep} (profile.ep) disagrees with tensor_parallel_size {prof.tp} "
+             f"(profile.tp): {prof.config} runs attention DP with EP = TP (seed 000: TP32/EP32)")
+        )
+    return problems
+
+
+def _override_problems(prof: TrtllmProfile, curated: CuratedProfile | None) -> list[tuple[str, str]]:
+    """Overrides that do not flatten, that set what the profile's own fields
+    set (parallel sizes, the EPLB map), or an MTP draft length the profile
+    cannot take."""
+    flat, bad = flatten_overrides(prof.overrides)
+    problems = [(f"overrides.{where}", msg) for where, msg in bad]
+    for dotted, value in flat.items():
+        top = dotted.split(".", 1)[0]
+        if top in _PARALLEL_KEYS:
+            problems.append(
+                (f"overrides.{dotted}", f"comes from profile.{_PARALLEL_KEYS[top]}; set that instead")
+            )
+        if dotted == "speculative_config.max_draft_len" and curated is not None:
+            if not curated.mtp:
+                mtp = prof.config.replace(".yaml", "-mtp3.yaml")
+                hint = f" (use {mtp})" if mtp in TRTLLM_CURATED else ""
+                problems.append(
+                    (f"overrides.{dotted}", f"{prof.config} has no MTP speculative decoding{hint}")
+                )
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append((f"overrides.{dotted}", f"the MTP draft length must be an integer >= 1, not {value!r}"))
+        if prof.eplb_map is not None and (dotted == "moe_config.load_balancer" or dotted.startswith("moe_config.load_balancer.")):
+            problems.append((f"overrides.{dotted}", "profile.eplb_map sets moe_config.load_balancer; set one, not both"))
+    return problems
+
+
+def _eplb_map_problems(prof: TrtllmProfile, curated: CuratedProfile | None) -> list[tuple[str, str]]:
+    """profile.eplb_map and eplb_map_ep: set together, on a high-throughput
+    profile, for this EP, and naming a file on this machine."""
+    problems: list[tuple[str, str]] = []
+    if prof.eplb_map_ep is not None and prof.eplb_map is None:
+        problems.append(("eplb_map_ep", "is the EP of profile.eplb_map, which is not set"))
+    if prof.eplb_map is None or curated is None:
+        return problems
+    if curated.high_throughput:
+        problems += _eplb_ep_problems(prof)
+        problems += _eplb_file_problems(prof)
+    else:
+        ht = [name for name, c in TRTLLM_CURATED.items() if c.high_throughput]
+        problems.append(
+            ("eplb_map", f"a static EPLB map goes with the high-throughput profiles ({', '.join(ht)}), not {prof.config}")
+        )
+    return problems
+
+
+def _eplb_ep_problems(prof: TrtllmProfile) -> list[tuple[str, str]]:
+    """The map's EP (eplb_map_ep, else its file name) against the profile's,
+    and the profile's EP against the map's slots."""
+    problems: list[tuple[str, str]] = []
+    map_ep = prof.eplb_map_ep or eplb_map_ep_from_name(prof.eplb_map)
+    if map_ep is None:
+        problems.append(
+            ("eplb_map", f"{prof.eplb_map}: the expert-parallel size the placement was generated for is not known: "
+             "name it in the file name (qwen3.8-ep32-static544.yaml, as the guide does) or set profile.eplb_map_ep")
+        )
+    elif map_ep != prof.ep:
+        problems.append(
+            ("eplb_map", f"{Path(prof.eplb_map).name} is a placement for EP {map_ep}, but moe_expert_parallel_size "
+             f"is {prof.ep} (profile.ep, at tensor_parallel_size {prof.tp}): a placement is specific to its EP "
+             f"(seed 000: generate a new one when EP changes); use a map for EP {prof.ep} or run TP{map_ep}/EP{map_ep}")
+        )
+    if prof.ep is not None and EPLB_NUM_SLOTS % prof.ep:
+        problems.append(("ep", f"EP {prof.ep} does not divide the static map's {EPLB_NUM_SLOTS} slots"))
+    return problems
+
+
+def _eplb_file_problems(prof: TrtllmProfile) -> list[tuple[str, str]]:
+    """The map is a file on this machine (relative to the inventory directory)."""
+    try:
+        path = prof.eplb_map_file()
+        found = path.is_file()
+    except (OSError, RuntimeError) as exc:  # a name too long for the OS, a ~user that does not exist
+        return [("eplb_map", f"{prof.eplb_map!r} is not a readable path: {exc}")]
+    if not found:
+        return [("eplb_map", f"{path} is not a file (relative paths are read from {inventory_dir()})")]
+    return []
 
 
 def cluster_problems(prof: TrtllmProfile, cluster: Cluster) -> list[tuple[str, str]]:
