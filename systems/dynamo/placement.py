@@ -48,81 +48,76 @@ def dynamo_placement(profile: DynamoProfile, nodes: list[Node]) -> tuple[list[Dy
     """(workers, problems): the topology's workers placed on ``nodes`` (node 0
     first; it also runs the frontend, etcd and NATS), each its own MPI group of
     TP x PP ranks, one per GPU; DYN_SYSTEM_PORT 8081, 8082, ... in order.
-    Pure; the problems name the field or node."""
-    problems: list[tuple[str, str]] = []
+    Pure; the problems name the field or node.
+
+    Checked in stages, each only when the one before found nothing: the
+    number of profile.workers, the GPU layout, each worker's GPUs and ranks,
+    then ports and nodes left idle together."""
     topo = profile.topology_info
     specs = profile.worker_specs()
     explicit = profile.workers
     if explicit is not None and len(explicit) != len(specs):
         names = ", ".join(name for name, _, _ in specs)
-        problems.append(("profile.workers", f"{len(explicit)} entries but topology {topo.name} has {len(specs)} workers ({names})"))
-        return [], problems
+        return [], [("profile.workers", f"{len(explicit)} entries but topology {topo.name} has {len(specs)} workers ({names})")]
     per = [explicit[i] if explicit else DynamoWorker() for i in range(len(specs))]
+    layout, problems = _layout(profile, specs, per, nodes)
+    if problems:
+        return [], problems
+    workers, problems = _place_workers(profile, specs, per, layout, nodes)
+    if problems:
+        return [], problems
+    problems = _port_problems(profile, workers, per, nodes) + _idle_node_problems(profile, workers, nodes)
+    return (workers if not problems else []), problems
+
+
+def _layout(profile: DynamoProfile, specs: list, per: list[DynamoWorker], nodes: list[Node]) -> tuple[list[list[tuple[str, list[int]]]], list[tuple[str, str]]]:
+    """(GPUs per worker, problems): the masks of profile.workers when every
+    worker has one, else derived from the topology; a derived layout that
+    needs more nodes than the inventory has is a problem."""
+    topo = profile.topology_info
     given = [w.gpus is not None for w in per]
     spare = (nodes[0].devices if nodes else None) or PLATFORMS["gb300"].devices
     if any(given) and not all(given):
         i = given.index(False)
-        problems.append((f"profile.workers[{i}].gpus", "set gpus on every worker or on none (derived from the topology)"))
-        return [], problems
-
+        return [], [(f"profile.workers[{i}].gpus", "set gpus on every worker or on none (derived from the topology)")]
     if all(given) and per:
-        layout = [list((n, list(g)) for n, g in w.gpus.items()) for w in per]
-    else:
-        layout = _derive_gpus([p.gpus for _, p, _ in specs], nodes, spare)
-        virtual = sorted({n for parts in layout for n, _ in parts if n.startswith("+")})
-        if virtual:
-            need_nodes = len(nodes) + len(virtual)
-            need_gpus = sum(p.gpus for _, p, _ in specs)
-            have_gpus = sum(n.devices or 0 for n in nodes)
-            desc = f"{topo.prefill_replicas} x {topo.prefill_profile} + {topo.decode_replicas} x {topo.decode_profile}"
-            problems.append(
-                ("profile.topology",
-                 f"{topo.name} ({desc}) needs {need_nodes} nodes of {spare} GPUs ({need_gpus} GPUs in use) "
-                 f"but the inventory has {len(nodes)} node{'s' if len(nodes) != 1 else ''} ({have_gpus} GPUs)")
-            )
-            return [], problems
+        return [list((n, list(g)) for n, g in w.gpus.items()) for w in per], []
+    layout = _derive_gpus([p.gpus for _, p, _ in specs], nodes, spare)
+    virtual = sorted({n for parts in layout for n, _ in parts if n.startswith("+")})
+    if not virtual:
+        return layout, []
+    need_nodes = len(nodes) + len(virtual)
+    need_gpus = sum(p.gpus for _, p, _ in specs)
+    have_gpus = sum(n.devices or 0 for n in nodes)
+    desc = f"{topo.prefill_replicas} x {topo.prefill_profile} + {topo.decode_replicas} x {topo.decode_profile}"
+    return [], [
+        ("profile.topology",
+         f"{topo.name} ({desc}) needs {need_nodes} nodes of {spare} GPUs ({need_gpus} GPUs in use) "
+         f"but the inventory has {len(nodes)} node{'s' if len(nodes) != 1 else ''} ({have_gpus} GPUs)")
+    ]
 
+
+def _place_workers(
+    profile: DynamoProfile, specs: list, per: list[DynamoWorker], layout: list[list[tuple[str, list[int]]]], nodes: list[Node]
+) -> tuple[list[DynamoPlacedWorker], list[tuple[str, str]]]:
+    """(workers, problems): each worker on its GPUs, with its ranks, system
+    port and environment; a worker with a problem is left out."""
     by_name = {n.name: (i, n) for i, n in enumerate(nodes)}
     owner: dict[tuple[str, int], str] = {}
+    problems: list[tuple[str, str]] = []
     workers: list[DynamoPlacedWorker] = []
     for i, ((name, prof, replica), w, parts) in enumerate(zip(specs, per, layout)):
         field = f"profile.workers[{i}].gpus" if w.gpus is not None else "profile.topology"
-        ok = True
-        for node_name, gpus in parts:
-            if node_name not in by_name:
-                problems.append((f"{field}.{node_name}", f"no node named {node_name!r} (nodes: {', '.join(by_name)})"))
-                ok = False
-                continue
-            j, node = by_name[node_name]
-            if not gpus:
-                problems.append((f"{field}.{node_name}", f"{name} has no GPU on nodes[{j}] ({node_name})"))
-                ok = False
-            for g in gpus:
-                if g >= (node.devices or 0):
-                    problems.append((f"{field}.{node_name}", f"GPU {g} does not exist on nodes[{j}] ({node_name}), which has {node.devices} GPUs"))
-                    ok = False
-                elif owner.get((node_name, g)) == name:
-                    problems.append((f"{field}.{node_name}", f"GPU {g} is listed twice for {name}"))
-                    ok = False
-                elif (node_name, g) in owner:
-                    problems.append((f"{field}.{node_name}", f"{name}'s GPU mask overlaps {owner[(node_name, g)]}: GPU {g} on nodes[{j}] ({node_name})"))
-                    ok = False
-                else:
-                    owner[(node_name, g)] = name
+        gpu_problems = _gpu_problems(name, field, parts, by_name, owner)
+        problems += gpu_problems
+        ok = not gpu_problems
         ranks = sum(len(g) for _, g in parts)
         pp = 1
         if ranks != prof.tp * pp:
             problems.append((field, f"{name} ({prof.name}) has {ranks} ranks (GPUs) but runs TP {prof.tp} x PP {pp} = {prof.tp * pp}"))
             ok = False
         port = w.system_port if w.system_port is not None else profile.system_port_base + i
-        env: dict[str, str] = {"DYN_SYSTEM_PORT": str(port)}
-        if prof.role == "prefill":
-            env["CUDA_SCALE_LAUNCH_QUEUES"] = "4x"
-            env["TRTLLM_SKIP_KV_CACHE_ESTIMATION"] = "1"
-        if topo.colocated:
-            env["TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL"] = "1"
-        env.update(profile.worker_env)
-        env.update(w.env)
+        env = _worker_env(profile, prof.role, w, port)
         if ok:
             workers.append(
                 DynamoPlacedWorker(
@@ -130,9 +125,54 @@ def dynamo_placement(profile: DynamoProfile, nodes: list[Node]) -> tuple[list[Dy
                     pp=pp, ranks=ranks, nodes=[(n, list(g)) for n, g in parts], system_port=port, env=env,
                 )
             )
-    if problems:
-        return [], problems
+    return workers, problems
 
+
+def _gpu_problems(
+    name: str, field: str, parts: list[tuple[str, list[int]]], by_name: dict[str, tuple[int, Node]], owner: dict[tuple[str, int], str]
+) -> list[tuple[str, str]]:
+    """Worker ``name``'s GPUs: on a node of the inventory, existing there, not
+    listed twice, not another worker's. ``owner`` (node, GPU) -> worker is
+    filled in with the GPUs that pass."""
+    problems: list[tuple[str, str]] = []
+    for node_name, gpus in parts:
+        if node_name not in by_name:
+            problems.append((f"{field}.{node_name}", f"no node named {node_name!r} (nodes: {', '.join(by_name)})"))
+            continue
+        j, node = by_name[node_name]
+        if not gpus:
+            problems.append((f"{field}.{node_name}", f"{name} has no GPU on nodes[{j}] ({node_name})"))
+        for g in gpus:
+            if g >= (node.devices or 0):
+                problems.append((f"{field}.{node_name}", f"GPU {g} does not exist on nodes[{j}] ({node_name}), which has {node.devices} GPUs"))
+            elif owner.get((node_name, g)) == name:
+                problems.append((f"{field}.{node_name}", f"GPU {g} is listed twice for {name}"))
+            elif (node_name, g) in owner:
+                problems.append((f"{field}.{node_name}", f"{name}'s GPU mask overlaps {owner[(node_name, g)]}: GPU {g} on nodes[{j}] ({node_name})"))
+            else:
+                owner[(node_name, g)] = name
+    return problems
+
+
+def _worker_env(profile: DynamoProfile, role: str, w: DynamoWorker, port: int) -> dict[str, str]:
+    """A worker's environment: its DYN_SYSTEM_PORT, what its role and a
+    colocated topology need, then the profile's worker_env and its own env."""
+    env: dict[str, str] = {"DYN_SYSTEM_PORT": str(port)}
+    if role == "prefill":
+        env["CUDA_SCALE_LAUNCH_QUEUES"] = "4x"
+        env["TRTLLM_SKIP_KV_CACHE_ESTIMATION"] = "1"
+    if profile.topology_info.colocated:
+        env["TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL"] = "1"
+    env.update(profile.worker_env)
+    env.update(w.env)
+    return env
+
+
+def _port_problems(profile: DynamoProfile, workers: list[DynamoPlacedWorker], per: list[DynamoWorker], nodes: list[Node]) -> list[tuple[str, str]]:
+    """Each worker's system port on its rank-0 node: a valid port, its own,
+    and not one of node 0's services."""
+    by_name = {n.name: (i, n) for i, n in enumerate(nodes)}
+    problems: list[tuple[str, str]] = []
     # ports: node 0's services, then each worker's system port on its rank-0 node
     used_ports: dict[tuple[str, int], str] = {}
     if nodes:
@@ -154,9 +194,14 @@ def dynamo_placement(profile: DynamoProfile, nodes: list[Node]) -> tuple[list[Dy
         else:
             used_ports[key] = field
         seen_ports.setdefault(w.system_port, w.name)
+    return problems
 
-    # every node runs something
+
+def _idle_node_problems(profile: DynamoProfile, workers: list[DynamoPlacedWorker], nodes: list[Node]) -> list[tuple[str, str]]:
+    """Every node but node 0 (which runs the frontend, etcd and NATS) runs a worker."""
+    topo = profile.topology_info
     busy = {n for w in workers for n in w.node_names}
+    problems: list[tuple[str, str]] = []
     for j, n in enumerate(nodes):
         if n.name not in busy and j != 0:
             problems.append(
@@ -164,6 +209,4 @@ def dynamo_placement(profile: DynamoProfile, nodes: list[Node]) -> tuple[list[Dy
                  f"topology {topo.name} places no worker on this node (it uses {len(busy | {nodes[0].name})} of "
                  f"{len(nodes)} nodes): remove it or choose a larger topology")
             )
-    return (workers if not problems else []), problems
-
-
+    return problems
