@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from flows import deploy as dep
 from flows.engine import Engine, Outcome, unit_key, who
-from flows.probes import CHECKS, http_via_ssh
+from flows.probes import body_problem, http_via_ssh
 from llmdeploy import lock, report
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
@@ -485,10 +485,7 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool) -> i
                 code, body = http_via_ssh(runner, cluster.node(p.host), p.port, p.method, p.path, p.body, 10, p.headers, dest=p.ip)
                 health = code
                 if code == p.status:
-                    try:
-                        health_problem = CHECKS[p.check](body, p.arg)
-                    except (ValueError, KeyError, AttributeError, TypeError, RecursionError) as exc:
-                        health_problem = f"unreadable answer ({type(exc).__name__}): {body[:200]!r}"
+                    health_problem = body_problem(p, body)
             except Exception as exc:  # any way the endpoint can be down
                 health = f"unreachable ({type(exc).__name__})"
     rows, doc, bad = [], {}, plan is None

@@ -139,32 +139,35 @@ def _prometheus(body: bytes, _: str) -> str | None:
     return None
 
 
-def _dynamo_health(body: bytes, arg: str) -> str | None:
-    """Dynamo's frontend answers 200 even when unhealthy: the body must say
-    healthy and list every expected worker. ``arg``: JSON list of the
-    expected instances, each {"name", "host", "port"}."""
-    doc = json.loads(body)
-    want = json.loads(arg) if arg else []
-    have = [i for i in (doc.get("instances") or []) if isinstance(i, dict)]
-    # instances name their component (prefill, decode, ...): count them per role
-    missing = []
-    for role in sorted({w.get("role", "") for w in want} - {""}):
-        expected = [w["name"] for w in want if w.get("role") == role]
-        found = sum(1 for i in have if role in str(i.get("component", "")))
-        if found < len(expected):
-            missing.append(f"{len(expected) - found} of {len(expected)} {role} ({', '.join(expected)})")
-    gone = f"; missing {'; '.join(missing)}" if missing else ""
-    if doc.get("status") != "healthy":
-        return f"says {doc.get('status')!r}: {doc.get('message') or ''} ({len(have)} of {len(want)} workers registered{gone})"
-    if missing or len(have) < len(want):
-        return f"lists {len(have)} of {len(want)} workers{gone}"
-    return None
-
-
+# the generic checks; a serving system adds its own (systems.probe_checks: e.g. a
+# frontend's health document), under the names its plans (and plan.json files) use
 CHECKS: dict[str, Callable[[bytes, str], str | None]] = {
     "": _any, "models": _models, "think": _think, "reasoning": _reasoning, "answer": _answer,
-    "json": _json_field, "metric": _metric, "prometheus": _prometheus, "dynamo_health": _dynamo_health,
+    "json": _json_field, "metric": _metric, "prometheus": _prometheus,
 }
+
+
+def check_named(name: str) -> Callable[[bytes, str], str | None] | None:
+    """The body check a probe names: a generic one, or one a serving system adds; None if none has that name."""
+    import systems
+
+    return CHECKS.get(name) or systems.probe_checks().get(name)
+
+
+def unknown_check(name: str) -> str:
+    return f"names the readiness check {name!r}, which neither this tool nor any of its serving systems defines"
+
+
+def body_problem(p: Probe, body: bytes) -> str | None:
+    """What the probe's body check says of ``body`` (None: passes), for a
+    reader that shows it without the probe's description (status)."""
+    check = check_named(p.check)
+    if check is None:
+        return unknown_check(p.check)
+    try:
+        return check(body, p.arg)
+    except UNREADABLE as exc:
+        return f"unreadable answer ({type(exc).__name__}): {body[:200]!r}"
 
 
 def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | None:
@@ -175,8 +178,11 @@ def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | No
         return f"{p.describe()}: {type(exc).__name__}: {exc}"
     if status != p.status:
         return f"{p.describe()} answered {status}: {body[:200]!r}"
+    check = check_named(p.check)
+    if check is None:
+        return f"{p.describe()} {unknown_check(p.check)}"
     try:
-        problem = CHECKS[p.check](body, p.arg)
+        problem = check(body, p.arg)
     except UNREADABLE as exc:
         return f"{p.describe()}: unreadable answer ({type(exc).__name__}: {exc}): {body[:200]!r}"
     return f"{p.describe()} {problem}" if problem else None

@@ -16,16 +16,28 @@ know is data:
 - units start in ``order`` within a service (an MPI world's holders before
   its launcher); services stop in reverse start order.
 
+The plan also carries what the commands after a deploy need from the
+serving system, so that status, stop, restart and rollback of a release
+work from its own ``plan.json`` and never from today's code: the shell
+clean-up after its containers stopped, its failure signatures, the labels
+its tables give ``show`` keys and roles, and the environment prefixes
+``status --diff`` compares. A plan.json written before a field existed lacks
+it; ``absent`` names those fields (``systems.read_plan`` fills them).
+
 Everything here is plain data and pure functions: no connection is opened.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal
 
 RestartPolicy = Literal["each", "group", "none"]
+
+# what the system contributes to a plan for later commands (systems.declared);
+# a plan.json written by an earlier version may lack any of them
+DECLARED = ("stop_cleanup", "drift_env_prefixes", "signatures", "show_labels", "role_labels")
 
 
 @dataclass
@@ -108,8 +120,16 @@ class ReleasePlan:
     stop_cleanup: str = ""
     # container environment prefixes that status --diff compares
     drift_env_prefixes: list[str] = field(default_factory=list)
+    # the system's failure signatures (regular expression, reason), tried on an exited unit's log
+    signatures: list[tuple[str, str]] = field(default_factory=list)
+    # the column label of each ``Unit.show`` key that tables show, in order ({"start_rank": "start rank"})
+    show_labels: dict[str, str] = field(default_factory=dict)
+    # how messages name a unit of a role ({"node0": "node 0"}); else the role, else its service
+    role_labels: dict[str, str] = field(default_factory=dict)
     # release files per host: name -> (content, mode); not part of plan.json
     files: dict[str, dict[str, tuple[str, int]]] = field(default_factory=dict, repr=False)
+    # DECLARED fields the plan.json read lacked (written by an earlier version); not part of plan.json
+    absent: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     # -- views -------------------------------------------------------------------------
     def service(self, name: str) -> Service:
@@ -135,10 +155,23 @@ class ReleasePlan:
         """0 is stopped first: the reverse of the start order."""
         return len(self.services) - 1 - self.services.index(service)
 
+    def name_of(self, unit: Unit) -> str:
+        """How messages name a unit: its role's label, its role, or its service."""
+        return self.role_labels.get(unit.role, unit.role) or self.service_of(unit).name
+
+    def shown(self, unit: Unit) -> list[tuple[str, Any]]:
+        """(label, value) of each ``show`` key the tables show that ``unit`` has."""
+        return [(label, unit.show[key]) for key, label in self.show_labels.items() if unit.show.get(key) is not None]
+
+    def shown_text(self, unit: Unit) -> str:
+        """``shown`` as words: "start rank 3", "ranks 0-7 (8 here)", or ""."""
+        return ", ".join(f"{label} {value}" for label, value in self.shown(unit))
+
     # -- (de)serialisation: plan.json in every release -----------------------------------
     def to_json(self) -> str:
         doc = asdict(self)
         doc.pop("files")
+        doc.pop("absent")
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -165,7 +198,31 @@ class ReleasePlan:
             ready=[Probe(**p) for p in doc.get("ready") or []],
             stop_cleanup=doc.get("stop_cleanup", ""),
             drift_env_prefixes=list(doc.get("drift_env_prefixes") or []),
+            signatures=[(str(p), str(r)) for p, r in doc.get("signatures") or []],
+            show_labels=dict(doc.get("show_labels") or {}),
+            role_labels=dict(doc.get("role_labels") or {}),
+            absent=tuple(k for k in DECLARED if k not in doc),
         )
+
+    def with_release(self, placeholder: str, rid: str) -> "ReleasePlan":
+        """This plan with every ``placeholder`` in it (the release id it was
+        built with) replaced by ``rid``: in every string of every unit, probe,
+        file and field. Pure: the plan is not changed."""
+        return _swap(self, placeholder, rid)
+
+
+def _swap(value: Any, old: str, new: str) -> Any:
+    """``value`` with ``old`` replaced by ``new`` in every string it holds,
+    keys included; containers and dataclasses keep their types."""
+    if isinstance(value, str):
+        return value.replace(old, new)
+    if isinstance(value, dict):
+        return {_swap(k, old, new): _swap(v, old, new) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_swap(v, old, new) for v in value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(value, **{f.name: _swap(getattr(value, f.name), old, new) for f in fields(value) if f.init})
+    return value
 
 
 def order_services(services: list[Service]) -> list[Service]:

@@ -154,10 +154,22 @@ class ServingSystem(Protocol):
     (``playbooks/serve-<kind>.yaml``: name, hosts, after, restart, ...) on
     ``nodes``; ``probe`` the readiness probes the playbook's ``ready`` names;
     ``files`` every file of the release per host ({host: {name: (text, mode)}});
-    ``check_doc`` what ``deploy --check --json`` shows per node;
-    ``old_release_plan`` the plan of a release this system wrote before
-    plan.json existed (None when it never did); ``upgrade_plan`` fills into a
-    plan.json written by an earlier version what that version did not record."""
+    ``check_doc`` what ``deploy --check --json`` shows per node.
+
+    What it declares goes into every plan it builds (``systems.declared``):
+    ``STOP_CLEANUP`` (``rm -f`` of absolute paths, run on every node after a
+    stop; the flows refuse any other shape read back), ``SIGNATURES``,
+    ``DRIFT_ENV_PREFIXES``, ``LABELS`` (the column each ``Unit.show`` key
+    gets in tables) and, optionally, ``ROLE_LABELS`` (how messages name a
+    unit of a role, e.g. {"node0": "node 0"}). A plan.json written by an
+    earlier version that lacks some of them gets them from these
+    declarations (``systems.read_plan``).
+
+    Optional: ``PROBE_CHECKS`` ({name: check(body, arg) -> problem or None},
+    readiness body checks its probes name, resolved by ``flows.probes``
+    after the generic ones) and ``old_release_plan(cluster, rid, metas)``,
+    the plan of a release this system wrote before plan.json existed, from
+    every node's release.json (None for a release it did not write)."""
 
     KIND: str
     PROFILE: type[ServingProfile]

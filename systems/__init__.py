@@ -6,8 +6,10 @@ Registering one is one line in ``SYSTEMS`` below.
 
 The start order of each is a playbook, ``playbooks/serve-<kind>.yaml``; its
 package builds the units and probes the playbook names. The flows call only
-the generic functions here (:func:`build`, :func:`check_doc`, ...); nothing
-outside ``systems/`` knows a system by name.
+the generic functions here (:func:`build`, :func:`check_doc`,
+:func:`read_plan`: a release's plan from its own files, old releases
+included, :func:`probe_checks`, ...); nothing outside ``systems/`` knows a
+system by name.
 """
 
 from __future__ import annotations
@@ -101,10 +103,64 @@ def build(cluster: Cluster, prepared: dict[str, dict], rid: str, image_id: str |
     for name in pb.get("ready", []):
         p = mod.probe(cluster, name)
         plan.ready += p if isinstance(p, list) else [p]
-    plan.stop_cleanup = mod.STOP_CLEANUP
-    plan.drift_env_prefixes = list(mod.DRIFT_ENV_PREFIXES)
+    for key, value in declared(kind, cluster).items():
+        setattr(plan, key, value)
     plan.files = mod.files(cluster, plan, prepared, image_id)
     return plan
+
+
+def declared(kind: str, cluster: Cluster) -> dict:
+    """What a system gives every plan for the commands after a deploy (the
+    fields ``releaseplan.DECLARED``): its clean-up after stop, the environment
+    prefixes ``status --diff`` compares, its failure signatures, and the
+    labels tables give its ``show`` keys and roles."""
+    mod = module_for(kind)
+    return {
+        "stop_cleanup": mod.STOP_CLEANUP,
+        "drift_env_prefixes": list(mod.DRIFT_ENV_PREFIXES),
+        "signatures": signatures(kind, cluster),
+        "show_labels": dict(mod.LABELS),
+        "role_labels": dict(getattr(mod, "ROLE_LABELS", {})),
+    }
+
+
+def read_plan(cluster: Cluster, rid: str, plan_text: str, metas: dict[str, dict]) -> ReleasePlan:
+    """A release's plan from its own files on the nodes: its ``plan.json``
+    (``plan_text``), whose fields an earlier version did not write are filled
+    from what the release's system declares; or, for a release written before
+    plans were recorded (no plan.json), the plan the system that wrote it reads
+    from every node's ``release.json`` (``metas``: host -> its content; each
+    registered system's ``old_release_plan`` is asked, the first that knows
+    the release answers). A plan.json that is not JSON raises ValueError,
+    KeyError or TypeError (the caller says where it read it)."""
+    if plan_text.strip():
+        plan = ReleasePlan.from_json(plan_text)
+        if plan.absent:
+            if plan.system not in SYSTEMS:
+                raise LlmdeployError(f"release {rid}: its plan.json lacks {', '.join(plan.absent)}, which only its system "
+                                     f"{plan.system!r} could give, and this tool has no such system (it has: {', '.join(SYSTEMS)})")
+            have = declared(plan.system, cluster)
+            for key in plan.absent:
+                setattr(plan, key, have[key])
+        return plan
+    for kind in SYSTEMS:
+        reader = getattr(module_for(kind), "old_release_plan", None)
+        plan = reader(cluster, rid, metas) if reader else None
+        if plan is not None:
+            for key, value in declared(plan.system, cluster).items():
+                setattr(plan, key, value)
+            return plan
+    raise LlmdeployError(f"release {rid} has no plan.json on {cluster.node0.name}, and no serving system of this tool "
+                         f"({', '.join(SYSTEMS)}) reads it from its release.json files")
+
+
+def probe_checks() -> dict:
+    """The readiness body checks the systems add to the generic ones
+    (``flows.probes``): each module's ``PROBE_CHECKS``, name -> check(body, arg)."""
+    out: dict = {}
+    for kind in SYSTEMS:
+        out.update(getattr(module_for(kind), "PROBE_CHECKS", {}))
+    return out
 
 
 def signatures(kind: str, cluster: Cluster | None = None) -> list[tuple[str, str]]:

@@ -57,7 +57,7 @@ from . import workers as dynamo
 from .profile import KIND, DynamoProfile
 
 PROFILE = DynamoProfile
-LABELS: dict[str, str] = {}
+LABELS: dict[str, str] = {"ranks": "ranks"}
 
 PROFILE_ENV = "qwen3.5-gb300-agentic.env"
 SESSION_ID = "qwen35-example-session"
@@ -332,6 +332,32 @@ def probe(cluster: Cluster, name: str) -> Probe | list[Probe]:
         return [Probe(name=f"{w.name} /metrics", kind="http", host=w.rank0_node, port=w.system_port, path="/metrics", check="prometheus")
                 for w in workers]
     raise KeyError(f"dynamo has no readiness probe {name!r}")
+
+
+def frontend_health(body: bytes, arg: str) -> str | None:
+    """The frontend answers 200 even when unhealthy: the body must say
+    healthy and list every expected worker. ``arg``: JSON list of the
+    expected instances, each {"name", "role", "host", "port"}."""
+    doc = json.loads(body)
+    want = json.loads(arg) if arg else []
+    have = [i for i in (doc.get("instances") or []) if isinstance(i, dict)]
+    # instances name their component (prefill, decode, ...): count them per role
+    missing = []
+    for role in sorted({w.get("role", "") for w in want} - {""}):
+        expected = [w["name"] for w in want if w.get("role") == role]
+        found = sum(1 for i in have if role in str(i.get("component", "")))
+        if found < len(expected):
+            missing.append(f"{len(expected) - found} of {len(expected)} {role} ({', '.join(expected)})")
+    gone = f"; missing {'; '.join(missing)}" if missing else ""
+    if doc.get("status") != "healthy":
+        return f"says {doc.get('status')!r}: {doc.get('message') or ''} ({len(have)} of {len(want)} workers registered{gone})"
+    if missing or len(have) < len(want):
+        return f"lists {len(have)} of {len(want)} workers{gone}"
+    return None
+
+
+# the readiness body checks this system adds (systems.probe_checks); plan.json files name them
+PROBE_CHECKS = {"dynamo_health": frontend_health}
 
 
 def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | None) -> dict[str, dict[str, tuple[str, int]]]:

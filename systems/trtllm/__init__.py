@@ -38,7 +38,7 @@ from . import eplb
 from .profile import KIND, TrtllmProfile
 
 PROFILE = TrtllmProfile
-LABELS: dict[str, str] = {}
+LABELS: dict[str, str] = {"ranks": "ranks"}
 
 CHAT_PROMPT = "Where is New York?"
 STOP_CLEANUP = ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
@@ -30,6 +31,8 @@ LABELS = {"start_rank": "start rank"}
 CHAT_PROMPT = "Write a Python function to merge two sorted linked lists."
 STOP_CLEANUP = "rm -f /dev/shm/moe_* 2>/dev/null; true\n"
 DRIFT_ENV_PREFIXES = ["HCCL_", "GLOO_", "TP_", "VLLM_", "ASCEND_"]
+# how messages name a unit of node 0's role
+ROLE_LABELS = {"node0": "node 0"}
 # vLLM's DP handshake and vllm-ascend failures (shared/DOMAIN.md), most specific first
 SIGNATURES: list[tuple[str, str]] = [
     (r"HcclCommInitRootInfo failed|socket ifname \S+ has no ip",
@@ -141,3 +144,32 @@ def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
             "serve_command": mask(u.show["serve_command"], secrets),
         })
     return {"nodes": nodes}
+
+
+def old_release_plan(cluster: Cluster, rid: str, metas: dict[str, dict]) -> ReleasePlan | None:
+    """The plan of a release written before plans were recorded (only this
+    system existed then; its release.json files name no other): one container
+    per node, node 0 first (its DP RPC port gates the workers), then the
+    workers; ready as today. None for a release of another system."""
+    if not metas or any(m.get("system", KIND) != KIND for m in metas.values()):
+        return None
+    lacking = [n.name for n in cluster.nodes if not isinstance(metas.get(n.name, {}).get("container"), str)]
+    if lacking:
+        raise LlmdeployError(f"release {rid} (written before plans were recorded): no container named in the release.json "
+                             f"of {', '.join(lacking)}")
+    prof, node0 = cluster.profile, cluster.node0
+
+    def unit(n: Node, role: str) -> Unit:
+        return Unit(host=n.name, container=metas[n.name]["container"], role=role, show={"start_rank": metas[n.name].get("start_rank")})
+
+    gate = Probe(name="the DP RPC port", kind="port", host=node0.name, ip=str(node0.ip), port=getattr(prof, "rpc_port", 13389))
+    services = [Service(name="node0", units=[unit(node0, "node0")], started=gate, restart="none")]
+    if len(cluster.nodes) > 1:
+        services.append(Service(name="workers", units=[unit(n, "worker") for n in cluster.nodes[1:]], after=["node0"], restart="each"))
+    port, served = getattr(prof, "port", 8000), getattr(prof, "served_model_name", "")
+    plan = ReleasePlan(system=KIND, cluster=cluster.name, release=rid, services=services, entry_host=node0.name, entry_port=port)
+    plan.ready = [Probe(name="/health 200", kind="http", host=node0.name, port=port, path="/health"),
+                  Probe(name="/v1/models", kind="http", host=node0.name, port=port, path="/v1/models", check="models", arg=served),
+                  Probe(name="chat check", kind="http", host=node0.name, port=port, method="POST", path="/v1/chat/completions",
+                        body=chat_request(served), check="think")]
+    return plan
