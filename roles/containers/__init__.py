@@ -29,13 +29,17 @@ def labels(cluster: str, release: str, service: str, role: str, stop_phase: int,
 
 
 def start_script(release_dir: str, container: str, run_file: str, attempt: int) -> str:
-    """(Re)start one container; the log of a previous attempt is kept in the release."""
+    """(Re)start one container as start number ``attempt`` of its release;
+    the log of the previous attempt is kept in the release, and the number
+    is recorded (``logs/<container>.attempt``: where a later command's
+    attempts continue, read by ``roles.release.release_script``)."""
     q = shlex.quote
     prev = f"{release_dir}/logs/{container}.attempt-{attempt - 1}.log"
     return (
         f"if docker inspect {q(container)} >/dev/null 2>&1; then "
         f"docker logs {q(container)} > {q(prev)} 2>&1; "
         f"docker rm -f {q(container)} >/dev/null; fi\n"
+        f"mkdir -p {q(release_dir + '/logs')} && printf '%s\\n' {int(attempt)} > {q(f'{release_dir}/logs/{container}.attempt')}\n"
         f"sh {q(release_dir + '/' + run_file)}\n"
     )
 

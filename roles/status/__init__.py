@@ -1,0 +1,125 @@
+"""What runs on a node, as pure shell builders and parsers (the flows run
+them): the current release's record and the state of the cluster's
+containers (``invoke status``, ``stop``), and the serving logs of every unit
+of a node (``invoke logs``).
+
+Every value is quoted; nothing here opens a connection.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from llmdeploy.inventory import Cluster
+from llmdeploy.release import current_link, root
+from roles.commenv import parse_env_file
+from roles.containers import LABEL
+from roles.facts import section, split_sections
+
+
+def current_script(cluster: Cluster) -> str:
+    """The current release on this node: its id, release.json and plan.json
+    (sections release, meta, plan). What ``stop`` reads."""
+    q = shlex.quote
+    rel = f'{q(root(cluster))}/releases/"$rel"'
+    return "\n".join([
+        f"rel=$(readlink {q(current_link(cluster))} 2>/dev/null); rel=${{rel##*/}}",
+        section("release", 'echo "$rel"'),
+        section("meta", f'[ -n "$rel" ] && cat {rel}/release.json'),
+        section("plan", f'[ -n "$rel" ] && cat {rel}/plan.json 2>/dev/null; true'),
+    ]) + "\n"
+
+
+def status_script(cluster: Cluster) -> str:
+    """``current_script`` with the release's env file and every container of
+    the cluster on this node as docker inspect JSON lines (sections env,
+    inspect): one round trip."""
+    q = shlex.quote
+    rel = f'{q(root(cluster))}/releases/"$rel"'
+    return current_script(cluster) + "\n".join([
+        section("env", f'[ -n "$rel" ] && cat {rel}/env'),
+        section("inspect", f"for c in $(docker ps -a --filter label={LABEL}.cluster={q(cluster.name)} --format '{{{{.Names}}}}'); do "
+                           "docker inspect --format '{{json .}}' \"$c\"; done"),
+    ]) + "\n"
+
+
+def parse_status(out: str) -> dict:
+    """{"release": id or None, "meta": release.json or None, "env": the env
+    file's variables, "plan": plan.json text, "containers": {name: docker
+    inspect}} from ``status_script``'s (or ``current_script``'s) output;
+    a section that failed or is not JSON reads as absent."""
+    s = split_sections(out)
+
+    def text(name: str) -> str:
+        v = s.get(name)
+        return v[0] if v and v[1] == 0 else ""
+
+    def load(name: str):
+        try:
+            return json.loads(text(name)) if text(name).strip() else None
+        except ValueError:
+            return None
+
+    containers = {}
+    for line in text("inspect").splitlines():
+        try:
+            c = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(c, dict) and isinstance(c.get("Name"), str):
+            containers[c["Name"].lstrip("/")] = c
+    meta = load("meta")
+    return {"release": text("release").strip() or None, "meta": meta if isinstance(meta, dict) else None,
+            "env": parse_env_file(text("env")), "plan": text("plan"), "containers": containers}
+
+
+UNIT_MARK = "@@llmdeploy-unit@@"
+LOG_MARK = "@@llmdeploy-log@@"
+
+
+def _units(cluster: Cluster) -> str:
+    """The cluster's containers on this node, in start order (the highest stop phase first): ``phase|name|service``."""
+    fmt = f'{{{{.Label "{LABEL}.stop_phase"}}}}|{{{{.Names}}}}|{{{{.Label "{LABEL}.service"}}}}'
+    return f"docker ps -a --filter label={LABEL}.cluster={shlex.quote(cluster.name)} --format {shlex.quote(fmt)} | sort -t'|' -k1,1nr -k2,2"
+
+
+def logs_script(cluster: Cluster, service: str | None, opts: list[str], with_logs: bool = True) -> str:
+    """Every unit of the cluster on this node (a line ``UNIT_MARK name
+    service`` each, in start order), then, with ``with_logs``, the log of each
+    (of ``service``'s only, if given) behind a line ``LOG_MARK name``.
+    ``opts``: ``docker logs`` options (``--since``, ``--tail``), each quoted."""
+    want = shlex.quote(service or "")
+    lines = [
+        f"list=$({_units(cluster)})",
+        f"printf '%s\\n' \"$list\" | while IFS='|' read -r ph name svc; do [ -n \"$name\" ] && echo \"{UNIT_MARK} $name ${{svc:--}}\"; done",
+    ]
+    if with_logs:
+        lines.append(
+            f"printf '%s\\n' \"$list\" | while IFS='|' read -r ph name svc; do [ -n \"$name\" ] || continue; "
+            f"[ -z {want} ] || [ \"$svc\" = {want} ] || continue; "
+            f"echo \"{LOG_MARK} $name\"; docker logs {shlex.join(opts)} \"$name\" 2>&1 </dev/null; done"
+        )
+    return "\n".join(lines) + "\ntrue\n"
+
+
+def parse_logs(out: str) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
+    """([(container, service)] in start order, {container: its log lines}) from ``logs_script``'s output."""
+    units: list[tuple[str, str]] = []
+    logs: dict[str, list[str]] = {}
+    cur = None
+    for line in out.splitlines():
+        if line.startswith(UNIT_MARK + " ") and cur is None:
+            name, _, svc = line[len(UNIT_MARK) + 1:].partition(" ")
+            units.append((name, svc))
+        elif line.startswith(LOG_MARK + " "):
+            cur = line[len(LOG_MARK) + 1:]
+            logs[cur] = []
+        elif cur is not None:
+            logs[cur].append(line)
+    return units, logs
+
+
+def follow_command(container: str, opts: list[str]) -> str:
+    """Print one container's log and keep printing new lines."""
+    return f"docker logs {shlex.join(opts + ['-f', container])} 2>&1"
