@@ -1,4 +1,6 @@
-"""Invoke entry points: parse flags, call flows.app, set the exit status.
+"""Invoke entry points: parse flags, load the cluster, call its flow, set
+the exit status. The simulator's tasks call ``sim`` themselves: no flow
+imports it.
 
 `invoke --list` shows them; `invoke --help TASK` explains each flag.
 """
@@ -9,8 +11,10 @@ import sys
 
 from invoke import Collection, Exit, task
 
-from flows import app
+from flows import app, lifecycle, releases as history, serving_logs as logs_flow, status as status_flow
+from llmdeploy import report
 from llmdeploy.errors import LlmdeployError
+from llmdeploy.inventory import load_cluster
 from llmdeploy.report import mask
 
 LOCK_HELP = {
@@ -126,12 +130,13 @@ def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False,
         "follow": "keep printing new lines (needs one --host)",
         "since": "only lines since this: 10m, 2h, or 2026-12-02T10:00:00Z",
         "tail": "only the last N lines",
+        "service": "only this service's containers (e.g. decode0 of a Dynamo release; default: every one on each node)",
     },
 )
 @_guard
-def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None):
-    """Serving logs of the cluster's containers, each line prefixed with its host."""
-    return app.serving_logs(cluster, host=host, follow=follow, since=since, tail=tail)
+def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None, service=None):
+    """Serving logs of every container of the cluster on each node, in start order; each line prefixed with its host (and service)."""
+    return logs_flow.serving_logs(load_cluster(cluster), host=host, follow=follow, since=since, tail=tail, service=service)
 
 
 @task(
@@ -153,7 +158,7 @@ def verify_comm(c, cluster, json=False, full=False):
 @_guard
 def releases(c, cluster, json=False):
     """The release ledger from node 0: every attempt of every release, was it ever good, current, the rollback target."""
-    return app.ops_call("releases", cluster, json_out=json)
+    return history.releases(load_cluster(cluster), report.console(json), json)
 
 
 @task(
@@ -168,21 +173,21 @@ def releases(c, cluster, json=False):
 @_guard
 def rollback(c, cluster, to=None, json=False, message=None, lock_wait=0):
     """Bring back a good release from its own files on every node, in the same order, under the deploy lock."""
-    return app.ops_call("rollback", cluster, json_out=json, to=to, message=message, lock_wait=float(lock_wait))
+    return lifecycle.rollback(load_cluster(cluster), report.console(json), to, message, float(lock_wait), json)
 
 
 @task(positional=[], help={"cluster": "cluster name", "diff": "compare what runs with the current release's record and name every drift", "json": "print as JSON"})
 @_guard
 def status(c, cluster, diff=False, json=False):
     """Per node: the current release's containers, start rank or MPI ranks, image, uptime; and the endpoint's /health (exit 1 unless serving)."""
-    return app.ops_call("status", cluster, json_out=json, diff=diff)
+    return status_flow.status(load_cluster(cluster), report.console(json), diff, json)
 
 
 @task(positional=[], help={"cluster": "cluster name", **LOCK_HELP})
 @_guard
 def stop(c, cluster, message=None, lock_wait=0):
-    """Stop serving in reverse start order (vLLM: workers, then node 0), logs kept; remove stale /dev/shm/moe_* files."""
-    return app.ops_call("stop", cluster, message=message, lock_wait=float(lock_wait))
+    """Stop serving in reverse start order (vLLM: workers, then node 0), logs kept; then the current release's clean-up (stale /dev/shm/moe_* files)."""
+    return lifecycle.stop(load_cluster(cluster), report.console(False), message, float(lock_wait))
 
 
 @task(auto_shortflags=False, positional=[], help={
@@ -194,14 +199,14 @@ def stop(c, cluster, message=None, lock_wait=0):
 @_guard
 def restart(c, cluster, host=None, service=None, message=None, lock_wait=0):
     """Restart the current release (or one node's or one service's part of it) from its own files; wait until healthy."""
-    return app.ops_call("restart", cluster, host=host, service=service, message=message, lock_wait=float(lock_wait))
+    return lifecycle.restart(load_cluster(cluster), report.console(False), host, message, float(lock_wait), service)
 
 
 @task(positional=[], help={"cluster": "cluster name", "last": "only the last N lines", "json": "print as JSON"})
 @_guard
 def audit(c, cluster, last=None, json=False):
     """The audit log on node 0: prepares, deploys, rollbacks, stops, restarts, lock breaks."""
-    return app.ops_call("audit", cluster, json_out=json, last=int(last) if last else None)
+    return history.audit_log(load_cluster(cluster), report.console(json), int(last) if last else None, json)
 
 
 @task(positional=[], help={"cluster": "cluster name"})
@@ -215,42 +220,65 @@ def disconnect(c, cluster):
 @_guard
 def lock_status(c, cluster):
     """Who holds the deploy lock, since when, running what (exit 1 while held)."""
-    return app.ops_call("lock.status", cluster)
+    return history.lock_status(load_cluster(cluster), report.console(False))
 
 
 @task(positional=[], name="break", help={"cluster": "cluster name", "reason": "why the holder is gone (kept in the audit log)"})
 @_guard
 def lock_break(c, cluster, reason=None):
     """Remove a deploy lock whose holder vanished; the break and its reason are audited."""
-    return app.ops_call("lock.break", cluster, reason=reason)
+    return history.lock_break(load_cluster(cluster), report.console(False), reason or "")
 
 
 @task(positional=[], help={"cluster": "simulated cluster to bring up (an inventory named sim-*)"})
 @_guard
 def sim_up(c, cluster="sim-a3"):
     """Bring up a simulated cluster: a network namespace, a real sshd and a real dockerd per node."""
-    return app.sim_up(cluster)
+    return _sim_up(cluster)
+
+
+def _sim_up(name: str) -> int:
+    from sim import cluster as simc
+
+    cl = load_cluster(name)
+    if not cl.name.startswith("sim-"):
+        raise LlmdeployError(f"{cl.name} is not a simulated cluster (its name must start with sim-)")
+    simc.up(cl)
+    return 0
 
 
 @task(positional=[], help={"cluster": "only this simulated cluster (default: every one that is up)"})
 @_guard
 def sim_down(c, cluster=None):
     """Remove simulated clusters: processes, namespaces, links and files."""
-    return app.sim_down(cluster)
+    from sim import cluster as simc
+
+    names = [cluster] if cluster else simc.running()
+    if not names:
+        print("sim: nothing is up")
+    for name in names:
+        simc.down(name)
+    return 0
 
 
 @task(positional=[])
 @_guard
 def sim_status(c):
     """List the simulated clusters that are up."""
-    return app.sim_status()
+    from sim import cluster as simc
+
+    names = simc.running()
+    print("\n".join(names) if names else "sim: nothing is up")
+    return 0
 
 
 @task(positional=[], help={"cluster": "simulated cluster to run the demo on"})
 @_guard
 def demo(c, cluster="sim-a3"):
     """The main job on the simulated cluster: sim.up, prepare, verify-comm, deploy, the model's answer, status."""
-    return app.demo(cluster)
+    from flows import demo as demo_flow
+
+    return demo_flow.demo(cluster, lambda: _sim_up(cluster), f"invoke sim.down --cluster {cluster}")
 
 
 sim = Collection("sim")

@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import simhosts  # noqa: E402
 
-from flows import app  # noqa: E402
+from flows import app, lifecycle  # noqa: E402
+from llmdeploy import report  # noqa: E402
 from llmdeploy.inventory import load_cluster  # noqa: E402
 from llmdeploy.runner import COUNTS  # noqa: E402
 from sim import cluster as simc  # noqa: E402
@@ -70,7 +71,7 @@ def main() -> int:
         for name, fn in ops:
             results[name] = summary(cluster, counted(fn))
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            app.ops_call("stop", CLUSTER)
+            lifecycle.stop(cluster, report.console(False), None, 0)
     finally:
         simc.down(CLUSTER, echo=lambda *_: None)
     print(f"{'operation':18} " + " ".join(f"{k + ' (node0/workers)':>26}" for k in KINDS))

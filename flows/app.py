@@ -1,4 +1,7 @@
-"""What the Invoke tasks call: load, plan, run, report. Each returns an exit status."""
+"""What the Invoke tasks call for facts, prepare, check, deploy, verify-comm
+and disconnect: load, plan, run, report. Each returns an exit status. The
+operations on a running cluster are their own flows (``flows.releases``,
+``status``, ``lifecycle``, ``serving_logs``), called by tasks.py directly."""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ from rich.console import Console
 
 from flows.plan import Context, load_playbook, resolve_step, select_nodes
 from llmdeploy import report
-from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, load_cluster
 from llmdeploy.runner import SKIPPED, Runner
 
@@ -189,85 +191,6 @@ def check(cluster_name: str, limit: str | None = None, select: str | None = None
     return node_check.run(cluster, limit=limit, select=select)
 
 
-def sim_up(cluster_name: str) -> int:
-    from sim import cluster as simc
-
-    cluster = load_cluster(cluster_name)
-    if not cluster.name.startswith("sim-"):
-        raise LlmdeployError(f"{cluster.name} is not a simulated cluster (its name must start with sim-)")
-    simc.up(cluster)
-    return 0
-
-
-def demo(cluster_name: str) -> int:
-    """The main job end to end on a simulated cluster: bring it up, prepare,
-    verify communication, deploy, ask the model the seed's question and show
-    its answer, then the status and the commands for the next steps."""
-    from rich.console import Console
-    from rich.markup import escape
-
-    from flows import deploy as dep
-    from flows import ops, verify
-    from flows.probes import chat_message, http_via_ssh
-
-    con = Console()
-    cluster = load_cluster(cluster_name)
-    steps = [
-        ("sim.up", lambda: sim_up(cluster_name)),
-        ("prepare", lambda: prepare(cluster_name, run_checks=True)),
-        ("verify-comm", lambda: verify.run(cluster, con, False, False)),
-        ("deploy", lambda: dep.deploy(cluster, con, False, False, True, False, "demo", 0, False,
-                                      lambda name, quiet: 0, lambda *a: 1)),
-    ]
-    for name, fn in steps:
-        con.rule(f"[bold]invoke {name} --cluster {cluster_name}")
-        code = fn()
-        if code:
-            con.print(f"[bold red]the demo stopped at {name}[/] (exit {code}); the cluster is still up: invoke sim.down --cluster {cluster_name}")
-            return code
-    con.rule("[bold]the model's answer")
-    import systems
-
-    plan = systems.build(cluster, {}, dep.DRAFT_ID, None)
-    chat = next(p for p in plan.ready if p.path == "/v1/chat/completions")
-    with Runner(cluster, nodes=[cluster.node(chat.host)]) as runner:
-        code, body = http_via_ssh(runner, cluster.node(chat.host), chat.port, "POST", chat.path, chat.body, cluster.deploy.request_timeout_s, chat.headers)
-    reasoning, content = chat_message(body)
-    if content.lstrip().startswith("<think>") and "</think>" in content:
-        reasoning, content = content.split("</think>", 1)[0].replace("<think>", "", 1), content.split("</think>", 1)[1]
-    question = chat.body["messages"][0]["content"]
-    con.print(f"[bold]{escape(question)}[/] (POST {chat.path}: {code})", soft_wrap=True)
-    con.print(f"[dim]<think>{escape(reasoning.strip())}</think>[/]", soft_wrap=True)
-    con.print(escape(content.strip()), soft_wrap=True)
-    con.rule(f"[bold]invoke status --cluster {cluster_name}")
-    status = ops.status(cluster, con, False, False)
-    con.print("\nnext steps:")
-    for line in (f"invoke releases --cluster {cluster_name}", f"invoke rollback --cluster {cluster_name}    # after a second deploy",
-                 f"invoke stop --cluster {cluster_name}", f"invoke sim.down --cluster {cluster_name}"):
-        con.print(f"  {line}", soft_wrap=True)
-    return status
-
-
-def sim_down(cluster_name: str | None) -> int:
-    """Take down ``cluster_name``, or every simulated cluster that is up."""
-    from sim import cluster as simc
-
-    names = [cluster_name] if cluster_name else simc.running()
-    if not names:
-        print("sim: nothing is up")
-    for name in names:
-        simc.down(name)
-    return 0
-
-
-def sim_status() -> int:
-    from sim import cluster as simc
-
-    names = simc.running()
-    print("\n".join(names) if names else "sim: nothing is up")
-    return 0
-
-
 def deploy(
     cluster_name: str,
     check: bool = False,
@@ -285,14 +208,14 @@ def deploy(
     con = report.console(json_out)
     cluster = load_cluster(cluster_name)
 
-    from flows import ops
+    from flows import lifecycle
 
     def prepare_fn(name: str, quiet: bool) -> int:
         # the deploy holds the lock
         return _prepare_quiet(name) if quiet else prepare(name, run_checks=False, locked=True)
 
     def rollback_fn(cluster, runner, con, message, json_out) -> int:
-        return ops.rollback_locked(cluster, runner, con, None, message, json_out)
+        return lifecycle.rollback_locked(cluster, runner, con, None, message, json_out)
 
     return dep.deploy(cluster, con, check, json_out, skip_prepare, force, message, lock_wait, rollback_on_failure, prepare_fn, rollback_fn)
 
@@ -303,70 +226,6 @@ def _prepare_quiet(cluster_name: str) -> int:
 
     with contextlib.redirect_stdout(io.StringIO()):
         return prepare(cluster_name, json_out=True, run_checks=False, locked=True)
-
-
-def serving_logs(cluster_name: str, host: str | None = None, follow: bool = False, since: str | None = None, tail: str | None = None) -> int:
-    """Print the serving containers' logs (this cluster's newest container on each host)."""
-    import re
-    import shlex
-    import sys
-
-    from llmdeploy.errors import InventoryError
-    from llmdeploy.runner import Step
-
-    cluster = load_cluster(cluster_name)
-    problems = []
-    if since is not None and not re.match(r"^(\d+[smhd]?|\d{4}-\d{2}-\d{2}(T[0-9:.]+Z?)?)$", since):
-        problems.append(f"--since {since!r}: use a duration like 10m or 2h, or a date like 2026-12-02T10:00:00Z")
-    if tail is not None and not re.match(r"^(\d+|all)$", tail):
-        problems.append(f"--tail {tail!r}: a number of lines or 'all'")
-    nodes = select_nodes(cluster, host)
-    if follow and len(nodes) != 1:
-        problems.append("--follow needs one --host")
-    if problems:
-        raise InventoryError("logs", problems)
-    opts = (["--since", since] if since else []) + (["--tail", tail] if tail else [])
-    find = f"docker ps -a --filter label=llmdeploy.cluster={shlex.quote(cluster.name)} --format '{{{{.Names}}}}' | tail -n 1"
-    cmd = f'c=$({find}); [ -n "$c" ] || {{ echo "no serving container of {cluster.name} here" >&2; exit 3; }}; docker logs {shlex.join(opts)} {"-f " if follow else ""}"$c" 2>&1'
-    if follow:
-        with Runner(cluster, nodes=nodes) as runner:
-            res = runner.connection(nodes[0]).run(cmd, warn=True, pty=False, in_stream=False)
-            return 0 if res.exited == 0 else 1
-    status = 0
-    with Runner(cluster, nodes=nodes) as runner:
-        for h, r in runner.run(Step(name="logs", build=lambda n: cmd)).items():
-            if r.failed:
-                print(f"{h}: {r.msg}", file=sys.stderr)
-                status = 1
-                continue
-            for line in r.stdout.splitlines():
-                print(f"{h} | {line}")
-    return status
-
-
-def ops_call(name: str, cluster_name: str, json_out: bool = False, **kwargs) -> int:
-    """releases, rollback, status, stop, restart, audit, lock.status, lock.break: see flows.ops."""
-    from flows import ops
-
-    con = report.console(json_out)
-    cluster = load_cluster(cluster_name)
-    if name == "releases":
-        return ops.releases(cluster, con, json_out)
-    if name == "rollback":
-        return ops.rollback(cluster, con, kwargs.get("to"), kwargs.get("message"), kwargs.get("lock_wait") or 0, json_out)
-    if name == "status":
-        return ops.status(cluster, con, kwargs.get("diff", False), json_out)
-    if name == "stop":
-        return ops.stop(cluster, con, kwargs.get("message"), kwargs.get("lock_wait") or 0)
-    if name == "restart":
-        return ops.restart(cluster, con, kwargs.get("host"), kwargs.get("message"), kwargs.get("lock_wait") or 0, kwargs.get("service"))
-    if name == "audit":
-        return ops.audit_log(cluster, con, kwargs.get("last"), json_out)
-    if name == "lock.status":
-        return ops.lock_status(cluster, con)
-    if name == "lock.break":
-        return ops.lock_break(cluster, con, kwargs.get("reason") or "")
-    raise LlmdeployError(f"unknown operation {name}")
 
 
 def disconnect(cluster_name: str) -> int:

@@ -48,20 +48,28 @@ from llmdeploy.releaseplan import ReleasePlan
 from llmdeploy.runner import Runner, Step
 
 DRAFT_ID = "00000000T000000Z-00000000"
+# a part of the placeholder that no release id has (its date): left after the id is set, a system derived something from it
+_DRAFT_PART = DRAFT_ID.split("-")[0]
 # files whose content names the release itself: not part of the config hash
 _SELF_NAMING = ("release.json", "plan.json")
 
 
 def plan_release(cluster: Cluster, prepared: dict[str, dict], image_key: str, image_id: str | None = None) -> tuple[str, str, ReleasePlan]:
     """(release id, content hash, plan): the id is the time plus a hash of
-    what every node runs and of the image (``image_key``). Pure."""
+    what every node runs and of the image (``image_key``). The plan is built
+    once, with a placeholder id that the hash covers, then given its id.
+    Pure."""
     draft = systems.build(cluster, prepared, DRAFT_ID, image_id)
     parts = [image_key] + [
         f"{host}/{name}\0{content}" for host in sorted(draft.files) for name, (content, _) in sorted(draft.files[host].items()) if name not in _SELF_NAMING
     ]
     chash = content_hash(parts)
     rid = new_id(chash)
-    plan = systems.build(cluster, prepared, rid, image_id)
+    plan = draft.with_release(DRAFT_ID, rid)
+    left = [f"{host}/{name}" for host, files in plan.files.items() for name, (content, _) in files.items() if _DRAFT_PART in content]
+    if left or _DRAFT_PART in plan.to_json():
+        # a system made something of the id other than the id itself: the placeholder cannot stand for it
+        raise ValueError(f"the plan names its release id in a form other than the id itself ({', '.join(left[:3]) or 'plan.json'})")
     text = plan.to_json()
     for host, files in plan.files.items():
         files["plan.json"] = (text, 0o644)
@@ -87,10 +95,11 @@ def check_doc(cluster: Cluster, plan: ReleasePlan, chash: str, secrets: list[str
     return doc
 
 
-def print_check(con: Console, doc: dict) -> None:
+def print_check(con: Console, doc: dict, labels: dict[str, str]) -> None:
+    """``doc`` as lines per node; ``labels``: the plan's show labels, for the values each node's entry has of them."""
     for p in doc["nodes"]:
-        rank = f", start rank {p['start_rank']}" if p.get("start_rank") is not None else ""
-        con.print(f"[bold]{p['host']}[/] ({p['role']}{rank})")
+        shown = "".join(f", {label} {p[key]}" for key, label in labels.items() if p.get(key) is not None)
+        con.print(f"[bold]{p['host']}[/] ({p['role']}{escape(shown)})")
         con.print(f"  container: {escape(p['container_command'])}", soft_wrap=True)
         if p.get("serve_command"):
             con.print(f"  serve:     {escape(p['serve_command'])}", soft_wrap=True)
@@ -149,8 +158,9 @@ def finish(runner: Runner, cluster: Cluster, plan: ReleasePlan, out: Outcome, im
     out.ok = True
 
 
-def engine_for(cluster: Cluster, runner: Runner, con: Console, quiet: bool, system: str) -> Engine:
-    return Engine(cluster, runner, con, quiet=quiet, signatures=systems.signatures(system, cluster))
+def engine_for(cluster: Cluster, runner: Runner, con: Console, quiet: bool, plan: ReleasePlan) -> Engine:
+    """The engine for one release: it reads exits with the failure signatures its plan carries."""
+    return Engine(cluster, runner, con, quiet=quiet, signatures=plan.signatures)
 
 
 def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_prepare: bool, force: bool, message: str | None,
@@ -171,7 +181,7 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
         if json_out:
             report.emit_json(doc)
         else:
-            print_check(con, doc)
+            print_check(con, doc, plan.show_labels)
         return 0
     with Runner(cluster) as runner:
         with lock.held(runner, cluster, "deploy", message, lock_wait):
@@ -230,7 +240,7 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
     rid, chash, plan = plan_release(cluster, prepared, image_id, image_id)
     where["release"] = rid
     con.print(f"[bold]deploy {cluster.name}[/]: release {rid} ({plan.system}: {' -> '.join(s.name for s in plan.services)})")
-    eng = engine_for(cluster, runner, con, json_out, plan.system)
+    eng = engine_for(cluster, runner, con, json_out, plan)
     t0 = time.monotonic()
     outcome = Outcome(ok=False, release=rid)
     try:
@@ -251,7 +261,7 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
         with report.shielded():
             if where["phase"] != "before anything was stopped":
                 con.print("[bold red]interrupted[/]: stopping the new release's containers")
-                eng.stop(None, "stop", cleanup=systems.module_for(plan.system).STOP_CLEANUP)
+                eng.stop(None, "stop", cleanup=plan.stop_cleanup)
             ledger(runner, cluster, ledger_record(cluster, rid, "failed", image_id, chash[:16], reason="interrupted"))
         raise
     return report_outcome(cluster, runner, con, eng, plan, outcome, image_id, chash[:16], secrets, json_out, time.monotonic() - t0,
@@ -264,10 +274,9 @@ def summary(cluster: Cluster, plan: ReleasePlan, states: dict[str, tuple[str, st
         for u in svc.units:
             st = states.get(unit_key(u), ("?", ""))[0]
             style = "green" if st == "running" else "bold red"
-            rank = u.show.get("start_rank", u.show.get("ranks", ""))
-            rows.append([u.host, u.role or svc.name, u.container, str(rank), f"[{style}]{st}[/]", str(attempts.get(unit_key(u), 1))])
-    return report.table(f"release on {cluster.name}", ["host", "role", "container", "start rank" if plan.system == "vllm-ascend" else "ranks",
-                                                       "state", "attempts"], rows)
+            shown = [escape(str(u.show.get(k) if u.show.get(k) is not None else "")) for k in plan.show_labels]
+            rows.append([u.host, u.role or svc.name, u.container, *shown, f"[{style}]{st}[/]", str(attempts.get(unit_key(u), 1))])
+    return report.table(f"release on {cluster.name}", ["host", "role", "container", *plan.show_labels.values(), "state", "attempts"], rows)
 
 
 def endpoint(cluster: Cluster, plan: ReleasePlan) -> str:
@@ -281,14 +290,16 @@ def report_outcome(cluster, runner, con, eng: Engine, plan: ReleasePlan, outcome
     then what serves keeps serving)."""
     rid = outcome.release
     states = eng.states(plan)
+    # each unit's attempt number: the release's, counted across the commands that started it
+    numbers = {k: outcome.number(k) for k in outcome.attempts}
     if outcome.ok:
-        con.print(summary(cluster, plan, states, outcome.attempts))
+        con.print(summary(cluster, plan, states, numbers))
         for k, v in outcome.phases.items():
             con.print(f"  {k}: {v:.1f}s")
         model = next((p.arg for p in plan.ready if p.check == "models"), cluster.profile.served_model_name)
         con.print(f"[bold green]serving, release {rid}, healthy[/]: {endpoint(cluster, plan)}/v1 (model {model}) in {took:.1f}s")
         if json_out:
-            report.emit_json({"cluster": cluster.name, "release": rid, "ok": True, "attempts": outcome.attempts, "phases": outcome.phases})
+            report.emit_json({"cluster": cluster.name, "release": rid, "ok": True, "attempts": numbers, "phases": outcome.phases})
         return 0
     # failure: bundle, ledger, stop
     root, tgz = eng.collect_bundle(plan, secrets)
@@ -298,8 +309,8 @@ def report_outcome(cluster, runner, con, eng: Engine, plan: ReleasePlan, outcome
     except LlmdeployError as exc:
         con.print(f"[red]{escape(str(exc))}[/]")
     if not stopped_nothing:
-        eng.stop(None, "stop", cleanup=systems.module_for(plan.system).STOP_CLEANUP)
-    con.print(summary(cluster, plan, states, outcome.attempts))
+        eng.stop(None, "stop", cleanup=plan.stop_cleanup)
+    con.print(summary(cluster, plan, states, numbers))
     con.print(f"[bold red]{verb} failed[/] on {outcome.where}: {escape(outcome.reason)}")
     con.print(f"logs: {root} ({tgz})")
     if stopped_nothing:
@@ -308,5 +319,5 @@ def report_outcome(cluster, runner, con, eng: Engine, plan: ReleasePlan, outcome
         con.print(f"release {rid} is marked failed; the cluster is stopped (no serving container runs)")
     if json_out:
         report.emit_json({"cluster": cluster.name, "release": rid, "ok": False, "where": outcome.where, "reason": outcome.reason,
-                          "bundle": root, "archive": tgz, "attempts": outcome.attempts})
+                          "bundle": root, "archive": tgz, "attempts": numbers})
     return 1

@@ -43,17 +43,31 @@ class Outcome:
     where: str = ""
     bundle: str = ""
     phases: dict[str, float] = field(default_factory=dict)
-    # starts per unit, keyed "host/container"
+    # starts per unit in this command, keyed "host/container" (the retry budget counts these)
     attempts: dict[str, int] = field(default_factory=dict)
+    # the release's starts of each unit before this command (a restart's): its
+    # attempt numbers, and the logs named for them, continue from there
+    earlier: dict[str, int] = field(default_factory=dict)
+
+    def number(self, key: str) -> int:
+        """The attempt number of a unit's latest start: the release's, counted across commands."""
+        return self.earlier.get(key, 0) + self.attempts.get(key, 0)
 
 
 def unit_key(u: Unit) -> str:
     return f"{u.host}/{u.container}"
 
 
-def who(u: Unit, svc: Service) -> str:
-    """How messages name a unit: its role (node 0, worker, ...) or its service."""
-    return {"node0": "node 0"}.get(u.role, u.role) or svc.name
+@dataclass
+class _Watching:
+    """What ``Engine.watch`` keeps between polls."""
+
+    t: float  # the start of the current phase
+    keyed: dict[str, Unit]  # unit key -> unit
+    stage: int = 0  # plan.ready[:stage] have passed
+    pending: dict[str, float] = field(default_factory=dict)  # unit key or "service:<name>" -> when to restart it
+    reasons: dict[str, str] = field(default_factory=dict)  # unit key -> why it exited last
+    last_probe: str = ""
 
 
 # the answers of a server that is up but not serving yet (DOMAIN.md: a Dynamo
@@ -81,6 +95,7 @@ def poll_delay(n: int, poll_s: float) -> float:
 
 class Engine:
     def __init__(self, cluster: Cluster, runner: Runner, con: Console, quiet: bool = False, signatures=None):
+        """``signatures``: the failure signatures of the release's plan (``ReleasePlan.signatures``)."""
         self.c = cluster
         self.r = runner
         self.con = con
@@ -128,14 +143,23 @@ class Engine:
 
     def stop_service(self, plan: ReleasePlan, svc: Service, log_suffix: str) -> None:
         """Stop every unit of one service, launcher (highest order) first."""
+        self.stop_units(plan, svc.units, lambda u: log_suffix, f"stop {svc.name}")
+
+    def stop_units(self, plan: ReleasePlan, units: list[Unit], suffix, name: str = "stop") -> dict[str, HostResult]:
+        """Stop ``units`` of the plan's release, highest ``order`` first, every
+        host of an order at once; each one's log is kept in the release as
+        ``<container>.<suffix(unit)>.log``."""
         rd = release_dir(self.c, plan.release)
-        for order in sorted({u.order for u in svc.units}, reverse=True):
-            units = [u for u in svc.units if u.order == order]
-            by_host: dict[str, list[str]] = {}
+        results: dict[str, HostResult] = {}
+        for order in sorted({u.order for u in units}, reverse=True):
+            by_host: dict[str, list[Unit]] = {}
             for u in units:
-                by_host.setdefault(u.host, []).append(u.container)
-            self.r.run(Step(name=f"stop {svc.name}", build=lambda n: ctr.stop_units_script(rd, by_host[n.name], self.d.stop_timeout_s, log_suffix),
-                            timeout=self.d.stop_timeout_s + 60), [self.node(h) for h in by_host])
+                if u.order == order:
+                    by_host.setdefault(u.host, []).append(u)
+            script = {h: "".join(ctr.stop_units_script(rd, [u.container], self.d.stop_timeout_s, suffix(u)) for u in us) for h, us in by_host.items()}
+            res = self.r.run(Step(name=name, build=lambda n: script[n.name], timeout=self.d.stop_timeout_s + 60), [self.node(h) for h in by_host])
+            results.update({h: r for h, r in res.items() if r.failed or h not in results})
+        return results
 
     # -- starting ------------------------------------------------------------------------------
     def start_units(self, plan: ReleasePlan, units: list[Unit], out: Outcome) -> bool:
@@ -148,7 +172,7 @@ class Engine:
                 out.attempts[unit_key(u)] = out.attempts.get(unit_key(u), 0) + 1
                 by_host.setdefault(u.host, []).append(u)
             res = self.r.run(
-                Step(name="start", build=lambda n: "set -e\n" + "".join(ctr.start_script(rd, u.container, u.run_file, out.attempts[unit_key(u)]) for u in by_host[n.name])),
+                Step(name="start", build=lambda n: "set -e\n" + "".join(ctr.start_script(rd, u.container, u.run_file, out.number(unit_key(u))) for u in by_host[n.name])),
                 [self.node(h) for h in by_host],
             )
             for h, r in res.items():
@@ -250,81 +274,90 @@ class Engine:
         workers from etcd, whose leases outlive a restart, before a worker's
         own /health is ready); a wrong answer from it fails at once. A restart
         of any unit starts the probes from the first again."""
-        d = self.d
-        t = time.monotonic()
-        end = t + d.ready_timeout_s
-        stage = 0  # plan.ready[:stage] have passed
-        pending: dict[str, float] = {}  # unit key or "service:<name>" -> when to restart
-        reasons: dict[str, str] = {}
-        last_probe = ""
-        keyed = {unit_key(u): u for u in plan.units()}
+        w = _Watching(t=time.monotonic(), keyed={unit_key(u): u for u in plan.units()})
+        end = w.t + self.d.ready_timeout_s
         polls = 0
         while True:
-            now = time.monotonic()
-            states = self.states(plan)
-            for key, (status, code) in states.items():
-                # a garbled read of a state is read again at the next poll, never taken for an exit
-                if status in ("running", "unreadable"):
-                    continue
-                u = keyed[key]
-                svc = plan.service_of(u)
-                if key in pending or f"service:{svc.name}" in pending:
-                    continue
-                why = self.exit_reason(u) or f"container {status} {code}".strip()
-                reasons[key] = why
-                where = f"{u.host}"
-                if svc.restart == "none":
-                    return self._fail(out, where, f"{who(u, svc)} exited: {why}")
-                n = out.attempts.get(key, 1)
-                if n > d.worker_retries:
-                    what = svc.name if svc.restart == "group" else who(u, svc)
-                    return self._fail(out, where, f"{what} exited {n} times; last reason: {why}")
-                delay = min(d.backoff_s * (2 ** (n - 1)), d.backoff_max_s)
-                if svc.restart == "group":
-                    self.say(f"  [yellow]{escape(svc.name)}: {u.host} {escape(u.container)} {status}[/] (attempt {n}): {escape(why)}; "
-                             f"restarting the whole group ({len(svc.units)} containers) in {delay:g}s")
-                    pending[f"service:{svc.name}"] = now + delay
-                else:
-                    rank = f" (start rank {u.show['start_rank']})" if "start_rank" in u.show else ""
-                    self.say(f"  [yellow]{escape(who(u, svc))} {u.host}{rank} exited[/] (attempt {n}): {escape(why)}; again in {delay:g}s")
-                    pending[key] = now + delay
-            for key, when in list(pending.items()):
-                if time.monotonic() < when:
-                    continue
-                del pending[key]
-                stage = 0
-                if key.startswith("service:"):
-                    svc = plan.service(key.split(":", 1)[1])
-                    n = max(out.attempts.get(unit_key(u), 1) for u in svc.units)
-                    self.stop_service(plan, svc, f"attempt-{n}")
-                    if not self.start_units(plan, svc.units, out):
-                        return False
-                else:
-                    if not self.start_units(plan, [keyed[key]], out):
-                        return False
-            if not pending:
-                while stage < len(plan.ready):
-                    p = plan.ready[stage]
-                    problem = self.probe(p)
-                    if problem is not None:
-                        if stage > 0 and not not_yet(problem):
-                            return self._fail(out, p.host, f"{p.name}: {problem}")
-                        last_probe = f"{p.name}: {problem}" if stage > 0 else problem
-                        break
-                    stage += 1
-                    if stage in (1, len(plan.ready)):  # the phases: the first probe, then the later ones together
-                        names = plan.ready[0].name if stage == 1 else " + ".join(x.name for x in plan.ready[1:])
-                        out.phases[names] = time.monotonic() - t
-                        t = time.monotonic()
-                else:
-                    if not plan.ready:
-                        out.phases["running"] = time.monotonic() - t
-                    return True
+            if not self._exits(plan, w, out) or not self._restart_due(plan, w, out):
+                return False
+            if not w.pending:
+                ready = self._probes(plan, w, out)
+                if ready is not None:
+                    return ready
             if time.monotonic() >= end:
-                waiting = ", ".join(f"{k}: {m}" for k, m in reasons.items()) or last_probe or "no unit reported an error"
-                return self._fail(out, plan.entry_host, f"not ready within {d.ready_timeout_s:g}s ({waiting})")
-            time.sleep(poll_delay(polls, d.poll_s))
+                waiting = ", ".join(f"{k}: {m}" for k, m in w.reasons.items()) or w.last_probe or "no unit reported an error"
+                return self._fail(out, plan.entry_host, f"not ready within {self.d.ready_timeout_s:g}s ({waiting})")
+            time.sleep(poll_delay(polls, self.d.poll_s))
             polls += 1
+
+    def _exits(self, plan: ReleasePlan, w: "_Watching", out: Outcome) -> bool:
+        """Read every unit's state; each exit is handled by its service's
+        policy (a restart scheduled with backoff in ``w.pending``). False:
+        the release failed (a ``none`` unit exited, or retries ran out)."""
+        d, now = self.d, time.monotonic()
+        for key, (status, code) in self.states(plan).items():
+            # a garbled read of a state is read again at the next poll, never taken for an exit
+            if status in ("running", "unreadable"):
+                continue
+            u = w.keyed[key]
+            svc = plan.service_of(u)
+            if key in w.pending or f"service:{svc.name}" in w.pending:
+                continue
+            why = self.exit_reason(u) or f"container {status} {code}".strip()
+            w.reasons[key] = why
+            if svc.restart == "none":
+                return self._fail(out, u.host, f"{plan.name_of(u)} exited: {why}")
+            n = out.attempts.get(key, 1)
+            if n > d.worker_retries:
+                what = svc.name if svc.restart == "group" else plan.name_of(u)
+                return self._fail(out, u.host, f"{what} exited {n} times; last reason: {why}")
+            delay = min(d.backoff_s * (2 ** (n - 1)), d.backoff_max_s)
+            if svc.restart == "group":
+                self.say(f"  [yellow]{escape(svc.name)}: {u.host} {escape(u.container)} {status}[/] (attempt {out.number(key)}): {escape(why)}; "
+                         f"restarting the whole group ({len(svc.units)} containers) in {delay:g}s")
+                w.pending[f"service:{svc.name}"] = now + delay
+            else:
+                shown = f" ({plan.shown_text(u)})" if plan.shown_text(u) else ""
+                self.say(f"  [yellow]{escape(plan.name_of(u))} {u.host}{escape(shown)} exited[/] (attempt {out.number(key)}): {escape(why)}; "
+                         f"again in {delay:g}s")
+                w.pending[key] = now + delay
+        return True
+
+    def _restart_due(self, plan: ReleasePlan, w: "_Watching", out: Outcome) -> bool:
+        """Start again what is due (a group: every unit stopped first); the probes then start from the first. False: a start failed."""
+        for key, when in list(w.pending.items()):
+            if time.monotonic() < when:
+                continue
+            del w.pending[key]
+            w.stage = 0
+            if key.startswith("service:"):
+                svc = plan.service(key.split(":", 1)[1])
+                self.stop_units(plan, svc.units, lambda u: f"attempt-{out.number(unit_key(u))}", f"stop {svc.name}")
+                if not self.start_units(plan, svc.units, out):
+                    return False
+            elif not self.start_units(plan, [w.keyed[key]], out):
+                return False
+        return True
+
+    def _probes(self, plan: ReleasePlan, w: "_Watching", out: Outcome) -> bool | None:
+        """The readiness probes from ``w.stage`` on: True when all passed,
+        False on a wrong answer from a later one, None while waiting."""
+        while w.stage < len(plan.ready):
+            p = plan.ready[w.stage]
+            problem = self.probe(p)
+            if problem is not None:
+                if w.stage > 0 and not not_yet(problem):
+                    return self._fail(out, p.host, f"{p.name}: {problem}")
+                w.last_probe = f"{p.name}: {problem}" if w.stage > 0 else problem
+                return None
+            w.stage += 1
+            if w.stage in (1, len(plan.ready)):  # the phases: the first probe, then the later ones together
+                names = plan.ready[0].name if w.stage == 1 else " + ".join(x.name for x in plan.ready[1:])
+                out.phases[names] = time.monotonic() - w.t
+                w.t = time.monotonic()
+        if not plan.ready:
+            out.phases["running"] = time.monotonic() - w.t
+        return True
 
     # -- after a failure ----------------------------------------------------------------------
     def collect_bundle(self, plan: ReleasePlan, secrets: list[str]) -> tuple[str, str]:

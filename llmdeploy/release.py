@@ -1,8 +1,9 @@
 """Releases on the nodes: ``<base>/<cluster>/releases/<id>/`` with a
 ``current`` link on every node, and an append-only ledger on node 0.
 
-Every function here builds a shell script or parses output; the runner
-executes them. The ledger is JSON lines, appended under ``flock`` with one
+Every function here builds a shell script, parses output or reads the
+ledger's records (every release's attempts, the rollback target); the
+runner executes the scripts. The ledger is JSON lines, appended under ``flock`` with one
 ``write`` per line, so an interrupted deploy never leaves a torn line. It
 records attempts: every line is one event of one release (``started``,
 ``good``, ``failed``, ``rolled back``), never rewritten, so a release that
@@ -25,6 +26,7 @@ import socket
 import tarfile
 import time
 
+from .errors import LlmdeployError
 from .inventory import Cluster
 
 RELEASE_RE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
@@ -199,3 +201,87 @@ def parse_ledger_checked(text: str) -> tuple[list[dict], list[str]]:
 def parse_ledger(text: str) -> list[dict]:
     """Every trustworthy ledger line; a torn, edited or foreign line is skipped, never fatal."""
     return parse_ledger_checked(text)[0]
+
+
+# --- what the ledger says: every release, its attempts, the rollback target ------------------------
+def _event(r: dict) -> str:
+    action = r.get("action") or "deploy"
+    if r.get("result") == "rolled back":
+        text = f"rolled back to {r.get('to')}"
+    else:
+        text = f"{action} {r.get('result')}"
+        if r.get("from"):
+            text += f" (from {r['from']})"
+    text += f" {r.get('time')} by {r.get('who')}"
+    if r.get("reason") and r.get("result") == "failed":
+        text += f": {str(r['reason'])[:80]}"
+    return text
+
+
+def release_table(records: list[dict]) -> list[dict]:
+    """One row per release, oldest first: when and by whom it was made, its
+    digest and hash, whether it was ever good (and when last), its latest
+    attempt, and every event it had (nothing is ever rewritten)."""
+    rows: dict[str, dict] = {}
+    for r in records:
+        row = rows.setdefault(r["release"], {"release": r["release"], "time": r.get("time"), "who": r.get("who"),
+                                             "image_id": r.get("image_id"), "config_hash": r.get("config_hash"),
+                                             "was_good": False, "last_good": None, "latest": None, "result": None, "events": []})
+        if r.get("result") == "good":
+            row["was_good"], row["last_good"] = True, r.get("time")
+        if r.get("result") in ("started", "good", "failed"):
+            row["latest"] = {k: r.get(k) for k in ("result", "action", "time", "who", "reason", "from") if r.get(k)}
+            row["latest"].setdefault("action", "deploy")
+            row["result"] = r.get("result")
+        row["events"].append(_event(r))
+    return list(rows.values())
+
+
+def latest_attempt(records: list[dict]) -> dict | None:
+    """The newest line that ended an attempt (good or failed)."""
+    return next((r for r in reversed(records) if r.get("result") in ("good", "failed")), None)
+
+
+def failing_release(records: list[dict]) -> str | None:
+    """The release whose deploy failed last, when nothing was good after it: the one currently failing."""
+    for r in reversed(records):
+        if r.get("result") == "good" and (r.get("action") or "deploy") == "deploy":
+            return None
+        if r.get("result") == "failed" and (r.get("action") or "deploy") == "deploy":
+            return r["release"]
+    return None
+
+
+def on_cluster(records: list[dict], current: str | None) -> str | None:
+    """The release the cluster runs, or last tried to: the latest attempt's."""
+    last = latest_attempt(records)
+    return last["release"] if last else current
+
+
+def rollback_target(records: list[dict], current: str | None, to: str | None) -> str:
+    """``to`` when it was ever good; else the release that was good most
+    recently and is not what the cluster runs now (after a good deploy or
+    rollback) nor the release currently failing (after a failed one)."""
+    rows = {r["release"]: r for r in release_table(records)}
+    if to:
+        if to not in rows:
+            raise LlmdeployError(f"--to {to}: no such release in the ledger")
+        if not rows[to]["was_good"]:
+            raise LlmdeployError(f"--to {to}: that release was never good (its latest attempt: {rows[to]['result']})")
+        return to
+    last = latest_attempt(records)
+    exclude = set()
+    if last and last["result"] == "good":
+        exclude.add(last["release"])
+    failing = failing_release(records)
+    if failing:
+        exclude.add(failing)
+    last_good: dict[str, int] = {}
+    for i, r in enumerate(records):
+        if r.get("result") == "good":
+            last_good[r["release"]] = i
+    candidates = sorted((i, rid) for rid, i in last_good.items() if rid not in exclude)
+    if not candidates:
+        now = last["release"] if last else current
+        raise LlmdeployError(f"no release that was ever good to roll back to from {now or 'nothing'} (invoke releases to see them)")
+    return candidates[-1][1]

@@ -81,11 +81,9 @@ REPO = Path(__file__).resolve().parent.parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import systems  # noqa: E402
-from flows import app as flows_app  # noqa: E402
 from flows import check as flows_check  # noqa: E402
 from flows import deploy as dep  # noqa: E402
-from flows import ops, verify  # noqa: E402
+from flows import lifecycle, releases, serving_logs, verify  # noqa: E402
 from flows import plan as flows_plan  # noqa: E402
 from flows.engine import Engine, Outcome  # noqa: E402
 from llmdeploy import lock  # noqa: E402
@@ -95,6 +93,7 @@ from llmdeploy.inventory import ENV_NAME_RE, Cluster, load_cluster, problems_fro
 from llmdeploy.release import ledger_record, release_dir, set_current_script, write_script  # noqa: E402
 from llmdeploy.runner import FAILED, OK, SKIPPED, HostResult, UnreachableError  # noqa: E402
 from roles import comm, record  # noqa: E402
+from roles.status import status_script  # noqa: E402
 
 MARK = "PWNED"
 # {m}: the marker file; each payload tries another way out of a shell word
@@ -508,7 +507,7 @@ def build_artifacts(cluster: Cluster, cli: dict[str, str], only: tuple[str, ...]
             run.exec(cluster.node0, verify.last_report_script(cluster))
             dep.write_release(run, cluster, plan)
             dep.ledger(run, cluster, ledger_record(cluster, rid, "started", IMAGE_ID, chash[:16]))
-            eng = Engine(cluster, run, quiet, quiet=True, signatures=systems.signatures(kind))
+            eng = Engine(cluster, run, quiet, quiet=True, signatures=plan.signatures)
             eng.stop(rid, "stop previous")
             out = Outcome(ok=False, release=rid)
             for svc in plan.services:
@@ -528,31 +527,31 @@ def build_artifacts(cluster: Cluster, cli: dict[str, str], only: tuple[str, ...]
                 eng.exit_reason(u)
             for n in cluster.nodes:
                 run.add(f"bundle/{n.name}", llm_logs.bundle_script(cluster, n, release_dir(cluster, rid), [u.container for u in plan.units(n.name)]))
-            eng.stop(None, "stop", cleanup=systems.module_for(kind).STOP_CLEANUP)
+            eng.stop(None, "stop", cleanup=plan.stop_cleanup)
             run.add("set current", set_current_script(cluster, rid))
             dep.ledger(run, cluster, ledger_record(cluster, rid, "good", IMAGE_ID, chash[:16]))
         lock.audit(run, cluster, "deploy", "good", rid, message=cli["message"])
 
     def operations():
-        with mock.patch.object(ops, "Runner", cap.factory("ops")):
+        with mock.patch.object(lifecycle, "Runner", cap.factory("ops")), mock.patch.object(releases, "Runner", cap.factory("ops")):
             if "rid" in state:
-                ops.read_release(cap.factory("ops")(cluster), cluster, state["rid"], "verify target")
-            cap.factory("ops")(cluster).add("status", ops.status_script(cluster))
-            ops.stop(cluster, quiet, cli["message"], 0)
-            ops.lock_status(cluster, quiet)
-            ops.audit_log(cluster, quiet, 5, False)
+                releases.read_release(cap.factory("ops")(cluster), cluster, state["rid"], "verify target")
+            cap.factory("ops")(cluster).add("status", status_script(cluster))
+            lifecycle.stop(cluster, quiet, cli["message"], 0)
+            releases.lock_status(cluster, quiet)
+            releases.audit_log(cluster, quiet, 5, False)
 
     def rollback():
-        with mock.patch.object(ops, "Runner", cap.factory("rollback")):
-            ops.rollback(cluster, quiet, None, cli["message"], 0, False)  # no ledger here: refused after the lock
+        with mock.patch.object(lifecycle, "Runner", cap.factory("rollback")):
+            lifecycle.rollback(cluster, quiet, None, cli["message"], 0, False)  # no ledger here: refused after the lock
 
     def lock_break():
-        with mock.patch.object(ops, "Runner", cap.factory("lock.break")):
-            ops.lock_break(cluster, quiet, cli["reason"])
+        with mock.patch.object(releases, "Runner", cap.factory("lock.break")):
+            releases.lock_break(cluster, quiet, cli["reason"])
 
     def logs():
-        with mock.patch.object(flows_app, "Runner", cap.factory("logs")), mock.patch.object(flows_app, "load_cluster", lambda name: cluster):
-            flows_app.serving_logs(cluster.name, since=cli["since"], tail="100")
+        with mock.patch.object(serving_logs, "Runner", cap.factory("logs")):
+            serving_logs.serving_logs(cluster, since=cli["since"], tail="100")
 
     def ssh_config():
         # invoke check's ssh_config: ssh runs a ProxyCommand line, so its lines are commands too

@@ -662,21 +662,21 @@ def test_json_nested_too_deep_is_an_unreadable_answer(monkeypatch):
 
 # --- what the flows parse: status, the deploy gate, the lock holder ----------------------------------------------
 def test_status_with_garbage_docker_inspect():
-    from flows.ops import parse_status
+    from roles.status import parse_status
 
     st_ = parse_status(section("release", "r1") + section("inspect", 'null\n{"Name": "/x", "State": {"Running": true}}\n'))
     assert list(st_["containers"]) == ["x"]
 
 
 def test_status_with_empty_or_unparsable_docker_inspect():
-    from flows.ops import parse_status
+    from roles.status import parse_status
 
     for text in ("", "{", "garbage", '{"Name": "/x"'):
         assert parse_status(section("release", "r1") + section("inspect", text))["containers"] == {}
 
 
 def test_status_state_of_an_odd_inspect_document():
-    from flows.ops import _state, _uptime
+    from flows.status import _state, _uptime
 
     assert _state({"Name": "/x"}).startswith("exited") and _uptime({"State": "x"}) == "-"
 

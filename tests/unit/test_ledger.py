@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from flows.ops import latest_attempt, on_cluster, release_table, rollback_target
+from llmdeploy.release import latest_attempt, on_cluster, release_table, rollback_target
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.release import append_script, line_sum, parse_ledger_checked, parse_lines
 

@@ -1,0 +1,221 @@
+"""The cluster's history, read from its nodes: the ledger and the ``current``
+link on node 0, what every node holds of one release and that release's plan
+(its own ``plan.json``, or what its serving system reads from a release
+written before plans were recorded), and the views of it: ``invoke
+releases``, ``audit``, ``lock.status`` and ``lock.break``.
+
+Any laptop with the repository and SSH access reads the same history; the
+shell text comes from ``roles.release`` and ``llmdeploy.lock``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.markup import escape
+
+import systems
+from flows.probes import check_named
+from llmdeploy import lock, report
+from llmdeploy.errors import LlmdeployError
+from llmdeploy.inventory import Cluster
+from llmdeploy.release import RELEASE_RE, ledger_path, on_cluster, parse_ledger_checked, parse_lines, release_dir, release_table, rollback_target
+from llmdeploy.releaseplan import ReleasePlan
+from llmdeploy.runner import Runner, Step
+from roles import release as rel
+
+
+def read_ledger(runner: Runner, cluster: Cluster, problems: list[str] | None = None) -> tuple[list[dict], str | None]:
+    """(ledger lines, node 0's current release). Lines that cannot be trusted
+    (torn, edited) are skipped; each is said on stderr, and added to
+    ``problems`` when the caller passes a list."""
+    out, err, code = runner.exec(cluster.node0, rel.ledger_script(cluster))
+    got = rel.parse_ledger_read(out)
+    if code != 0 or got is None:
+        raise LlmdeployError(f"{cluster.node0.name}: cannot read the ledger: {err.strip() or out.strip()}")
+    text, current = got
+    records, bad = parse_ledger_checked(text)
+    for b in bad:
+        print(f"warning: {cluster.node0.name}:{ledger_path(cluster)}: {b}", file=sys.stderr)
+    if problems is not None:
+        problems.extend(bad)
+    return records, current
+
+
+@dataclass
+class OnNodes:
+    """What the nodes hold of one release."""
+
+    metas: dict[str, dict] = field(default_factory=dict)  # host -> release.json
+    plan_text: str = ""  # node 0's plan.json ("" if none)
+    unreadable: dict[str, str] = field(default_factory=dict)  # host -> why its release.json cannot be read
+    missing: dict[str, str] = field(default_factory=dict)  # host -> files or images it lacks
+    attempts: dict[str, int] = field(default_factory=dict)  # "host/container" -> the number of its latest start
+
+
+def read_release(runner: Runner, cluster: Cluster, rid: str, step: str) -> OnNodes:
+    """Release ``rid`` as every node has it, in one round trip each."""
+    res = runner.run(Step(name=step, build=lambda n: rel.release_script(cluster, rid)))
+    got = OnNodes()
+    for h, r in res.items():
+        doc = rel.parse_release(r.stdout)
+        if doc["problems"]:
+            got.missing[h] = "; ".join(doc["problems"])
+        if r.failed or not doc["meta_ran"]:
+            got.unreadable[h] = r.msg if r.failed else (got.missing.get(h) or "no release.json")
+            continue
+        if doc["meta"] is None:
+            got.unreadable[h] = got.missing.get(h) or f"{release_dir(cluster, rid)}/release.json is unreadable"
+            continue
+        got.metas[h] = doc["meta"]
+        got.attempts.update({f"{h}/{c}": n for c, n in doc["attempts"].items()})
+        if h == cluster.node0.name:
+            got.plan_text = doc["plan"]
+    return got
+
+
+def plan_of(cluster: Cluster, rid: str, plan_text: str, metas: dict[str, dict]) -> ReleasePlan:
+    """A release's plan from its own files on the nodes (``systems.read_plan``),
+    refused unless it is one this tool could have written for this cluster."""
+    where = f"plan.json on {cluster.node0.name}" if plan_text.strip() else "release.json files (no plan.json)"
+    try:
+        plan = systems.read_plan(cluster, rid, plan_text, metas)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise LlmdeployError(f"release {rid}: its {where} is unreadable: {type(exc).__name__}: {exc}") from None
+    unknown = sorted(set(plan.hosts()) - {n.name for n in cluster.nodes})
+    if unknown:
+        raise LlmdeployError(f"release {rid} runs on {', '.join(unknown)}, which the inventory of {cluster.name} no longer has")
+    bad = plan_problems(cluster, rid, plan)
+    if bad:
+        raise LlmdeployError(f"release {rid}: its {where} is not one this tool wrote ({'; '.join(bad[:4])}): refusing to run it")
+    return plan
+
+
+_SAFE = {
+    "container": re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"),
+    "prefix": re.compile(r"^([a-z0-9][a-z0-9-]*\.)?$"),
+    "ip": re.compile(r"^[A-Za-z0-9.:-]+$"),
+    "path": re.compile(r"^/[A-Za-z0-9/._-]*$"),
+    # the clean-up after stop runs on every node: only the shape the systems write, removing files by absolute path
+    "cleanup": re.compile(r"^(rm -f( /[A-Za-z0-9/._*-]+)+ 2>/dev/null; true\n)*$"),
+}
+
+
+def plan_problems(cluster: Cluster, rid: str, plan: ReleasePlan) -> list[str]:
+    """What in a plan read back from the nodes does not look like one this
+    tool wrote: its values reach remote shells, probes and this process's
+    regular expressions, so they are checked."""
+    out = []
+    if plan.release != rid or plan.cluster != cluster.name:
+        out.append(f"it names release {plan.release} of {plan.cluster}")
+    nodes = {n.name for n in cluster.nodes}
+    for u in plan.units():
+        if not _SAFE["container"].match(u.container) or not _SAFE["prefix"].match(u.prefix):
+            out.append(f"unit {u.container!r} (prefix {u.prefix!r})")
+    for p in plan.ready + [s.started for s in plan.services if s.started]:
+        if p.host not in nodes or not _SAFE["ip"].match(p.ip) or not _SAFE["path"].match(p.path) or p.kind not in ("port", "http"):
+            out.append(f"probe {p.name!r} ({p.host} {p.ip} {p.path})")
+        elif p.kind == "http" and check_named(p.check) is None:
+            out.append(f"probe {p.name!r} names the check {p.check!r}, which no system of this tool defines")
+    if not isinstance(plan.stop_cleanup, str) or not _SAFE["cleanup"].match(plan.stop_cleanup):
+        out.append(f"stop clean-up {str(plan.stop_cleanup)[:80]!r} (only 'rm -f <absolute paths> 2>/dev/null; true' is run)")
+    for pattern, _ in plan.signatures:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            out.append(f"failure signature {pattern[:60]!r}: {exc}")
+    texts = [*plan.drift_env_prefixes, *plan.show_labels, *plan.show_labels.values(), *plan.role_labels, *plan.role_labels.values()]
+    if not all(isinstance(t, str) for t in texts):
+        out.append("labels or environment prefixes that are not text")
+    return out
+
+
+def current_plan(cluster: Cluster, sts: dict[str, dict | None]) -> ReleasePlan | None:
+    """The current release's plan, from node 0's files (else another node's).
+    ``sts``: each host's ``roles.status.parse_status`` (None: unreachable).
+    None when no node has a current release."""
+    order = [cluster.node0.name] + [n.name for n in cluster.nodes[1:]]
+    for h in order:
+        st = sts.get(h)
+        if st and st["release"] and RELEASE_RE.match(st["release"]):
+            metas = {x: sts[x]["meta"] for x in sts if sts[x] and sts[x]["meta"]}
+            if st["plan"].strip() or len(metas) == len(cluster.nodes):
+                return plan_of(cluster, st["release"], st["plan"], metas)
+    return None
+
+
+def releases(cluster: Cluster, con: Console, json_out: bool) -> int:
+    """Every release in the ledger: was it ever good, its latest attempt, every event."""
+    problems: list[str] = []
+    with Runner(cluster, nodes=[cluster.node0]) as runner:
+        records, current = read_ledger(runner, cluster, problems)
+    rows = release_table(records)
+    try:
+        default = rollback_target(records, current, None)
+    except LlmdeployError:
+        default = None
+    if json_out:
+        report.emit_json({"cluster": cluster.name, "current": current, "on_cluster": on_cluster(records, current),
+                          "rollback_target": default, "releases": rows, "problems": problems})
+        return 0
+    out = []
+    for r in rows:
+        marks = []
+        if r["release"] == current:
+            marks.append("[bold green]current[/]")
+        if r["release"] == default:
+            marks.append("rollback target")
+        latest = r["latest"] or {}
+        style = {"good": "green", "failed": "red"}.get(latest.get("result"), "yellow")
+        was = f"[green]yes[/] (last {r['last_good']})" if r["was_good"] else "[red]never[/]"
+        out.append([r["release"], r["time"], r["who"], (r["image_id"] or "-")[:19], r["config_hash"] or "-", was,
+                    f"[{style}]{latest.get('action', '-')} {latest.get('result', '-')}[/]", escape("\n".join(r["events"])) or "-", "\n".join(marks)])
+    con.print(report.table(f"releases of {cluster.name} (ledger on {cluster.node0.name})",
+                           ["release", "made", "by", "image", "config", "was good", "latest attempt", "events", ""], out))
+    for p in problems:
+        con.print(f"[bold red]ledger problem[/]: {escape(p)}")
+    return 0
+
+
+def audit_log(cluster: Cluster, con: Console, last: int | None, json_out: bool) -> int:
+    with Runner(cluster, nodes=[cluster.node0]) as runner:
+        out, err, code = runner.exec(cluster.node0, rel.audit_script(cluster))
+    recs, problems = parse_lines(out, "audit log")
+    for b in problems:
+        print(f"warning: {cluster.node0.name}:{lock.audit_path(cluster)}: {b}", file=sys.stderr)
+    if last:
+        recs = recs[-last:]
+    if json_out:
+        report.emit_json({"cluster": cluster.name, "audit": recs, "problems": problems})
+        return 0
+    rows = [[r.get("time"), r.get("who"), r.get("command"), r.get("release") or "-", r.get("result"),
+             escape(", ".join(f"{k}={v}" for k, v in r.items() if k not in ("time", "who", "command", "release", "result", "sum") and v))] for r in recs]
+    con.print(report.table(f"audit log of {cluster.name} (on {cluster.node0.name})", ["time", "who", "command", "release", "result", "details"], rows))
+    return 0
+
+
+def lock_status(cluster: Cluster, con: Console) -> int:
+    with Runner(cluster, nodes=[cluster.node0]) as runner:
+        out, err, code = runner.exec(cluster.node0, lock.status_script(cluster))
+    if out.startswith("free"):
+        con.print(f"{cluster.name}: the deploy lock is free")
+        return 0
+    con.print(f"{cluster.name}: the deploy lock is held by {escape(lock.describe(lock.parse_holder(out)))}")
+    return 1
+
+
+def lock_break(cluster: Cluster, con: Console, reason: str) -> int:
+    if not reason or not reason.strip():
+        raise LlmdeployError("lock.break needs --reason: say why the holder is gone")
+    with Runner(cluster, nodes=[cluster.node0]) as runner:
+        out, err, code = runner.exec(cluster.node0, lock.break_script(cluster))
+        if out.startswith("free"):
+            con.print(f"{cluster.name}: the deploy lock is not held; nothing to break")
+            return 0
+        holder = lock.parse_holder("x\n" + out.splitlines()[0])
+        lock.audit(runner, cluster, "lock.break", "broken", None, reason=reason, holder=lock.describe(holder))
+    con.print(f"{cluster.name}: broke the deploy lock held by {escape(lock.describe(holder))}")
+    return 0
