@@ -1,7 +1,8 @@
 """invoke deploy of Dynamo disaggregated serving on a simulated GB300 node
 (1P1D decode batch 8): real etcd and NATS in their containers, the frontend,
 prefill and decode MPI groups; the frontend's instance count as the signal a
-worker left; status, restart of one service, rollback and stop."""
+worker left; status, logs of every unit (and of one service), restart of
+one service, rollback and stop."""
 
 import json
 import os
@@ -71,6 +72,16 @@ def test_dynamo_end_to_end(short_leases, tmp_path):
     doc = json.loads(run_invoke("status", "--cluster", SIM_CLUSTER, "--json").stdout)
     assert doc["healthy"] and doc["system"] == "dynamo"
     assert sorted(u["service"] for u in doc["nodes"][NODE]["units"].values()) == sorted(services)
+
+    # logs: every unit of the node, in start order, each line prefixed with its service; --service picks one
+    res = run_invoke("logs", "--cluster", SIM_CLUSTER, "--tail", "3")
+    assert res.returncode == 0, res.stderr
+    seen = list(dict.fromkeys(ln.split(" | ", 1)[0] for ln in res.stdout.splitlines()))
+    assert seen == [f"{NODE}/{s}" for s in services], res.stdout
+    res = run_invoke("logs", "--cluster", SIM_CLUSTER, "--service", "decode0", "--tail", "20")
+    assert res.returncode == 0 and {ln.split(" | ", 1)[0] for ln in res.stdout.splitlines()} == {f"{NODE}/decode0"}, res.stdout
+    bad = run_invoke("logs", "--cluster", SIM_CLUSTER, "--service", "decode9")
+    assert bad.returncode == 1 and "services there: decode0, etcd, frontend, nats, prefill0" in bad.stderr, bad.stderr
 
     # one decode worker dies after healthy: status names it, restart brings the instance back
     pids = [pid for pid, (env, cmd, name) in _procs(NODE, SIM_CLUSTER).items()
