@@ -42,7 +42,14 @@ def _plan_for_stop(runner: Runner, cluster: Cluster) -> tuple[ReleasePlan | None
         plan = current_plan(cluster, sts)
     except LlmdeployError as exc:
         return None, str(exc)
-    return plan, "" if plan is not None else "no node has a current release"
+    if plan is not None:
+        return plan, ""
+    gone = [h for h, r in res.items() if r.failed]
+    current = sorted({st["release"] for st in sts.values() if st and st["release"]})
+    if current:
+        return None, (f"release {', '.join(current)} is current on some nodes, but neither a plan.json nor every node's release.json could be read"
+                      + (f" ({', '.join(gone)} unreachable)" if gone else ""))
+    return None, "no node has a current release" + (f" ({', '.join(gone)} unreachable)" if gone else "")
 
 
 def stop(cluster: Cluster, con: Console, message: str | None, lock_wait: float) -> int:

@@ -16,6 +16,7 @@ from typing import Callable
 
 import paramiko
 
+import systems
 from llmdeploy.inventory import Node
 from llmdeploy.releaseplan import Probe
 from llmdeploy.runner import COUNTS, Runner, UnreachableError
@@ -149,8 +150,6 @@ CHECKS: dict[str, Callable[[bytes, str], str | None]] = {
 
 def check_named(name: str) -> Callable[[bytes, str], str | None] | None:
     """The body check a probe names: a generic one, or one a serving system adds; None if none has that name."""
-    import systems
-
     return CHECKS.get(name) or systems.probe_checks().get(name)
 
 
