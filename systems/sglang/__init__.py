@@ -31,6 +31,8 @@ from .profile import KIND, SglangProfile
 
 PROFILE = SglangProfile
 LABELS = {"node_rank": "node rank"}
+# how messages name a unit of node 0's role
+ROLE_LABELS = {"node0": "node 0"}
 CHAT_PROMPT = "Write a Python function that reverses a string."
 STOP_CLEANUP = ""
 DRIFT_ENV_PREFIXES = ["NCCL_", "GLOO_", "SGLANG_", "CUDA_"]
