@@ -307,8 +307,8 @@ class Cluster(Strict):
             kind = v.get("kind")
             if not isinstance(kind, str) or kind not in PROFILE_KINDS:
                 known = ", ".join(sorted(PROFILE_KINDS)) or "none loaded"
-                raise ValueError(f"kind {kind!r} is no serving system this tool has loaded (known: {known}); "
-                                 "build the profile with its system's catalogue (systems/<name>/catalogue.py)")
+                raise ClusterProblems([("kind", f"{kind!r} is no serving system this tool has loaded (known: {known}); "
+                                                "build the profile with its system's catalogue (systems/<name>/catalogue.py)")])
             return PROFILE_KINDS[kind].model_validate(v)
         if not isinstance(v, ServingProfile) or type(v) is ServingProfile:
             raise ValueError(f"{type(v).__name__} is no serving system's profile: build it with its system's catalogue (systems/<name>/catalogue.py)")

@@ -115,7 +115,8 @@ SPLIT_TPL, DASH_TPL = 10, 11
 # fields that are argument lists by design (split at spaces; their pattern allows no metacharacter)
 ARGV_FIELDS = {"verify.all_reduce_args"}
 FILE_TOOLS = {"rm", "mv", "cp", "chmod", "chown", "ln", "mkdir", "touch", "tee", "find", "tar", "cat", "dirname", "basename", "readlink", "stat"}
-CLUSTERS = {"vllm-ascend": "sim-a3", "trtllm-serve": "sim-b200", "dynamo": "sim-gb300-agentic", "dynamo across nodes": "sim-gb300-1p2d"}
+CLUSTERS = {"vllm-ascend": "sim-a3", "trtllm-serve": "sim-b200", "dynamo": "sim-gb300-agentic", "dynamo across nodes": "sim-gb300-1p2d",
+            "sglang": "sim-h200-sglang"}
 INVENTORY = REPO / "inventory"
 FIXED_RID = "20260101T000000Z-0badc0de"
 IMAGE_ID = "sha256:" + "ab" * 32
@@ -188,7 +189,8 @@ def _walk(cluster_name: str, cluster: Cluster, inst, cls, path: tuple, label: st
         if shape == "str":
             out.append(FieldRef(cluster_name, lab, p, "value"))
         elif shape == "model":
-            _walk(cluster_name, cluster, value, arg, p, lab, out)
+            # a field typed by a base class (cluster.profile: ServingProfile) holds a subclass: walk what it holds
+            _walk(cluster_name, cluster, value, type(value) if isinstance(value, arg) else arg, p, lab, out)
         elif shape == "union" and value is not None:
             _walk(cluster_name, cluster, value, type(value), p, lab, out)
         elif shape == "list":
