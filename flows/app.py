@@ -129,22 +129,7 @@ def prepare(
     what would change. Changes are made under the deploy lock (``locked``: the
     caller, a deploy, holds it already)."""
     if not check and not locked:
-        import contextlib
-
-        from llmdeploy import lock
-
-        cluster = load_cluster(cluster_name)
-        with contextlib.ExitStack() as stack:
-            runner = stack.enter_context(Runner(cluster, nodes=[cluster.node0]))
-            holder = stack.enter_context(lock.held(runner, cluster, "prepare", message, lock_wait))
-            try:
-                status = prepare(cluster_name, check, diff, limit, json_out, run_checks, locked=True)
-            except KeyboardInterrupt:
-                with report.shielded():
-                    lock.audit(runner, cluster, "prepare", "interrupted", None, limit=limit or "", message=message or "")
-                raise
-            lock.audit(runner, cluster, "prepare", "good" if status == 0 else "failed", None, held=holder, limit=limit or "", message=message or "")
-            return status
+        return _prepare_locked(cluster_name, diff, limit, json_out, run_checks, message, lock_wait)
     con = report.console(json_out)
     cluster = load_cluster(cluster_name)
     ctx = Context(cluster, check=check, diff=diff)
@@ -153,6 +138,39 @@ def prepare(
         con.print(f"[bold]prepare {cluster.name}[/]: {len(select_nodes(cluster, limit))} nodes{mode}")
     recap, results, trips = run_playbook(cluster, "prepare", limit, con, ctx=ctx)
     status = _exit_status(recap)
+    _prepare_report(con, cluster, check, diff, json_out, recap, results, trips, status)
+    if status == 0 and run_checks and not check:
+        from flows import check as node_check
+
+        if not json_out:
+            con.print("[bold]node acceptance tests[/] (invoke check)")
+        status = node_check.run(cluster, limit=limit, con=con, quiet=json_out)
+    return status
+
+
+def _prepare_locked(cluster_name: str, diff: bool, limit: str | None, json_out: bool, run_checks: bool, message: str | None,
+                    lock_wait: float) -> int:
+    """prepare under the deploy lock, audited (held on node 0 for the whole run)."""
+    import contextlib
+
+    from llmdeploy import lock
+
+    cluster = load_cluster(cluster_name)
+    with contextlib.ExitStack() as stack:
+        runner = stack.enter_context(Runner(cluster, nodes=[cluster.node0]))
+        holder = stack.enter_context(lock.held(runner, cluster, "prepare", message, lock_wait))
+        try:
+            status = prepare(cluster_name, False, diff, limit, json_out, run_checks, locked=True)
+        except KeyboardInterrupt:
+            with report.shielded():
+                lock.audit(runner, cluster, "prepare", "interrupted", None, limit=limit or "", message=message or "")
+            raise
+        lock.audit(runner, cluster, "prepare", "good" if status == 0 else "failed", None, held=holder, limit=limit or "", message=message or "")
+        return status
+
+
+def _prepare_report(con, cluster: Cluster, check: bool, diff: bool, json_out: bool, recap: dict, results: dict, trips, status: int) -> None:
+    """prepare's recap: per step and host, the RECAP table and what changed; or the same as JSON."""
     changed = sum(c.get("changed", 0) for c in recap.values())
     if json_out:
         report.emit_json(
@@ -169,20 +187,12 @@ def prepare(
                 "round_trips": trips,
             }
         )
-    else:
-        for step, res in results.items():
-            report.step_lines(con, step, res, diff=diff)
-        con.print(report.recap_table(recap))
-        verb = "would change" if check else "changed"
-        con.print(f"{changed} {verb}" + ("" if status == 0 else ", [bold red]FAILED[/] (see the failed lines above)"))
-    if status == 0 and run_checks and not check:
-        from flows import check as node_check
-
-        if not json_out:
-            con.print("[bold]node acceptance tests[/] (invoke check)")
-        status = node_check.run(cluster, limit=limit, con=con, quiet=json_out)
-    return status
-
+        return
+    for step, res in results.items():
+        report.step_lines(con, step, res, diff=diff)
+    con.print(report.recap_table(recap))
+    verb = "would change" if check else "changed"
+    con.print(f"{changed} {verb}" + ("" if status == 0 else ", [bold red]FAILED[/] (see the failed lines above)"))
 
 def check(cluster_name: str, limit: str | None = None, select: str | None = None) -> int:
     from flows import check as node_check

@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from flows import app, status, verify
 from flows import deploy as dep
-from flows.probes import chat_message, http_via_ssh
+from flows.probes import chat_message, http_via_ssh, split_think
 from flows.releases import current_plan
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, load_cluster
@@ -31,8 +31,7 @@ def _answer(cluster: Cluster, con: Console) -> None:
         code, body = http_via_ssh(runner, cluster.node(chat.host), chat.port, "POST", chat.path, chat.body, cluster.deploy.request_timeout_s,
                                   chat.headers, dest=chat.ip)
     reasoning, content = chat_message(body)
-    if content.lstrip().startswith("<think>") and "</think>" in content:
-        reasoning, content = content.split("</think>", 1)[0].replace("<think>", "", 1), content.split("</think>", 1)[1]
+    reasoning, content = split_think(content) or (reasoning, content)
     question = chat.body["messages"][0]["content"]
     con.print(f"[bold]{escape(question)}[/] (POST {chat.path}: {code})", soft_wrap=True)
     con.print(f"[dim]<think>{escape(reasoning.strip())}</think>[/]", soft_wrap=True)

@@ -78,13 +78,21 @@ def _models(body: bytes, model: str) -> str | None:
     return None if model in ids else f"does not list {model!r} (has {ids})"
 
 
-def _think(body: bytes, _: str) -> str | None:
-    """vLLM with thinking on: the content begins with a <think>...</think> block."""
-    reasoning, content = chat_message(body)
-    text = content
-    if text.lstrip().startswith("<think>") and "</think>" in text:
+def split_think(content: str) -> tuple[str, str] | None:
+    """(reasoning, answer) of content that begins with a <think>...</think>
+    block (a server without a reasoning parser), else None."""
+    if not (content.lstrip().startswith("<think>") and "</think>" in content):
         return None
-    return f"answered {text[:120]!r} (expected content that begins with <think>...</think>)"
+    head, answer = content.split("</think>", 1)
+    return head.replace("<think>", "", 1), answer
+
+
+def _think(body: bytes, _: str) -> str | None:
+    """Thinking on, no reasoning parser: the content begins with a <think>...</think> block."""
+    _, content = chat_message(body)
+    if split_think(content) is not None:
+        return None
+    return f"answered {content[:120]!r} (expected content that begins with <think>...</think>)"
 
 
 def _reasoning(body: bytes, _: str) -> str | None:

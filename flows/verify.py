@@ -55,9 +55,19 @@ def _cell(items: list[tuple[int, bool, str]], total: int) -> tuple[bool, str, li
 
 
 def ascend(cluster: Cluster, runner: Runner, full: bool) -> dict:
+    """hccn_tool's checks per NPU, the TLS switch across NPUs, the NPU ping
+    matrix (full or sampled) and the host network between the nodes."""
+    nodes, ips, tls_values = _hccn_checks(cluster, runner)
+    _tls_agreement(nodes, tls_values)
+    mode, links = _npu_pings(cluster, runner, nodes, ips, full)
+    host_links = host_network(cluster, runner, nodes)
+    return {"nodes": nodes, "plan": mode, "links": {"planned": len(links), "failed": [x for x in links if not x["ok"]]}, "host_links": host_links}
+
+
+def _hccn_checks(cluster: Cluster, runner: Runner) -> tuple[dict[str, dict], dict[str, dict[int, str]], dict[tuple[str, int], str]]:
+    """Per node its hccn_tool checks, its NPUs' IPs and their TLS switch values, in one round trip each."""
     from roles import comm
 
-    vs = cluster.verify
     res = runner.run(Step(name="hccn_tool checks", build=lambda n: comm.ascend_script(cluster, n), timeout=max(120.0, cluster.ssh.command_timeout)))
     nodes: dict[str, dict] = {}
     ips: dict[str, dict[int, str]] = {}
@@ -81,22 +91,33 @@ def ascend(cluster: Cluster, runner: Runner, full: bool) -> dict:
         checks["hccn.conf"] = {"ok": parsed["hccn_conf"] is not None, "summary": "read" if parsed["hccn_conf"] is not None else "missing",
                                "failures": [] if parsed["hccn_conf"] is not None else ["/etc/hccn.conf could not be read"]}
         nodes[n.name] = {"reachable": True, "checks": checks}
-    # TLS: the same switch value on every NPU of every node
-    if tls_values:
-        common, _ = Counter(tls_values.values()).most_common(1)[0]
-        for (host, d), v in tls_values.items():
-            if v != common:
-                c = nodes[host]["checks"]["tls"]
-                c["ok"] = False
-                c["failures"].append(f"npu{d}: TLS switch {v}, the other NPUs have {common}")
-        for host, nd in nodes.items():
-            if nd.get("reachable"):
-                c = nd["checks"]["tls"]
-                bad = len(c["failures"])
-                total = len([k for k in tls_values if k[0] == host]) or 1
-                c["summary"] = f"{total - bad}/{total} (switch {common})"
-    # pings
-    mode, plan = comm.ping_plan(cluster, ips, full, vs.ping_full_max)
+    return nodes, ips, tls_values
+
+
+def _tls_agreement(nodes: dict[str, dict], tls_values: dict[tuple[str, int], str]) -> None:
+    """TLS: the same switch value on every NPU of every node; an NPU that differs fails its node's check."""
+    if not tls_values:
+        return
+    common, _ = Counter(tls_values.values()).most_common(1)[0]
+    for (host, d), v in tls_values.items():
+        if v != common:
+            c = nodes[host]["checks"]["tls"]
+            c["ok"] = False
+            c["failures"].append(f"npu{d}: TLS switch {v}, the other NPUs have {common}")
+    for host, nd in nodes.items():
+        if nd.get("reachable"):
+            c = nd["checks"]["tls"]
+            bad = len(c["failures"])
+            total = len([k for k in tls_values if k[0] == host]) or 1
+            c["summary"] = f"{total - bad}/{total} (switch {common})"
+
+
+def _npu_pings(cluster: Cluster, runner: Runner, nodes: dict[str, dict], ips: dict[str, dict[int, str]], full: bool) -> tuple[str, list[dict]]:
+    """(plan mode, every planned link's result): the NPU ping matrix from every
+    reachable node, each node's ``pings`` check, and NPUs without an IP named."""
+    from roles import comm
+
+    mode, plan = comm.ping_plan(cluster, ips, full, cluster.verify.ping_full_max)
     reachable = [n for n in cluster.nodes if nodes[n.name].get("reachable")]
     res = runner.run(Step(name=f"NPU pings ({mode})", build=lambda n: comm.ping_script(cluster, plan[n.name]), timeout=max(300.0, cluster.ssh.command_timeout)), reachable)
     links = []
@@ -112,7 +133,6 @@ def ascend(cluster: Cluster, runner: Runner, full: bool) -> dict:
         for x in results:
             x["from"] = n.name
         links += results
-    failed = [x for x in links if not x["ok"]]
     for n in reachable:
         mine = [x for x in links if x["from"] == n.name]
         bad = [x for x in mine if not x["ok"]]
@@ -121,14 +141,12 @@ def ascend(cluster: Cluster, runner: Runner, full: bool) -> dict:
             "summary": f"{len(mine) - len(bad)}/{len(mine)}",
             "failures": [f"npu{x['npu']} -> {x['to']}/npu{x['to_npu']}: {x['reason']}" for x in bad],
         }
-    # nodes whose NPU IPs are missing cannot be pinged: say so on them
-    for n in reachable:
+        # an NPU whose IP is missing cannot be pinged: say so on its node
         missing = [d for d in range(n.devices or cluster.platform_info.devices) if d not in ips.get(n.name, {})]
         if missing:
             nodes[n.name]["checks"]["pings"]["failures"].append(f"npu{','.join(map(str, missing))}: no NPU IP, not pinged")
             nodes[n.name]["checks"]["pings"]["ok"] = False
-    host_links = host_network(cluster, runner, nodes)
-    return {"nodes": nodes, "plan": mode, "links": {"planned": len(links), "failed": failed}, "host_links": host_links}
+    return mode, links
 
 
 def host_timeout(cluster: Cluster) -> float:
