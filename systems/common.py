@@ -5,6 +5,8 @@ A system imports these; nothing here knows a system."""
 
 from __future__ import annotations
 
+import json
+
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.serving import ServingProfile
@@ -24,6 +26,32 @@ def profile_of(cluster: Cluster, cls: type[ServingProfile]):
 def nccl_node_env(node: Node) -> dict[str, str]:
     """NCCL's and Gloo's socket interface: each node's own serving NIC."""
     return {"NCCL_SOCKET_IFNAME": node.nic, "GLOO_SOCKET_IFNAME": node.nic}
+
+
+class NcclEnvironment:
+    """The environment hooks of a profile whose ranks talk NCCL and Gloo over
+    each node's serving NIC: those two variables per node, then the
+    profile's ``env`` (a mixin before ``ServingProfile``)."""
+
+    def node_env(self, cluster: Cluster, node: Node) -> dict[str, str]:
+        return nccl_node_env(node)
+
+    def environment(self, cluster: Cluster, node: Node) -> dict[str, str]:
+        return {**self.node_env(cluster, node), **self.env}
+
+
+def container_files(cluster: Cluster, release: str, node: Node, show: dict, what: str, meta: dict) -> dict[str, tuple[str, int]]:
+    """The files of a node that runs one serving container: its environment
+    file, ``serve.sh`` (the server's command, for people), ``run.sh`` (what
+    starts the container) and ``release.json`` (``meta``)."""
+    from roles import commenv
+
+    return {
+        "env": (commenv.render(cluster, node), commenv.env_mode(cluster)),
+        "serve.sh": (render("serve.sh.j2", command=show["serve_command"]), 0o755),
+        "run.sh": (render("run.sh.j2", what=what, release=release, host=node.name, command=show["container_command"]), 0o755),
+        "release.json": (json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644),
+    }
 
 
 def serving_image(cluster: Cluster, node, prepared: dict[str, dict]) -> str:

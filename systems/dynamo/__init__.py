@@ -54,7 +54,7 @@ from systems.trtllm import ssh_mounts_for
 
 from . import numa
 from . import workers as dynamo
-from .profile import KIND, DynamoProfile
+from .profile import KIND, DynamoProfile  # noqa: F401 (KIND: the registry reads it here)
 
 PROFILE = DynamoProfile
 LABELS: dict[str, str] = {"ranks": "ranks"}

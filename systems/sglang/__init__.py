@@ -16,7 +16,6 @@ served name, and a chat answers with its reasoning part
 
 from __future__ import annotations
 
-import json
 import shlex
 
 from llmdeploy.errors import LlmdeployError
@@ -25,7 +24,7 @@ from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
 from roles import commenv, containers
 from systems import common
-from systems.common import nic_signature, render, serving_image
+from systems.common import container_files, nic_signature, serving_image
 
 from .profile import KIND, SglangProfile
 
@@ -156,13 +155,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
         meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "role": u.role, "node_rank": u.show["node_rank"],
                 "container": u.container, "image": u.show["image"], "image_id": image_id, "system": plan.system,
                 "command": shlex.split(u.show["serve_command"])}
-        out[n.name] = {
-            "env": (commenv.render(cluster, n), commenv.env_mode(cluster)),
-            "serve.sh": (render("sglang/serve.sh.j2", command=u.show["serve_command"]), 0o755),
-            "run.sh": (render("run.sh.j2", what="this node's SGLang container", release=plan.release, host=n.name,
-                              command=u.show["container_command"]), 0o755),
-            "release.json": (json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644),
-        }
+        out[n.name] = container_files(cluster, plan.release, n, u.show, "this node's SGLang container", meta)
     return out
 
 

@@ -17,12 +17,12 @@ from pydantic import Field, field_validator
 from llmdeploy.inventory import Cluster, Node, Port, SafePath
 from llmdeploy.schema import env_name_list, env_values_one_line, safe_path
 from llmdeploy.serving import ServingProfile
-from systems.common import nccl_node_env
+from systems.common import NcclEnvironment
 
 KIND = "sglang"
 
 
-class SglangProfile(ServingProfile):
+class SglangProfile(NcclEnvironment, ServingProfile):
     """One SGLang world across the nodes: TP ranks split evenly over them."""
 
     kind: Literal["sglang"] = "sglang"
@@ -77,11 +77,6 @@ class SglangProfile(ServingProfile):
     def problems(self, cluster: Cluster) -> list[tuple[str, str]]:
         return cluster_problems(self, cluster)
 
-    def node_env(self, cluster: Cluster, node: Node) -> dict[str, str]:
-        return nccl_node_env(node)
-
-    def environment(self, cluster: Cluster, node: Node) -> dict[str, str]:
-        return {**self.node_env(cluster, node), **self.env}
 
 
 def cluster_problems(prof: SglangProfile, cluster: Cluster) -> list[tuple[str, str]]:

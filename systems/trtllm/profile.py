@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from llmdeploy.inventory import Cluster, Node, Port, SafePath, inventory_dir
 from llmdeploy.schema import ClusterProblems, env_name_list, env_values_one_line, json_value_problem, safe_path
 from llmdeploy.serving import ServingProfile
-from systems.common import nccl_node_env
+from systems.common import NcclEnvironment
 
 KIND = "trtllm-serve"
 
@@ -143,7 +143,7 @@ def nest_overrides(flat: dict[str, object]) -> dict:
     return out
 
 
-class TrtllmProfile(ServingProfile):
+class TrtllmProfile(NcclEnvironment, ServingProfile):
     """``trtllm-serve`` as one MPI world across the nodes; HTTP on rank 0."""
 
     kind: Literal["trtllm-serve"] = "trtllm-serve"
@@ -247,11 +247,6 @@ class TrtllmProfile(ServingProfile):
     def problems(self, cluster: Cluster) -> list[tuple[str, str]]:
         return cluster_problems(self, cluster)
 
-    def node_env(self, cluster: Cluster, node: Node) -> dict[str, str]:
-        return nccl_node_env(node)
-
-    def environment(self, cluster: Cluster, node: Node) -> dict[str, str]:
-        return {**self.node_env(cluster, node), **self.env}
 
 
 

@@ -11,7 +11,6 @@ checks and the seed's catalogue are ``profile`` and ``catalogue``."""
 
 from __future__ import annotations
 
-import json
 import shlex
 
 from llmdeploy.errors import LlmdeployError
@@ -19,7 +18,7 @@ from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
 from roles import commenv
-from systems.common import render, serving_image
+from systems.common import container_files, serving_image
 
 from . import serve
 from .profile import KIND, VllmAscendProfile
@@ -119,13 +118,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
         meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "role": u.role, "start_rank": n.start_rank,
                 "container": u.container, "image": u.show["image"], "image_id": image_id, "system": plan.system,
                 "command": shlex.split(u.show["serve_command"])}
-        out[n.name] = {
-            "env": (commenv.render(cluster, n), commenv.env_mode(cluster)),
-            "serve.sh": (render("vllm_ascend/serve.sh.j2", command=u.show["serve_command"]), 0o755),
-            "run.sh": (render("run.sh.j2", what="this node's serving container", release=plan.release, host=n.name,
-                              command=u.show["container_command"]), 0o755),
-            "release.json": (json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644),
-        }
+        out[n.name] = container_files(cluster, plan.release, n, u.show, "this node's serving container", meta)
     return out
 
 
