@@ -122,11 +122,11 @@ def ledger(runner: Runner, cluster: Cluster, record: dict) -> None:
 def read_prepared(runner: Runner, cluster: Cluster) -> dict[str, dict | None]:
     """Each node's prepare record (None where there is none)."""
     import json
-    import shlex
 
     from roles import record
+    from roles.files import read_script
 
-    res = runner.run(Step(name="read prepare records", build=lambda n: f"cat {shlex.quote(record.prepared_path(cluster))} 2>/dev/null; true\n"))
+    res = runner.run(Step(name="read prepare records", build=lambda n: read_script(record.prepared_path(cluster))))
     bad = {h: r.msg for h, r in res.items() if r.failed}
     if bad:
         raise LlmdeployError("cannot read the nodes' prepare records: " + "; ".join(f"{h}: {m}" for h, m in bad.items()))

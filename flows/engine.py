@@ -19,7 +19,6 @@ Deadlines and the retry policy are the inventory's ``DeploySettings``.
 from __future__ import annotations
 
 import re
-import shlex
 import time
 from dataclasses import dataclass, field
 
@@ -233,9 +232,8 @@ class Engine:
     def probe(self, p: Probe) -> str | None:
         if p.kind == "http":
             return http_probe(self.r, self.node(p.host), p, self.d.request_timeout_s)
-        test = shlex.quote(f"exec 3<>/dev/tcp/{p.ip}/{int(p.port)}")
         try:
-            o, e, code = self.r.exec(self.node(p.host), f"timeout 2 bash -c {test} 2>/dev/null && echo open")
+            o, e, code = self.r.exec(self.node(p.host), ctr.port_open_script(p.ip, p.port))
         except UnreachableError as exc:
             return f"{p.describe()}: {p.host} unreachable: {exc}"
         return None if "open" in o else f"{p.describe()}: closed"

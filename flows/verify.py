@@ -29,7 +29,6 @@ refuse a cluster whose last verification failed or is too old.
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from collections import Counter
 
@@ -339,7 +338,9 @@ def _print(con: Console, cluster: Cluster, doc: dict) -> None:
 
 
 def last_report_script(cluster: Cluster) -> str:
-    return f"cat {shlex.quote(report_path(cluster))} 2>/dev/null; true"
+    from roles.files import read_script
+
+    return read_script(report_path(cluster))
 
 
 def gate(cluster: Cluster, text: str, force: bool, now: float | None = None) -> tuple[bool, str]:

@@ -141,3 +141,9 @@ def stop_units_script(release_dir: str, containers: list[str], timeout: int, log
             f"docker stop -t {int(timeout)} {q(c)} >/dev/null 2>&1; docker rm -f {q(c)} >/dev/null 2>&1; echo stopped {q(c)}; fi"
         )
     return "\n".join(lines) + "\n"
+
+
+def port_open_script(ip: str, port: int) -> str:
+    """Prints ``open`` when ``ip:port`` accepts a TCP connection from the host within 2 s."""
+    test = shlex.quote(f"exec 3<>/dev/tcp/{ip}/{int(port)}")
+    return f"timeout 2 bash -c {test} 2>/dev/null && echo open"

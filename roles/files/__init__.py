@@ -117,6 +117,11 @@ def parse_put(node: Node, out: str, err: str, code: int, check: bool, secrets: l
     return HostResult(node.name, CHANGED, msg=f"{path} {verb}".strip(), data={"diff": diff_text}, stdout=out, stderr=err)
 
 
+def read_script(path: str) -> str:
+    """The file's text, or nothing when it is absent or unreadable (exit 0 either way)."""
+    return f"cat {shlex.quote(path)} 2>/dev/null; true\n"
+
+
 def sum_probe(path: str) -> str:
     """Read-only: the sha256 and mode of ``path`` (or ``absent``), for
     ``put_step(known=...)`` to skip the transfer of an unchanged file."""

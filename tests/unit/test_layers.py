@@ -410,3 +410,16 @@ def test_system_names_come_from_the_registry(tmp_path):
 def test_this_tree_declares_systems():
     """The derivation reads today's systems/ (else a new layout would be checked against the fixed list only)."""
     assert derived_system_names(REPO / "systems"), f"no system found in {REPO / 'systems'}: teach derived_system_names its layout"
+
+
+def test_the_flows_build_no_command_text():
+    """Command text is built in roles/ and systems/ (pure builders a test reads
+    as an operator would type them), and the flows only run it: no flow quotes
+    a value for a shell, so none builds a command line."""
+    offenders = []
+    for path in sorted((REPO / "flows").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path.relative_to(REPO)}:{node.lineno}: imports {n}" for n in names if n.split(".")[0] == "shlex"]
+    assert not offenders, "build the command in roles/ or systems/ and run it from the flow:\n" + "\n".join(offenders)
