@@ -26,7 +26,7 @@ from typing import Any
 from llmdeploy import playbook
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.playbook import PLAYBOOK_DIR, select_nodes  # noqa: F401 (the flows select hosts here)
-from llmdeploy.inventory import Cluster, Node
+from llmdeploy.inventory import Cluster
 from llmdeploy.runner import HostResult, Step
 
 
