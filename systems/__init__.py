@@ -32,6 +32,11 @@ def _registry(*names: str) -> dict:
         missing += [name for name in ("services", "entry_port", "probe", "files", "check_doc") if not hasattr(pkg, name)]
         if missing:
             raise TypeError(f"{pkg.__name__} is no serving system: it lacks {', '.join(missing)} (llmdeploy.serving.ServingSystem)")
+        claimed = pkg.PROFILE.model_fields["kind"].default
+        if claimed != pkg.KIND:
+            raise TypeError(f"{pkg.__name__}: KIND {pkg.KIND!r} is not its profile's kind {claimed!r}")
+        if pkg.KIND in out:
+            raise TypeError(f"{pkg.__name__}: kind {pkg.KIND!r} is registered already by {out[pkg.KIND].__name__}")
         out[pkg.KIND] = pkg
     return out
 
