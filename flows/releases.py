@@ -171,8 +171,7 @@ def releases(cluster: Cluster, con: Console, json_out: bool, events: bool = Fals
 
 def releases_table(cluster: Cluster, con: Console, rows: list[dict], current: str | None, default: str | None, wide: bool = False):
     """One line per release, fitted to ``con``: the id whole (``rollback --to``
-    takes nothing shorter), the marks; image, config, who and when left out
-    first. The events are not in the table: ``--events`` lists them below it."""
+    takes nothing shorter), the marks; image, config, who and when left out first."""
     out = []
     for r in rows:
         marks = (["[bold green]current[/]"] if r["release"] == current else []) + (["rollback target"] if r["release"] == default else [])
@@ -180,10 +179,10 @@ def releases_table(cluster: Cluster, con: Console, rows: list[dict], current: st
         style = {"good": "green", "failed": "red"}.get(latest.get("result"), "yellow")
         was = "[green]yes[/]" if r["was_good"] else "[red]never[/]"
         out.append([r["release"], r["time"], r["who"], (r["image_id"] or "-")[:19], r["config_hash"] or "-", was, r["last_good"] or "-",
-                    f"[{style}]{latest.get('action', '-')} {latest.get('result', '-')}[/]", "\n".join(marks)])
+                    f"[{style}]{latest.get('action', '-')} {latest.get('result', '-')}[/]", str(len(r["events"])), "\n".join(marks)])
     C = report.Col
     cols = [C("release", whole=True), C("made", drop=4), C("by", drop=3), C("image", drop=1), C("config", drop=2),
-            C("was good"), C("last good", drop=5), C("latest attempt"), C("")]
+            C("was good"), C("last good", drop=5), C("latest attempt"), C("events", justify="right", drop=6), C("")]
     return report.table(f"releases of {cluster.name} (ledger on {cluster.node0.name})", cols, out, con=con, wide=wide)
 
 

@@ -34,7 +34,6 @@ from collections import Counter
 
 from rich.console import Console
 from rich.markup import escape
-from rich.padding import Padding
 
 from llmdeploy import report
 from llmdeploy.inventory import Cluster
@@ -334,9 +333,9 @@ def _print(con: Console, cluster: Cluster, doc: dict) -> None:
     for host, v in doc["nodes"].items() if below else ():
         for k, c in v.get("checks", {}).items():
             for x in [] if c["ok"] else c["failures"][:4]:
-                con.print(Padding(f"[red]{host} {escape(k)}: {escape(x)}[/]", (0, 0, 0, 2), expand=False))
+                con.print(f"  [red]{host} {escape(k)}: {escape(x)}[/]")
             if not c["ok"] and len(c["failures"]) > 4:
-                con.print(Padding(f"[red]{host} {escape(k)}: (+{len(c['failures']) - 4} more; --json lists all)[/]", (0, 0, 0, 2), expand=False))
+                con.print(f"  [red]{host} {escape(k)}: (+{len(c['failures']) - 4} more; --json lists all)[/]")
     links = doc.get("links")
     if links is not None:
         con.print(f"NPU pings ({doc['plan']} plan): {links['planned'] - len(links['failed'])}/{links['planned']} without loss")
