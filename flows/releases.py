@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.markup import escape
-from rich.padding import Padding
 
 import systems
 from flows.probes import check_named
@@ -148,9 +147,8 @@ def current_plan(cluster: Cluster, sts: dict[str, dict | None]) -> ReleasePlan |
     return None
 
 
-def releases(cluster: Cluster, con: Console, json_out: bool, events: bool = False, wide: bool = False) -> int:
-    """Every release in the ledger: was it ever good, its latest attempt; with
-    ``events`` every event of every release, one a line, after the table."""
+def releases(cluster: Cluster, con: Console, json_out: bool) -> int:
+    """Every release in the ledger: was it ever good, its latest attempt, every event."""
     problems: list[str] = []
     with Runner(cluster, nodes=[cluster.node0]) as runner:
         records, current = read_ledger(runner, cluster, problems)
@@ -163,40 +161,23 @@ def releases(cluster: Cluster, con: Console, json_out: bool, events: bool = Fals
         report.emit_json({"cluster": cluster.name, "current": current, "on_cluster": on_cluster(records, current),
                           "rollback_target": default, "releases": rows, "problems": problems})
         return 0
-    print_releases(cluster, con, rows, current, default, events, wide)
+    out = []
+    for r in rows:
+        marks = []
+        if r["release"] == current:
+            marks.append("[bold green]current[/]")
+        if r["release"] == default:
+            marks.append("rollback target")
+        latest = r["latest"] or {}
+        style = {"good": "green", "failed": "red"}.get(latest.get("result"), "yellow")
+        was = f"[green]yes[/] (last {r['last_good']})" if r["was_good"] else "[red]never[/]"
+        out.append([r["release"], r["time"], r["who"], (r["image_id"] or "-")[:19], r["config_hash"] or "-", was,
+                    f"[{style}]{latest.get('action', '-')} {latest.get('result', '-')}[/]", escape("\n".join(r["events"])) or "-", "\n".join(marks)])
+    con.print(report.table(f"releases of {cluster.name} (ledger on {cluster.node0.name})",
+                           ["release", "made", "by", "image", "config", "was good", "latest attempt", "events", ""], out))
     for p in problems:
         con.print(f"[bold red]ledger problem[/]: {escape(p)}")
     return 0
-
-
-def releases_table(cluster: Cluster, con: Console, rows: list[dict], current: str | None, default: str | None, wide: bool = False):
-    """One line per release, fitted to ``con``: the id whole (``rollback --to``
-    takes nothing shorter), the marks; image, config, who and when left out first."""
-    out = []
-    for r in rows:
-        marks = (["[bold green]current[/]"] if r["release"] == current else []) + (["rollback target"] if r["release"] == default else [])
-        latest = r["latest"] or {}
-        style = {"good": "green", "failed": "red"}.get(latest.get("result"), "yellow")
-        was = "[green]yes[/]" if r["was_good"] else "[red]never[/]"
-        out.append([r["release"], r["time"], r["who"], (r["image_id"] or "-")[:19], r["config_hash"] or "-", was, r["last_good"] or "-",
-                    f"[{style}]{latest.get('action', '-')} {latest.get('result', '-')}[/]", str(len(r["events"])), "\n".join(marks)])
-    C = report.Col
-    cols = [C("release", whole=True), C("made", drop=4), C("by", drop=3), C("image", drop=1), C("config", drop=2),
-            C("was good"), C("last good", drop=5), C("latest attempt"), C("events", justify="right", drop=6), C("")]
-    return report.table(f"releases of {cluster.name} (ledger on {cluster.node0.name})", cols, out, con=con, wide=wide)
-
-
-def print_releases(cluster: Cluster, con: Console, rows: list[dict], current: str | None, default: str | None,
-                   events: bool = False, wide: bool = False) -> None:
-    report.print_table(con, releases_table(cluster, con, rows, current, default, wide), wide)
-    if not events:
-        if rows:
-            con.print(f"every event of every release: invoke releases --cluster {cluster.name} --events")
-        return
-    for r in rows:
-        con.print(f"[bold]{r['release']}[/]")
-        for e in r["events"]:
-            con.print(Padding(escape(e), (0, 0, 0, 2), expand=False))
 
 
 def audit_log(cluster: Cluster, con: Console, last: int | None, json_out: bool) -> int:
