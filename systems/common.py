@@ -125,3 +125,23 @@ def launch_agent(cluster: Cluster, release: str, container: str, names: list[str
     return mpi.launch_agent(cluster, names, ssh_config, release, container)
 
 
+
+
+def container_meta(cluster: Cluster, release: str, system: str, node: Node, unit, image_id: str | None, rank: dict) -> dict:
+    """``release.json`` of a node that runs one serving container; ``rank``: the
+    system's own rank entry ({"start_rank": 3}, {"node_rank": 1})."""
+    import shlex
+
+    return {"release": release, "cluster": cluster.name, "host": node.name, "role": unit.role, **rank,
+            "container": unit.container, "image": unit.show["image"], "image_id": image_id, "system": system,
+            "command": shlex.split(unit.show["serve_command"])}
+
+
+def container_check_node(cluster: Cluster, node: Node, unit, secrets: list[str], rank: dict) -> dict:
+    """What ``deploy --check`` shows of a node that runs one serving container, secrets masked."""
+    from llmdeploy.report import mask, mask_env
+    from roles import commenv
+
+    return {"host": node.name, "role": unit.role, **rank, "env": mask_env(commenv.env_vars(cluster, node), secrets),
+            "container": unit.container, "image": unit.show["image"],
+            "container_command": mask(unit.show["container_command"], secrets), "serve_command": mask(unit.show["serve_command"], secrets)}

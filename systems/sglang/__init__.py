@@ -22,9 +22,9 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
-from roles import commenv, containers
+from roles import containers
 from systems import common
-from systems.common import container_files, nic_signature, serving_image
+from systems.common import container_check_node, container_files, container_meta, nic_signature, serving_image
 
 from .profile import KIND, SglangProfile
 
@@ -152,21 +152,11 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
     out = {}
     for n in cluster.nodes:
         u = plan.units(n.name)[0]
-        meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "role": u.role, "node_rank": u.show["node_rank"],
-                "container": u.container, "image": u.show["image"], "image_id": image_id, "system": plan.system,
-                "command": shlex.split(u.show["serve_command"])}
+        meta = container_meta(cluster, plan.release, plan.system, n, u, image_id, {"node_rank": u.show["node_rank"]})
         out[n.name] = container_files(cluster, plan.release, n, u.show, "this node's SGLang container", meta)
     return out
 
 
 def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
-    from llmdeploy.report import mask, mask_env
-
-    nodes = []
-    for n in cluster.nodes:
-        u = plan.units(n.name)[0]
-        nodes.append({"host": n.name, "role": u.role, "node_rank": u.show["node_rank"],
-                      "env": mask_env(commenv.env_vars(cluster, n), secrets), "container": u.container, "image": u.show["image"],
-                      "container_command": mask(u.show["container_command"], secrets),
-                      "serve_command": mask(u.show["serve_command"], secrets)})
-    return {"nodes": nodes}
+    units = [(n, plan.units(n.name)[0]) for n in cluster.nodes]
+    return {"nodes": [container_check_node(cluster, n, u, secrets, {"node_rank": u.show["node_rank"]}) for n, u in units]}

@@ -11,14 +11,12 @@ checks and the seed's catalogue are ``profile`` and ``catalogue``."""
 
 from __future__ import annotations
 
-import shlex
 
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
-from roles import commenv
-from systems.common import container_files, serving_image
+from systems.common import container_check_node, container_files, container_meta, serving_image
 
 from . import serve
 from .profile import KIND, VllmAscendProfile
@@ -115,28 +113,13 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
     out = {}
     for n in cluster.nodes:
         u = plan.units(n.name)[0]
-        meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "role": u.role, "start_rank": n.start_rank,
-                "container": u.container, "image": u.show["image"], "image_id": image_id, "system": plan.system,
-                "command": shlex.split(u.show["serve_command"])}
+        meta = container_meta(cluster, plan.release, plan.system, n, u, image_id, {"start_rank": n.start_rank})
         out[n.name] = container_files(cluster, plan.release, n, u.show, "this node's serving container", meta)
     return out
 
 
 def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
-    from llmdeploy.report import mask, mask_env
-
-    nodes = []
-    for n in cluster.nodes:
-        u = plan.units(n.name)[0]
-        env = commenv.env_vars(cluster, n)
-        nodes.append({
-            "host": n.name, "role": u.role, "start_rank": n.start_rank,
-            "env": mask_env(env, secrets),
-            "container": u.container, "image": u.show["image"],
-            "container_command": mask(u.show["container_command"], secrets),
-            "serve_command": mask(u.show["serve_command"], secrets),
-        })
-    return {"nodes": nodes}
+    return {"nodes": [container_check_node(cluster, n, plan.units(n.name)[0], secrets, {"start_rank": n.start_rank}) for n in cluster.nodes]}
 
 
 def old_release_plan(cluster: Cluster, rid: str, metas: dict[str, dict]) -> ReleasePlan | None:
