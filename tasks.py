@@ -111,14 +111,15 @@ def check_nodes(c, cluster, limit=None, select=None):
         "skip_prepare": "do not run prepare first (the nodes must have been prepared)",
         "force": "deploy even though the last verify-comm failed or is too old (and say so)",
         "no_rollback": "if the new release fails, leave the failed state for debugging (default: bring back the last good release)",
+        "no_gate": "skip the quality gate (the smoke benchmark against the last good release); the ledger records that it was skipped",
         **LOCK_HELP,
     }
 )
 @_guard
-def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False, message=None, lock_wait=0, no_rollback=False):
-    """Prepare, then start serving as a new release in the system's order (playbooks/serve-*.yaml); ready = health, models, chat."""
+def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False, message=None, lock_wait=0, no_rollback=False, no_gate=False):
+    """Prepare, then start serving as a new release in the system's order (playbooks/serve-*.yaml); ready = health, models, chat, then the quality gate."""
     return app.deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare, force=force, message=message,
-                      lock_wait=float(lock_wait), rollback_on_failure=not no_rollback)
+                      lock_wait=float(lock_wait), rollback_on_failure=not no_rollback, gate=not no_gate)
 
 
 @task(auto_shortflags=False, 
@@ -167,13 +168,38 @@ def releases(c, cluster, json=False):
         "cluster": "cluster name",
         "to": "the release to bring back (default: the one good most recently that is neither running nor failing now)",
         "json": "print the result as JSON",
+        "gate": "run the quality gate on the release brought back (it keeps serving if it fails; the exit status says so)",
         **LOCK_HELP,
     }
 )
 @_guard
-def rollback(c, cluster, to=None, json=False, message=None, lock_wait=0):
+def rollback(c, cluster, to=None, json=False, message=None, lock_wait=0, gate=False):
     """Bring back a good release from its own files on every node, in the same order, under the deploy lock."""
-    return lifecycle.rollback(load_cluster(cluster), report.console(json), to, message, float(lock_wait), json)
+    return lifecycle.rollback(load_cluster(cluster), report.console(json), to, message, float(lock_wait), json, gate)
+
+
+@task(
+    positional=[],
+    auto_shortflags=False,
+    help={
+        "cluster": "cluster name: a module in inventory/",
+        "concurrency": "requests in flight at once, one level per value, comma-separated (default 1,4)",
+        "requests": "requests per concurrency level (default 32)",
+        "input_tokens": "prompt length in words of the synthetic prompts (default 128)",
+        "output_tokens": "tokens each answer streams (max_tokens with ignore_eos; default 128)",
+        "prompts": "a file of prompts, one per line or JSON lines with a \"prompt\" field, sent in turn",
+        "duration": "no request starts after this many seconds of a level (default 300)",
+        "direct": "send straight to the endpoint instead of through node 0's SSH connection",
+        "json": "print the figures as JSON on stdout",
+    },
+)
+@_guard
+def bench(c, cluster, concurrency="1,4", requests=32, input_tokens=128, output_tokens=128, prompts=None, duration="300", direct=False, json=False):
+    """A bounded streaming load on the current release: TTFT, TPOT, end-to-end p50/p90/p99, tokens/s; kept with the release."""
+    from flows import bench as bench_flow
+
+    load = bench_flow.load_from_flags(concurrency, requests, input_tokens, output_tokens, prompts, duration)
+    return bench_flow.bench(load_cluster(cluster), report.console(json), load, json, direct)
 
 
 @task(positional=[], help={"cluster": "cluster name", "diff": "compare what runs with the current release's record and name every drift", "json": "print as JSON"})
@@ -290,4 +316,4 @@ lock_ns = Collection("lock")
 lock_ns.add_task(lock_status, name="status")
 lock_ns.add_task(lock_break, name="break")
 
-ns = Collection(facts, prepare, check_nodes, verify_comm, deploy, serving_logs, releases, rollback, status, stop, restart, audit, disconnect, demo, sim, lock_ns)
+ns = Collection(facts, prepare, check_nodes, verify_comm, deploy, bench, serving_logs, releases, rollback, status, stop, restart, audit, disconnect, demo, sim, lock_ns)

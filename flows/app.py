@@ -210,6 +210,7 @@ def deploy(
     message: str | None = None,
     lock_wait: float = 0,
     rollback_on_failure: bool = True,
+    gate: bool = True,
 ) -> int:
     """Prepare (unless skipped), then start serving as a new release, under the
     deploy lock; see flows.deploy."""
@@ -227,7 +228,7 @@ def deploy(
     def rollback_fn(cluster, runner, con, message, json_out) -> int:
         return lifecycle.rollback_locked(cluster, runner, con, None, message, json_out)
 
-    return dep.deploy(cluster, con, check, json_out, skip_prepare, force, message, lock_wait, rollback_on_failure, prepare_fn, rollback_fn)
+    return dep.deploy(cluster, con, check, json_out, skip_prepare, force, message, lock_wait, rollback_on_failure, prepare_fn, rollback_fn, gate)
 
 
 def _prepare_quiet(cluster_name: str) -> int:

@@ -29,7 +29,8 @@ from rich.console import Console
 from rich.markup import escape
 
 import systems
-from flows import verify
+from flows import bench, verify
+from flows.releases import serving_plan
 from flows.engine import Engine, Outcome, unit_key
 from llmdeploy import lock, report
 from llmdeploy.errors import LlmdeployError
@@ -164,9 +165,11 @@ def engine_for(cluster: Cluster, runner: Runner, con: Console, quiet: bool, plan
 
 
 def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_prepare: bool, force: bool, message: str | None,
-           lock_wait: float, rollback_on_failure: bool, prepare_fn, rollback_fn) -> int:
+           lock_wait: float, rollback_on_failure: bool, prepare_fn, rollback_fn, gate: bool = True) -> int:
     """``prepare_fn(name, quiet)`` runs prepare; ``rollback_fn(cluster, runner,
-    con, message, json_out)`` brings back the last good release under the lock held here."""
+    con, message, json_out)`` brings back the last good release under the lock
+    held here. ``gate``: run the quality gate after readiness (when the
+    inventory's ``deploy.gate.enabled``)."""
     secrets = list(cluster.secret_values().values())
     systems.module_for(cluster.profile.kind)  # refuses unsupported profiles before touching a node
     # the plan needs no node (prepare's records only repeat what the inventory
@@ -185,7 +188,7 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
         return 0
     with Runner(cluster) as runner:
         with lock.held(runner, cluster, "deploy", message, lock_wait):
-            where = {"phase": "before anything was stopped"}
+            where = {"phase": "before anything was stopped", "gate": gate and cluster.deploy.gate.enabled, "rollback": rollback_on_failure}
             try:
                 status, rid = _deploy_locked(cluster, runner, con, json_out, skip_prepare, secrets, force, prepare_fn, where)
             except KeyboardInterrupt:
@@ -197,6 +200,8 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
                         print(f"to bring back the last good release: invoke rollback --cluster {cluster.name}", file=sys.stderr)
                 raise
             lock.audit(runner, cluster, "deploy", "good" if status == 0 else "failed", rid, message=message or "")
+            if where.get("kept"):
+                return status  # failed the gate, and keeps serving: nothing to bring back
             if status and rid and where["phase"] != "before anything was stopped":
                 if not rollback_on_failure:
                     con.print(f"--no-rollback: the cluster is left as the failed deploy left it, for debugging; to bring back the last good release: "
@@ -208,6 +213,10 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
                 except LlmdeployError as exc:
                     con.print(f"[bold red]no rollback[/]: {escape(str(exc))}; the cluster is stopped")
                     return status
+                if back != 0 and where.get("gated"):
+                    # a gate never makes an outage worse: the slower release serves again
+                    return _serve_again(cluster, runner, con, json_out, where["gated"], where["image_id"], where["config_hash"],
+                                        "the last good release could not come back")
                 con.print("the last good release is serving again; the deploy still failed" if back == 0
                           else "[bold red]the rollback failed too[/]: the cluster is stopped; see the bundles above")
             return status
@@ -238,8 +247,11 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
         raise LlmdeployError(f"the nodes' prepare records name {len(image_ids)} image IDs: run invoke prepare --cluster {cluster.name}")
     image_id = image_ids.pop()
     rid, chash, plan = plan_release(cluster, prepared, image_id, image_id)
-    where["release"] = rid
+    where.update(release=rid, image_id=image_id, config_hash=chash[:16])
     con.print(f"[bold]deploy {cluster.name}[/]: release {rid} ({plan.system}: {' -> '.join(s.name for s in plan.services)})")
+    previous, why = serving_plan(runner, cluster)
+    if previous is None and why != "no current release":
+        con.print(f"[yellow]the serving release cannot be drained: {escape(why)}[/]", soft_wrap=True)
     eng = engine_for(cluster, runner, con, json_out, plan)
     t0 = time.monotonic()
     outcome = Outcome(ok=False, release=rid)
@@ -255,8 +267,8 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
             outcome.phases["write"] = time.monotonic() - t
             started = True
             where["phase"] = "while the new release was starting"
-            if eng.start(plan, outcome):
-                finish(runner, cluster, plan, outcome, image_id, chash[:16])
+            if eng.start(plan, outcome, previous) and gate_passes(runner, cluster, con, plan, outcome, where, json_out):
+                finish(runner, cluster, plan, outcome, image_id, chash[:16], **({"gate": outcome.gate} if outcome.gate else {}))
     except KeyboardInterrupt:
         with report.shielded():
             if where["phase"] != "before anything was stopped":
@@ -264,8 +276,97 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
                 eng.stop(None, "stop", cleanup=plan.stop_cleanup)
             ledger(runner, cluster, ledger_record(cluster, rid, "failed", image_id, chash[:16], reason="interrupted"))
         raise
+    if where.get("gated") and (keep := _cannot_return(runner, cluster, rid, where)):
+        return keep_serving(cluster, runner, con, eng, plan, outcome, image_id, chash[:16], secrets, json_out, keep), rid
     return report_outcome(cluster, runner, con, eng, plan, outcome, image_id, chash[:16], secrets, json_out, time.monotonic() - t0,
                           stopped_nothing=not started), rid
+
+
+# --- the quality gate ------------------------------------------------------------------------
+def gate_passes(runner: Runner, cluster: Cluster, con: Console, plan: ReleasePlan, out: Outcome, where: dict, json_out: bool) -> bool:
+    """Run the gate on the ready release (unless ``--no-gate`` or the
+    inventory turns it off: then the ledger says it was skipped). False: it
+    failed; ``out`` says why and ``where["gated"]`` holds the plan."""
+    if not where.get("gate"):
+        said = "--no-gate" if cluster.deploy.gate.enabled else "deploy.gate.enabled is false in the inventory"
+        out.gate = {"verdict": "skipped", "why": said}
+        con.print(f"[yellow]quality gate skipped ({said})[/]")
+        return True
+    t = time.monotonic()
+    try:
+        v = bench.run_gate(runner, cluster, con, plan, quiet=json_out)
+    except LlmdeployError as exc:
+        out.ok, out.where, out.reason = False, plan.entry_host, f"quality gate: {exc}"
+        where["gated"] = plan
+        return False
+    out.phases["quality gate"] = time.monotonic() - t
+    out.gate = v.record()
+    bench.say_verdict(con, v)
+    if v.ok:
+        return True
+    out.ok, out.where, out.reason = False, plan.entry_host, v.reason()
+    out.bundle_files.update(bench.verdict_files(v))
+    where["gated"] = plan
+    return False
+
+
+def _cannot_return(runner: Runner, cluster: Cluster, rid: str, where: dict) -> str | None:
+    """Why the release that failed the gate must keep serving (None: the last
+    good one can come back): ``--no-rollback``, no release to return to, or
+    one that some node no longer has whole. Checked before anything is stopped."""
+    from flows.releases import read_ledger, read_release
+    from llmdeploy.release import rollback_target
+
+    if not where.get("rollback", True):
+        return "--no-rollback"
+    records, current = read_ledger(runner, cluster)
+    try:
+        target = rollback_target(records + [{"release": rid, "result": "failed"}], current, None)
+    except LlmdeployError as exc:
+        return str(exc)
+    on = read_release(runner, cluster, target, "check the rollback target")
+    problems = {**on.missing, **on.unreadable}
+    if problems:
+        h, p = next(iter(problems.items()))
+        return f"the last good release {target} cannot come back ({h}: {p})"
+    return None
+
+
+def keep_serving(cluster: Cluster, runner: Runner, con: Console, eng: Engine, plan: ReleasePlan, out: Outcome, image_id, config_hash: str,
+                 secrets: list[str], json_out: bool, why: str, verb: str = "deploy", **extra) -> int:
+    """A release that failed the gate keeps serving (a gate never makes an
+    outage worse): ``current`` -> it, the ledger says failed and serving, the bundle keeps the comparison."""
+    root, tgz = eng.collect_bundle(plan, secrets, out.bundle_files)
+    res = runner.run(Step(name="set current", build=lambda n: set_current_script(cluster, plan.release)))
+    bad = {h: r.msg for h, r in res.items() if r.failed}
+    if verb != "deploy":
+        extra["action"] = verb
+    if out.gate:
+        extra["gate"] = out.gate
+    ledger(runner, cluster, ledger_record(cluster, plan.release, "failed", image_id, config_hash, reason=out.reason, where=out.where,
+                                          serving=True, kept=why, **extra))
+    con.print(f"[bold red]{verb} failed[/] on {out.where}: {escape(out.reason)}", soft_wrap=True)
+    con.print(f"logs: {root} ({tgz})")
+    hint = f"; to bring back the last good release: invoke rollback --cluster {cluster.name}" if verb == "deploy" else ""
+    con.print(f"[bold yellow]release {plan.release} keeps serving[/] ({escape(why)}): it failed the quality gate{hint}", soft_wrap=True)
+    if bad:
+        con.print(f"[red]could not point current at it on {', '.join(bad)}[/]")
+    if json_out:
+        report.emit_json({"cluster": cluster.name, "release": plan.release, "ok": False, "serving": True, "kept": why, "where": out.where,
+                          "reason": out.reason, "gate": out.gate, "bundle": root, "archive": tgz})
+    return 1
+
+
+def _serve_again(cluster: Cluster, runner: Runner, con: Console, json_out: bool, plan: ReleasePlan, image_id, config_hash: str, why: str) -> int:
+    """The release that failed the gate, started again after the last good one could not come back."""
+    con.print(f"[bold]{escape(why)}: starting release {plan.release} again[/] (it failed the quality gate, but served)")
+    eng = engine_for(cluster, runner, con, json_out, plan)
+    out = Outcome(ok=False, release=plan.release, reason="it failed the quality gate", where=plan.entry_host)
+    if not eng.start(plan, out):
+        con.print(f"[bold red]release {plan.release} did not come back either[/]: {escape(out.reason)}; the cluster is stopped")
+        return 1
+    out.reason, out.where = "it failed the quality gate", plan.entry_host
+    return keep_serving(cluster, runner, con, eng, plan, out, image_id, config_hash, [], json_out, why)
 
 
 def summary(cluster: Cluster, plan: ReleasePlan, states: dict[str, tuple[str, str]], attempts: dict[str, int]):
@@ -299,11 +400,13 @@ def report_outcome(cluster, runner, con, eng: Engine, plan: ReleasePlan, outcome
         model = next((p.arg for p in plan.ready if p.check == "models"), cluster.profile.served_model_name)
         con.print(f"[bold green]serving, release {rid}, healthy[/]: {endpoint(cluster, plan)}/v1 (model {model}) in {took:.1f}s")
         if json_out:
-            report.emit_json({"cluster": cluster.name, "release": rid, "ok": True, "attempts": numbers, "phases": outcome.phases})
+            report.emit_json({"cluster": cluster.name, "release": rid, "ok": True, "attempts": numbers, "phases": outcome.phases, "gate": outcome.gate})
         return 0
     # failure: bundle, ledger, stop
-    root, tgz = eng.collect_bundle(plan, secrets)
+    root, tgz = eng.collect_bundle(plan, secrets, outcome.bundle_files)
     action = {} if verb == "deploy" else {"action": verb}
+    if outcome.gate:
+        extra["gate"] = outcome.gate
     try:
         ledger(runner, cluster, ledger_record(cluster, rid, "failed", image_id, config_hash, reason=outcome.reason, where=outcome.where, **action, **extra))
     except LlmdeployError as exc:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.markup import escape
 
-from flows.probes import http_probe
+from flows.probes import PROBE_ERRORS, UNREADABLE, http_probe, http_via_ssh, inflight
 from llmdeploy import logs
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir, releases_dir
@@ -47,6 +47,10 @@ class Outcome:
     # the release's starts of each unit before this command (a restart's): its
     # attempt numbers, and the logs named for them, continue from there
     earlier: dict[str, int] = field(default_factory=dict)
+    # the quality gate's verdict (llmdeploy.gate.Verdict.record()), when it ran
+    gate: dict | None = None
+    # files for the log bundle besides the nodes' (the gate's comparison)
+    bundle_files: dict[str, str] = field(default_factory=dict)
 
     def number(self, key: str) -> int:
         """The attempt number of a unit's latest start: the release's, counted across commands."""
@@ -140,6 +144,76 @@ class Engine:
             results.setdefault(n.name, HostResult(n.name))
         return results
 
+    def drain(self, plan: ReleasePlan | None, refuse: bool = True) -> int | None:
+        """Before ``plan``'s release stops: its services that stop taking new
+        work on SIGTERM (``refuse``) are signalled, then its in-flight
+        requests (its metrics) are waited for, up to ``deploy.drain_s``. Says
+        what it saw; returns how many requests were still in flight when the
+        wait ended (None: not known)."""
+        if plan is None:
+            return None
+        d, limit = plan.drain, self.d.drain_s
+        if d is None:
+            self.say(f"drain: release {plan.release}'s plan does not say how to drain it (written before drains were planned): stopping without waiting")
+            return None
+        if limit <= 0:
+            self.say("drain: deploy.drain_s is 0: stopping without waiting for requests in flight")
+            return None
+        if d.note:
+            self.say(f"drain: {escape(d.note)}")
+        refused = refuse and self._refuse(plan, d.refuse_first)
+        t0 = time.monotonic()
+        n, polls, said = None, 0, False
+        while True:
+            n, detail = self._inflight(d)
+            if n is None and refused and not_yet(detail):
+                self.say(f"drained: {', '.join(d.refuse_first)} finished what it held and exited ({time.monotonic() - t0:.1f}s)")
+                return 0
+            if n is None and not_yet(detail):
+                self.say(f"drain: nothing answers at {escape(d.metrics.describe())}: no request to wait for")
+                return None
+            if n is None:
+                self.say(f"[yellow]drain: cannot read the requests in flight ({escape(detail)}): stopping without waiting[/]")
+                return None
+            if n == 0:
+                self.say(f"drained: no request in flight on {d.metrics.host}" + (f" after {time.monotonic() - t0:.1f}s" if said else ""))
+                return 0
+            if not said:
+                self.say(f"drain: {n} request{'s' if n != 1 else ''} in flight on {d.metrics.host} ({escape(detail)}); waiting up to {limit:g}s")
+                said = True
+            if time.monotonic() - t0 >= limit:
+                self.say(f"[yellow]drain: {n} request{'s' if n != 1 else ''} still in flight after {limit:g}s ({escape(detail)}): stopping cuts them[/]")
+                return n
+            time.sleep(min(poll_delay(polls, 1.0), max(0.05, limit - (time.monotonic() - t0))))
+            polls += 1
+
+    def _refuse(self, plan: ReleasePlan, services: list[str]) -> bool:
+        """SIGTERM to the units of ``services`` (they stop admitting and finish what they hold). Whether any was signalled."""
+        units = [u for s in plan.services if s.name in services for u in s.units]
+        if not units:
+            return False
+        by_host: dict[str, list[str]] = {}
+        for u in units:
+            by_host.setdefault(u.host, []).append(u.container)
+        res = self.r.run(Step(name="drain: stop new work", build=lambda n: ctr.signal_script(by_host[n.name], "TERM")), [self.node(h) for h in by_host])
+        done = [line.split(None, 1)[1] for r in res.values() if not r.failed for line in r.stdout.splitlines() if line.startswith("signalled ")]
+        if done:
+            self.say(f"drain: {', '.join(services)} told to stop taking new requests (SIGTERM to {', '.join(done)})")
+        return bool(done)
+
+    def _inflight(self, d) -> tuple[int | None, str]:
+        p = d.metrics
+        try:
+            status, body = http_via_ssh(self.r, self.node(p.host), p.port, p.method, p.path, p.body, min(10, self.d.request_timeout_s), p.headers, dest=p.ip)
+        except PROBE_ERRORS as exc:
+            return None, f"{p.describe()}: {type(exc).__name__}: {exc}"
+        if status != 200:
+            return None, f"{p.describe()} answered {status}: {body[:120]!r}"
+        try:
+            return inflight(body, d.inflight)
+        except UNREADABLE as exc:
+            return None, f"{p.describe()}: {exc}"
+
     def stop_service(self, plan: ReleasePlan, svc: Service, log_suffix: str) -> None:
         """Stop every unit of one service, launcher (highest order) first."""
         self.stop_units(plan, svc.units, lambda u: log_suffix, f"stop {svc.name}")
@@ -212,9 +286,14 @@ class Engine:
                 return self._fail(out, p.host, f"{svc.name} not started within {self.d.rpc_timeout_s:g}s: {problem}")
             time.sleep(self.d.poll_s)
 
-    def start(self, plan: ReleasePlan, out: Outcome) -> bool:
-        """Stop what else runs, start ``plan`` in order, wait until it is ready."""
+    def start(self, plan: ReleasePlan, out: Outcome, previous: ReleasePlan | None = None) -> bool:
+        """Drain ``previous`` (the release serving now), stop what else runs,
+        start ``plan`` in order, wait until it is ready."""
         t = time.monotonic()
+        if previous is not None and previous.release != plan.release:
+            self.drain(previous)
+            out.phases["drain"] = time.monotonic() - t
+            t = time.monotonic()
         self.stop(plan.release, "stop previous")
         out.phases["stop previous"] = time.monotonic() - t
         for svc in plan.services:
@@ -358,12 +437,12 @@ class Engine:
         return True
 
     # -- after a failure ----------------------------------------------------------------------
-    def collect_bundle(self, plan: ReleasePlan, secrets: list[str]) -> tuple[str, str]:
+    def collect_bundle(self, plan: ReleasePlan, secrets: list[str], extra: dict[str, str] | None = None) -> tuple[str, str]:
         rd = release_dir(self.c, plan.release)
         res = self.r.run(Step(name="collect logs", build=lambda n: logs.bundle_script(self.c, n, rd, [u.container for u in plan.units(n.name)])))
         per_host = {h: logs.split_bundle(r.stdout) for h, r in res.items() if not r.failed}
         for h, r in res.items():
             if r.failed:
                 per_host[h] = {"unreachable.txt": f"could not collect from {h}: {r.msg}\n"}
-        root, tgz = logs.save_bundle(self.c, plan.release, per_host, secrets)
+        root, tgz = logs.save_bundle(self.c, plan.release, per_host, secrets, extra)
         return str(root), str(tgz)

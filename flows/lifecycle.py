@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from flows import deploy as dep
 from flows.engine import Engine, Outcome, unit_key
-from flows.releases import OnNodes, current_plan, plan_of, read_ledger, read_release
+from flows.releases import OnNodes, current_plan, plan_of, read_ledger, read_release, serving_plan
 from llmdeploy import lock, report
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
@@ -65,7 +65,9 @@ def stop(cluster: Cluster, con: Console, message: str | None, lock_wait: float) 
                 con.print(f"[yellow]{escape(cluster.name)}: no readable plan of a current release ({escape(why)}): stopping every container "
                           f"of {escape(cluster.name)}, with no clean-up of a serving system[/]", soft_wrap=True)
             cleanup = plan.stop_cleanup if plan is not None else ""
-            res = Engine(cluster, runner, con).stop(None, "stop", cleanup=cleanup)
+            eng = Engine(cluster, runner, con)
+            eng.drain(plan)
+            res = eng.stop(None, "stop", cleanup=cleanup)
             failed = False
             for h, r in res.items():
                 if r.failed:
@@ -123,6 +125,7 @@ def _numbered(out: Outcome):
 
 def _restart_whole(eng: Engine, plan: ReleasePlan, out: Outcome) -> bool:
     eng.say(f"{eng.c.name}: restarting release {plan.release} as a whole ({' -> '.join(s.name for s in plan.services)})")
+    eng.drain(plan)
     for svc in reversed(plan.services):
         eng.stop_units(plan, svc.units, _numbered(out), f"stop {svc.name}")
     eng.stop(None, "stop", cleanup=plan.stop_cleanup)
@@ -130,6 +133,8 @@ def _restart_whole(eng: Engine, plan: ReleasePlan, out: Outcome) -> bool:
 
 
 def _restart_units(eng: Engine, plan: ReleasePlan, todo: list[Unit], out: Outcome, host: str | None, service: str | None) -> bool:
+    # the rest of the release keeps serving: nothing is told to refuse new work
+    eng.drain(plan, refuse=False)
     for svc in plan.services:
         if svc.restart == "group" and any(u in todo for u in svc.units):
             eng.stop_units(plan, svc.units, _numbered(out), f"stop {svc.name}")
@@ -211,10 +216,10 @@ def waiting_for(plan: ReleasePlan) -> str:
 
 
 # --- rollback ---------------------------------------------------------------------------------
-def rollback(cluster: Cluster, con: Console, to: str | None, message: str | None, lock_wait: float, json_out: bool) -> int:
+def rollback(cluster: Cluster, con: Console, to: str | None, message: str | None, lock_wait: float, json_out: bool, gate: bool = False) -> int:
     with Runner(cluster) as runner:
         with lock.held(runner, cluster, "rollback", message, lock_wait):
-            return rollback_locked(cluster, runner, con, to, message, json_out)
+            return rollback_locked(cluster, runner, con, to, message, json_out, gate)
 
 
 def _target(runner: Runner, cluster: Cluster, con: Console, to: str | None) -> tuple[list[dict], str | None, str, OnNodes]:
@@ -232,11 +237,14 @@ def _target(runner: Runner, cluster: Cluster, con: Console, to: str | None) -> t
     return records, source, target, on
 
 
-def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | None, message: str | None, json_out: bool) -> int:
+def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | None, message: str | None, json_out: bool, gate: bool = False) -> int:
     """The rollback itself, for a caller that holds the deploy lock. Needs
     nothing but SSH: the target's plan, files, image and secrets are the
     release's own on the nodes (no secret, model path or serving value of
-    today's inventory is read). Its attempt numbers continue the release's."""
+    today's inventory is read). Its attempt numbers continue the release's.
+    ``gate``: the quality gate after readiness; a release that fails it keeps
+    serving (it is the one that was good) and the rollback says it failed."""
+    previous, _ = serving_plan(runner, cluster)
     records, source, target, on = _target(runner, cluster, con, to)
     plan = plan_of(cluster, target, on.plan_text, on.metas)
     meta0 = on.metas.get(cluster.node0.name) or next(iter(on.metas.values()))
@@ -248,7 +256,7 @@ def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | No
     out = Outcome(ok=False, release=target, earlier=_earlier(plan, on))
     t0 = time.monotonic()
     try:
-        started = eng.start(plan, out)
+        started = eng.start(plan, out, previous)
     except KeyboardInterrupt:
         with report.shielded():
             con.print("[bold red]interrupted[/]: stopping what the rollback started")
@@ -258,11 +266,33 @@ def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | No
             print(f"rollback interrupted; the deploy lock is released; to run it again: invoke rollback --cluster {cluster.name} --to {target}",
                   file=sys.stderr)
         raise
+    if started and gate:
+        return _gated_rollback(cluster, runner, con, eng, plan, out, image_id, chash, recorded, source, message, json_out)
     if started:
-        dep.finish(runner, cluster, plan, out, image_id, chash, **recorded)
+        dep.finish(runner, cluster, plan, out, image_id, chash, **recorded, **({"gate": {"verdict": "skipped", "why": "rollback without --gate"}}))
         if out.ok and source and source != target:
             dep.ledger(runner, cluster, ledger_record(cluster, source, "rolled back", None, "", to=target, image=meta0.get("image")))
     status = dep.report_outcome(cluster, runner, con, eng, plan, out, image_id, chash, [], json_out,
                                 time.monotonic() - t0, verb="rollback", **{"from": source, "image": meta0.get("image")})
     lock.audit(runner, cluster, "rollback", "good" if status == 0 else "failed", target, **{"from": source, "message": message or ""})
+    return status
+
+
+def _gated_rollback(cluster: Cluster, runner: Runner, con: Console, eng: Engine, plan: ReleasePlan, out: Outcome, image_id, chash: str,
+                    recorded: dict, source: str | None, message: str | None, json_out: bool) -> int:
+    """``rollback --gate``: the gate on the release that came back. It passes:
+    good, as any rollback. It fails: the release keeps serving (stopping it
+    would leave nothing), the ledger and the exit status say it failed."""
+    where = {"gate": True}
+    t0 = time.monotonic()
+    if dep.gate_passes(runner, cluster, con, plan, out, where, json_out):
+        dep.finish(runner, cluster, plan, out, image_id, chash, **recorded, gate=out.gate)
+        if out.ok and source and source != plan.release:
+            dep.ledger(runner, cluster, ledger_record(cluster, source, "rolled back", None, "", to=plan.release, image=recorded.get("image")))
+        status = dep.report_outcome(cluster, runner, con, eng, plan, out, image_id, chash, [], json_out, time.monotonic() - t0,
+                                    verb="rollback", **{"from": source, "image": recorded.get("image")})
+    else:
+        status = dep.keep_serving(cluster, runner, con, eng, plan, out, image_id, chash, [], json_out,
+                                  "it is the release rolled back to; stopping it would leave nothing serving", verb="rollback", **recorded)
+    lock.audit(runner, cluster, "rollback", "good" if status == 0 else "failed", plan.release, **{"from": source, "message": message or ""})
     return status

@@ -12,12 +12,13 @@ from __future__ import annotations
 import http.client
 import json
 import re
-from typing import Callable
+from typing import Callable, Iterator
 
 import paramiko
 
 import systems
 from llmdeploy.inventory import Node
+from llmdeploy.loadgen import SendError
 from llmdeploy.releaseplan import Probe
 from llmdeploy.runner import COUNTS, Runner, UnreachableError
 
@@ -30,13 +31,7 @@ def http_via_ssh(runner: Runner, node: Node, port: int, method: str, path: str, 
                  headers: dict[str, str] | None = None, dest: str = "127.0.0.1") -> tuple[int, bytes]:
     """One HTTP request to ``dest:port`` as seen from ``node`` (default: its
     own loopback) over its SSH connection."""
-    conn = runner.connection(node)
-    transport = conn.client.get_transport()
-    COUNTS.add(node.name, "forwards")
-    chan = transport.open_channel("direct-tcpip", (dest, port), ("127.0.0.1", 0), timeout=timeout)
-    chan.settimeout(timeout)
-    hc = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    hc.sock = chan
+    hc = _http_over_ssh(runner, node, port, dest, timeout)
     try:
         data = json.dumps(body).encode() if body is not None else None
         hdrs = dict(headers or {})
@@ -47,6 +42,59 @@ def http_via_ssh(runner: Runner, node: Node, port: int, method: str, path: str, 
         return resp.status, resp.read()
     finally:
         hc.close()
+
+
+def _http_over_ssh(runner: Runner, node: Node, port: int, dest: str, timeout: float) -> http.client.HTTPConnection:
+    """An HTTP connection to ``dest:port`` as seen from ``node``: a direct-tcpip channel of its SSH connection."""
+    transport = runner.connection(node).client.get_transport()
+    COUNTS.add(node.name, "forwards")
+    chan = transport.open_channel("direct-tcpip", (dest, port), ("127.0.0.1", 0), timeout=timeout)
+    chan.settimeout(timeout)
+    hc = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    hc.sock = chan
+    return hc
+
+
+def stream_lines(hc: http.client.HTTPConnection, path: str, body: dict, headers: dict[str, str] | None) -> Iterator[bytes]:
+    """POST ``body`` as JSON and yield the answer's lines as they arrive (a
+    streamed chat completion's server-sent events); an HTTP status other than
+    200 raises ``loadgen.SendError`` with the start of the answer. The
+    connection is closed when the lines end or the reader stops."""
+    try:
+        hc.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})})
+        resp = hc.getresponse()
+        if resp.status != 200:
+            raise SendError(f"HTTP {resp.status}: {resp.read(200).decode(errors='replace').strip()[:120]}")
+        while True:
+            line = resp.readline()
+            if not line:
+                return
+            yield line
+    finally:
+        hc.close()
+
+
+def ssh_sender(runner: Runner, node: Node, port: int, path: str, headers: dict[str, str] | None, dest: str = "127.0.0.1"):
+    """``send(body, timeout)`` for ``loadgen.run_level``: each request on its own channel of ``node``'s SSH connection."""
+    runner.connection(node)  # opened here, once, not by the load's threads at the same time
+
+    def send(body: dict, timeout: float) -> Iterator[bytes]:
+        try:
+            hc = _http_over_ssh(runner, node, port, dest, timeout)
+        except (paramiko.SSHException, UnreachableError) as exc:  # the forward was refused: the port is closed
+            raise SendError(f"no connection to {dest}:{port} from {node.name}: {exc}") from None
+        return stream_lines(hc, path, body, headers)
+
+    return send
+
+
+def direct_sender(ip: str, port: int, path: str, headers: dict[str, str] | None):
+    """``send(body, timeout)`` straight to ``ip:port`` (where the endpoint is reachable from here)."""
+
+    def send(body: dict, timeout: float) -> Iterator[bytes]:
+        return stream_lines(http.client.HTTPConnection(ip, port, timeout=timeout), path, body, headers)
+
+    return send
 
 
 def chat_message(raw: bytes) -> tuple[str, str]:
@@ -193,3 +241,41 @@ def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | No
     except UNREADABLE as exc:
         return f"{p.describe()}: unreadable answer ({type(exc).__name__}: {exc}): {body[:200]!r}"
     return f"{p.describe()} {problem}" if problem else None
+
+
+def inflight(body: bytes, names: list[str]) -> tuple[int, str]:
+    """(requests in flight, the samples that make it up, in words) from a
+    metrics page: the sum of every sample of ``names`` in Prometheus text
+    (labels aside); or, where the page is JSON iteration statistics (a list
+    of objects, TensorRT-LLM's ``/metrics``), ``names``' fields of the last
+    one (an empty list: no iteration since the last read, nothing in flight).
+    ValueError when none of ``names`` is there."""
+    text = body.decode(errors="replace").strip()
+    if text.startswith("["):
+        stats = json.loads(text)
+        if not isinstance(stats, list):
+            raise ValueError("metrics JSON is not a list")
+        if not stats:
+            return 0, "no iteration since the last read"
+        last = stats[-1] if isinstance(stats[-1], dict) else {}
+        got = {n: last[n] for n in names if isinstance(last.get(n), (int, float))}
+        if not got:
+            raise ValueError(f"the last iteration's statistics have none of {', '.join(names)}")
+        return int(sum(got.values())), ", ".join(f"{k} {v:g}" for k, v in got.items())
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        name = line.split("{", 1)[0].split(None, 1)[0]
+        if name in names:
+            # name{labels} value [timestamp]
+            after = line[len(name):]
+            rest = (after[after.index("}") + 1:] if after.startswith("{") else after).split()
+            try:
+                sums[name] = sums.get(name, 0.0) + float(rest[0])
+            except (ValueError, IndexError):
+                continue
+    if not sums:
+        raise ValueError(f"the metrics page has no sample of {', '.join(names)}")
+    return int(round(sum(sums.values()))), ", ".join(f"{k} {v:g}" for k, v in sums.items())

@@ -147,6 +147,27 @@ def current_plan(cluster: Cluster, sts: dict[str, dict | None]) -> ReleasePlan |
     return None
 
 
+def serving_plan(runner: Runner, cluster: Cluster) -> tuple[ReleasePlan | None, str]:
+    """(the plan of the release node 0's ``current`` names, or None and why),
+    in one round trip to node 0: what a deploy or rollback drains before it
+    stops it."""
+    from roles.status import current_script, parse_status
+
+    try:
+        out, err, code = runner.exec(cluster.node0, current_script(cluster))
+    except Exception as exc:  # unreachable: the caller says it drains nothing
+        return None, f"{cluster.node0.name}: {type(exc).__name__}: {exc}"
+    st = parse_status(out)
+    if not st["release"]:
+        return None, "no current release"
+    if not st["plan"].strip():
+        return None, f"release {st['release']} has no plan.json on {cluster.node0.name}"
+    try:
+        return plan_of(cluster, st["release"], st["plan"], {cluster.node0.name: st["meta"] or {}}), ""
+    except LlmdeployError as exc:
+        return None, str(exc)
+
+
 def releases(cluster: Cluster, con: Console, json_out: bool) -> int:
     """Every release in the ledger: was it ever good, its latest attempt, every event."""
     problems: list[str] = []

@@ -194,6 +194,34 @@ class Budget(Strict):
     min_free_disk_gib: float = Field(default=20, ge=0)
 
 
+class GateTolerance(Strict):
+    """How much worse than the baseline each figure may be, as a fraction of
+    it: 0.25 lets a latency grow by 25 % (or throughput drop by 25 %)."""
+
+    ttft_p50: float = Field(default=0.5, ge=0, le=100)
+    ttft_p95: float = Field(default=0.75, ge=0, le=100)
+    tpot_p50: float = Field(default=0.5, ge=0, le=100)
+    tpot_p95: float = Field(default=0.75, ge=0, le=100)
+    output_tokens_per_s: float = Field(default=0.35, ge=0, le=1)
+
+
+class GateSettings(Strict):
+    """The smoke benchmark the gate runs (llmdeploy.loadgen) and its tolerances (llmdeploy.gate)."""
+
+    enabled: bool = True
+    requests: int = Field(default=16, ge=1, le=10000)
+    concurrency: int = Field(default=4, ge=1, le=1024)
+    input_tokens: int = Field(default=128, ge=1, le=1_000_000)
+    output_tokens: int = Field(default=64, ge=2, le=1_000_000)
+    # the whole smoke benchmark is bounded by this
+    timeout_s: float = Field(default=300, gt=0, le=86400)
+    tolerance: GateTolerance = Field(default_factory=GateTolerance)
+    # a latency change smaller than this is never a regression (noise)
+    floor_ms: float = Field(default=5, ge=0)
+    # requests of the smoke benchmark that may fail
+    max_errors: int = Field(default=0, ge=0)
+
+
 class DeploySettings(Strict):
     """Deadlines and retry policy of the start sequence."""
 
@@ -210,6 +238,11 @@ class DeploySettings(Strict):
     backoff_max_s: float = Field(default=120, ge=0)
     poll_s: float = Field(default=5, gt=0)
     stop_timeout_s: int = Field(default=60, ge=0)
+    # before a serving release is stopped: wait up to this long for its
+    # in-flight requests (its /metrics) to finish; 0: stop at once
+    drain_s: float = Field(default=30, ge=0, le=3600)
+    # the quality gate after readiness (deploy, rollback --gate)
+    gate: GateSettings = Field(default_factory=GateSettings)
 
 
 class VerifySettings(Strict):

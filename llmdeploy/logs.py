@@ -112,9 +112,11 @@ def bundle_secrets(per_host: dict[str, dict[str, str]], keys: set[str]) -> list[
     return values
 
 
-def save_bundle(cluster: Cluster, rid: str, per_host: dict[str, dict[str, str]], secrets: list[str]) -> tuple[Path, Path]:
+def save_bundle(cluster: Cluster, rid: str, per_host: dict[str, dict[str, str]], secrets: list[str],
+                extra: dict[str, str] | None = None) -> tuple[Path, Path]:
     """Write each host's files, masking secrets (``secrets`` and those the
-    bundle's own env files hold, see ``bundle_secrets``); returns (directory, .tar.gz).
+    bundle's own env files hold, see ``bundle_secrets``), and ``extra`` files
+    (the tool's own findings, e.g. the gate's comparison) at the top; returns (directory, .tar.gz).
     A bundle of the same release collected earlier is kept: this one goes
     beside it with a numbered suffix."""
     from .report import mask
@@ -132,6 +134,11 @@ def save_bundle(cluster: Cluster, rid: str, per_host: dict[str, dict[str, str]],
                 continue
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(mask(text, secrets))
+    for name, text in (extra or {}).items():
+        if "/" in name or name.startswith("."):
+            continue
+        root.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(mask(text, secrets))
     tgz = root.parent / f"{root.name}.tar.gz"
     with tarfile.open(tgz, "w:gz") as tar:
         tar.add(root, arcname=f"{cluster.name}/{root.name}")

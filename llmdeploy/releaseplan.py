@@ -70,6 +70,22 @@ class Probe:
 
 
 @dataclass
+class Drain:
+    """How a release is drained before it stops: ``metrics`` (a GET of the
+    server's Prometheus text, through ``host``'s SSH connection) and the
+    samples in it that add up to the requests in flight (running and
+    waiting); ``refuse_first``: the services that stop taking new work when
+    sent SIGTERM and finish what they hold (Dynamo's frontend), signalled
+    before the wait; ``note``: what cannot be drained, in words (a server
+    that keeps taking requests until it is stopped)."""
+
+    metrics: Probe
+    inflight: list[str] = field(default_factory=list)
+    refuse_first: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+@dataclass
 class Unit:
     """One container of a service on one host."""
 
@@ -126,6 +142,8 @@ class ReleasePlan:
     show_labels: dict[str, str] = field(default_factory=dict)
     # how messages name a unit of a role ({"node0": "node 0"}); else the role, else its service
     role_labels: dict[str, str] = field(default_factory=dict)
+    # how its in-flight requests are drained before it stops (None: a plan written before drains were planned)
+    drain: Drain | None = None
     # release files per host: name -> (content, mode); not part of plan.json
     files: dict[str, dict[str, tuple[str, int]]] = field(default_factory=dict, repr=False)
     # DECLARED fields the plan.json read lacked (written by an earlier version); not part of plan.json
@@ -201,6 +219,7 @@ class ReleasePlan:
             signatures=[(str(p), str(r)) for p, r in doc.get("signatures") or []],
             show_labels=dict(doc.get("show_labels") or {}),
             role_labels=dict(doc.get("role_labels") or {}),
+            drain=_drain(doc.get("drain")),
             absent=tuple(k for k in DECLARED if k not in doc),
         )
 
@@ -209,6 +228,13 @@ class ReleasePlan:
         built with) replaced by ``rid``: in every string of every unit, probe,
         file and field. Pure: the plan is not changed."""
         return _swap(self, placeholder, rid)
+
+
+def _drain(doc: dict | None) -> Drain | None:
+    if not doc:
+        return None
+    return Drain(metrics=Probe(**doc["metrics"]), inflight=[str(x) for x in doc.get("inflight") or []],
+                 refuse_first=[str(x) for x in doc.get("refuse_first") or []], note=str(doc.get("note") or ""))
 
 
 def _swap(value: Any, old: str, new: str) -> Any:

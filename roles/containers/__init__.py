@@ -147,3 +147,13 @@ def port_open_script(ip: str, port: int) -> str:
     """Prints ``open`` when ``ip:port`` accepts a TCP connection from the host within 2 s."""
     test = shlex.quote(f"exec 3<>/dev/tcp/{ip}/{int(port)}")
     return f"timeout 2 bash -c {test} 2>/dev/null && echo open"
+
+
+def signal_script(containers: list[str], sig: str = "TERM") -> str:
+    """Send ``sig`` to each named container that runs (``docker kill --signal``:
+    the server stops taking new work and finishes what it holds, where it
+    does so on that signal); one ``signalled <name>`` line each."""
+    if sig not in ("TERM", "INT", "USR1", "USR2", "HUP"):
+        raise ValueError(f"not a signal this tool sends: {sig!r}")
+    q = shlex.quote
+    return "".join(f"docker kill --signal {sig} {q(c)} >/dev/null 2>&1 && echo signalled {q(c)}\n" for c in containers) + "true\n"

@@ -14,14 +14,36 @@ import shlex
 
 from llmdeploy.inventory import Cluster
 from llmdeploy.lock import audit_path
-from llmdeploy.release import current_link, ledger_path, release_dir
+from llmdeploy.release import append_script, current_link, ledger_path, release_dir, releases_dir
 from roles.facts import section, split_sections
 
 
-def ledger_script(cluster: Cluster) -> str:
-    """Node 0's ledger and where its ``current`` link points (sections ledger, current)."""
+def ledger_script(cluster: Cluster, benches: bool = False) -> str:
+    """Node 0's ledger and where its ``current`` link points (sections ledger,
+    current); with ``benches``, also the last benchmark line each release keeps (section bench)."""
     q = shlex.quote
-    return section("ledger", f"cat {q(ledger_path(cluster))} 2>/dev/null || true") + "\n" + section("current", f"readlink {q(current_link(cluster))} || true") + "\n"
+    out = section("ledger", f"cat {q(ledger_path(cluster))} 2>/dev/null || true") + "\n" + section("current", f"readlink {q(current_link(cluster))} || true") + "\n"
+    if benches:
+        out += section("bench", f"for f in {q(releases_dir(cluster))}/*/{BENCH_FILE}; do [ -f \"$f\" ] && tail -n 1 \"$f\"; done; true") + "\n"
+    return out
+
+
+# each release's benchmark results, one JSON line per run (invoke bench, the gate), in its own directory on node 0
+BENCH_FILE = "bench.jsonl"
+
+
+def bench_append_script(cluster: Cluster, rid: str, record: dict) -> str:
+    """Append one benchmark record to release ``rid``'s ``bench.jsonl`` (the ledger's way: flock, one write, a sum)."""
+    return append_script(f"{release_dir(cluster, rid)}/{BENCH_FILE}", record)
+
+
+def parse_benches(out: str) -> tuple[dict[str, dict], list[str]]:
+    """{release: its last benchmark record} from ``ledger_script(benches=True)``'s
+    bench section, and the problems of lines that cannot be trusted."""
+    from llmdeploy.release import RELEASE_RE, parse_lines
+
+    recs, problems = parse_lines(split_sections(out).get("bench", ("", 0))[0], "bench record")
+    return {r["release"]: r for r in recs if isinstance(r.get("release"), str) and RELEASE_RE.match(r["release"])}, problems
 
 
 def parse_ledger_read(out: str) -> tuple[str, str | None] | None:

@@ -43,7 +43,7 @@ from urllib.parse import urlparse
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
-from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
+from llmdeploy.releaseplan import Drain, Probe, ReleasePlan, Service, Unit
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
 from systems import common
@@ -279,6 +279,16 @@ def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, r
 
 def entry_port(cluster: Cluster) -> int:
     return profile_of(cluster).frontend_port
+
+
+def drain(cluster: Cluster) -> Drain:
+    """Dynamo's frontend first: on SIGTERM it stops taking requests and
+    finishes those in flight (graceful shutdown), which its /metrics counts
+    (``dynamo_frontend_inflight_requests``, ``dynamo_frontend_queued_requests``);
+    the workers stop after it."""
+    prof = profile_of(cluster)
+    return Drain(metrics=Probe(name="frontend /metrics", kind="http", host=cluster.node0.name, port=prof.frontend_port, path="/metrics"),
+                 inflight=["dynamo_frontend_inflight_requests", "dynamo_frontend_queued_requests"], refuse_first=["frontend"])
 
 
 def chat_request(cluster: Cluster) -> dict:

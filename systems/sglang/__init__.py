@@ -21,7 +21,7 @@ import shlex
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
-from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
+from llmdeploy.releaseplan import Drain, Probe, ReleasePlan, Service, Unit
 from roles import containers
 from systems import common
 from systems.common import container_check_node, container_files, container_meta, nic_signature, serving_image
@@ -126,6 +126,18 @@ def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, r
 
 def entry_port(cluster: Cluster) -> int:
     return profile_of(cluster).port
+
+
+def drain(cluster: Cluster) -> Drain:
+    """SGLang's /metrics with --enable-metrics (docs: "Production Metrics";
+    sglang/srt/metrics/collector.py): running and queued requests. SGLang
+    has no call that stops admission: the wait counts new requests too."""
+    prof = profile_of(cluster)
+    note = "SGLang cannot refuse new requests while it drains; clients still reaching it are counted and cut at the end of the wait"
+    if not prof.enable_metrics:
+        note += "; enable_metrics is off, so /metrics is not served and nothing is waited for"
+    return Drain(metrics=Probe(name="SGLang /metrics", kind="http", host=cluster.node0.name, port=prof.port, path="/metrics"),
+                 inflight=["sglang:num_running_reqs", "sglang:num_queue_reqs"], note=note)
 
 
 def chat_request(model: str) -> dict:
