@@ -159,8 +159,6 @@ class Engine:
         if limit <= 0:
             self.say("drain: deploy.drain_s is 0: stopping without waiting for requests in flight")
             return None
-        if d.note:
-            self.say(f"drain: {escape(d.note)}")
         refused = refuse and self._refuse(plan, d.refuse_first)
         t0 = time.monotonic()
         n, polls, said = None, 0, False
@@ -179,7 +177,8 @@ class Engine:
                 self.say(f"drained: no request in flight on {d.metrics.host}" + (f" after {time.monotonic() - t0:.1f}s" if said else ""))
                 return 0
             if not said:
-                self.say(f"drain: {n} request{'s' if n != 1 else ''} in flight on {d.metrics.host} ({escape(detail)}); waiting up to {limit:g}s")
+                self.say(f"drain: {n} request{'s' if n != 1 else ''} in flight on {d.metrics.host} ({escape(detail)}); waiting up to {limit:g}s"
+                         + (f" ({escape(d.note)})" if d.note and not refused else ""))
                 said = True
             if time.monotonic() - t0 >= limit:
                 self.say(f"[yellow]drain: {n} request{'s' if n != 1 else ''} still in flight after {limit:g}s ({escape(detail)}): stopping cuts them[/]")

@@ -28,11 +28,17 @@ from llmdeploy.runner import Runner, Step
 from roles import release as rel
 
 
-def read_ledger(runner: Runner, cluster: Cluster, problems: list[str] | None = None) -> tuple[list[dict], str | None]:
+def read_ledger(runner: Runner, cluster: Cluster, problems: list[str] | None = None, benches: dict | None = None) -> tuple[list[dict], str | None]:
     """(ledger lines, node 0's current release). Lines that cannot be trusted
     (torn, edited) are skipped; each is said on stderr, and added to
-    ``problems`` when the caller passes a list."""
-    out, err, code = runner.exec(cluster.node0, rel.ledger_script(cluster))
+    ``problems`` when the caller passes a list. ``benches``: filled with each
+    release's last benchmark record, read in the same round trip."""
+    out, err, code = runner.exec(cluster.node0, rel.ledger_script(cluster, benches=benches is not None))
+    if benches is not None:
+        got, bad = rel.parse_benches(out)
+        benches.update(got)
+        if problems is not None:
+            problems.extend(bad)
     got = rel.parse_ledger_read(out)
     if code != 0 or got is None:
         raise LlmdeployError(f"{cluster.node0.name}: cannot read the ledger: {err.strip() or out.strip()}")
@@ -171,9 +177,12 @@ def serving_plan(runner: Runner, cluster: Cluster) -> tuple[ReleasePlan | None, 
 def releases(cluster: Cluster, con: Console, json_out: bool) -> int:
     """Every release in the ledger: was it ever good, its latest attempt, every event."""
     problems: list[str] = []
+    benches: dict[str, dict] = {}
     with Runner(cluster, nodes=[cluster.node0]) as runner:
-        records, current = read_ledger(runner, cluster, problems)
+        records, current = read_ledger(runner, cluster, problems, benches)
     rows = release_table(records)
+    for r in rows:
+        r["bench"] = bench_summary(benches.get(r["release"]))
     try:
         default = rollback_target(records, current, None)
     except LlmdeployError:
@@ -193,12 +202,46 @@ def releases(cluster: Cluster, con: Console, json_out: bool) -> int:
         style = {"good": "green", "failed": "red"}.get(latest.get("result"), "yellow")
         was = f"[green]yes[/] (last {r['last_good']})" if r["was_good"] else "[red]never[/]"
         out.append([r["release"], r["time"], r["who"], (r["image_id"] or "-")[:19], r["config_hash"] or "-", was,
-                    f"[{style}]{latest.get('action', '-')} {latest.get('result', '-')}[/]", escape("\n".join(r["events"])) or "-", "\n".join(marks)])
+                    f"[{style}]{latest.get('action', '-')} {latest.get('result', '-')}[/]", escape(serving_text(r)),
+                    escape("\n".join(r["events"])) or "-", "\n".join(marks)])
     con.print(report.table(f"releases of {cluster.name} (ledger on {cluster.node0.name})",
-                           ["release", "made", "by", "image", "config", "was good", "latest attempt", "events", ""], out))
+                           ["release", "made", "by", "image", "config", "was good", "latest attempt", "gate / bench", "events", ""], out))
     for p in problems:
         con.print(f"[bold red]ledger problem[/]: {escape(p)}")
     return 0
+
+
+def bench_summary(rec: dict | None) -> dict | None:
+    """The last benchmark kept with a release, in brief: when, what kind, and
+    per concurrency level its p50 TTFT and TPOT (ms), tokens/s and errors."""
+    if not isinstance(rec, dict):
+        return None
+    levels = [lv for lv in rec.get("levels") or [] if isinstance(lv, dict)]
+
+    def p50(lv, series):
+        v = lv.get(series)
+        return v.get("p50") if isinstance(v, dict) else None
+    return {"time": rec.get("time"), "kind": rec.get("kind"),
+            "levels": [{"concurrency": lv.get("concurrency"), "ttft_p50_ms": p50(lv, "ttft"), "tpot_p50_ms": p50(lv, "tpot"),
+                        "output_tokens_per_s": lv.get("output_tokens_per_s"), "errors": lv.get("errors")} for lv in levels]}
+
+
+def serving_text(row: dict) -> str:
+    """The gate's verdict and the last benchmark of a release, for the table."""
+    from llmdeploy.gate import fmt
+
+    parts = []
+    g = row.get("gate")
+    if isinstance(g, dict):
+        figs = g.get("figures") or {}
+        shown = f" (TPOT {fmt(figs.get('tpot_p50'))} ms)" if figs.get("tpot_p50") is not None else ""
+        parts.append(f"gate {g.get('verdict')}{shown}")
+    b = row.get("bench")
+    if b:
+        for lv in b["levels"]:
+            parts.append(f"{b['kind']} c{lv['concurrency']}: TTFT {fmt(lv['ttft_p50_ms'])} ms, {fmt(lv['output_tokens_per_s'])} tok/s"
+                         + (f", {lv['errors']} errors" if lv.get("errors") else ""))
+    return "\n".join(parts) or "-"
 
 
 def audit_log(cluster: Cluster, con: Console, last: int | None, json_out: bool) -> int:

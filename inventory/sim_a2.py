@@ -1,9 +1,9 @@
 """The simulated twin of a2.py: 8 simulated Atlas 800 A2 hosts on this machine.
 Node 5's serving NIC has another name, as on clusters with mixed NIC models."""
 
-from llmdeploy.inventory import Cluster, DeploySettings, Model
+from llmdeploy.inventory import Cluster, Model
 from systems.vllm_ascend.catalogue import IMAGE_A2, image, vllm_a2_w4a8
-from sim.paths import sim_nodes, sim_ssh
+from sim.paths import sim_deploy, sim_nodes, sim_ssh
 
 cluster = Cluster(
     name="sim-a2",
@@ -16,7 +16,7 @@ cluster = Cluster(
         tokenizer_path="/root/.cache/models/Qwen3.8-2.4T-A95B-w4a8",
     ),
     # seconds, not the hours a real load takes
-    deploy=DeploySettings(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5, stop_timeout_s=5),
+    deploy=sim_deploy(),
     image=image(IMAGE_A2),
     profile=vllm_a2_w4a8(port=8000, rpc_port=13389),
 )

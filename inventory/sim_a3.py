@@ -5,9 +5,9 @@ namespaces made by `invoke sim.up --cluster sim-a3`, the model is a small
 stand-in checkpoint directory on each host.
 """
 
-from llmdeploy.inventory import Cluster, DeploySettings, Model
+from llmdeploy.inventory import Cluster, Model
 from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8
-from sim.paths import sim_nodes, sim_ssh
+from sim.paths import sim_deploy, sim_nodes, sim_ssh
 
 cluster = Cluster(
     name="sim-a3",
@@ -20,7 +20,7 @@ cluster = Cluster(
         tokenizer_path="/root/.cache/models/Qwen3.8-2.4T-A95B-w8a8",
     ),
     # seconds, not the hours a real load takes
-    deploy=DeploySettings(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5, stop_timeout_s=5),
+    deploy=sim_deploy(),
     image=image(IMAGE_A3),
     profile=vllm_a3_w8a8(port=8000, rpc_port=13389),
 )

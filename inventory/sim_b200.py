@@ -1,8 +1,8 @@
 """The simulated twin of b200.py: 2 simulated 8-GPU B200 hosts, trtllm-serve TP16."""
 
-from llmdeploy.inventory import Cluster, DeploySettings, Model, VerifySettings
+from llmdeploy.inventory import Cluster, Model, VerifySettings
 from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
-from sim.paths import cluster_dir, sim_nodes, sim_ssh
+from sim.paths import cluster_dir, sim_deploy, sim_nodes, sim_ssh
 
 cluster = Cluster(
     name="sim-b200",
@@ -15,7 +15,7 @@ cluster = Cluster(
     # all_reduce_perf busbw floor (GB/s) for the simulated pair
     verify=VerifySettings(nccl_min_busbw=300),
     # seconds, not the hours a real load takes
-    deploy=DeploySettings(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5, stop_timeout_s=5),
+    deploy=sim_deploy(),
     # mpirun's launch agent on node 0 reaches the other node with the simulator's own ssh_config (key, known_hosts)
     profile=trtllm_qwen38_fp8("qwen3.8-low-latency.yaml", launch_ssh_config=str(cluster_dir("sim-b200") / "ssh_config")),
 )

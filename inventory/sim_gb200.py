@@ -1,8 +1,8 @@
 """The simulated twin of gb200.py: 4 simulated 4-GPU GB200 hosts, trtllm-serve TP16 (one MPI world of 16 ranks, 4 per node)."""
 
-from llmdeploy.inventory import Cluster, DeploySettings, Model
+from llmdeploy.inventory import Cluster, Model
 from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
-from sim.paths import cluster_dir, sim_nodes, sim_ssh
+from sim.paths import cluster_dir, sim_deploy, sim_nodes, sim_ssh
 
 cluster = Cluster(
     name="sim-gb200",
@@ -13,7 +13,7 @@ cluster = Cluster(
     model=Model(path="/root/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8"),
     image=image(IMAGE_TRTLLM),
     # seconds, not the hours a real load takes
-    deploy=DeploySettings(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5, stop_timeout_s=5),
+    deploy=sim_deploy(),
     # mpirun's launch agent on node 0 reaches the other nodes with the simulator's own ssh_config (key, known_hosts)
     profile=trtllm_qwen38_fp8("qwen3.8-low-latency.yaml", launch_ssh_config=str(cluster_dir("sim-gb200") / "ssh_config")),
 )

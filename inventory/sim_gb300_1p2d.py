@@ -2,9 +2,9 @@
 with the frontend, etcd and NATS; decode0 and decode1 (D8-B4), each one TP8
 MPI group across two nodes (1,2 and 3,4)."""
 
-from llmdeploy.inventory import Budget, Cluster, DeploySettings, Model
+from llmdeploy.inventory import Budget, Cluster, Model
 from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
-from sim.paths import cluster_dir, sim_nodes, sim_ssh
+from sim.paths import cluster_dir, sim_deploy, sim_nodes, sim_ssh
 
 cluster = Cluster(
     name="sim-gb300-1p2d",
@@ -19,7 +19,7 @@ cluster = Cluster(
     # plus the OS margin: 784 of the node's 840 GiB
     budget=Budget(weights_host_gib=208),
     # seconds, not the hours a real load takes
-    deploy=DeploySettings(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5, stop_timeout_s=5),
+    deploy=sim_deploy(),
     # the TensorRT-LLM checkout with the base role files, on each simulated host
     # a decode worker's launch agent reaches its second node with the simulator's ssh_config
     profile=dynamo_gb300("1P2D", recipes_dir="/opt/trtllm-recipes", launch_ssh_config=str(cluster_dir("sim-gb300-1p2d") / "ssh_config")),

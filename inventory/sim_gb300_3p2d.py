@@ -4,9 +4,9 @@ running the frontend, etcd and NATS; decode0 and decode1 (D4-B32) on nodes 3
 and 4. Five replicas behind one KV-aware router: the cluster on which
 readiness must not depend on which worker the router picks."""
 
-from llmdeploy.inventory import Budget, Cluster, DeploySettings, Model
+from llmdeploy.inventory import Budget, Cluster, Model
 from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
-from sim.paths import sim_nodes, sim_ssh
+from sim.paths import sim_deploy, sim_nodes, sim_ssh
 
 cluster = Cluster(
     name="sim-gb300-3p2d",
@@ -21,7 +21,7 @@ cluster = Cluster(
     # plus the OS margin: 784 of the node's 840 GiB
     budget=Budget(weights_host_gib=208),
     # seconds, not the hours a real load takes
-    deploy=DeploySettings(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5, stop_timeout_s=5),
+    deploy=sim_deploy(),
     # the TensorRT-LLM checkout with the base role files, on each simulated host;
     # every worker fits on one node, so no launch agent needs SSH between them
     profile=dynamo_gb300("3P2D", recipes_dir="/opt/trtllm-recipes"),

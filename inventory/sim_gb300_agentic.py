@@ -1,8 +1,8 @@
 """The simulated twin of gb300_agentic.py: one 4-GPU GB300 host, Dynamo 1P1D-B8."""
 
-from llmdeploy.inventory import Budget, Cluster, DeploySettings, Model
+from llmdeploy.inventory import Budget, Cluster, Model
 from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
-from sim.paths import sim_nodes, sim_ssh
+from sim.paths import sim_deploy, sim_nodes, sim_ssh
 
 cluster = Cluster(
     name="sim-gb300-agentic",
@@ -16,7 +16,7 @@ cluster = Cluster(
     # the ~208 GiB NVFP4 checkpoint staged while loading, plus the OS margin
     budget=Budget(weights_host_gib=208),
     # seconds, not the hours a real load takes
-    deploy=DeploySettings(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5, stop_timeout_s=5),
+    deploy=sim_deploy(),
     # the TensorRT-LLM checkout with the base role files, on each simulated host
     profile=dynamo_gb300("1P1D-B8", recipes_dir="/opt/trtllm-recipes"),
 )

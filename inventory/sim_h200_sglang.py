@@ -1,7 +1,7 @@
 """The simulated twin of h200_sglang.py: 2 simulated 8-GPU H200 hosts, SGLang TP16."""
 
-from llmdeploy.inventory import Cluster, DeploySettings, Model, VerifySettings
-from sim.paths import cluster_dir, sim_nodes, sim_ssh
+from llmdeploy.inventory import Cluster, Model, VerifySettings
+from sim.paths import cluster_dir, sim_deploy, sim_nodes, sim_ssh
 from systems.sglang.catalogue import IMAGE_SGLANG, image, sglang_qwen38_fp8
 
 cluster = Cluster(
@@ -14,8 +14,7 @@ cluster = Cluster(
     image=image(IMAGE_SGLANG),
     verify=VerifySettings(nccl_min_busbw=300),
     # seconds, not the minutes a real load takes
-    deploy=DeploySettings(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2,
-                          poll_s=0.5, stop_timeout_s=5),
+    deploy=sim_deploy(),
     # --dist-timeout short enough that a world that cannot form fails inside ready_timeout_s;
     # verify-comm's all_reduce_perf reaches the other node with the simulator's own ssh_config
     profile=sglang_qwen38_fp8(dist_timeout_s=30, launch_ssh_config=str(cluster_dir("sim-h200-sglang") / "ssh_config")),

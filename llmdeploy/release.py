@@ -215,6 +215,11 @@ def _event(r: dict) -> str:
     text += f" {r.get('time')} by {r.get('who')}"
     if r.get("reason") and r.get("result") == "failed":
         text += f": {str(r['reason'])[:80]}"
+    if r.get("serving"):
+        text += " (kept serving)"
+    g = r.get("gate")
+    if isinstance(g, dict) and g.get("verdict") == "skipped" and r.get("result") == "good":
+        text += f" (gate skipped: {g.get('why', '')})"
     return text
 
 
@@ -226,11 +231,13 @@ def release_table(records: list[dict]) -> list[dict]:
     for r in records:
         row = rows.setdefault(r["release"], {"release": r["release"], "time": r.get("time"), "who": r.get("who"),
                                              "image_id": r.get("image_id"), "config_hash": r.get("config_hash"),
-                                             "was_good": False, "last_good": None, "latest": None, "result": None, "events": []})
+                                             "was_good": False, "last_good": None, "latest": None, "result": None, "gate": None, "events": []})
         if r.get("result") == "good":
             row["was_good"], row["last_good"] = True, r.get("time")
+        if r.get("result") in ("good", "failed") and isinstance(r.get("gate"), dict):
+            row["gate"] = r["gate"]
         if r.get("result") in ("started", "good", "failed"):
-            row["latest"] = {k: r.get(k) for k in ("result", "action", "time", "who", "reason", "from") if r.get(k)}
+            row["latest"] = {k: r.get(k) for k in ("result", "action", "time", "who", "reason", "from", "serving") if r.get(k)}
             row["latest"].setdefault("action", "deploy")
             row["result"] = r.get("result")
         row["events"].append(_event(r))

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from llmdeploy.inventory import Cluster, Node
+from sim.paths import SIM_LATENCY
 
 GIB_KIB = 1024 * 1024
 
@@ -47,6 +48,8 @@ def node_hardware(cluster: Cluster, index: int, node: Node) -> dict:
         "mem_total_kib": shape["mem_gib"] * GIB_KIB,
         "npus": [],
         "gpus": [],
+        # the serving stand-ins' pace (sim/standins/streaming.py); a test makes a release slower here
+        "latency": dict(SIM_LATENCY),
     }
     if plat.vendor == "ascend":
         hw["devices"] = [f"/dev/davinci{d}" for d in range(plat.devices)] + ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]

@@ -8,7 +8,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-from llmdeploy.inventory import Ssh
+from llmdeploy.inventory import DeploySettings, GateSettings, GateTolerance, Ssh
 
 # Paths on a simulated host that are private to it (bind-mounted per host).
 PRIVATE_DIRS = [
@@ -82,3 +82,22 @@ def sim_nodes(prefix: str, count: int, first_ip: str, **per_node):
         extra = dict(per_node.get(str(i), {}))
         nodes.append(Node(name=f"{prefix}{i}", ip=str(base + i), ssh_host=f"{prefix}{i}", **extra))
     return nodes
+
+
+# the stand-ins' default pace (sim/hardware.py writes it into every host's
+# node.json ``latency``): 20 ms to the first token, 10 ms a token after it
+SIM_LATENCY = {"first_token_s": 0.02, "per_token_s": 0.01}
+
+
+def sim_deploy(**overrides) -> DeploySettings:
+    """Deadlines in seconds, not the hours a real load takes; a smoke
+    benchmark of a second or so. The gate's tolerances are wider than a real
+    cluster's: this machine runs every simulated host and the tool on two
+    cores, so its figures move with the load of the machine; a stand-in made
+    3x slower per token (SIM_LATENCY) still fails them."""
+    values = dict(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5,
+                  stop_timeout_s=5, drain_s=10,
+                  gate=GateSettings(requests=8, concurrency=4, input_tokens=32, output_tokens=32, timeout_s=60, floor_ms=10,
+                                    tolerance=GateTolerance(ttft_p50=1.0, ttft_p95=1.5, tpot_p50=1.0, tpot_p95=1.5, output_tokens_per_s=0.55)))
+    values.update(overrides)
+    return DeploySettings(**values)

@@ -149,3 +149,68 @@ def test_every_system_plans_a_drain_and_plan_json_keeps_it():
     old = json.loads(plan.to_json())
     old.pop("drain")
     assert ReleasePlan.from_json(json.dumps(old)).drain is None
+
+
+# --- the drain's decisions (flows.engine.Engine.drain), on a fake clock ---------------------------
+class FakeTime:
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, s):
+        self.now += s
+
+
+def draining(monkeypatch, readings, drain_s=10.0, refused=False, cluster="sim-gb300-1p2d"):
+    """An engine whose metrics read ``readings`` in turn (the last one for ever); (engine, what it said, the signals sent)."""
+    import flows.engine as engine
+    from flows.deploy import plan_release
+    from rich.console import Console
+
+    clock = FakeTime()
+    monkeypatch.setattr(engine, "time", clock)
+    c = load_cluster(cluster)
+    c = c.model_copy(update={"deploy": c.deploy.model_copy(update={"drain_s": drain_s})})
+    _, _, plan = plan_release(c, {}, c.image.ref)
+    said, signals = [], []
+    eng = engine.Engine(c, None, Console(), quiet=False)
+    eng.say = said.append
+    seq = list(readings)
+    eng._inflight = lambda d: seq.pop(0) if len(seq) > 1 else seq[0]
+    eng._refuse = lambda p, services: signals.append(list(services)) or refused
+    return eng, plan, said, signals, clock
+
+
+def test_the_drain_waits_until_nothing_is_in_flight(monkeypatch):
+    eng, plan, said, signals, _ = draining(monkeypatch, [(2, "dynamo_frontend_inflight_requests 2"), (1, "x 1"), (0, "x 0")])
+    assert eng.drain(plan, refuse=False) == 0
+    assert signals == []
+    assert said[0].startswith("drain: 2 requests in flight on sim-gb300-1p2d-0 (dynamo_frontend_inflight_requests 2); waiting up to 10s")
+    assert said[-1].startswith("drained: no request in flight on sim-gb300-1p2d-0 after")
+
+
+def test_the_drain_ends_at_drain_s_and_says_how_many_are_cut(monkeypatch):
+    eng, plan, said, _, clock = draining(monkeypatch, [(3, "vllm:num_requests_running 3")], drain_s=5, cluster="sim-a3")
+    assert eng.drain(plan) == 3
+    assert clock.now >= 5
+    assert "3 requests still in flight after 5s (vllm:num_requests_running 3): stopping cuts them" in said[-1]
+    assert "vLLM cannot refuse new requests" in said[0]
+
+
+def test_dynamo_refuses_new_work_first_and_a_frontend_that_exited_has_drained(monkeypatch):
+    eng, plan, said, signals, _ = draining(monkeypatch, [(1, "x 1"), (None, "GET /metrics on h:8000: ChannelException: Connect failed")], refused=True)
+    assert eng.drain(plan) == 0
+    assert signals == [["frontend"]]
+    assert said[-1].startswith("drained: frontend finished what it held and exited")
+
+
+def test_nothing_to_drain_and_unknown_drains_are_said(monkeypatch):
+    eng, plan, said, _, _ = draining(monkeypatch, [(None, "GET /metrics on h:8000: ChannelException: Connect failed")])
+    assert eng.drain(plan, refuse=False) is None and "nothing answers" in said[-1]
+    eng, plan, said, _, _ = draining(monkeypatch, [(0, "")], drain_s=0)
+    assert eng.drain(plan) is None and "drain_s is 0" in said[-1]
+    eng, plan, said, _, _ = draining(monkeypatch, [(0, "")])
+    plan.drain = None
+    assert eng.drain(plan) is None and "does not say how to drain it" in said[-1]
