@@ -29,7 +29,7 @@ from flows.probes import PROBE_ERRORS, UNREADABLE, http_probe, http_via_ssh, inf
 from llmdeploy import logs
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir, releases_dir
-from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit
+from llmdeploy.releaseplan import Metrics, Probe, ReleasePlan, Service, Unit
 from llmdeploy.runner import SKIPPED, HostResult, Runner, Step, UnreachableError
 from roles import containers as ctr
 
@@ -152,8 +152,8 @@ class Engine:
         wait ended (None: not known)."""
         if plan is None:
             return None
-        d, limit = plan.drain, self.d.drain_s
-        if d is None:
+        d, m, limit = plan.drain, plan.metrics, self.d.drain_s
+        if d is None or m is None:
             self.say(f"drain: release {plan.release}'s plan does not say how to drain it (written before drains were planned): stopping without waiting")
             return None
         if limit <= 0:
@@ -163,21 +163,21 @@ class Engine:
         t0 = time.monotonic()
         n, polls, said = None, 0, False
         while True:
-            n, detail = self._inflight(d)
+            n, detail = self._inflight(m)
             if n is None and refused and not_yet(detail):
                 self.say(f"drained: {', '.join(d.refuse_first)} finished what it held and exited ({time.monotonic() - t0:.1f}s)")
                 return 0
             if n is None and not_yet(detail):
-                self.say(f"drain: nothing answers at {escape(d.metrics.describe())}: no request to wait for")
+                self.say(f"drain: nothing answers at {escape(m.probe.describe())}: no request to wait for")
                 return None
             if n is None:
                 self.say(f"[yellow]drain: cannot read the requests in flight ({escape(detail)}): stopping without waiting[/]")
                 return None
             if n == 0:
-                self.say(f"drained: no request in flight on {d.metrics.host}" + (f" after {time.monotonic() - t0:.1f}s" if said else ""))
+                self.say(f"drained: no request in flight on {m.probe.host}" + (f" after {time.monotonic() - t0:.1f}s" if said else ""))
                 return 0
             if not said:
-                self.say(f"drain: {n} request{'s' if n != 1 else ''} in flight on {d.metrics.host} ({escape(detail)}); waiting up to {limit:g}s"
+                self.say(f"drain: {n} request{'s' if n != 1 else ''} in flight on {m.probe.host} ({escape(detail)}); waiting up to {limit:g}s"
                          + (f" ({escape(d.note)})" if d.note and not refused else ""))
                 said = True
             if time.monotonic() - t0 >= limit:
@@ -200,8 +200,8 @@ class Engine:
             self.say(f"drain: {', '.join(services)} told to stop taking new requests (SIGTERM to {', '.join(done)})")
         return bool(done)
 
-    def _inflight(self, d) -> tuple[int | None, str]:
-        p = d.metrics
+    def _inflight(self, m: Metrics) -> tuple[int | None, str]:
+        p = m.probe
         try:
             status, body = http_via_ssh(self.r, self.node(p.host), p.port, p.method, p.path, p.body, min(10, self.d.request_timeout_s), p.headers, dest=p.ip)
         except PROBE_ERRORS as exc:
@@ -209,7 +209,7 @@ class Engine:
         if status != 200:
             return None, f"{p.describe()} answered {status}: {body[:120]!r}"
         try:
-            return inflight(body, d.inflight)
+            return inflight(body, m.inflight)
         except UNREADABLE as exc:
             return None, f"{p.describe()}: {exc}"
 

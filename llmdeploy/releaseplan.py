@@ -70,17 +70,32 @@ class Probe:
 
 
 @dataclass
-class Drain:
-    """How a release is drained before it stops: ``metrics`` (a GET of the
-    server's Prometheus text, through ``host``'s SSH connection) and the
-    samples in it that add up to the requests in flight (running and
-    waiting); ``refuse_first``: the services that stop taking new work when
-    sent SIGTERM and finish what they hold (Dynamo's frontend), signalled
-    before the wait; ``note``: what cannot be drained, in words (a server
-    that keeps taking requests until it is stopped)."""
+class Metrics:
+    """Where a release's server says how loaded it is: ``probe`` (a GET of
+    its metrics page, through ``host``'s SSH connection; Prometheus text, or
+    JSON iteration statistics) and the names of the samples that count its
+    requests ``running`` and ``waiting``, its KV cache use (a fraction) and
+    the tokens it generated (a counter)."""
 
-    metrics: Probe
-    inflight: list[str] = field(default_factory=list)
+    probe: Probe
+    running: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    kv_cache: list[str] = field(default_factory=list)
+    generated_tokens: list[str] = field(default_factory=list)
+
+    @property
+    def inflight(self) -> list[str]:
+        return self.running + self.waiting
+
+
+@dataclass
+class Drain:
+    """How a release is drained before it stops (its requests in flight are
+    counted by its ``Metrics``): ``refuse_first``, the services that stop
+    taking new work on SIGTERM and finish what they hold (Dynamo's
+    frontend), signalled before the wait; ``note``, what cannot be drained,
+    in words (a server that takes requests until it is stopped)."""
+
     refuse_first: list[str] = field(default_factory=list)
     note: str = ""
 
@@ -142,7 +157,9 @@ class ReleasePlan:
     show_labels: dict[str, str] = field(default_factory=dict)
     # how messages name a unit of a role ({"node0": "node 0"}); else the role, else its service
     role_labels: dict[str, str] = field(default_factory=dict)
-    # how its in-flight requests are drained before it stops (None: a plan written before drains were planned)
+    # where its server says how loaded it is, and how it is drained before it
+    # stops (None: a plan written before these were planned)
+    metrics: Metrics | None = None
     drain: Drain | None = None
     # release files per host: name -> (content, mode); not part of plan.json
     files: dict[str, dict[str, tuple[str, int]]] = field(default_factory=dict, repr=False)
@@ -219,7 +236,8 @@ class ReleasePlan:
             signatures=[(str(p), str(r)) for p, r in doc.get("signatures") or []],
             show_labels=dict(doc.get("show_labels") or {}),
             role_labels=dict(doc.get("role_labels") or {}),
-            drain=_drain(doc.get("drain")),
+            metrics=_metrics(doc.get("metrics")),
+            drain=Drain(**doc["drain"]) if doc.get("drain") else None,
             absent=tuple(k for k in DECLARED if k not in doc),
         )
 
@@ -230,11 +248,11 @@ class ReleasePlan:
         return _swap(self, placeholder, rid)
 
 
-def _drain(doc: dict | None) -> Drain | None:
+def _metrics(doc: dict | None) -> Metrics | None:
     if not doc:
         return None
-    return Drain(metrics=Probe(**doc["metrics"]), inflight=[str(x) for x in doc.get("inflight") or []],
-                 refuse_first=[str(x) for x in doc.get("refuse_first") or []], note=str(doc.get("note") or ""))
+    lists = {k: [str(x) for x in doc.get(k) or []] for k in ("running", "waiting", "kv_cache", "generated_tokens")}
+    return Metrics(probe=Probe(**doc["probe"]), **lists)
 
 
 def _swap(value: Any, old: str, new: str) -> Any:

@@ -44,7 +44,7 @@ from .schema import Strict
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from .inventory import Cluster, Node
-    from .releaseplan import Drain, Probe, ReleasePlan, Service
+    from .releaseplan import Drain, Metrics, Probe, ReleasePlan, Service
 
 # kind -> profile class, filled as the systems' profile classes are defined
 PROFILE_KINDS: dict[str, type["ServingProfile"]] = {}
@@ -154,10 +154,11 @@ class ServingSystem(Protocol):
     (``playbooks/serve-<kind>.yaml``: name, hosts, after, restart, ...) on
     ``nodes``; ``probe`` the readiness probes the playbook's ``ready`` names;
     ``files`` every file of the release per host ({host: {name: (text, mode)}});
-    ``check_doc`` what ``deploy --check --json`` shows per node; ``drain``
-    how a release is drained before it stops (where its metrics say how many
-    requests are in flight, which services stop taking new work on SIGTERM,
-    and in words what cannot be drained).
+    ``check_doc`` what ``deploy --check --json`` shows per node; ``metrics``
+    where its server says how loaded it is (the metrics page and the names
+    of its running, waiting, KV cache and generated-token samples: drain and
+    the live view read them); ``drain`` which services stop taking new work
+    on SIGTERM before a stop and, in words, what cannot be drained.
 
     What it declares goes into every plan it builds (``systems.declared``):
     ``STOP_CLEANUP`` (``rm -f`` of absolute paths, run on every node after a
@@ -190,5 +191,7 @@ class ServingSystem(Protocol):
     def files(self, cluster: "Cluster", plan: "ReleasePlan", prepared: dict, image_id: str | None) -> dict: ...
 
     def check_doc(self, cluster: "Cluster", plan: "ReleasePlan", secrets: list[str]) -> dict: ...
+
+    def metrics(self, cluster: "Cluster") -> "Metrics": ...
 
     def drain(self, cluster: "Cluster") -> "Drain": ...

@@ -29,7 +29,7 @@ def _registry(*names: str) -> dict:
     for name in names:
         pkg = importlib.import_module(f"{__name__}.{name}")
         missing = [name for name in ServingSystem.__annotations__ if not hasattr(pkg, name)]
-        missing += [name for name in ("services", "entry_port", "probe", "files", "check_doc", "drain") if not hasattr(pkg, name)]
+        missing += [name for name in ("services", "entry_port", "probe", "files", "check_doc", "metrics", "drain") if not hasattr(pkg, name)]
         if missing:
             raise TypeError(f"{pkg.__name__} is no serving system: it lacks {', '.join(missing)} (llmdeploy.serving.ServingSystem)")
         claimed = pkg.PROFILE.model_fields["kind"].default
@@ -110,6 +110,7 @@ def build(cluster: Cluster, prepared: dict[str, dict], rid: str, image_id: str |
         plan.ready += p if isinstance(p, list) else [p]
     for key, value in declared(kind, cluster).items():
         setattr(plan, key, value)
+    plan.metrics = mod.metrics(cluster)
     plan.drain = mod.drain(cluster)
     plan.files = mod.files(cluster, plan, prepared, image_id)
     return plan

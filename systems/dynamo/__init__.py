@@ -43,7 +43,7 @@ from urllib.parse import urlparse
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
-from llmdeploy.releaseplan import Drain, Probe, ReleasePlan, Service, Unit
+from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
 from systems import common
@@ -281,14 +281,19 @@ def entry_port(cluster: Cluster) -> int:
     return profile_of(cluster).frontend_port
 
 
-def drain(cluster: Cluster) -> Drain:
-    """Dynamo's frontend first: on SIGTERM it stops taking requests and
-    finishes those in flight (graceful shutdown), which its /metrics counts
-    (``dynamo_frontend_inflight_requests``, ``dynamo_frontend_queued_requests``);
-    the workers stop after it."""
+def metrics(cluster: Cluster) -> Metrics:
+    """The frontend's /metrics (Dynamo docs, "Metrics"): requests in flight
+    and queued (awaiting their first token), output tokens counted."""
     prof = profile_of(cluster)
-    return Drain(metrics=Probe(name="frontend /metrics", kind="http", host=cluster.node0.name, port=prof.frontend_port, path="/metrics"),
-                 inflight=["dynamo_frontend_inflight_requests", "dynamo_frontend_queued_requests"], refuse_first=["frontend"])
+    return Metrics(probe=Probe(name="frontend /metrics", kind="http", host=cluster.node0.name, port=prof.frontend_port, path="/metrics"),
+                   running=["dynamo_frontend_inflight_requests"], waiting=["dynamo_frontend_queued_requests"],
+                   generated_tokens=["dynamo_frontend_output_tokens_total"])
+
+
+def drain(cluster: Cluster) -> Drain:
+    """The frontend first: on SIGTERM it stops taking requests and finishes
+    those in flight (graceful shutdown); the workers stop after it."""
+    return Drain(refuse_first=["frontend"])
 
 
 def chat_request(cluster: Cluster) -> dict:

@@ -21,7 +21,7 @@ import shlex
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
-from llmdeploy.releaseplan import Drain, Probe, ReleasePlan, Service, Unit
+from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
 from roles import containers
 from systems import common
 from systems.common import container_check_node, container_files, container_meta, nic_signature, serving_image
@@ -128,16 +128,21 @@ def entry_port(cluster: Cluster) -> int:
     return profile_of(cluster).port
 
 
-def drain(cluster: Cluster) -> Drain:
-    """SGLang's /metrics with --enable-metrics (docs: "Production Metrics";
-    sglang/srt/metrics/collector.py): running and queued requests. SGLang
-    has no call that stops admission: the wait counts new requests too."""
+def metrics(cluster: Cluster) -> Metrics:
+    """Node rank 0's /metrics with --enable-metrics (SGLang docs, "Production
+    Metrics"; sglang/srt/metrics/collector.py)."""
     prof = profile_of(cluster)
+    return Metrics(probe=Probe(name="SGLang /metrics", kind="http", host=cluster.node0.name, port=prof.port, path="/metrics"),
+                   running=["sglang:num_running_reqs"], waiting=["sglang:num_queue_reqs"], kv_cache=["sglang:token_usage"],
+                   generated_tokens=["sglang:generation_tokens_total"])
+
+
+def drain(cluster: Cluster) -> Drain:
+    """SGLang has no call that stops admission: the wait counts new requests too."""
     note = "SGLang cannot refuse new requests while it drains; clients still reaching it are counted and cut at the end of the wait"
-    if not prof.enable_metrics:
+    if not profile_of(cluster).enable_metrics:
         note += "; enable_metrics is off, so /metrics is not served and nothing is waited for"
-    return Drain(metrics=Probe(name="SGLang /metrics", kind="http", host=cluster.node0.name, port=prof.port, path="/metrics"),
-                 inflight=["sglang:num_running_reqs", "sglang:num_queue_reqs"], note=note)
+    return Drain(note=note)
 
 
 def chat_request(model: str) -> dict:

@@ -27,7 +27,7 @@ import shlex
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
-from llmdeploy.releaseplan import Drain, Probe, ReleasePlan, Service, Unit
+from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
 from systems import common
@@ -195,14 +195,17 @@ def entry_port(cluster: Cluster) -> int:
     return profile_of(cluster).port
 
 
-def drain(cluster: Cluster) -> Drain:
+def metrics(cluster: Cluster) -> Metrics:
     """trtllm-serve's /metrics: the executor's iteration statistics as JSON
-    (numActiveRequests, numQueuedRequests; docs: trtllm-serve "Metrics").
-    trtllm-serve has no call that stops admission: the wait counts new requests too."""
+    (numActiveRequests, numQueuedRequests, kvCacheStats; trtllm-serve docs, "Metrics")."""
     prof = profile_of(cluster)
-    return Drain(metrics=Probe(name="trtllm-serve /metrics", kind="http", host=cluster.node0.name, port=prof.port, path="/metrics"),
-                 inflight=["numActiveRequests", "numQueuedRequests"],
-                 note="trtllm-serve cannot refuse new requests while it drains; clients still reaching it are counted and cut at the end of the wait")
+    return Metrics(probe=Probe(name="trtllm-serve /metrics", kind="http", host=cluster.node0.name, port=prof.port, path="/metrics"),
+                   running=["numActiveRequests"], waiting=["numQueuedRequests"])
+
+
+def drain(cluster: Cluster) -> Drain:
+    """trtllm-serve has no call that stops admission: the wait counts new requests too."""
+    return Drain(note="trtllm-serve cannot refuse new requests while it drains; clients still reaching it are counted and cut at the end of the wait")
 
 
 def chat_request(model: str) -> dict:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
-from llmdeploy.releaseplan import Drain, Probe, ReleasePlan, Service, Unit
+from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
 from systems.common import container_check_node, container_files, container_meta, serving_image
 
 from . import serve
@@ -83,15 +83,19 @@ def entry_port(cluster: Cluster) -> int:
     return serve.profile_of(cluster).port
 
 
-def drain(cluster: Cluster) -> Drain:
-    """vLLM's /metrics (docs: "Production Metrics"): requests running and
-    waiting on the API server, summed over its engines' labels. vLLM has no
-    call that stops admission while it keeps serving: requests that arrive
-    during the wait are counted too."""
+def metrics(cluster: Cluster) -> Metrics:
+    """The API server's /metrics on node 0 (vLLM docs, "Production Metrics";
+    summed over its engines' labels)."""
     port = serve.profile_of(cluster).port
-    return Drain(metrics=Probe(name="vLLM /metrics", kind="http", host=cluster.node0.name, port=port, path="/metrics"),
-                 inflight=["vllm:num_requests_running", "vllm:num_requests_waiting"],
-                 note="vLLM cannot refuse new requests while it drains; clients still reaching it are counted and cut at the end of the wait")
+    return Metrics(probe=Probe(name="vLLM /metrics", kind="http", host=cluster.node0.name, port=port, path="/metrics"),
+                   running=["vllm:num_requests_running"], waiting=["vllm:num_requests_waiting"],
+                   kv_cache=["vllm:kv_cache_usage_perc"], generated_tokens=["vllm:generation_tokens_total"])
+
+
+def drain(cluster: Cluster) -> Drain:
+    """vLLM has no call that stops admission while it keeps serving: requests
+    that arrive during the wait are counted too."""
+    return Drain(note="vLLM cannot refuse new requests while it drains; clients still reaching it are counted and cut at the end of the wait")
 
 
 def chat_request(served: str) -> dict:

@@ -141,14 +141,16 @@ def test_every_system_plans_a_drain_and_plan_json_keeps_it():
     for name, refuse in (("sim-a3", []), ("sim-b200", []), ("sim-gb300-1p2d", ["frontend"]), ("sim-h200-sglang", [])):
         c = load_cluster(name)
         _, _, plan = plan_release(c, {}, c.image.ref)
-        assert plan.drain is not None and plan.drain.metrics.path == "/metrics" and plan.drain.inflight
-        assert plan.drain.refuse_first == refuse
+        assert plan.metrics is not None and plan.metrics.probe.path == "/metrics" and plan.metrics.running and plan.metrics.waiting
+        assert plan.drain is not None and plan.drain.refuse_first == refuse
         assert plan.drain.note or refuse  # what cannot be drained is said
         back = ReleasePlan.from_json(plan.to_json())
-        assert back.drain == plan.drain
+        assert back.drain == plan.drain and back.metrics == plan.metrics
     old = json.loads(plan.to_json())
     old.pop("drain")
-    assert ReleasePlan.from_json(json.dumps(old)).drain is None
+    old.pop("metrics")
+    back = ReleasePlan.from_json(json.dumps(old))
+    assert back.drain is None and back.metrics is None
 
 
 # --- the drain's decisions (flows.engine.Engine.drain), on a fake clock ---------------------------
@@ -212,5 +214,5 @@ def test_nothing_to_drain_and_unknown_drains_are_said(monkeypatch):
     eng, plan, said, _, _ = draining(monkeypatch, [(0, "")], drain_s=0)
     assert eng.drain(plan) is None and "drain_s is 0" in said[-1]
     eng, plan, said, _, _ = draining(monkeypatch, [(0, "")])
-    plan.drain = None
+    plan.metrics = None
     assert eng.drain(plan) is None and "does not say how to drain it" in said[-1]

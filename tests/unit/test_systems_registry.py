@@ -30,7 +30,7 @@ def _fake(monkeypatch, name, **attrs):
 
 def test_a_package_that_lacks_part_of_the_interface_is_refused_naming_it(monkeypatch):
     whole = {k: getattr(systems.SYSTEMS["sglang"], k) for k in ("KIND", "PROFILE", "SIGNATURES", "STOP_CLEANUP", "DRIFT_ENV_PREFIXES", "LABELS",
-                                                              "services", "entry_port", "probe", "check_doc", "drain")}
+                                                              "services", "entry_port", "probe", "check_doc", "metrics", "drain")}
     _fake(monkeypatch, "halfdone", **whole)
     with pytest.raises(TypeError, match=r"systems.halfdone is no serving system: it lacks files"):
         systems._registry("halfdone")
