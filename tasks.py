@@ -202,6 +202,27 @@ def bench(c, cluster, concurrency="1,4", requests=32, input_tokens=128, output_t
     return bench_flow.bench(load_cluster(cluster), report.console(json), load, json, direct)
 
 
+@task(
+    positional=[],
+    help={
+        "cluster": "cluster name: a module in inventory/",
+        "interval": "seconds between refreshes (default 2)",
+        "once": "one snapshot, printed, then exit (1 if a node is unreachable)",
+        "json": "with --once: the snapshot as JSON on stdout",
+    },
+)
+@_guard
+def top(c, cluster, interval="2", once=False, json=False):
+    """A live view of the serving cluster: per node its units, uptime, restarts, accelerator use; the server's requests and tokens/s (q quits)."""
+    from flows import top as top_flow
+
+    try:
+        secs = float(interval)
+    except ValueError:
+        raise LlmdeployError(f"--interval {interval!r}: not a number of seconds") from None
+    return top_flow.top(load_cluster(cluster), report.console(json), secs, once, json)
+
+
 @task(positional=[], help={"cluster": "cluster name", "diff": "compare what runs with the current release's record and name every drift", "json": "print as JSON"})
 @_guard
 def status(c, cluster, diff=False, json=False):
@@ -316,4 +337,4 @@ lock_ns = Collection("lock")
 lock_ns.add_task(lock_status, name="status")
 lock_ns.add_task(lock_break, name="break")
 
-ns = Collection(facts, prepare, check_nodes, verify_comm, deploy, bench, serving_logs, releases, rollback, status, stop, restart, audit, disconnect, demo, sim, lock_ns)
+ns = Collection(facts, prepare, check_nodes, verify_comm, deploy, bench, top, serving_logs, releases, rollback, status, stop, restart, audit, disconnect, demo, sim, lock_ns)

@@ -243,29 +243,21 @@ def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | No
     return f"{p.describe()} {problem}" if problem else None
 
 
-def inflight(body: bytes, names: list[str]) -> tuple[int, str]:
-    """(requests in flight, the samples that make it up, in words) from a
-    metrics page: the sum of every sample of ``names`` in Prometheus text
-    (labels aside); or, where the page is JSON iteration statistics (a list
-    of objects, TensorRT-LLM's ``/metrics``), ``names``' fields of the last
-    one (an empty list: no iteration since the last read, nothing in flight).
-    ValueError when none of ``names`` is there."""
+def samples(body: bytes, names: list[str]) -> dict[str, float]:
+    """{name: the sum of its samples} for each of ``names`` a metrics page
+    has: Prometheus text (labels aside), or JSON iteration statistics (a
+    list of objects, TensorRT-LLM's ``/metrics``: the last one's fields; an
+    empty list has none). ValueError: a page that is neither."""
     text = body.decode(errors="replace").strip()
     if text.startswith("["):
         stats = json.loads(text)
         if not isinstance(stats, list):
             raise ValueError("metrics JSON is not a list")
-        if not stats:
-            return 0, "no iteration since the last read"
-        last = stats[-1] if isinstance(stats[-1], dict) else {}
-        got = {n: last[n] for n in names if isinstance(last.get(n), (int, float))}
-        if not got:
-            raise ValueError(f"the last iteration's statistics have none of {', '.join(names)}")
-        return int(sum(got.values())), ", ".join(f"{k} {v:g}" for k, v in got.items())
+        last = stats[-1] if stats and isinstance(stats[-1], dict) else {}
+        return {n: float(last[n]) for n in names if isinstance(last.get(n), (int, float)) and not isinstance(last.get(n), bool)}
     sums: dict[str, float] = {}
     for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m:
+        if not _SAMPLE.match(line):
             continue
         name = line.split("{", 1)[0].split(None, 1)[0]
         if name in names:
@@ -276,6 +268,17 @@ def inflight(body: bytes, names: list[str]) -> tuple[int, str]:
                 sums[name] = sums.get(name, 0.0) + float(rest[0])
             except (ValueError, IndexError):
                 continue
-    if not sums:
+    return sums
+
+
+def inflight(body: bytes, names: list[str]) -> tuple[int, str]:
+    """(requests in flight, the samples that make it up, in words) from a
+    metrics page: the sum of ``names``' samples (``samples``). JSON iteration
+    statistics with no iteration since the last read mean nothing is in
+    flight. ValueError when none of ``names`` is there."""
+    if body.strip() == b"[]":
+        return 0, "no iteration since the last read"
+    got = samples(body, names)
+    if not got:
         raise ValueError(f"the metrics page has no sample of {', '.join(names)}")
-    return int(round(sum(sums.values()))), ", ".join(f"{k} {v:g}" for k, v in sums.items())
+    return int(round(sum(got.values()))), ", ".join(f"{k} {v:g}" for k, v in got.items())

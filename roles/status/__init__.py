@@ -9,6 +9,7 @@ Every value is quoted; nothing here opens a connection.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from llmdeploy.inventory import Cluster
@@ -123,3 +124,97 @@ def parse_logs(out: str) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
 def follow_command(container: str, opts: list[str]) -> str:
     """Print one container's log and keep printing new lines."""
     return f"docker logs {shlex.join(opts + ['-f', container])} 2>&1"
+
+
+# --- the live view (invoke top): everything about one node in one round trip ------------------------
+TOP_FORMAT = (f'{{{{.Name}}}}|{{{{.State.Status}}}}|{{{{.State.StartedAt}}}}|{{{{index .Config.Labels "{LABEL}.service"}}}}|'
+              f'{{{{index .Config.Labels "{LABEL}.release"}}}}')
+GPU_QUERY = "index,utilization.gpu,memory.used,memory.total"
+
+
+def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None = None) -> str:
+    """One node's units (state, start time, service, release), the current
+    release's attempt numbers, its accelerators' use and memory
+    (``nvidia-smi --query-gpu`` or ``npu-smi info``) and, with ``metrics``
+    (ip, port, path), the server's metrics page read on the node itself
+    (bash's /dev/tcp: no other tool needed). Sections release, units,
+    attempts, accel, metrics."""
+    q = shlex.quote
+    rel = f'{q(root(cluster))}/releases/"$rel"'
+    ids = f"docker ps -aq --filter label={LABEL}.cluster={q(cluster.name)}"
+    parts = [
+        f"rel=$(readlink {q(current_link(cluster))} 2>/dev/null); rel=${{rel##*/}}",
+        section("release", 'echo "$rel"'),
+        section("units", f'ids=$({ids}); [ -z "$ids" ] || docker inspect --format {q(TOP_FORMAT)} $ids'),
+        section("attempts", f'[ -n "$rel" ] && for f in {rel}/logs/*.attempt; do [ -f "$f" ] && printf "%s %s\\n" "${{f##*/}}" "$(head -c 12 "$f")"; done; true'),
+        section("accel", f"if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits; "
+                         "elif command -v npu-smi >/dev/null; then npu-smi info; fi"),
+    ]
+    if metrics:
+        ip, port, path = metrics
+        if not re.fullmatch(r"[A-Za-z0-9.:-]+", ip) or not re.fullmatch(r"/[A-Za-z0-9/._-]*", path):
+            raise ValueError(f"not a metrics address: {ip}:{port}{path}")
+        get = f'exec 3<>/dev/tcp/{ip}/{int(port)} && printf "GET {path} HTTP/1.0\\r\\nHost: {ip}\\r\\n\\r\\n" >&3 && cat <&3'
+        parts.append(section("metrics", f"timeout 3 bash -c {q(get)}"))
+    return "\n".join(parts) + "\n"
+
+
+def _gpus(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) == 4 and cells[0].isdigit():
+            def num(v):
+                try:
+                    return float(v)
+                except ValueError:  # [N/A], [Not Supported]
+                    return None
+            out.append({"id": int(cells[0]), "util_pct": num(cells[1]), "mem_used_mib": num(cells[2]), "mem_total_mib": num(cells[3])})
+    return out
+
+
+# npu-smi info: the second line of each NPU's block, "| chip phy-id | bus-id | AICore(%) Memory-Usage(MB) HBM-Usage(MB) |"
+_NPU_LINE = re.compile(r"^\|\s*(\d+)\s+(\d+)\s*\|\s*[0-9A-Fa-f:.]+\s*\|\s*(\d+(?:\.\d+)?)\s+\d+\s*/\s*\d+\s+(\d+)\s*/\s*(\d+)\s*\|")
+
+
+def _npus(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        m = _NPU_LINE.match(line)
+        if m:
+            out.append({"id": int(m.group(2)), "util_pct": float(m.group(3)), "mem_used_mib": float(m.group(4)), "mem_total_mib": float(m.group(5))})
+    return out
+
+
+def parse_top(out: str) -> dict:
+    """``top_script``'s output: {"release", "units": [{name, state, started,
+    service, release}], "attempts": {container: n}, "accel": [{id, util_pct,
+    mem_used_mib, mem_total_mib}], "metrics": the page's body (None unless
+    it answered 200), "metrics_status": its HTTP status (None: no answer)}."""
+    s = split_sections(out)
+
+    def text(name: str) -> str:
+        v = s.get(name)
+        return v[0] if v else ""
+
+    units = []
+    for line in text("units").splitlines():
+        cells = line.split("|")
+        if len(cells) == 5:
+            units.append({"name": cells[0].lstrip("/"), "state": cells[1], "started": cells[2], "service": cells[3], "release": cells[4]})
+    attempts = {}
+    for line in text("attempts").splitlines():
+        m = re.fullmatch(r"(\S+)\.attempt ([0-9]{1,9})", line.strip())
+        if m:
+            attempts[m.group(1)] = int(m.group(2))
+    accel = text("accel")
+    metrics, status = None, None
+    if "metrics" in s and s["metrics"][1] == 0:
+        head, sep, body = text("metrics").partition("\r\n\r\n")
+        if not sep:
+            head, sep, body = text("metrics").partition("\n\n")
+        code = head.split(" ")[1:2]
+        status = int(code[0]) if sep and code and code[0].isdigit() else None
+        metrics = body if status == 200 else None
+    return {"release": text("release").strip() or None, "units": units, "attempts": attempts,
+            "accel": _gpus(accel) or _npus(accel), "metrics": metrics, "metrics_status": status}

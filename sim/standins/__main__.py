@@ -46,7 +46,8 @@ def npu_smi(argv: list[str]) -> int:
         print("+===========================+===============+" + "=" * 50 + "+")
         for n in hw["npus"]:
             print(f"| {n['npu']:<5} {n['name']:<19} | {n['health']:<13} | {'92.5':<11} {'38':<17} {'0    / 0':<21}|")
-            print(f"| {n['chip']:<5} {n['id']:<19} | {n['bus_id']:<13} | {'0':<11} {'0    / 0':<17} {'3390 / ' + str(n['hbm_mib']):<21}|")
+            hbm = f"{n.get('hbm_used_mib', 3390)} / {n['hbm_mib']}"
+            print(f"| {n['chip']:<5} {n['id']:<19} | {n['bus_id']:<13} | {str(n.get('aicore_pct', 0)):<11} {'0    / 0':<17} {hbm:<21}|")
             print("+===========================+===============+" + "=" * 50 + "+")
         print("| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |")
         print("+===========================+===============+" + "=" * 50 + "+")
@@ -146,6 +147,9 @@ _QUERY = {
     "name": lambda g: g["name"],
     "uuid": lambda g: g["uuid"],
     "memory.total": lambda g: str(g["mem_mib"]),
+    # what the GPU is doing: node.json's values (a test sets them), idle by default
+    "memory.used": lambda g: str(g.get("mem_used_mib", 0)),
+    "utilization.gpu": lambda g: str(g.get("util_pct", 0)),
     "pci.bus_id": lambda g: g["bus_id"],
     "ecc.errors.uncorrected.volatile.total": lambda g: str(g["ecc_uncorrected"]),
     "driver_version": lambda g: "580.95.05",
@@ -168,7 +172,8 @@ def nvidia_smi(argv: list[str]) -> int:
         if header:
             print(", ".join(fields))
         for g in gpus:
-            vals = [_QUERY[f](g) + (" MiB" if f == "memory.total" and units else "") for f in fields]
+            unit = {"memory.total": " MiB", "memory.used": " MiB", "utilization.gpu": " %"}
+            vals = [_QUERY[f](g) + (unit.get(f, "") if units else "") for f in fields]
             print(", ".join(vals))
         return 0
     if argv[:2] == ["topo", "-m"]:
