@@ -40,3 +40,18 @@ def facts_json(cluster, *extra):
 
 def netns_list():
     return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def top_once(cluster: str, nodes: list[str]) -> dict:
+    """``invoke top --once --json`` on a serving cluster: every node reachable
+    with its units running, the server's metrics page read."""
+    res = run_invoke("top", "--cluster", cluster, "--once", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert [n["host"] for n in doc["nodes"]] == nodes
+    for n in doc["nodes"]:
+        assert n["reachable"] and n["units"] and all(u["state"] == "running" for u in n["units"]), n
+        assert n["accelerators"] and all(a["mem_total_mib"] for a in n["accelerators"]), n
+    s = doc["server"]
+    assert s["answers"] and s["status"] == 200 and s["running"] is not None and s["waiting"] is not None, s
+    return doc

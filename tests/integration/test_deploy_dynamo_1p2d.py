@@ -6,6 +6,7 @@ import json
 
 from llmdeploy.release import parse_ledger
 from sim.paths import host_dir
+from tests.integration.conftest import top_once
 from tests.conftest import run_invoke
 from tests.integration.test_deploy_trtllm import _procs
 
@@ -34,6 +35,9 @@ def test_1p2d_decode_groups_span_two_nodes(sim_cluster):
     assert doc["healthy"]
     assert sorted(u["service"] for n in NODES for u in doc["nodes"][n]["units"].values()) == sorted(
         ["etcd", "nats", "frontend", "prefill0", "decode0", "decode0", "decode1", "decode1"])
+    # the live view's snapshot: every node, the frontend's /metrics read
+    snap = top_once(SIM_CLUSTER, NODES)
+    assert snap["server"]["host"] == NODES[0] and snap["system"] == "dynamo"
     res = run_invoke("stop", "--cluster", SIM_CLUSTER)
     assert res.returncode == 0, res.stdout + res.stderr
     for node in NODES:

@@ -17,6 +17,7 @@ from llmdeploy.release import parse_ledger
 from sim import hardware
 from sim import hostview
 from sim.paths import host_dir
+from tests.integration.conftest import top_once
 from tests.conftest import INVOKE, REPO, run_invoke
 
 SIM_CLUSTER = "sim-b200"
@@ -99,6 +100,8 @@ def test_one_mpi_world_across_both_nodes_then_status(faults):
     assert res.returncode == 0 and doc["healthy"] and doc["system"] == "trtllm-serve" and doc["health"] == 200
     table = run_invoke("status", "--cluster", SIM_CLUSTER).stdout
     assert "0-7" in table.split("sim-b200-0")[1].split("\n")[0] and "8-15" in table.split("sim-b200-1")[1].split("\n")[0]
+    # the live view's snapshot: both nodes, trtllm-serve's /metrics read
+    assert top_once(SIM_CLUSTER, NODES)["system"] == "trtllm-serve"
 
 
 def test_killing_one_rank_makes_the_watcher_restart_the_world(faults):

@@ -20,6 +20,7 @@ import pytest
 from sim import hardware
 from sim.paths import SIM_LATENCY, host_dir
 from tests.conftest import REPO, run_invoke
+from tests.integration.conftest import top_once
 
 SIM_CLUSTER = "sim-a3"
 NODES = [f"sim-a3-{i}" for i in range(4)]
@@ -92,6 +93,12 @@ def test_bench_prints_its_table_and_json_and_keeps_them_with_the_release(baselin
     row = next(r for r in json.loads(res.stdout)["releases"] if r["release"] == baseline)
     assert row["bench"]["kind"] == "bench" and row["bench"]["levels"][0]["concurrency"] == 2
     assert row["gate"]["verdict"] == "baseline"
+
+
+def test_top_once_json_reads_every_node_and_the_servers_load(baseline):
+    doc = top_once(SIM_CLUSTER, NODES)
+    assert doc["release"] == _current() and doc["system"] == "vllm-ascend"
+    assert all(len(n["accelerators"]) == 16 for n in doc["nodes"])
 
 
 def test_bench_names_a_bad_flag_before_connecting(baseline):

@@ -48,3 +48,40 @@ def test_verify_comm_a2_passes(sim_cluster):
     assert doc["plan"] == "full" and doc["links"]["planned"] == 8 * 7 * 8
     # A2 reads the NPU IP with -ip (A3: -vnic) and pings with -ping
     assert all(v["checks"]["npu_ip"]["summary"] == "8/8" for v in doc["nodes"].values())
+
+
+def test_top_shows_all_8_nodes_live_in_80_columns_and_quits_on_q(sim_cluster):
+    """invoke top in a pseudo-terminal of 80 x 30, as a person runs it: every
+    node appears, the server's load is read, and q ends it with status 0."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import subprocess
+    import termios
+    import time
+
+    from tests.conftest import INVOKE, REPO
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 80, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {"TERM": "xterm-256color"}
+    proc = subprocess.Popen(INVOKE + ["top", "--cluster", SIM_CLUSTER, "--interval", "1"], cwd=REPO, stdin=slave, stdout=slave, stderr=slave,
+                            env=env, start_new_session=True)
+    os.close(slave)
+    seen, end = b"", time.monotonic() + 60
+    try:
+        while time.monotonic() < end and not all(f"sim-a2-{i} ".encode() in seen for i in range(8)):
+            if select.select([master], [], [], 1)[0]:
+                seen += os.read(master, 65536)
+        text = seen.decode(errors="replace")
+        assert all(f"sim-a2-{i} " in text for i in range(8)), text[-3000:]
+        assert "8/8 up" not in text and "1/1 up" in text and "q quits" in text
+        os.write(master, b"q")
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
