@@ -202,10 +202,10 @@ def releases(cluster: Cluster, con: Console, json_out: bool) -> int:
         style = {"good": "green", "failed": "red"}.get(latest.get("result"), "yellow")
         was = f"[green]yes[/] (last {r['last_good']})" if r["was_good"] else "[red]never[/]"
         out.append([r["release"], r["time"], r["who"], (r["image_id"] or "-")[:19], r["config_hash"] or "-", was,
-                    f"[{style}]{latest.get('action', '-')} {latest.get('result', '-')}[/]", escape(serving_text(r)),
+                    f"[{style}]{latest.get('action', '-')} {latest.get('result', '-')}[/]" + (f"\n{escape(serving_text(r))}" if serving_text(r) else ""),
                     escape("\n".join(r["events"])) or "-", "\n".join(marks)])
     con.print(report.table(f"releases of {cluster.name} (ledger on {cluster.node0.name})",
-                           ["release", "made", "by", "image", "config", "was good", "latest attempt", "gate / bench", "events", ""], out))
+                           ["release", "made", "by", "image", "config", "was good", "latest attempt", "events", ""], out))
     for p in problems:
         con.print(f"[bold red]ledger problem[/]: {escape(p)}")
     return 0
@@ -227,21 +227,19 @@ def bench_summary(rec: dict | None) -> dict | None:
 
 
 def serving_text(row: dict) -> str:
-    """The gate's verdict and the last benchmark of a release, for the table."""
+    """The gate's verdict and the last benchmark of a release, briefly, for
+    the table (``--json`` has every figure)."""
     from llmdeploy.gate import fmt
 
     parts = []
     g = row.get("gate")
-    if isinstance(g, dict):
-        figs = g.get("figures") or {}
-        shown = f" (TPOT {fmt(figs.get('tpot_p50'))} ms)" if figs.get("tpot_p50") is not None else ""
-        parts.append(f"gate {g.get('verdict')}{shown}")
+    if isinstance(g, dict) and g.get("verdict"):
+        parts.append(f"gate {g['verdict']}")
     b = row.get("bench")
-    if b:
-        for lv in b["levels"]:
-            parts.append(f"{b['kind']} c{lv['concurrency']}: TTFT {fmt(lv['ttft_p50_ms'])} ms, {fmt(lv['output_tokens_per_s'])} tok/s"
-                         + (f", {lv['errors']} errors" if lv.get("errors") else ""))
-    return "\n".join(parts) or "-"
+    if b and b["levels"]:
+        best = max(b["levels"], key=lambda lv: lv.get("output_tokens_per_s") or 0)
+        parts.append(f"{b['kind']} {fmt(best['output_tokens_per_s'])} tok/s")
+    return "\n".join(parts)
 
 
 def audit_log(cluster: Cluster, con: Console, last: int | None, json_out: bool) -> int:

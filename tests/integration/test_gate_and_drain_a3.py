@@ -145,6 +145,26 @@ def test_with_no_rollback_a_release_that_fails_the_gate_keeps_serving_and_says_s
     assert _current() == last["release"]
 
 
+def test_when_the_last_good_release_cannot_come_back_the_slower_one_keeps_serving(baseline, slow):
+    """A gate never makes an outage worse: the last good release lacks a file
+    on one node, so it could not be started; the new one stays."""
+    target = json.loads(run_invoke("releases", "--cluster", SIM_CLUSTER, "--json").stdout)["rollback_target"]
+    run_sh = host_dir(SIM_CLUSTER, "sim-a3-2") / f"root/var/lib/llmdeploy/sim-a3/releases/{target}/run.sh"
+    kept = run_sh.read_bytes()
+    run_sh.unlink()
+    try:
+        res = _deploy()
+    finally:
+        run_sh.write_bytes(kept)
+    assert res.returncode == 1, res.stdout + res.stderr
+    last = _ledger()[-1]
+    out = " ".join(res.stdout.split())
+    assert last["result"] == "failed" and last["serving"] is True and last["gate"]["verdict"] == "regressed"
+    assert f"the last good release {target} cannot come back (sim-a3-2: missing" in last["kept"]
+    assert f"release {last['release']} keeps serving (the last good release {target} cannot come back" in out
+    assert _current() == last["release"]
+
+
 class Stream(threading.Thread):
     """One long streamed chat request straight to node 0's endpoint."""
 
