@@ -277,6 +277,7 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
             ledger(runner, cluster, ledger_record(cluster, rid, "failed", image_id, chash[:16], reason="interrupted"))
         raise
     if where.get("gated") and (keep := _cannot_return(runner, cluster, rid, where)):
+        where["kept"] = keep
         return keep_serving(cluster, runner, con, eng, plan, outcome, image_id, chash[:16], secrets, json_out, keep), rid
     return report_outcome(cluster, runner, con, eng, plan, outcome, image_id, chash[:16], secrets, json_out, time.monotonic() - t0,
                           stopped_nothing=not started), rid

@@ -10,6 +10,7 @@ passes: a ``curl -s`` that only sees an HTTP answer would call a 503 ready.
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import re
 from typing import Callable, Iterator
@@ -44,6 +45,42 @@ def http_via_ssh(runner: Runner, node: Node, port: int, method: str, path: str, 
         hc.close()
 
 
+class _ChannelRaw(io.RawIOBase):
+    """A paramiko channel as a raw stream, so that ``io.BufferedReader`` can
+    buffer it: paramiko's own file object lacks ``peek``, which
+    http.client's readline needs for a chunked answer (a streamed one)."""
+
+    def __init__(self, chan: paramiko.Channel):
+        self.chan = chan
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self.chan.recv(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+
+class _ChannelSocket:
+    """What http.client needs of a socket, on a paramiko channel."""
+
+    def __init__(self, chan: paramiko.Channel):
+        self.chan = chan
+
+    def sendall(self, data) -> None:
+        self.chan.sendall(data)
+
+    def makefile(self, mode: str = "rb", *args, **kwargs):
+        return io.BufferedReader(_ChannelRaw(self.chan))
+
+    def settimeout(self, t) -> None:
+        self.chan.settimeout(t)
+
+    def close(self) -> None:
+        self.chan.close()
+
+
 def _http_over_ssh(runner: Runner, node: Node, port: int, dest: str, timeout: float) -> http.client.HTTPConnection:
     """An HTTP connection to ``dest:port`` as seen from ``node``: a direct-tcpip channel of its SSH connection."""
     transport = runner.connection(node).client.get_transport()
@@ -51,7 +88,7 @@ def _http_over_ssh(runner: Runner, node: Node, port: int, dest: str, timeout: fl
     chan = transport.open_channel("direct-tcpip", (dest, port), ("127.0.0.1", 0), timeout=timeout)
     chan.settimeout(timeout)
     hc = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    hc.sock = chan
+    hc.sock = _ChannelSocket(chan)
     return hc
 
 

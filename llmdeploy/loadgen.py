@@ -199,7 +199,7 @@ def run_level(send: Callable[[dict, float], Iterator[bytes]], bodies: list[dict]
                 samples[i] = measure(send(bodies[i], load.request_timeout_s), t0, clock, start=t0 - t_start)
             except SendError as exc:
                 samples[i] = Sample(start=t0 - t_start, error=str(exc))
-            except (OSError, EOFError, ValueError) as exc:  # a cut channel, a timeout, a garbled answer
+            except Exception as exc:  # a cut channel, a timeout, a garbled answer: one request's error, never the loop's
                 samples[i] = Sample(start=t0 - t_start, error=f"{type(exc).__name__}: {exc}"[:160])
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(concurrency, len(bodies))))]

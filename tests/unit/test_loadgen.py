@@ -194,3 +194,45 @@ def test_a_closed_port_is_an_error_per_request_not_a_crash():
     bodies = [loadgen.request_body({"model": "m"}, load, i) for i in range(2)]
     samples, _ = loadgen.run_level(direct_sender("127.0.0.1", port, "/v1/chat/completions", None), bodies, 1, load)
     assert len(samples) == 2 and all(not x.ok and "ConnectionRefusedError" in x.error for x in samples)
+
+
+def test_a_chunked_stream_reads_line_by_line_through_a_channel_like_paramikos():
+    """paramiko's channel file has no peek(), which http.client's readline
+    needs for a chunked answer: the channel is wrapped in a buffered reader."""
+    import http.client
+    import socket
+
+    from flows.probes import _ChannelSocket, stream_lines
+
+    class Chan:  # what of paramiko.Channel the wrapper uses, on one end of a socket pair
+        def __init__(self, sock):
+            self.sock = sock
+
+        def recv(self, n):
+            return self.sock.recv(n)
+
+        def sendall(self, data):
+            self.sock.sendall(data)
+
+        def settimeout(self, t):
+            self.sock.settimeout(t)
+
+        def close(self):
+            self.sock.close()
+
+    ours, theirs = socket.socketpair()
+
+    def serve():
+        theirs.recv(65536)  # the request
+        events = [b"data: " + json.dumps(chunk(f"t{i}")).encode() + b"\n\n" for i in range(3)] + [b"data: [DONE]\n\n"]
+        theirs.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       + b"".join(f"{len(e):x}\r\n".encode() + e + b"\r\n" for e in events) + b"0\r\n\r\n")
+
+    t = threading.Thread(target=serve)
+    t.start()
+    hc = http.client.HTTPConnection("127.0.0.1", 1, timeout=5)
+    hc.sock = _ChannelSocket(Chan(ours))
+    s = loadgen.measure(stream_lines(hc, "/v1/chat/completions", {"model": "m"}, None), 0.0, Clock([1, 2, 3, 4]))
+    t.join(5)
+    theirs.close()
+    assert s.ok and s.output_tokens == 3, s.error
