@@ -147,12 +147,15 @@ def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None, ser
         "cluster": "cluster name: a module in inventory/",
         "json": "print the report as JSON on stdout",
         "full": "Ascend: ping the full NPU matrix even on large clusters",
+        "report": "the local folder for the run's HTML report and PNG picture (default: logs/<cluster>/verify-comm); "
+                  "node 0 keeps them beside its record",
     },
 )
 @_guard
-def verify_comm(c, cluster, json=False, full=False):
-    """Is multi-node communication healthy? Ascend hccn_tool checks and NPU pings; NVIDIA IB/NIC and all_reduce_perf; host network pings."""
-    return app.verify_comm(cluster, json_out=json, full=full)
+def verify_comm(c, cluster, json=False, full=False, report=None):
+    """Is multi-node communication healthy? Ascend hccn_tool checks and NPU pings; NVIDIA IB/NIC and all_reduce_perf; host network pings.
+    Each run also draws the result as an HTML page and a PNG (the NPU ping matrix, host pairs, all_reduce busbw), saved locally and on node 0."""
+    return app.verify_comm(cluster, json_out=json, full=full, report_dir=report)
 
 
 @task(positional=[], help={"cluster": "cluster name", "json": "print the releases as JSON"})

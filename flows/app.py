@@ -249,8 +249,8 @@ def disconnect(cluster_name: str) -> int:
     return 0
 
 
-def verify_comm(cluster_name: str, json_out: bool = False, full: bool = False) -> int:
+def verify_comm(cluster_name: str, json_out: bool = False, full: bool = False, report_dir: str | None = None) -> int:
     from flows import verify
 
     cluster = load_cluster(cluster_name)
-    return verify.run(cluster, report.console(json_out), json_out, full)
+    return verify.run(cluster, report.console(json_out), json_out, full, report_dir)

@@ -24,6 +24,14 @@ listed by name (``sim-a3-0 enp189s0f0 -> sim-a3-2 198.19.3.12: no reply``,
 The report (a table for people, JSON for machines) is also written on node 0
 (``<base>/<cluster>/verify-comm.json``) with its time, so that ``deploy`` can
 refuse a cluster whose last verification failed or is too old.
+
+Beside it, in the same round trip, the result drawn (roles.comm.picture): an
+HTML page and a PNG, from the document and its ``detail`` (every planned
+ping with its round trip, every host pair, all_reduce_perf's table), which
+the run keeps for the picture only: the JSON and the record stay as they
+were, with one more key, ``report``, the files' paths. The same page and
+picture, and the document with its detail, go into a local folder
+(``--report DIR``, default ``logs/<cluster>/verify-comm``), one set per run.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -53,14 +62,22 @@ def _cell(items: list[tuple[int, bool, str]], total: int) -> tuple[bool, str, li
     return False, f"{total - len(bad)}/{total}", reasons
 
 
-def ascend(cluster: Cluster, runner: Runner, full: bool) -> dict:
+# a lost NPU ping in the document (the JSON and node 0's record); its round trip is the picture's only
+LINK_KEYS = ("npu", "to", "to_npu", "ip", "loss", "ok", "reason", "from")
+
+
+def ascend(cluster: Cluster, runner: Runner, full: bool, detail: dict | None = None) -> dict:
     """hccn_tool's checks per NPU, the TLS switch across NPUs, the NPU ping
-    matrix (full or sampled) and the host network between the nodes."""
+    matrix (full or sampled) and the host network between the nodes.
+    ``detail``: gets every planned ping and host pair, for the picture."""
     nodes, ips, tls_values = _hccn_checks(cluster, runner)
     _tls_agreement(nodes, tls_values)
     mode, links = _npu_pings(cluster, runner, nodes, ips, full)
-    host_links = host_network(cluster, runner, nodes)
-    return {"nodes": nodes, "plan": mode, "links": {"planned": len(links), "failed": [x for x in links if not x["ok"]]}, "host_links": host_links}
+    if detail is not None:
+        detail["pings"] = [{k: x[k] for k in ("from", "npu", "to", "to_npu", "loss", "ok", "reason", "rtt_ms") if k in x} for x in links]
+    host_links = host_network(cluster, runner, nodes, detail)
+    failed = [{k: x[k] for k in LINK_KEYS if k in x} for x in links if not x["ok"]]
+    return {"nodes": nodes, "plan": mode, "links": {"planned": len(links), "failed": failed}, "host_links": host_links}
 
 
 def _hccn_checks(cluster: Cluster, runner: Runner) -> tuple[dict[str, dict], dict[str, dict[int, str]], dict[tuple[str, int], str]]:
@@ -124,7 +141,8 @@ def _npu_pings(cluster: Cluster, runner: Runner, nodes: dict[str, dict], ips: di
         r = res[n.name]
         pings = plan[n.name]
         if r.failed:
-            results = [{"npu": d, "to": b, "to_npu": bd, "ip": ip, "loss": 100.0, "ok": False, "reason": r.msg} for d, b, bd, ip in pings]
+            results = [{"npu": d, "to": b, "to_npu": bd, "ip": ip, "loss": 100.0, "ok": False, "reason": r.msg, "rtt_ms": None}
+                       for d, b, bd, ip in pings]
         elif r.status == "skipped":
             results = []
         else:
@@ -157,11 +175,12 @@ def host_timeout(cluster: Cluster) -> float:
     return max(120.0, cluster.ssh.command_timeout, 6.0 * per_lane + 30)
 
 
-def host_network(cluster: Cluster, runner: Runner, nodes: dict[str, dict]) -> dict:
+def host_network(cluster: Cluster, runner: Runner, nodes: dict[str, dict], detail: dict | None = None) -> dict:
     """Every reachable node pings every other node's serving IP from its
     serving NIC, plain then full-MTU with don't-fragment; adds the
     ``host_net`` check to each of them in ``nodes``; returns
-    ``{"planned": n, "failed": [pair, ...]}``."""
+    ``{"planned": n, "failed": [pair, ...]}``; ``detail`` gets every pair
+    (without ping's raw output), for the picture."""
     from roles import comm
 
     reachable = [n for n in cluster.nodes if nodes[n.name].get("reachable")]
@@ -178,10 +197,15 @@ def host_network(cluster: Cluster, runner: Runner, nodes: dict[str, dict]) -> di
     cells, pairs = comm.host_net_report(cluster, answers)
     for host, cell in cells.items():
         nodes[host]["checks"]["host_net"] = cell
+    if detail is not None:
+        detail["host_pairs"] = [{k: v for k, v in x.items() if k != "raw"} for x in pairs]
     return {"planned": len(pairs), "failed": [x for x in pairs if not x["ok"]]}
 
 
-def nvidia(cluster: Cluster, runner: Runner) -> dict:
+def nvidia(cluster: Cluster, runner: Runner, detail: dict | None = None) -> dict:
+    """The GPUs, topology, ibstat and NCCL interface of every node, the host
+    network, then all_reduce_perf; ``detail`` gets the host pairs and
+    all_reduce_perf's table, for the picture."""
     from roles import facts, nic
 
     res = runner.run(facts.gather_step(cluster))
@@ -206,20 +230,23 @@ def nvidia(cluster: Cluster, runner: Runner) -> dict:
         nicp = facts.nic_problems(n, f)
         checks["nccl_if"] = {"ok": not nicp, "summary": n.nic, "failures": nicp}
         nodes[n.name] = {"reachable": True, "checks": checks}
-    host_links = host_network(cluster, runner, nodes)
+    host_links = host_network(cluster, runner, nodes, detail)
     perf = None
     if all(v.get("reachable") for v in nodes.values()):
-        perf = all_reduce(cluster, runner, {n.name: (res[n.name].data or {}).get("hostname") for n in cluster.nodes})
+        perf = all_reduce(cluster, runner, {n.name: (res[n.name].data or {}).get("hostname") for n in cluster.nodes}, detail)
     return {"nodes": nodes, "all_reduce": perf, "host_links": host_links}
 
 
-def all_reduce(cluster: Cluster, runner: Runner, hostnames: dict[str, str | None]) -> dict:
+def all_reduce(cluster: Cluster, runner: Runner, hostnames: dict[str, str | None], detail: dict | None = None) -> dict:
     """``all_reduce_perf`` as one MPI world from node 0 (roles.comm), judged:
     the largest size's busbw against ``verify.nccl_min_busbw``, out-of-bounds
-    values, the exit status; every failure names its node."""
+    values, the exit status; every failure names its node. ``detail`` gets
+    its table (every size) and the floor, for the picture."""
     from roles import comm
 
     vs = cluster.verify
+    if detail is not None:
+        detail["all_reduce"] = {"rows": [], "floor": vs.nccl_min_busbw, "args": vs.all_reduce_args}
     empty = {"max_busbw": None, "avg_busbw": None, "out_of_bounds": None, "oob_ok": False, "wrong_ranks": [], "sizes": 0}
     try:
         cmd = comm.all_reduce_command(cluster, vs.all_reduce_args)
@@ -227,6 +254,8 @@ def all_reduce(cluster: Cluster, runner: Runner, hostnames: dict[str, str | None
         return {**empty, "command": None, "ok": False, "failures": [f"all_reduce_perf not run: {exc}"]}
     out, err, code = runner.exec(cluster.node0, cmd, timeout=max(600.0, cluster.ssh.command_timeout))
     perf = comm.parse_all_reduce(out)
+    if detail is not None:
+        detail["all_reduce"]["rows"] = comm.all_reduce_table(out)
     perf["command"] = cmd
     perf["exit"] = code
     problems = []
@@ -251,39 +280,123 @@ def all_reduce(cluster: Cluster, runner: Runner, hostnames: dict[str, str | None
     return perf
 
 
-def run(cluster: Cluster, con: Console, json_out: bool, full: bool) -> int:
+def report_files(cluster: Cluster, local_dir: str | None, started: float) -> dict:
+    """Where the run's report goes: on node 0 beside the record
+    (``verify-comm.html``, ``.png``: the last run's), and locally in
+    ``local_dir`` (default: ``logs/<cluster>/verify-comm``, beside the log
+    bundles), one set per run named by its time: the page, the picture and
+    the document they were drawn from (the JSON with its ``detail``)."""
+    from llmdeploy import logs
+
+    folder = Path(local_dir) if local_dir else logs.local_root(cluster) / "verify-comm"
+    stem = f"verify-comm-{cluster.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(started))}"
+    n = 1
+    while any((folder / f"{stem}{'' if n == 1 else f'.{n}'}{ext}").exists() for ext in (".html", ".png", ".json")):
+        n += 1
+    stem += "" if n == 1 else f".{n}"
+    base = report_path(cluster).removesuffix(".json")
+    return {"local": {"html": str(folder / f"{stem}.html"), "png": str(folder / f"{stem}.png"), "json": str(folder / f"{stem}.json")},
+            "node0": {"host": cluster.node0.name, "html": f"{base}.html", "png": f"{base}.png"}}
+
+
+def _save_local(files: dict, contents: dict[str, str | bytes]) -> list[str]:
+    """Write the local copies; returns the problems (none: all written)."""
+    problems = []
+    for key, content in contents.items():
+        path = Path(files[key])
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        except OSError as exc:
+            problems.append(f"could not write {path}: {exc.strerror or exc}")
+            files[key] = None
+    return problems
+
+
+def collect(cluster: Cluster, runner: Runner, full: bool, started: float) -> tuple[dict, dict]:
+    """(the verification document, its detail for the picture): every check
+    of the platform, judged."""
+    info = cluster.platform_info
+    detail: dict = {"vendor": info.vendor, "platform": info.name, "device": "npu" if info.vendor == "ascend" else "gpu",
+                    "devices": {n.name: n.devices or info.devices for n in cluster.nodes}}
+    if info.vendor == "ascend":
+        result = ascend(cluster, runner, full, detail)
+    else:
+        result = nvidia(cluster, runner, detail)
+    ok = all(v.get("reachable") and all(c["ok"] for c in v["checks"].values()) for v in result["nodes"].values())
+    if result.get("all_reduce") is not None:
+        ok = ok and result["all_reduce"]["ok"]
+    elif info.vendor == "nvidia":
+        ok = False
+    doc = {"cluster": cluster.name, "ok": ok, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+           "epoch": int(started), "duration_s": round(time.time() - started, 1), **result}
+    return doc, detail
+
+
+def _draw(doc: dict, detail: dict, files: dict) -> tuple[str, bytes | None, list[str]]:
+    """The page and the picture (roles.comm.picture) of ``doc`` with its
+    ``detail``; ``doc["report"]`` gets the files that will hold them. When the
+    picture cannot be drawn (matplotlib missing or failing) the page says so
+    and the verdict is saved all the same."""
+    from roles.comm import picture
+
+    problems = []
+    try:
+        png = picture.render_png({**doc, "detail": detail})
+    except Exception as exc:  # the verdict matters more than its picture
+        png = None
+        problems.append(f"the picture could not be drawn: {type(exc).__name__}: {exc}")
+        files["local"]["png"] = files["node0"]["png"] = None
+    doc["report"] = files
+    return picture.render_html({**doc, "detail": detail}, png), png, problems
+
+
+def run(cluster: Cluster, con: Console, json_out: bool, full: bool, report_dir: str | None = None) -> int:
     started = time.time()
     with Runner(cluster) as runner:
-        if cluster.platform_info.vendor == "ascend":
-            result = ascend(cluster, runner, full)
-        else:
-            result = nvidia(cluster, runner)
-        ok = all(v.get("reachable") and all(c["ok"] for c in v["checks"].values()) for v in result["nodes"].values())
-        if result.get("all_reduce") is not None:
-            ok = ok and result["all_reduce"]["ok"]
-        elif cluster.platform_info.vendor == "nvidia":
-            ok = False
-        doc = {"cluster": cluster.name, "ok": ok, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-               "epoch": int(started), "duration_s": round(time.time() - started, 1), **result}
-        # keep the report on node 0 for deploy (and the next engineer)
-        from roles.files import put_script, stdin_payload
+        doc, detail = collect(cluster, runner, full, started)
+        files = report_files(cluster, report_dir, started)
+        page, png, problems = _draw(doc, detail, files)
+        # the record on node 0 for deploy (and the next engineer), the page and the picture beside it:
+        # one round trip, every file on stdin (at 64 nodes the record is larger than one command-line argument may be)
+        from roles.files import puts_step
 
-        # on stdin: at 64 nodes the report is larger than one command-line argument may be (128 KiB)
-        saved = runner.exec(cluster.node0, put_script(report_path(cluster), None, 0o644, via_stdin=True),
-                            stdin=stdin_payload(json.dumps(doc, indent=1) + "\n"))
+        on_node0 = [(report_path(cluster), json.dumps(doc, indent=1) + "\n", 0o644), (files["node0"]["html"], page, 0o644)]
+        if png is not None:
+            on_node0.append((files["node0"]["png"], png, 0o644))
+        saved = runner.run(puts_step("save the verification", lambda n: on_node0), [cluster.node0])[cluster.node0.name]
         from llmdeploy import lock
         from roles.comm import pair_name
 
-        lock.audit(runner, cluster, "verify-comm", "passed" if ok else "failed", None,
-                   failed=([f"{x['from']}/npu{x['npu']} -> {x['to']}/npu{x['to_npu']}" for x in (result.get("links") or {}).get("failed", [])]
-                           + [pair_name(x) for x in (result.get("host_links") or {}).get("failed", [])])[:20])
+        lock.audit(runner, cluster, "verify-comm", "passed" if doc["ok"] else "failed", None,
+                   failed=([f"{x['from']}/npu{x['npu']} -> {x['to']}/npu{x['to_npu']}" for x in (doc.get("links") or {}).get("failed", [])]
+                           + [pair_name(x) for x in (doc.get("host_links") or {}).get("failed", [])])[:20])
+    if saved.failed:
+        problems.insert(0, f"could not save the report on {cluster.node0.name}: {saved.msg}")
+        files["node0"].update(html=None, png=None)
+    # the local copies: the page, the picture, and the document they were drawn from (with its detail)
+    local = {"html": page, "json": json.dumps({**doc, "detail": detail}, indent=1) + "\n"}
+    if png is not None:
+        local["png"] = png
+    problems += _save_local(files["local"], local)
     if json_out:
+        if problems:
+            doc["report"] = {**files, "problems": problems}
         report.emit_json(doc)
-        return 0 if ok else 1
+        return 0 if doc["ok"] else 1
     _print(con, cluster, doc)
-    if saved[2] != 0:
-        con.print(f"[yellow]could not save the report on {cluster.node0.name}: {escape(saved[1].strip())}[/]")
-    return 0 if ok else 1
+    _print_files(con, files)
+    for p in problems:
+        con.print(f"[yellow]{escape(p)}[/]")
+    return 0 if doc["ok"] else 1
+
+
+def _print_files(con: Console, files: dict) -> None:
+    local, node0 = files["local"], files["node0"]
+    if local.get("html"):
+        con.print(f"report: {escape(local['html'])}" + (f" (picture: {escape(local['png'])})" if local.get("png") else ""), soft_wrap=True)
+    on0 = ", ".join(escape(node0[k]) for k in ("html", "png") if node0.get(k))
+    con.print(f"on {escape(node0['host'])}: {on0}", soft_wrap=True)
 
 
 def _print(con: Console, cluster: Cluster, doc: dict) -> None:

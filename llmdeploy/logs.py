@@ -84,9 +84,14 @@ def split_bundle(out: str) -> dict[str, str]:
     return {k: "\n".join(v) + "\n" for k, v in files.items()}
 
 
+def local_root(cluster: Cluster) -> Path:
+    """The cluster's folder on this machine for what runs bring back:
+    ``logs/<cluster>`` (``LLMDEPLOY_LOG_DIR``: another base)."""
+    return Path(os.environ.get("LLMDEPLOY_LOG_DIR", "logs")) / cluster.name
+
+
 def bundle_root(cluster: Cluster, rid: str) -> Path:
-    base = Path(os.environ.get("LLMDEPLOY_LOG_DIR", "logs"))
-    return base / cluster.name / rid
+    return local_root(cluster) / rid
 
 
 def bundle_secrets(per_host: dict[str, dict[str, str]], keys: set[str]) -> list[str]:

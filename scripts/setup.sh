@@ -9,8 +9,10 @@ cd "$(dirname "$0")/.."
 # etcd-server, nats-server: the real control plane of Dynamo deployments (run by the tool on simulated hosts)
 # docker.io (dockerd, containerd, runc): the real Docker Engine of every simulated host
 # docker-registry: the registry the simulated hosts pull from; debootstrap: builds the simulated images' base
+# chromium: only for the test suite, which looks at verify-comm's HTML report in a headless browser
+# (tests/unit/test_verify_report_browser.py); the tool itself never runs it
 DEBS=(openssh-server openssh-client iproute2 iputils-ping util-linux procps psmisc openmpi-bin etcd-server nats-server
-      docker.io docker-registry debootstrap)
+      docker.io docker-registry debootstrap chromium)
 # packages whose postinst may start a system daemon: package -> service and process name
 # (the Debian services run as the packages' own users: processes of other users are not theirs)
 declare -A DAEMONS=([etcd-server]="etcd etcd etcd" [nats-server]="nats-server nats-server nats"

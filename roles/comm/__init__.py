@@ -193,7 +193,13 @@ def ping_script(cluster: Cluster, pings: list[tuple[int, str, int, str]], lanes:
     return lanes_script([hccn(cluster)], jobs, lanes)
 
 
+# hccn_tool's reply lines: ``recv seq=0,time=0.054000ms``
+_PING_TIME = re.compile(r"\btime=([0-9]+(?:\.[0-9]+)?)\s*ms")
+
+
 def parse_pings(out: str, pings: list[tuple[int, str, int, str]]) -> list[dict]:
+    """Each planned ping's result: loss, ok, the reason, and ``rtt_ms`` (the
+    mean of the replies' times, None without a reply: the report's shade)."""
     results = split_marked(out)
     out_list = []
     for k, (d, b, bd, ip) in enumerate(pings):
@@ -201,7 +207,9 @@ def parse_pings(out: str, pings: list[tuple[int, str, int, str]]) -> list[dict]:
         m = re.search(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)% packet loss", text)
         loss = float(m.group(1)) if m else 100.0
         reason = f"{m.group(1)}% loss" if m else (text.strip().splitlines()[-1] if text.strip() else "no answer")
-        out_list.append({"npu": d, "to": b, "to_npu": bd, "ip": ip, "loss": loss, "ok": loss == 0.0, "reason": reason})
+        times = [float(t) for t in _PING_TIME.findall(text)]
+        rtt = round(sum(times) / len(times), 4) if times else None
+        out_list.append({"npu": d, "to": b, "to_npu": bd, "ip": ip, "loss": loss, "ok": loss == 0.0, "reason": reason, "rtt_ms": rtt})
     return out_list
 
 
@@ -563,17 +571,36 @@ def all_reduce_failure(cluster: Cluster, args: str, hostnames: dict[str, str | N
     return problems
 
 
-def parse_all_reduce(out: str) -> dict:
-    """busbw of the largest size, the footer's average, out-of-bounds, per-rank errors."""
+def all_reduce_table(out: str) -> list[dict]:
+    """all_reduce_perf's table, one row per size: bytes, the out-of-place
+    time (us), algbw and busbw (GB/s) and #wrong, and the in-place busbw.
+    A row whose out-of-place busbw is no number ('nan', 'inf') is no
+    measurement and left out."""
     rows = []
     for line in out.splitlines():
         f = line.split()
         if len(f) >= 12 and f[0].isdigit():
             try:
-                rows.append({"size": int(f[0]), "busbw": float(f[7]), "wrong": f[8]})
+                row = {"size": int(f[0]), "busbw": float(f[7]), "wrong": f[8]}
             except ValueError:
                 continue
-    rows = [r for r in rows if math.isfinite(r["busbw"])]  # 'nan', 'inf': not a measurement
+            if math.isfinite(row["busbw"]):
+                row.update(time_us=_finite(f[5]), algbw=_finite(f[6]), busbw_in_place=_finite(f[11]))
+                rows.append(row)
+    return rows
+
+
+def _finite(text: str) -> float | None:
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def parse_all_reduce(out: str) -> dict:
+    """busbw of the largest size, the footer's average, out-of-bounds, per-rank errors."""
+    rows = all_reduce_table(out)
     avg = re.search(r"# Avg bus bandwidth\s*:\s*([0-9]+(?:\.[0-9]*)?)", out)
     oob = re.search(r"# Out of bounds values\s*:\s*(\d+)\s+(OK|FAILED)", out)
     wrong = re.findall(r"rank=(\d+) #wrong=(\d+)", out)
