@@ -98,6 +98,6 @@ def sim_deploy(**overrides) -> DeploySettings:
     values = dict(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5,
                   stop_timeout_s=5, drain_s=10,
                   gate=GateSettings(requests=8, concurrency=4, input_tokens=32, output_tokens=32, timeout_s=60, floor_ms=10,
-                                    tolerance=GateTolerance(ttft_p50=1.0, ttft_p95=1.5, tpot_p50=1.0, tpot_p95=1.5, output_tokens_per_s=0.55)))
+                                    tolerance=GateTolerance(ttft_p50=1.0, ttft_p95=1.5, tpot_p50=1.0, tpot_p95=1.5, output_tokens_per_s=0.6)))
     values.update(overrides)
     return DeploySettings(**values)
