@@ -1,0 +1,240 @@
+"""sim/standins/streaming.py, what the serving stand-ins share: token pieces,
+max_tokens and ignore_eos, the node.json latency and its pacing (computed
+with an injected wait, not timed), the requests in flight (batch limit,
+waiting queue, aborts, clients that go away), the metric texts."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+import pytest
+
+from sim.standins import streaming as st
+from tests.unit.sse_client import sample, wait_until
+
+
+# --- pieces ------------------------------------------------------------------------------------------
+def test_pieces_are_short_and_give_the_text_back():
+    text = "def merge(a, b):\n    dummy = tail = ListNode()\n    ..."
+    pieces = st.tokenize(text)
+    assert "".join(pieces) == text
+    assert all(len(p.strip()) <= 4 for p in pieces)
+    assert pieces[:3] == ["def", " merg", "e(a,"]
+    assert st.tokenize("") == [] and st.tokenize(None) == []
+    assert st.tokenize("a  \n") == ["a", "  \n"]
+
+
+def test_a_plan_keeps_the_fields_in_order():
+    p = st.plan([("reasoning_content", "think hard"), ("content", "the answer")])
+    assert p.finish_reason == "stop"
+    assert p.text("reasoning_content") == "think hard" and p.text("content") == "the answer"
+    assert [f for f, _ in p.tokens] == ["reasoning_content"] * 3 + ["content"] * 3
+    # a field without text has no pieces
+    q = st.plan([("reasoning_content", None), ("content", "x")])
+    assert q.text("reasoning_content") is None and len(q) == 1
+
+
+def test_max_tokens_caps_and_ignore_eos_makes_exactly_that_many():
+    fields = [("reasoning_content", "think hard"), ("content", "the answer")]
+    capped = st.plan(fields, max_tokens=4)
+    assert len(capped) == 4 and capped.finish_reason == "length"
+    assert capped.text("reasoning_content") == "think hard" and capped.text("content") == "the"
+    assert st.plan(fields, max_tokens=100).finish_reason == "stop" and len(st.plan(fields, max_tokens=100)) == 6
+    longer = st.plan(fields, max_tokens=11, ignore_eos=True)
+    assert len(longer) == 11 and longer.finish_reason == "length"
+    # the answer (the last field: "the", " answ", "er") repeats after the whole
+    assert longer.text("reasoning_content") == "think hard"
+    assert longer.text("content") == "the answer" + "the answer" + "the answ"
+    exact = st.plan(fields, max_tokens=6, ignore_eos=True)
+    assert len(exact) == 6 and exact.finish_reason == "length"
+    # ignore_eos without max_tokens: the answer as it is
+    assert len(st.plan(fields, ignore_eos=True)) == 6
+    # what was sent of a plan
+    assert longer.text("content", upto=4) == "the" and longer.text("content", upto=3) is None
+
+
+def test_request_parameters():
+    assert st.max_tokens_of({}) is None
+    assert st.max_tokens_of({"max_tokens": 7}) == 7
+    assert st.max_tokens_of({"max_tokens": 7, "max_completion_tokens": 3}) == 3
+    for bad in (0, -1, "8", True, 1.5):
+        with pytest.raises(st.BadRequest, match="max_tokens must be at least 1"):
+            st.max_tokens_of({"max_tokens": bad})
+    assert st.ignore_eos_of({"ignore_eos": True}) and not st.ignore_eos_of({"ignore_eos": "yes"})
+    assert not st.ignore_eos_of({"nvext": {"ignore_eos": True}})
+    assert st.ignore_eos_of({"nvext": {"ignore_eos": True}}, nvext=True)
+    assert st.include_usage({"stream_options": {"include_usage": True}}) and not st.include_usage({})
+    assert st.prompt_tokens({"messages": [{"role": "user", "content": "merge two sorted lists"},
+                                          {"role": "user", "content": [{"type": "text", "text": "now"}]}]}) == 5
+    assert st.prompt_tokens({"prompt": "a b c"}) == 3 and st.prompt_tokens({}) == 1
+    assert st.usage(5, 7) == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+
+
+# --- latency ------------------------------------------------------------------------------------------
+def test_latency_comes_from_node_json_read_when_asked(tmp_path):
+    assert st.read_latency(str(tmp_path)) == st.Latency(0.0, 0.0)  # no node.json
+    (tmp_path / "node.json").write_text(json.dumps({"gpus": [], "latency": {"first_token_s": 0.5, "per_token_s": 0.02}}))
+    assert st.read_latency(str(tmp_path)) == st.Latency(0.5, 0.02)
+    (tmp_path / "node.json").write_text(json.dumps({"latency": {"first_token_s": "slow", "per_token_s": -1}}))
+    assert st.read_latency(str(tmp_path)) == st.Latency(0.0, 0.0)
+    assert st.latency_of({"latency": {"per_token_s": 0.1}}) == st.Latency(0.0, 0.1)
+    assert st.Latency(0.5, 0.01).slowest(st.Latency(0.1, 0.02)) == st.Latency(0.5, 0.02)
+
+
+def test_the_first_token_waits_first_token_s_and_each_next_per_token_s():
+    lat = st.Latency(0.5, 0.02)
+    assert st.delays(3, lat) == [0.5, 0.02, 0.02] and st.delays(0, lat) == []
+    assert lat.total(3) == pytest.approx(0.54)
+    waits: list[float] = []
+    engine = st.Engine(wait=lambda s: waits.append(s) or True)
+    sent: list[tuple[str, str]] = []
+    answer = st.plan([("content", "one two three")])
+    with engine.request(3) as r:
+        assert st.generate(r, answer, lat, lambda f, p: sent.append((f, p)))
+        r.finish(answer.finish_reason)
+    assert sent == [("content", "one"), ("content", " two"), ("content", " thre"), ("content", "e")]
+    assert waits == [0.5, 0.02, 0.02, 0.02] and r.generated == len(answer) == 4
+    # a non-streamed answer waits the same
+    waits.clear()
+    with engine.request(3) as r:
+        assert st.generate(r, answer, lat)
+    assert waits == st.delays(len(answer), lat)
+
+
+# --- requests in flight ----------------------------------------------------------------------------------
+def test_counts_of_a_request_from_admission_to_its_end():
+    engine = st.Engine(kv_capacity_tokens=100)
+    assert engine.stats()["running"] == 0
+    with engine.request(10) as r:
+        s = engine.stats()
+        assert (s["running"], s["waiting"], s["queued"], s["kv_tokens"], s["prompt_tokens_total"]) == (1, 0, 1, 10, 10)
+        r.token()
+        r.token()
+        s = engine.stats()
+        assert (s["queued"], s["kv_tokens"], s["generation_tokens_total"], s["kv_usage"]) == (0, 12, 2, 0.12)
+        r.finish("length")
+        assert engine.stats()["running"] == 0 and engine.stats()["kv_tokens"] == 0
+    s = engine.stats()
+    assert s["finished"] == {"length": 1} and s["completed"] == 1 and engine.idle()
+
+
+def test_a_client_that_goes_away_leaves_no_request_behind():
+    engine = st.Engine()
+    with pytest.raises(BrokenPipeError):
+        with engine.request(4) as r:
+            r.token()
+            raise BrokenPipeError(32, "Broken pipe")
+    s = engine.stats()
+    assert (s["running"], s["queued"], s["kv_tokens"], s["finished"]) == (0, 0, 0, {"abort": 1})
+
+
+def test_beyond_the_batch_limit_requests_wait_in_arrival_order():
+    engine = st.Engine(max_running=1)
+    first = engine.request(1)
+    order: list[int] = []
+    release = {i: threading.Event() for i in (2, 3)}
+
+    def client(i):
+        with engine.request(1) as r:
+            order.append(i)
+            release[i].wait(10)
+            r.finish("stop")
+
+    t2 = threading.Thread(target=client, args=(2,))
+    t2.start()
+    wait_until(lambda: engine.stats()["waiting"] == 1, "the second request to wait")
+    t3 = threading.Thread(target=client, args=(3,))
+    t3.start()
+    wait_until(lambda: engine.stats()["waiting"] == 2, "the third request to wait")
+    assert engine.stats()["running"] == 1 and engine.stats()["queued"] == 3
+    first.finish("stop")
+    wait_until(lambda: order == [2], "the second request to run")
+    assert engine.stats()["waiting"] == 1 and engine.stats()["running"] == 1
+    release[2].set()
+    wait_until(lambda: order == [2, 3], "the third request to run")
+    release[3].set()
+    t2.join(10)
+    t3.join(10)
+    s = engine.stats()
+    assert (s["running"], s["waiting"], s["finished"]) == (0, 0, {"stop": 3})
+
+
+def test_a_closed_engine_admits_nothing_and_an_abort_ends_a_stream_at_its_next_token():
+    engine = st.Engine()
+    r = engine.request(2)
+    engine.close()
+    with pytest.raises(st.Closed):
+        engine.request(2)
+    r.finish("stop")
+    engine2 = st.Engine()
+    sent = []
+    answer = st.plan([("content", "one two three four")])
+    with engine2.request(1) as r2:
+        def emit(f, p):
+            sent.append(p)
+            if len(sent) == 2:
+                engine2.abort()
+        assert st.generate(r2, answer, st.Latency(0, 0), emit) is False
+        r2.finish("abort")
+    assert len(sent) == 2 and engine2.stats()["finished"] == {"abort": 1}
+    assert engine2.wait_idle(1)
+
+
+def test_throughput_counts_the_tokens_of_the_last_seconds():
+    now = [100.0]
+    engine = st.Engine(clock=lambda: now[0])
+    with engine.request(1) as r:
+        for _ in range(10):
+            r.token()
+        assert engine.throughput(window=5.0) == 2.0
+        now[0] += 6
+        assert engine.throughput(window=5.0) == 0.0
+
+
+# --- metric texts ----------------------------------------------------------------------------------------
+def test_vllm_metrics_text():
+    engine = st.Engine()
+    r = engine.request(12)
+    r.token()
+    text = st.vllm_metrics(engine, "Qwen/Qwen3-8B")
+    for name, kind in (("vllm:num_requests_running", "gauge"), ("vllm:num_requests_waiting", "gauge"),
+                       ("vllm:kv_cache_usage_perc", "gauge"), ("vllm:prompt_tokens_total", "counter"),
+                       ("vllm:generation_tokens_total", "counter"), ("vllm:request_success_total", "counter")):
+        assert f"# TYPE {name} {kind}\n" in text
+    assert 'vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-8B"} 1.0' in text
+    assert sample(text, "vllm:prompt_tokens_total", model_name="Qwen/Qwen3-8B") == 12.0
+    assert 0 < sample(text, "vllm:kv_cache_usage_perc") < 1
+    assert "gpu_cache_usage_perc" not in text
+    r.finish("stop")
+    text = st.vllm_metrics(engine, "Qwen/Qwen3-8B")
+    assert sample(text, "vllm:num_requests_running") == 0.0
+    assert sample(text, "vllm:request_success_total", finished_reason="stop") == 1.0
+
+
+def test_trtllm_metrics():
+    engine = st.Engine(max_running=1)
+    r = engine.request(40)
+    stats = st.trtllm_iteration_stats(engine, 7, 1)
+    assert (stats["iter"], stats["numActiveRequests"], stats["numQueuedRequests"], stats["maxNumActiveRequests"]) == (7, 1, 0, 1)
+    kv = stats["kvCacheStats"]
+    assert kv["usedNumBlocks"] == 2 and kv["usedNumBlocks"] + kv["freeNumBlocks"] == kv["maxNumBlocks"]
+    assert kv["tokensPerBlock"] == 32 and "numScheduledRequests" in stats["inflightBatchingStats"]
+    text = st.trtllm_prometheus(engine, iteration_stats=True)
+    assert 'trtllm_num_requests_running{engine_type="undefined",model_name="undefined"} 1.0' in text
+    assert sample(text, "trtllm_num_requests_waiting") == 0.0 and sample(text, "trtllm_kv_cache_utilization") > 0
+    r.finish("stop")
+    text = st.trtllm_prometheus(engine, iteration_stats=False)
+    assert "trtllm_num_requests_running" not in text
+    assert sample(text, "trtllm_request_success_total", finished_reason="stop") == 1.0
+    assert sample(text, "trtllm_prompt_tokens_total") == 40.0
+
+
+def test_the_module_loads_with_the_standard_library_only():
+    import ast
+
+    tree = ast.parse(open(st.__file__).read())
+    top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    top |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    assert top - {"__future__"} <= set(sys.stdlib_module_names), top
