@@ -1,18 +1,29 @@
 """sim/standins/streaming.py, what the serving stand-ins share: token pieces,
 max_tokens and ignore_eos, the node.json latency and its pacing (computed
 with an injected wait, not timed), the requests in flight (batch limit,
-waiting queue, aborts, clients that go away), the metric texts."""
+waiting queue, aborts, clients that go away), the metric texts; then the
+vLLM stand-in as a real local process (each in its own
+session and temporary state directory, killed by its id at the end): a
+streamed answer of exactly max_tokens pieces, the live running count on their
+metrics endpoint, and what SIGTERM does to a stream in flight."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from sim.standins import streaming as st
-from tests.unit.sse_client import sample, wait_until
+from tests.unit.sse_client import Stream, finish_reasons, get, post, sample, tokens_of, usage_of, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 # --- pieces ------------------------------------------------------------------------------------------
@@ -238,3 +249,133 @@ def test_the_module_loads_with_the_standard_library_only():
     top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
     top |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module and not n.level}
     assert top - {"__future__"} <= set(sys.stdlib_module_names), top
+
+
+# --- the stand-ins as real processes ------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One stand-in process in its own session, its output read as it comes."""
+
+    def __init__(self, code: str, argv: list[str], env: dict):
+        self.p = subprocess.Popen([sys.executable, "-c", code, *argv], env=env, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.p.stdout), daemon=True)
+        self.reader.start()
+
+    @property
+    def out(self) -> str:
+        return "".join(self.lines)
+
+    def signal(self, sig) -> None:
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, sig)  # its own session: this process and nothing else
+
+    def wait(self, timeout: float) -> int:
+        rc = self.p.wait(timeout)
+        self.reader.join(10)
+        return rc
+
+
+@pytest.fixture
+def servers():
+    started: list[Server] = []
+    yield started
+    for s in started:
+        s.signal(signal.SIGKILL)
+        s.wait(30)
+
+
+def _node(state: Path, **extra) -> None:
+    (state / "node.json").write_text(json.dumps({"gpus": [{"id": 0}], **extra}))
+
+
+def _ready(srv: Server, url: str) -> None:
+    def up():
+        if srv.p.poll() is not None:
+            pytest.fail(f"the server exited {srv.p.returncode}:\n{srv.out}")
+        return get(url, 2)[0] == 200
+    wait_until(up, f"{url} to answer 200")
+
+
+CHAT = {"messages": [{"role": "user", "content": "merge two sorted lists"}]}
+
+
+def _vllm(tmp_path: Path, servers, *args: str) -> tuple[Server, int, Path]:
+    model, state = tmp_path / "model", tmp_path / "state"
+    model.mkdir()
+    state.mkdir()
+    (model / "config.json").write_text("{}")
+    _node(state)
+    port = _free_port()
+    code = "import sys; sys.path.insert(0, sys.argv.pop(1)); from sim.standins import vllm; sys.exit(vllm.main(sys.argv[1:]))"
+    argv = [str(REPO), "serve", str(model), "--served-model-name", "qwen", "--host", "127.0.0.1", "--port", str(port),
+            "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(_free_port()), *args]
+    srv = Server(code, argv, {"PATH": os.environ["PATH"], "LLMDEPLOY_SIM_STATE": str(state)})
+    servers.append(srv)
+    _ready(srv, f"http://127.0.0.1:{port}/health")
+    return srv, port, state
+
+
+def test_vllm_streams_max_tokens_pieces_and_shows_its_running_requests(tmp_path, servers):
+    srv, port, state = _vllm(tmp_path, servers, "--max-num-seqs", "4", "--shutdown-timeout", "30")
+    s = Stream("127.0.0.1", port, "/v1/chat/completions",
+               {**CHAT, "model": "qwen", "max_tokens": 40, "ignore_eos": True, "stream_options": {"include_usage": True}})
+    events = s.rest()
+    s.close()
+    assert len(tokens_of(events)) == 40 and finish_reasons(events) == ["length"]
+    assert usage_of(events)["completion_tokens"] == 40 and usage_of(events)["prompt_tokens"] == 4
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    # non-streamed: capped, with usage
+    code, body = post(f"http://127.0.0.1:{port}/v1/chat/completions", {**CHAT, "model": "qwen", "max_tokens": 3})
+    answer = json.loads(body)
+    assert code == 200 and answer["usage"]["completion_tokens"] == 3 and answer["choices"][0]["finish_reason"] == "length"
+    assert post(f"http://127.0.0.1:{port}/v1/chat/completions", {**CHAT, "model": "qwen", "max_tokens": 0})[0] == 400
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    assert sample(get(metrics)[1].decode(), "vllm:num_requests_running", model_name="qwen") == 0.0
+    # a slower release: node.json edited while the server runs
+    _node(state, latency={"first_token_s": 0.0, "per_token_s": 0.05})
+    s = Stream("127.0.0.1", port, "/v1/chat/completions", {**CHAT, "model": "qwen", "max_tokens": 30, "ignore_eos": True})
+    s.next_token()
+    assert sample(get(metrics)[1].decode(), "vllm:num_requests_running", model_name="qwen") == 1.0
+    # SIGTERM with --shutdown-timeout 30: the stream in flight finishes, a new request gets 503
+    srv.signal(signal.SIGTERM)
+    wait_until(lambda: get(f"http://127.0.0.1:{port}/health")[0] == 503, "/health to say 503")
+    assert post(f"http://127.0.0.1:{port}/v1/chat/completions", {**CHAT, "model": "qwen"})[0] == 503
+    rest = s.rest()
+    s.close()
+    assert len(tokens_of(rest)) == 29 and finish_reasons(rest) == ["length"]
+    assert srv.wait(30) == 0
+    assert "Traceback" not in srv.out
+
+
+def test_vllm_sigterm_without_a_shutdown_timeout_aborts_the_stream_in_flight(tmp_path, servers):
+    srv, port, state = _vllm(tmp_path, servers)
+    _node(state, latency={"first_token_s": 0.0, "per_token_s": 0.05})
+    s = Stream("127.0.0.1", port, "/v1/chat/completions", {**CHAT, "model": "qwen", "max_tokens": 200, "ignore_eos": True})
+    s.next_token()
+    srv.signal(signal.SIGTERM)
+    rest = s.rest()
+    s.close()
+    assert finish_reasons(rest) == ["abort"] and len(tokens_of(rest)) < 199
+    assert srv.wait(30) == 0
+    assert "Shutting down FastAPI HTTP server." in srv.out
+
+
+def test_a_client_that_goes_away_mid_stream_leaves_no_running_request(tmp_path, servers):
+    srv, port, state = _vllm(tmp_path, servers)
+    _node(state, latency={"first_token_s": 0.0, "per_token_s": 0.05})
+    s = Stream("127.0.0.1", port, "/v1/chat/completions", {**CHAT, "model": "qwen", "max_tokens": 200, "ignore_eos": True})
+    s.next_token()
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    assert sample(get(metrics)[1].decode(), "vllm:num_requests_running") == 1.0
+    s.resp.close()
+    s.close()
+    wait_until(lambda: sample(get(metrics)[1].decode(), "vllm:num_requests_running") == 0.0, "the running count to drop")
+    assert sample(get(metrics)[1].decode(), "vllm:request_success_total", finished_reason="abort") == 1.0
+    assert "Traceback" not in srv.out
