@@ -2,7 +2,7 @@
 max_tokens and ignore_eos, the node.json latency and its pacing (computed
 with an injected wait, not timed), the requests in flight (batch limit,
 waiting queue, aborts, clients that go away), the metric texts; then the
-vLLM stand-in as a real local process (each in its own
+vLLM and trtllm-serve stand-ins as real local processes (each in its own
 session and temporary state directory, killed by its id at the end): a
 streamed answer of exactly max_tokens pieces, the live running count on their
 metrics endpoint, and what SIGTERM does to a stream in flight."""
@@ -379,3 +379,69 @@ def test_a_client_that_goes_away_mid_stream_leaves_no_running_request(tmp_path, 
     wait_until(lambda: sample(get(metrics)[1].decode(), "vllm:num_requests_running") == 0.0, "the running count to drop")
     assert sample(get(metrics)[1].decode(), "vllm:request_success_total", finished_reason="abort") == 1.0
     assert "Traceback" not in srv.out
+
+
+def _trtllm(tmp_path: Path, servers, config: str) -> tuple[Server, int, Path]:
+    from sim import images
+
+    model, state, site = tmp_path / "model", tmp_path / "state", tmp_path / "site"
+    for d in (model, state, site):
+        d.mkdir()
+    (model / "config.json").write_text("{}")
+    for rel, text in images._dist_info("tensorrt-llm", "1.3.0a0.dev202610151219").items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    (tmp_path / "config.yaml").write_text(config)
+    _node(state)
+    port = _free_port()
+    code = "import sys; sys.path.insert(0, sys.argv.pop(1)); from sim.standins import trtllm; sys.exit(trtllm.main(sys.argv[1:]))"
+    argv = [str(REPO), str(model), "--host", "127.0.0.1", "--port", str(port), "--reasoning_parser", "qwen3",
+            "--config", str(tmp_path / "config.yaml")]
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site), "LLMDEPLOY_SIM_STATE": str(state), "NVIDIA_VISIBLE_DEVICES": "all"}
+    srv = Server(code, argv, env)
+    servers.append(srv)
+    _ready(srv, f"http://127.0.0.1:{port}/health")
+    return srv, port, state
+
+
+def test_trtllm_serve_streams_max_tokens_pieces_and_shows_its_running_requests(tmp_path, servers):
+    srv, port, state = _trtllm(tmp_path, servers, "tensor_parallel_size: 1\nenable_iter_perf_stats: true\n"
+                                                  "return_perf_metrics: true\nmax_batch_size: 8\n")
+    s = Stream("127.0.0.1", port, "/v1/chat/completions",
+               {**CHAT, "model": "m", "max_tokens": 25, "ignore_eos": True, "stream_options": {"include_usage": True}})
+    events = s.rest()
+    s.close()
+    got = tokens_of(events)
+    assert len(got) == 25 and usage_of(events)["completion_tokens"] == 25 and finish_reasons(events) == ["length"]
+    assert got[0][0] == "reasoning_content"  # the reasoning parser's split
+    prom = f"http://127.0.0.1:{port}/prometheus/metrics"
+    assert sample(get(prom)[1].decode(), "trtllm_num_requests_running") == 0.0
+    assert sample(get(prom)[1].decode(), "trtllm_generation_tokens_total") == 25.0
+    get(f"http://127.0.0.1:{port}/metrics")  # the stats of those iterations
+    assert json.loads(get(f"http://127.0.0.1:{port}/metrics")[1]) == []  # idle: no iteration since
+    _node(state, latency={"first_token_s": 0.0, "per_token_s": 0.05})
+    s = Stream("127.0.0.1", port, "/v1/chat/completions", {**CHAT, "model": "m", "max_tokens": 30, "ignore_eos": True})
+    s.next_token()
+    assert sample(get(prom)[1].decode(), "trtllm_num_requests_running") == 1.0
+    (stats,) = json.loads(get(f"http://127.0.0.1:{port}/metrics")[1])
+    assert stats["numActiveRequests"] == 1 and stats["numQueuedRequests"] == 0 and stats["maxNumActiveRequests"] == 8
+    # SIGTERM: uvicorn's graceful shutdown lets the stream finish, then the process ends by SIGTERM
+    srv.signal(signal.SIGTERM)
+    rest = s.rest()
+    s.close()
+    assert len(tokens_of(rest)) == 29 and finish_reasons(rest) == ["length"]
+    assert srv.wait(30) == -signal.SIGTERM
+    assert "Waiting for connections to close." in srv.out and "Application shutdown complete." in srv.out
+    assert "Traceback" not in srv.out
+    with pytest.raises(OSError):
+        get(f"http://127.0.0.1:{port}/health", 2)
+
+
+def test_trtllm_serve_metrics_without_the_llm_api_options(tmp_path, servers):
+    """Without enable_iter_perf_stats /metrics is [] (no iteration stats); without return_perf_metrics there is no /prometheus/metrics."""
+    srv, port, _ = _trtllm(tmp_path, servers, "tensor_parallel_size: 1\n")
+    s = Stream("127.0.0.1", port, "/v1/chat/completions", {**CHAT, "model": "m", "max_tokens": 2})
+    assert len(tokens_of(s.rest())) == 2
+    s.close()
+    assert json.loads(get(f"http://127.0.0.1:{port}/metrics")[1]) == []
+    assert get(f"http://127.0.0.1:{port}/prometheus/metrics")[0] == 404
