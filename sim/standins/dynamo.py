@@ -50,7 +50,7 @@ runtime. SIGTERM on rank 0 revokes the lease and exits 0.
 Frontend (``dynamo.frontend --http-port 8000 [--router-mode kv ...]``):
 checks etcd and NATS as the worker does, serves HTTP on ``--http-host:--http-port``
 and reads the instance prefix every second (``POST /v3/kv/range``). ``/health``
-is ALWAYS 200: ``{"status":"unhealthy","message":"No endpoints available"}``
+is 200 until SIGTERM: ``{"status":"unhealthy","message":"No endpoints available"}``
 until at least one prefill and one decode instance (or an aggregated one)
 are registered, then ``{"status":"healthy","endpoints":[...],"instances":[...]}``
 (one entry per instance); ``/live``; ``/metrics``; ``/v1/models`` lists the
@@ -60,13 +60,27 @@ prefill step on a prefill instance and a decode step on a decode instance
 (``POST /generate`` on their system ports; ``x-dynamo-session-id`` keeps a
 conversation on one decode instance for ``--router-session-affinity-ttl-secs``),
 answered OpenAI-style with ``reasoning_content`` (Qwen3.5's parser) and
-``content``, streaming too.
+``content``, streaming too: the decode step returns the whole answer and its
+host's node.json ``latency``; the frontend streams it one SSE chunk per token
+(streaming.py), paced by the slower of that and its own host's ``latency``,
+honouring ``max_tokens``, ``ignore_eos`` (also ``nvext.ignore_eos``) and
+``stream_options.include_usage``. ``/metrics`` has ai-dynamo's frontend names
+(lib/runtime/src/metrics/prometheus_names.rs): ``dynamo_frontend_requests_total``,
+``dynamo_frontend_inflight_requests`` and ``dynamo_frontend_queued_requests``
+(gauges: in flight; admitted without a first token yet),
+``dynamo_frontend_output_tokens_total``, label ``model``. SIGTERM drains as
+lib/llm/src/http/service/service_v2.rs and health.rs do: ``/live`` and
+``/health`` answer 503 ``{"status": "shutting_down", ...}`` and new requests
+503, the listener stays ``DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS`` (real
+default 5; here node.json ``dynamo.http_graceful_shutdown_s``, default 0.5),
+then closes; the streams in flight finish; exit 0.
 
 Faults from the host's node.json ``dynamo`` entry:
 ``crash_starts`` (each worker group -- a disaggregation mode and system port
 on this host -- crashes on its first N world starts with a CUDA
 out-of-memory line; counted in ``<state>/dynamo-starts-<mode>-<port>``, delete
 it to count again), ``crash_mode`` (only that mode crashes), ``crash_message``,
+``http_graceful_shutdown_s`` (the frontend's, above),
 ``lease_ttl_s`` (the workers' lease TTL; else ``LLMDEPLOY_SIM_LEASE_TTL_S``
 from the environment, else 10), ``slow_start_s`` (rank 0 loads that long
 before registering), ``connect_timeout_s`` (default 5), ``join_timeout_s``
@@ -85,6 +99,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import streaming
 from . import trtllm as trtllm_sim
 
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
@@ -297,6 +312,17 @@ def worker_health(ready: bool, endpoint: str) -> tuple[int, dict]:
 
 def models_of(instances: list[dict]) -> list[str]:
     return sorted({i.get("model") for i in instances if i.get("mode") in ("decode", "prefill_and_decode") and i.get("model")})
+
+
+def answer_fields(raw: str, thinking: bool) -> list[tuple[str, str | None]]:
+    """A decode answer as the frontend returns it: Qwen3.5's template opens
+    <think> in the prompt, the reasoning parser splits at </think>."""
+    if not thinking:
+        return [("content", raw)]
+    reasoning, content = trtllm_sim.split_reasoning(raw)
+    if reasoning is None:  # cut short inside the reasoning
+        reasoning, content = raw, ""
+    return [("reasoning_content", reasoning), ("content", content)]
 
 
 def _escape_label(value) -> str:
@@ -999,15 +1025,18 @@ class WorkerRank0(trtllm_sim.Rank0):
                                                  "opaque_state": b64(f"{os.uname().nodename}:{self.lease:x}:{rid}")}}
                 completion = 1
             else:
+                # the whole answer, and how many pieces the frontend will stream of it
+                # (its max_tokens and ignore_eos, sim/standins/streaming.py); the
+                # frontend paces them by the slower of its host's latency and this one's
                 thinking = req.get("enable_thinking", True)
                 raw = (f"{trtllm_sim.THINK}\n</think>\n\n" if thinking else "") + trtllm_sim.ANSWER
-                completion = max(1, len(raw) // 4)
-                finish = "stop"
                 limit = req.get("max_tokens")
-                if isinstance(limit, int) and 0 < limit < completion:
-                    raw, completion, finish = raw[: limit * 4], limit, "length"
+                limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+                answer = streaming.plan(answer_fields(raw, thinking), limit, req.get("ignore_eos") is True)
+                completion = max(1, len(answer))
                 body = {"request_id": rid, "text": raw, "prompt_tokens": prompt, "completion_tokens": completion,
-                        "finish_reason": finish, "worker": f"{self.info['component']}/{self.lease:x}"}
+                        "finish_reason": answer.finish_reason, "worker": f"{self.info['component']}/{self.lease:x}",
+                        "latency": streaming.read_latency(STATE_DIR).as_dict()}
             with self.mlock:
                 self.requests += 1
                 self.prompt_tokens += prompt
@@ -1125,7 +1154,20 @@ class Frontend:
         self.rr: dict[str, int] = {}
         self.etcd_ok = True
         self.requests: dict[tuple[str, str, str], int] = {}
-        self.inflight = 0
+        self.engines: dict[str, streaming.Engine] = {}  # per model: the requests in flight
+        self.closing = threading.Event()  # SIGTERM: the service is cancelled
+        self.drained = threading.Event()
+
+    def engine(self, model: str) -> streaming.Engine:
+        with self.lock:
+            if model not in self.engines:
+                self.engines[model] = streaming.Engine()
+            return self.engines[model]
+
+    def idle(self) -> bool:
+        with self.lock:
+            engines = list(self.engines.values())
+        return all(e.idle() for e in engines)
 
     def poll_once(self) -> None:
         try:
@@ -1191,18 +1233,25 @@ class Frontend:
             self.requests[(model, kind, status)] = self.requests.get((model, kind, status), 0) + 1
 
     def metrics(self) -> str:
+        """The frontend's /metrics (ai-dynamo prometheus_names.rs frontend_service, prefix dynamo_frontend_)."""
         lines = ["# HELP dynamo_frontend_requests_total Total LLM requests processed",
                  "# TYPE dynamo_frontend_requests_total counter"]
         with self.lock:
             for (model, kind, status), n in sorted(self.requests.items()):
                 lines.append(metric_line("dynamo_frontend_requests_total", {"model": model, "endpoint": kind, "status": status}, n))
-            lines += ["# HELP dynamo_frontend_inflight_requests Requests in flight", "# TYPE dynamo_frontend_inflight_requests gauge",
-                      metric_line("dynamo_frontend_inflight_requests", {}, self.inflight),
-                      "# HELP dynamo_frontend_model_instances Registered worker instances",
-                      "# TYPE dynamo_frontend_model_instances gauge"]
-            for mode in ("prefill", "decode", "prefill_and_decode"):
-                n = sum(1 for i in self.instances if i.get("mode") == mode)
-                lines.append(metric_line("dynamo_frontend_model_instances", {"mode": mode}, n))
+            models = sorted(set(self.models) | set(self.engines))
+            stats = {m: (self.engines[m].stats() if m in self.engines else None) for m in models}
+            counts = {mode: sum(1 for i in self.instances if i.get("mode") == mode) for mode in MODES}
+        for name, key, kind, doc in (
+                ("dynamo_frontend_inflight_requests", "running", "gauge", "Number of inflight requests going to the engine"),
+                ("dynamo_frontend_queued_requests", "queued", "gauge",
+                 "Number of requests waiting in HTTP queue before receiving the first response"),
+                ("dynamo_frontend_output_tokens_total", "generation_tokens_total", "counter", "Total number of output tokens generated")):
+            lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}"]
+            lines += [metric_line(name, {"model": m}, (st or {}).get(key, 0)) for m, st in stats.items()]
+        lines += ["# HELP dynamo_frontend_model_instances Registered worker instances",
+                  "# TYPE dynamo_frontend_model_instances gauge"]
+        lines += [metric_line("dynamo_frontend_model_instances", {"mode": mode}, counts[mode]) for mode in MODES]
         return "\n".join(lines) + "\n"
 
     def step(self, insts: list[dict], body: dict) -> tuple[dict | None, str, dict | None]:
@@ -1223,6 +1272,26 @@ class Frontend:
         return None, err, None
 
 
+# lib/llm/src/http/service/health.rs: /live and /health once the service is cancelled
+SHUTTING_DOWN = {"status": "shutting_down", "message": "Service is shutting down"}
+# lib/llm/src/http/service/service_v2.rs get_graceful_shutdown_timeout (the real default is 5 s)
+GRACEFUL_SHUTDOWN_ENV = "DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS"
+DEFAULT_GRACEFUL_SHUTDOWN_S = 0.5
+
+
+def graceful_shutdown_s(env, faults: dict) -> float:
+    """How long the frontend keeps its listener after SIGTERM: the real
+    variable when set (seconds, an integer), else node.json
+    ``dynamo.http_graceful_shutdown_s``, else 0.5 (scaled down from 5)."""
+    value = env.get(GRACEFUL_SHUTDOWN_ENV)
+    if value not in (None, "") and value.strip().isdigit():
+        return float(int(value.strip()))
+    try:
+        return max(0.0, float(faults.get("http_graceful_shutdown_s", DEFAULT_GRACEFUL_SHUTDOWN_S)))
+    except (TypeError, ValueError):
+        return DEFAULT_GRACEFUL_SHUTDOWN_S
+
+
 def _error(message: str, kind: str, code: int) -> dict:
     return {"message": message, "type": kind, "code": code}
 
@@ -1241,8 +1310,12 @@ def _frontend_server(fe: Frontend):
             if path == "/health":
                 with fe.lock:
                     insts = list(fe.instances)
+                if fe.closing.is_set():
+                    return self._send(503, {**SHUTTING_DOWN, "instances": [health_instance(i) for i in insts]})
                 return self._send(200, frontend_health(insts))
             if path == "/live":
+                if fe.closing.is_set():
+                    return self._send(503, SHUTTING_DOWN)
                 return self._send(200, {"status": "live", "message": "Service is live"})
             if path == "/metrics":
                 return self._send(200, fe.metrics(), "text/plain; version=0.0.4; charset=utf-8")
@@ -1260,6 +1333,9 @@ def _frontend_server(fe: Frontend):
             if not isinstance(req, dict):
                 return self._send(400, _error("Failed to parse the request body as JSON", "Bad Request", 400))
             model = req.get("model")
+            if fe.closing.is_set():
+                fe.count(str(model), kind, "error")
+                return self._send(503, _error(SHUTTING_DOWN["message"], "Service Unavailable", 503))
             with fe.lock:
                 insts = list(fe.instances)
             if not servable(insts):
@@ -1273,6 +1349,12 @@ def _frontend_server(fe: Frontend):
             if kind == "chat_completions" and (not isinstance(req.get("messages"), list) or not req["messages"]):
                 fe.count(model, kind, "error")
                 return self._send(400, _error("messages: field required and must not be empty", "Bad Request", 400))
+            try:
+                limit = streaming.max_tokens_of(req)
+            except streaming.BadRequest as exc:
+                fe.count(model, kind, "error")
+                return self._send(400, _error(str(exc), "Bad Request", 400))
+            ignore_eos = streaming.ignore_eos_of(req, nvext=True)
             session = self.headers.get("x-dynamo-session-id")
             rid = os.urandom(16).hex()
             messages = req.get("messages") if kind == "chat_completions" else [{"role": "user", "content": str(req.get("prompt", ""))}]
@@ -1281,74 +1363,77 @@ def _frontend_server(fe: Frontend):
             if not prefills or not decodes:
                 fe.count(model, kind, "error")
                 return self._send(503, _error(f"Service unavailable: no prefill and decode instances for {model}", "Service Unavailable", 503))
-            with fe.lock:
-                fe.inflight += 1
+            prompt = streaming.prompt_tokens(req)
             try:
-                base = {"request_id": rid, "messages": messages, "max_tokens": req.get("max_tokens") or req.get("max_completion_tokens"),
-                        "session_id": session, "enable_thinking": thinking}
-                pre, err, pinst = fe.step(prefills, {**base, "phase": "prefill"})
-                if pre is None:
-                    fe.count(model, kind, "error")
-                    return self._send(503, _error(f"prefill failed: {err}", "Service Unavailable", 503))
-                dec, err, dinst = fe.step(decodes, {**base, "phase": "decode", "disaggregated_params": pre.get("disaggregated_params")})
-                if dec is None:
-                    fe.count(model, kind, "error")
-                    return self._send(503, _error(f"decode failed: {err}", "Service Unavailable", 503))
-            finally:
-                with fe.lock:
-                    fe.inflight -= 1
+                r = fe.engine(model).request(prompt)
+            except streaming.Closed:
+                fe.count(model, kind, "error")
+                return self._send(503, _error(SHUTTING_DOWN["message"], "Service Unavailable", 503))
+            with r:
+                try:
+                    return self._serve(r, req, kind, model, rid, session, messages, thinking, limit, ignore_eos, prefills, decodes)
+                except streaming.DISCONNECTED:
+                    streaming.gone(self)
+
+        def _serve(self, r, req, kind, model, rid, session, messages, thinking, limit, ignore_eos, prefills, decodes):
+            base = {"request_id": rid, "messages": messages, "max_tokens": limit, "ignore_eos": ignore_eos,
+                    "session_id": session, "enable_thinking": thinking}
+            pre, err, pinst = fe.step(prefills, {**base, "phase": "prefill"})
+            if pre is None:
+                fe.count(model, kind, "error")
+                return self._send(503, _error(f"prefill failed: {err}", "Service Unavailable", 503))
+            dec, err, dinst = fe.step(decodes, {**base, "phase": "decode", "disaggregated_params": pre.get("disaggregated_params")})
+            if dec is None:
+                fe.count(model, kind, "error")
+                return self._send(503, _error(f"decode failed: {err}", "Service Unavailable", 503))
             log("INFO", "dynamo_llm::http::service::openai",
                 f"request_id={rid} model={model} endpoint={kind} x-dynamo-session-id={session or '-'} "
                 f"prefill_instance={int(pinst.get('instance_id') or 0):x} decode_instance={int(dinst.get('instance_id') or 0):x} "
                 f"router_mode={fe.a.router_mode}")
-            fe.count(model, kind, "success")
             raw = dec.get("text", "")
-            usage = {"prompt_tokens": dec.get("prompt_tokens", 0), "completion_tokens": dec.get("completion_tokens", 0)}
-            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+            fields = answer_fields(raw, thinking) if kind == "chat_completions" else [("text", raw)]
+            answer = streaming.plan(fields, limit, ignore_eos)
+            lat = streaming.read_latency(STATE_DIR).slowest(streaming.latency_of({"latency": dec.get("latency")}))
             created = int(time.time())
-            finish = dec.get("finish_reason", "stop")
-            if kind == "completions":
-                return self._send(200, {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
-                                        "choices": [{"index": 0, "text": raw, "finish_reason": finish, "logprobs": None}], "usage": usage})
-            # Qwen3.5's template opens <think> in the prompt: the reasoning parser splits at </think>
-            if thinking:
-                reasoning, content = trtllm_sim.split_reasoning(raw)
-                if reasoning is None:  # cut short inside the reasoning
-                    reasoning, content = raw, ""
-            else:
-                reasoning, content = None, raw
-            cid = f"chatcmpl-{rid}"
-            if not req.get("stream"):
-                return self._send(200, {"id": cid, "object": "chat.completion", "created": created, "model": model,
-                                        "choices": [{"index": 0, "message": {"role": "assistant", "content": content,
+            if kind == "completions" or not req.get("stream"):
+                streaming.generate(r, answer, lat)
+                r.finish(answer.finish_reason)
+                fe.count(model, kind, "success")
+                use = streaming.usage(r.prompt, r.generated)
+                if kind == "completions":
+                    return self._send(200, {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
+                                            "choices": [{"index": 0, "text": answer.text("text") or "", "finish_reason": answer.finish_reason,
+                                                         "logprobs": None}], "usage": use})
+                reasoning = answer.text("reasoning_content") if thinking else None
+                if thinking and reasoning is None:
+                    reasoning = ""
+                return self._send(200, {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created, "model": model,
+                                        "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.text("content") or "",
                                                                              "reasoning_content": reasoning},
-                                                     "logprobs": None, "finish_reason": finish}],
-                                        "usage": usage})
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-
-            def chunk(data: bytes):
-                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                self.wfile.flush()
+                                                     "logprobs": None, "finish_reason": answer.finish_reason}],
+                                        "usage": use})
+            cid = f"chatcmpl-{rid}"
+            sse = streaming.SSE(self, [("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked")])
 
             def event(delta, fin=None):
-                body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": fin}]}
-                chunk(b"data: " + json.dumps(body).encode() + b"\n\n")
+                sse.event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": fin}]})
 
-            event({"role": "assistant", "content": ""})
-            for field, text in (("reasoning_content", reasoning), ("content", content)):
-                for i in range(0, len(text or ""), 24):
-                    event({field: text[i:i + 24]})
-            event({}, finish)
-            if (req.get("stream_options") or {}).get("include_usage"):
-                body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage}
-                chunk(b"data: " + json.dumps(body).encode() + b"\n\n")
-            chunk(b"data: [DONE]\n\n")
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
+            def emit(field, piece):
+                if r.generated == 1:  # the first response: no longer queued
+                    event({"role": "assistant", "content": ""})
+                event({field: piece})
+
+            streaming.generate(r, answer, lat, emit)
+            r.finish(answer.finish_reason)  # out of the counts before the client sees the end
+            fe.count(model, kind, "success")
+            if r.generated == 0:
+                event({"role": "assistant", "content": ""})
+            event({}, answer.finish_reason)
+            if streaming.include_usage(req):
+                sse.event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
+                           "usage": streaming.usage(r.prompt, r.generated)})
+            sse.done()
 
     httpd = ThreadingHTTPServer((fe.a.http_host, fe.a.http_port), Handler)
     httpd.daemon_threads = True
@@ -1379,18 +1464,33 @@ def main_frontend(argv: list[str]) -> int:
             f"Failed to bind {a.http_host}:{a.http_port}: {exc.strerror} (os error {exc.errno})")
         print(f"Error: Address already in use (os error {exc.errno})" if exc.errno == 98 else f"Error: {exc}", flush=True)
         return 1
-    def term():
+    grace = graceful_shutdown_s(os.environ, _faults())
+
+    def drain():
+        # service_v2.rs: the service is cancelled (/live and /health 503, new
+        # requests refused), the listener stays for the grace period, then it
+        # closes and the connections in flight drain; the process exits 0
+        fe.closing.set()
+        try:
+            log("INFO", "dynamo_llm::http::service::service_v2", "HTTP server shutdown requested")
+        except OSError:
+            pass
+        time.sleep(grace)
+        streaming.stop_listening(httpd)
+        while not fe.idle():
+            time.sleep(0.05)
         try:
             log("INFO", target, "SIGTERM: shutting down")
         except OSError:
             pass
         os._exit(0)
 
-    _on_sigterm(term)
+    streaming.on_sigterm_once(drain)
     threading.Thread(target=fe.poll, daemon=True).start()
     log("INFO", "dynamo_llm::http::service::service_v2", f"Starting HTTP service on: {a.http_host}:{a.http_port} "
         f'address="{a.http_host}:{a.http_port}"')
     httpd.serve_forever()
+    fe.drained.wait()  # stopped listening on SIGTERM: the drain ends the process
     return 0
 
 

@@ -63,7 +63,19 @@ c10d TCPStore; NCCL's bootstrap.cc):
   error``, once serving with Gloo's ``Connection closed by peer``), logs
   ``Scheduler hit an exception`` and ``Received sigquit from a child
   process. It usually means the child failed.``, and exits 1; the others
-  then see it go. SIGTERM exits 0.
+  then see it go.
+- Node rank 0's answers follow streaming.py (shared by the serving
+  stand-ins): one SSE chunk per token paced by node.json ``latency``,
+  ``max_tokens``, ``ignore_eos``, ``usage``; ``--max-running-requests`` is
+  the batch limit beyond which requests queue; ``/metrics`` shows them live
+  (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
+  ``sglang:num_used_tokens``, ``sglang:token_usage``, ``sglang:gen_throughput``).
+- SIGTERM on node rank 0 once it serves drains as SGLang's TokenizerManager
+  does (``SignalHandler``, ``sigterm_watchdog``): ``/health`` and
+  ``/health_generate`` answer 503, new requests are still served, "Gracefully
+  exiting... Remaining number of requests N." until none is left (every
+  ``drain_poll_s``), then exit 0. Other nodes (and node rank 0 before it
+  serves) exit 0 at once.
 
 Faults from the host's node.json ``sglang`` entry: ``crash_starts`` (the
 first N starts on this host crash while loading weights, with a CUDA
@@ -72,8 +84,9 @@ again), ``crash_message`` (printed instead), ``slow_start_s`` (this node
 loads that long after the world formed), ``die_after_ready_s`` (the node
 dies that long after it is up), ``default_dist_timeout_s`` (replaces torch's
 600 s when ``--dist-timeout`` is not given), ``abort_after_s`` (between
-seeing a lost node and exiting, default 0.5) and ``warmup_s`` (node rank 0's
-warm-up, default 0.2).
+seeing a lost node and exiting, default 0.5), ``warmup_s`` (node rank 0's
+warm-up, default 0.2) and ``drain_poll_s`` (how often a draining node rank 0
+counts what is left; SGLang's is 5 s; default 0.5).
 """
 
 from __future__ import annotations
@@ -89,6 +102,7 @@ import time
 import uuid
 from pathlib import Path
 
+from . import streaming
 from . import trtllm as _trt
 
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
@@ -570,7 +584,8 @@ class Metrics:
     """What ``/metrics`` shows with ``--enable-metrics`` (sglang/srt/metrics/collector.py; TP rank 0's scheduler
     and the tokenizer manager; labels model_name, engine_type, tp_rank, pp_rank)."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, engine: "streaming.Engine | None" = None):
+        self.engine = engine  # the live gauges (running, queued, KV tokens, throughput) come from it
         self.labels = {"engine_type": "unified", "model_name": model_name, "pp_rank": "0", "tp_rank": "0"}
         self.lock = threading.Lock()
         self.counters = {name: 0.0 for name, _ in COUNTERS}
@@ -593,6 +608,12 @@ class Metrics:
     def render(self) -> str:
         lab = ",".join(f'{k}="{v}"' for k, v in sorted(self.labels.items()))
         out = []
+        if self.engine is not None:
+            st = self.engine.stats()
+            with self.lock:
+                self.gauges.update(num_running_reqs=float(st["running"]), num_queue_reqs=float(st["waiting"]),
+                                   num_used_tokens=float(st["kv_tokens"]), token_usage=st["kv_usage"],
+                                   gen_throughput=self.engine.throughput())
         with self.lock:
             for name, doc in GAUGES:
                 out += [f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} gauge", f"sglang:{name}{{{lab}}} {self.gauges[name]}"]
@@ -659,11 +680,17 @@ class Api:
         self.served = a.served_model_name or a.model_path
         self.version = _version()
         self.warm = False
-        self.metrics = Metrics(self.served)
+        self.gracefully_exit = False  # SIGTERM: draining
+        self.engine = streaming.Engine(max_running=a.max_running_requests)
+        self.metrics = Metrics(self.served, self.engine)
         self.context_len = a.context_length or int(model_cfg.get("max_position_embeddings") or 262144)
 
+    def failed(self) -> bool:
+        return bool(self.store and self.store.failed.is_set())
+
     def healthy(self) -> bool:
-        return self.warm and not (self.store and self.store.failed.is_set())
+        """/health and /health_generate: 503 while warming up, after a failure, and while draining."""
+        return self.warm and not self.failed() and not self.gracefully_exit
 
     def model_info(self) -> dict:
         return {"model_path": self.a.model_path, "tokenizer_path": self.a.tokenizer_path or self.a.model_path,
@@ -671,17 +698,23 @@ class Api:
                 "has_image_understanding": False, "has_audio_understanding": False,
                 "model_type": self.cfg.get("model_type"), "architectures": self.cfg.get("architectures")}
 
-    def chat(self, req: dict) -> tuple[str | None, str, dict]:
+    def answer(self, req: dict) -> streaming.Plan:
+        """The pieces of a chat answer (max_tokens, ignore_eos: streaming.py); raises streaming.BadRequest."""
         thinking = (req.get("chat_template_kwargs") or {}).get("enable_thinking", True)
         raw = (f"<think>\n{THINK}\n</think>\n\n" if thinking else "") + ANSWER
         if self.a.reasoning_parser and req.get("separate_reasoning", True):
             reasoning, content = split_reasoning(raw, force=self.a.reasoning_parser == "qwen3-thinking")
         else:
             reasoning, content = None, raw
-        prompt = 8 + sum(len(str(m.get("content", ""))) // 4 for m in req["messages"] if isinstance(m, dict))
-        usage = {"prompt_tokens": prompt, "total_tokens": prompt + len(raw) // 4, "completion_tokens": len(raw) // 4,
-                 "prompt_tokens_details": None}
-        return reasoning, content, usage
+        return streaming.plan([("reasoning_content", reasoning), ("content", content)],
+                              streaming.max_tokens_of(req), streaming.ignore_eos_of(req))
+
+    def chat(self, req: dict) -> tuple[str | None, str, dict]:
+        """(reasoning_content, content, usage) of the whole answer."""
+        answer = self.answer(req)
+        prompt = streaming.prompt_tokens(req)
+        return (answer.text("reasoning_content"), answer.text("content") or "",
+                {**streaming.usage(prompt, len(answer)), "prompt_tokens_details": None})
 
     def server(self):
         api = self
@@ -714,7 +747,7 @@ class Api:
                     return self.send(400, _error("Invalid JSON in the request body"))
                 if path not in ("/v1/chat/completions", "/v1/completions", "/generate"):
                     return self.send(404, {"detail": "Not Found"})
-                if not api.healthy() and api.warm:
+                if api.warm and api.failed():  # (a draining server still serves: SGLang refuses nothing new)
                     return self.send(503, _error("The server is not healthy", 503))
                 t0 = time.monotonic()
                 if path == "/generate":
@@ -733,44 +766,53 @@ class Api:
                                                      "prompt_tokens_details": None}})
                 if not isinstance(req.get("messages"), list) or not req["messages"]:
                     return self.send(400, _error("1 validation error for ChatCompletionRequest\nmessages\n  Field required"))
-                reasoning, content, usage = api.chat(req)
-                api.metrics.request(usage["prompt_tokens"], usage["completion_tokens"], time.monotonic() - t0 + 0.05)
-                if not req.get("stream"):
-                    return self.send(200, {"id": cid, "object": "chat.completion", "created": created, "model": model,
-                                           "choices": [{"index": 0, "message": {"role": "assistant", "content": content,
-                                                                                "reasoning_content": reasoning, "tool_calls": None},
-                                                        "logprobs": None, "finish_reason": "stop", "matched_stop": 151645}],
-                                           "usage": usage})
-                self._stream(cid, created, model, reasoning, content, usage, req)
+                try:
+                    answer = api.answer(req)
+                except streaming.BadRequest as exc:
+                    return self.send(400, _error(str(exc)))
+                prompt = streaming.prompt_tokens(req)
+                lat = streaming.read_latency(STATE_DIR)
+                try:
+                    r = api.engine.request(prompt)
+                except streaming.Closed:
+                    return self.send(503, _error("The server is shutting down", 503))
+                with r:
+                    try:
+                        if req.get("stream"):
+                            return self._stream(r, answer, lat, cid, created, model, req, t0)
+                        ok = streaming.generate(r, answer, lat)
+                        finish = answer.finish_reason if ok else "abort"
+                        r.finish(finish)
+                        api.metrics.request(prompt, r.generated, time.monotonic() - t0 + 0.05)
+                        return self.send(200, {"id": cid, "object": "chat.completion", "created": created, "model": model,
+                                               "choices": [{"index": 0, "message": {"role": "assistant",
+                                                                                    "content": answer.text("content", r.generated) or "",
+                                                                                    "reasoning_content": answer.text("reasoning_content", r.generated),
+                                                                                    "tool_calls": None},
+                                                            "logprobs": None, "finish_reason": finish,
+                                                            "matched_stop": 151645 if finish == "stop" else None}],
+                                               "usage": {**streaming.usage(prompt, r.generated), "prompt_tokens_details": None}})
+                    except streaming.DISCONNECTED:
+                        streaming.gone(self)
 
-            def _stream(self, cid, created, model, reasoning, content, usage, req):
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream; charset=utf-8")
-                self.send_header("transfer-encoding", "chunked")
-                self.end_headers()
-
-                def chunk(data: bytes):
-                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                    self.wfile.flush()
+            def _stream(self, r, answer, lat, cid, created, model, req, t0):
+                sse = streaming.SSE(self, [("content-type", "text/event-stream; charset=utf-8"), ("transfer-encoding", "chunked")])
 
                 def event(delta, finish=None, use=None):
-                    body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
-                                         "matched_stop": 151645 if finish else None}], "usage": use}
-                    chunk(b"data: " + json.dumps(body).encode() + b"\n\n")
+                    sse.event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
+                                            "matched_stop": 151645 if finish == "stop" else None}], "usage": use})
 
                 event({"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": None})
-                for field, text in (("reasoning_content", reasoning), ("content", content)):
-                    for i in range(0, len(text or ""), 24):
-                        event({field: text[i:i + 24]})
-                event({}, "stop")
-                if (req.get("stream_options") or {}).get("include_usage"):
-                    body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                            "choices": [], "usage": usage}
-                    chunk(b"data: " + json.dumps(body).encode() + b"\n\n")
-                chunk(b"data: [DONE]\n\n")
-                self.wfile.write(b"0\r\n\r\n")
-                self.wfile.flush()
+                ok = streaming.generate(r, answer, lat, lambda field, piece: event({field: piece}))
+                finish = answer.finish_reason if ok else "abort"
+                r.finish(finish)  # out of the batch before the client sees the end
+                api.metrics.request(r.prompt, r.generated, time.monotonic() - t0 + 0.05)
+                event({}, finish)
+                if streaming.include_usage(req):
+                    sse.event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                               "choices": [], "usage": {**streaming.usage(r.prompt, r.generated), "prompt_tokens_details": None}})
+                sse.done()
 
         from http.server import ThreadingHTTPServer
 
@@ -813,6 +855,33 @@ def _on_sigterm(rank0: bool) -> None:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)
+
+
+def _drain_on_sigterm(api: "Api", poll_s: float) -> None:
+    """Node rank 0's SIGTERM once it serves, as SGLang's TokenizerManager
+    (SignalHandler.sigterm_handler, sigterm_watchdog): /health and
+    /health_generate answer 503, new requests are still served, the requests
+    left are counted every ``poll_s`` (SGLang: 5 s; node.json
+    ``sglang.drain_poll_s``, default 0.5) until none is left; then uvicorn's
+    lines and exit 0."""
+
+    def drain():
+        log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+        api.gracefully_exit = True
+        while True:
+            st = api.engine.stats()
+            left = st["running"] + st["waiting"]
+            log(f"Gracefully exiting... Remaining number of requests {left}.")
+            if left == 0:
+                break
+            time.sleep(poll_s)
+        api.engine.wait_idle(5)  # the last answers' final bytes
+        for line in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.",
+                     f"Finished server process [{os.getpid()}]"):
+            print(f"[{_ts()}] INFO:     {line}", file=sys.stderr, flush=True)
+        os._exit(0)
+
+    streaming.on_sigterm_once(drain)
 
 
 def _load(a, local: range, node: dict, faults: dict, start: int, dp_of) -> str | None:
@@ -1002,6 +1071,7 @@ def _run_rank0(a, host, port, world, per_node, local, timeout, abort_after, faul
         print(f'[{_ts()}] INFO:     127.0.0.1:{_free_port()} - "GET /model_info HTTP/1.1" 200 OK', file=sys.stderr, flush=True)
         print(f'[{_ts()}] INFO:     127.0.0.1:{_free_port()} - "POST /generate HTTP/1.1" 200 OK', file=sys.stderr, flush=True)
     api.warm = True
+    _drain_on_sigterm(api, float(faults.get("drain_poll_s", 0.5)))
     log("The server is fired up and ready to roll!")
     _record_ready("api")
     if faults.get("die_after_ready_s") is not None:

@@ -32,6 +32,22 @@ lost rank 0) makes the rank exit 1 after ``abort_after_s`` (an NCCL
 watchdog), by which time the real ``mpirun`` has usually killed the world and
 printed which rank died.
 
+Rank 0's answers follow streaming.py (shared by the serving stand-ins): one
+SSE chunk per token paced by node.json ``latency``, ``max_tokens``,
+``ignore_eos``, ``usage``; ``max_batch_size`` (YAML, else ``--max_batch_size``)
+is the batch limit beyond which requests queue. Its metrics are trtllm-serve's
+(tensorrt_llm/serve/openai_server.py): ``GET /metrics`` is the JSON list of
+iteration stats since the last call (``numActiveRequests``,
+``numQueuedRequests``, ``kvCacheStats``...; ``[]`` while idle, and always
+without ``enable_iter_perf_stats: true`` in the YAML); ``return_perf_metrics:
+true`` adds ``GET /prometheus/metrics`` (``trtllm_num_requests_running``,
+``trtllm_num_requests_waiting``, ``trtllm_kv_cache_utilization`` with
+``enable_iter_perf_stats``; ``trtllm_request_success_total``,
+``trtllm_prompt_tokens_total``, ``trtllm_generation_tokens_total``). SIGTERM
+on rank 0 once it serves is uvicorn's graceful shutdown: the listening socket
+closes (new connections are refused), the answers in flight finish, then the
+process ends killed by SIGTERM, as uvicorn's ``capture_signals`` re-raises it.
+
 Every rank checks its interface variables against its own host's interfaces
 (``/sys/class/net``) as NCCL and Gloo do (``nccl_interfaces``, ``gloo_missing``):
 an ``NCCL_SOCKET_IFNAME`` that matches no running interface fails the rank with
@@ -58,7 +74,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import nccl
+from . import nccl, streaming
 from .nccl import NCCL_INVALID_USAGE
 
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
@@ -552,6 +568,17 @@ class Rank0:
         self.lost = threading.Event()
         self.serving = False
         self.served = a["served_model_name"] or a["model"]
+        cfg = cfg if isinstance(cfg, dict) else {}
+        batch = cfg.get("max_batch_size", a.get("max_batch_size"))
+        self.max_batch_size = batch if isinstance(batch, int) and batch > 0 else None
+        self.engine = streaming.Engine(max_running=self.max_batch_size)
+        # LLM-API options that decide what the metrics endpoints serve (openai_server.py)
+        self.iter_stats = cfg.get("enable_iter_perf_stats") is True
+        self.perf_metrics = cfg.get("return_perf_metrics") is True
+        self.iteration = 0
+        self.seen_activity = 0
+        self.stats_lock = threading.Lock()
+        self.stopped = threading.Event()
 
     def healthy(self) -> bool:
         return self.serving and self.all_joined.is_set() and not self.lost.is_set()
@@ -601,8 +628,38 @@ class Rank0:
         print("INFO:     Application startup complete.", flush=True)
         print(f"INFO:     Uvicorn running on http://{self.a['host']}:{self.a['port']} (Press CTRL+C to quit)", flush=True)
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        self.lost.wait()
+        streaming.on_sigterm_once(lambda: self._drain(httpd))
+        while not self.lost.wait(0.2):
+            if self.stopped.is_set():
+                return _die_by_sigterm()
         return self._abort()
+
+    def _drain(self, httpd) -> None:
+        """uvicorn's Server.shutdown on SIGTERM: no new connection, the answers
+        in flight finish, the lifespan ends; then the main thread re-raises
+        SIGTERM (uvicorn's capture_signals)."""
+        print("INFO:     Shutting down", flush=True)
+        streaming.stop_listening(httpd)
+        if not self.engine.idle():
+            print("INFO:     Waiting for connections to close. (CTRL+C to force quit)", flush=True)
+            self.engine.wait_idle()
+        print("INFO:     Waiting for application shutdown.", flush=True)
+        print("INFO:     Application shutdown complete.", flush=True)
+        print(f"INFO:     Finished server process [{os.getpid()}]", flush=True)
+        self.stopped.set()
+
+    def iteration_stats(self) -> list:
+        """GET /metrics: the iteration stats since the last call (the executor
+        iterates only while requests are in flight); [] without enable_iter_perf_stats."""
+        if not self.iter_stats:
+            return []
+        with self.stats_lock:
+            activity = self.engine.stats()["activity"]
+            if activity == self.seen_activity and self.engine.idle():
+                return []
+            self.seen_activity = activity
+            self.iteration += 1
+            return [streaming.trtllm_iteration_stats(self.engine, self.iteration, self.max_batch_size)]
 
     def _abort(self) -> int:
         time.sleep(float(self.faults.get("abort_after_s", 5)))
@@ -668,6 +725,17 @@ ANSWER = ("def merge(a, b):\n    dummy = tail = ListNode()\n    while a and b:\n
           "        tail = tail.next\n    tail.next = a or b\n    return dummy.next\n")
 
 
+def _die_by_sigterm() -> int:
+    """What uvicorn's capture_signals does after a graceful shutdown: SIGTERM
+    again, with the default handler (the process ends killed by it)."""
+    import signal
+
+    sys.stdout.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.raise_signal(signal.SIGTERM)
+    os._exit(0)  # pid 1 of a container ignores it
+
+
 def _server(r0: Rank0):
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -681,7 +749,7 @@ def _server(r0: Rank0):
             print(f'INFO:     {self.client_address[0]}:{self.client_address[1]} - "{self.requestline}" {code}', flush=True)
 
         def _send(self, code: int, body, ctype="application/json"):
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            data = body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
@@ -697,7 +765,9 @@ def _server(r0: Rank0):
             if self.path == "/version":
                 return self._send(200, {"version": r0.version})
             if self.path == "/metrics":
-                return self._send(200, [])
+                return self._send(200, r0.iteration_stats())
+            if self.path == "/prometheus/metrics" and r0.perf_metrics:
+                return self._send(200, streaming.trtllm_prometheus(r0.engine, r0.iter_stats), streaming.PROMETHEUS_TYPE)
             return self._send(404, {"detail": "Not Found"})
 
         def do_POST(self):
@@ -724,40 +794,50 @@ def _server(r0: Rank0):
                 reasoning, content = split_reasoning(raw)
             else:
                 reasoning, content = None, ("<think>\n" + raw if thinking else raw)
-            usage = {"prompt_tokens": 24, "completion_tokens": len(raw) // 4, "total_tokens": 24 + len(raw) // 4}
-            if not req.get("stream"):
-                return self._send(200, {"id": cid, "object": "chat.completion", "created": created, "model": r0.served,
-                                        "choices": [{"index": 0, "message": {"role": "assistant", "content": content,
-                                                                             "reasoning_content": reasoning, "tool_calls": []},
-                                                     "logprobs": None, "finish_reason": "stop", "stop_reason": None}],
-                                        "usage": usage})
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
+            try:
+                answer = streaming.plan([("reasoning_content", reasoning), ("content", content)],
+                                        streaming.max_tokens_of(req), streaming.ignore_eos_of(req))
+            except streaming.BadRequest as exc:
+                return self._send(400, {"object": "error", "message": str(exc), "type": "BadRequestError", "code": 400})
+            prompt = streaming.prompt_tokens(req)
+            lat = streaming.read_latency(STATE_DIR)
+            try:
+                r = r0.engine.request(prompt)
+            except streaming.Closed:
+                return self._send(503, {"object": "error", "message": "the server is shutting down", "type": "ServiceUnavailable", "code": 503})
+            with r:
+                try:
+                    if req.get("stream"):
+                        return self._stream(r, answer, lat, req, cid, created)
+                    ok = streaming.generate(r, answer, lat)
+                    finish = answer.finish_reason if ok else "abort"
+                    r.finish(finish)
+                    return self._send(200, {"id": cid, "object": "chat.completion", "created": created, "model": r0.served,
+                                            "choices": [{"index": 0, "message": {"role": "assistant",
+                                                                                 "content": answer.text("content", r.generated) or "",
+                                                                                 "reasoning_content": answer.text("reasoning_content", r.generated),
+                                                                                 "tool_calls": []},
+                                                         "logprobs": None, "finish_reason": finish, "stop_reason": None}],
+                                            "usage": streaming.usage(prompt, r.generated)})
+                except streaming.DISCONNECTED:
+                    streaming.gone(self)
 
-            def event(delta=None, finish=None, extra=None):
-                body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": r0.served,
-                        "choices": [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}]}
-                if extra:
-                    body.update(extra)
-                chunk(b"data: " + json.dumps(body).encode() + b"\n\n")
+        def _stream(self, r, answer, lat, req, cid, created):
+            sse = streaming.SSE(self, [("Content-Type", "text/event-stream; charset=utf-8"), ("Transfer-Encoding", "chunked")])
 
-            def chunk(data: bytes):
-                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                self.wfile.flush()
+            def event(delta=None, finish=None):
+                sse.event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": r0.served,
+                           "choices": [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}]})
 
             event({"role": "assistant", "content": ""})
-            for field, text in (("reasoning_content", reasoning), ("content", content)):
-                for i in range(0, len(text or ""), 24):
-                    event({field: text[i:i + 24]})
-            event({}, "stop")
-            if (req.get("stream_options") or {}).get("include_usage"):
-                body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": r0.served, "choices": [], "usage": usage}
-                chunk(b"data: " + json.dumps(body).encode() + b"\n\n")
-            chunk(b"data: [DONE]\n\n")
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
+            ok = streaming.generate(r, answer, lat, lambda field, piece: event({field: piece}))
+            finish = answer.finish_reason if ok else "abort"
+            r.finish(finish)  # out of the batch before the client sees the end
+            event({}, finish)
+            if streaming.include_usage(req):
+                sse.event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": r0.served, "choices": [],
+                           "usage": streaming.usage(r.prompt, r.generated)})
+            sse.done()
 
     httpd = ThreadingHTTPServer((a["host"], a["port"]), Handler)
     httpd.daemon_threads = True

@@ -17,6 +17,21 @@ semantics (shared/DOMAIN.md) over real TCP:
   argparse's ``vllm: error: unrecognized arguments: ...``, as the real
   ``vllm`` does, before anything starts.
 
+Node 0's API answers as streaming.py says (shared by the serving stand-ins):
+one SSE chunk per token, paced by node.json ``latency`` (``first_token_s``,
+``per_token_s``, read per request), ``max_tokens``/``max_completion_tokens``,
+``ignore_eos``, ``usage`` (``stream_options.include_usage`` in the last
+chunk); ``--max-num-seqs`` is the batch limit beyond which requests wait;
+``GET /metrics`` is Prometheus text with vLLM's names
+(``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+``vllm:kv_cache_usage_perc``, ``vllm:prompt_tokens_total``,
+``vllm:generation_tokens_total``, ``vllm:request_success_total``; labels
+``model_name`` = the first served name, ``engine``). SIGTERM once node 0
+serves follows vLLM 0.23's ``--shutdown-timeout`` (vllm-project/vllm #36666):
+new requests and ``/health`` get 503; with 0 (the default) the requests in
+flight end at once with ``finish_reason`` ``abort``; with N they may finish
+for up to N seconds; then exit 0.
+
 Faults come from the host's node.json ``vllm`` entry: ``crash_first`` (the
 first N starts on this host crash), ``always_crash``, ``node0_delay_s``
 (a slow node 0 binds its RPC port late), ``die_after_ready_s``,
@@ -36,6 +51,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from . import streaming
 
 STATE_DIR = os.environ.get("LLMDEPLOY_SIM_STATE", "/etc/llmdeploy-sim")
 
@@ -394,6 +411,38 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def _shutdown_timeout(a: argparse.Namespace) -> float:
+    """``--shutdown-timeout`` in seconds (vLLM's default 0: abort at once)."""
+    try:
+        return max(0.0, float(a.shutdown_timeout or 0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _drain_on_sigterm(engine: "streaming.Engine", draining: threading.Event, timeout: float) -> None:
+    """Node 0's SIGTERM once it serves, as vLLM 0.23's ``--shutdown-timeout``
+    (vllm-project/vllm #34730, #36666): new requests and /health get 503;
+    with 0 (the default) the requests in flight are aborted at once (their
+    answers end with ``finish_reason`` ``abort``), else they may finish for up
+    to ``timeout`` seconds before the rest are aborted; then the process exits 0."""
+
+    def drain():
+        draining.set()
+        log("Shutting down FastAPI HTTP server.")
+        if timeout > 0:
+            engine.close()
+            if not engine.wait_idle(timeout):
+                log(f"shutdown timeout ({timeout:g}s) reached: aborting the requests still in flight", "WARNING")
+                engine.abort()
+        else:
+            engine.abort()
+        engine.wait_idle(5)
+        print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim-vllm] Shutting down (signal 15)", flush=True)
+        os._exit(0)
+
+    streaming.on_sigterm_once(drain)
+
+
 def main(argv: list[str]) -> int:
     """``vllm ARGV``: only ``serve`` is simulated. An option ``vllm serve``
     does not have exits 2 with argparse's message, before anything starts."""
@@ -593,6 +642,8 @@ def node0(a: argparse.Namespace, faults: dict) -> int:
     log("All DP ranks joined; starting the API server")
     # --served-model-name takes one or more names: /v1/models lists each, any of them answers
     names = list(a.served_model_name or [a.model])
+    engine = streaming.Engine(max_running=a.max_num_seqs)
+    draining = threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -601,7 +652,7 @@ def node0(a: argparse.Namespace, faults: dict) -> int:
             log(f'{self.client_address[0]} "{self.requestline}" {args[1] if len(args) > 1 else ""}')
 
         def _send(self, code: int, body, ctype="application/json"):
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            data = body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
@@ -610,9 +661,13 @@ def node0(a: argparse.Namespace, faults: dict) -> int:
 
         def do_GET(self):
             if self.path == "/health":
+                if draining.is_set():
+                    return self._send(503, {"error": "server shutting down"})
                 return self._send(200, b"") if front.healthy() else self._send(503, {"error": "engine dead"})
             if self.path == "/v1/models":
                 return self._send(200, {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "vllm", "root": a.model, "max_model_len": a.max_model_len} for name in names]})
+            if self.path == "/metrics":
+                return self._send(200, streaming.vllm_metrics(engine, names[0]), streaming.PROMETHEUS_TYPE)
             return self._send(404, {"detail": "Not Found"})
 
         def do_POST(self):
@@ -623,30 +678,73 @@ def node0(a: argparse.Namespace, faults: dict) -> int:
                 return self._send(400, {"error": {"message": "invalid JSON"}})
             if self.path != "/v1/chat/completions":
                 return self._send(404, {"detail": "Not Found"})
+            if draining.is_set():
+                return self._send(503, {"error": {"message": "The server is shutting down.", "type": "ServiceUnavailableError", "code": 503}})
             if not front.healthy():
                 return self._send(503, {"error": {"message": "engine dead"}})
             if req.get("model") not in names:
                 return self._send(404, {"error": {"message": f"The model `{req.get('model')}` does not exist.", "code": 404}})
+            try:
+                limit = streaming.max_tokens_of(req)
+            except streaming.BadRequest as exc:
+                return self._send(400, {"error": {"message": str(exc), "type": "BadRequestError", "param": None, "code": 400}})
             thinking = (req.get("chat_template_kwargs") or {}).get("enable_thinking", True)
             text = ("<think>\nThe user wants a merge of two sorted linked lists; walk both with a dummy head.\n</think>\n\n" if thinking else "") + (
                 "def merge(a, b):\n    dummy = tail = ListNode()\n    ..."
             )
+            answer = streaming.plan([("content", text)], limit, streaming.ignore_eos_of(req))
+            prompt = streaming.prompt_tokens(req)
+            lat = streaming.read_latency(STATE_DIR)
             served_as = req["model"]
             cid = f"chatcmpl-sim{int(time.time() * 1000)}"
-            if req.get("stream"):
-                chunks = [text[i : i + 16] for i in range(0, len(text), 16)]
-                body = b""
-                for c in chunks:
-                    body += b"data: " + json.dumps({"id": cid, "object": "chat.completion.chunk", "model": served_as, "choices": [{"index": 0, "delta": {"content": c}}]}).encode() + b"\n\n"
-                body += b"data: [DONE]\n\n"
-                return self._send(200, body, "text/event-stream")
-            return self._send(200, {"id": cid, "object": "chat.completion", "model": served_as, "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
+            created = int(time.time())
+            try:
+                r = engine.request(prompt)
+            except streaming.Closed:
+                return self._send(503, {"error": {"message": "The server is shutting down.", "type": "ServiceUnavailableError", "code": 503}})
+            with r:
+                try:
+                    if req.get("stream"):
+                        return self._stream(r, answer, lat, req, cid, created, served_as)
+                    ok = streaming.generate(r, answer, lat)
+                    finish = answer.finish_reason if ok else "abort"
+                    r.finish(finish)
+                    return self._send(200, {"id": cid, "object": "chat.completion", "created": created, "model": served_as,
+                                            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.text("content", r.generated) or ""},
+                                                         "finish_reason": finish}],
+                                            "usage": streaming.usage(prompt, r.generated)})
+                except streaming.DISCONNECTED:
+                    streaming.gone(self)
+
+        def _stream(self, r, answer, lat, req, cid, created, served_as):
+            sse = streaming.SSE(self, [("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked")])
+
+            def chunk(delta, finish=None):
+                return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": served_as,
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+            def emit(field, piece):
+                if r.generated == 1:  # vLLM's first chunk names the role
+                    sse.event(chunk({"role": "assistant", "content": ""}))
+                sse.event(chunk({field: piece}))
+
+            ok = streaming.generate(r, answer, lat, emit)
+            finish = answer.finish_reason if ok else "abort"
+            r.finish(finish)  # out of the batch before the client sees the end
+            if r.generated == 0:
+                sse.event(chunk({"role": "assistant", "content": ""}))
+            sse.event(chunk({}, finish))
+            if streaming.include_usage(req):
+                sse.event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": served_as, "choices": [],
+                           "usage": streaming.usage(r.prompt, r.generated)})
+            sse.done()
 
     try:
         httpd = ThreadingHTTPServer((a.host, a.port), Handler)
     except OSError as exc:
         print(f"OSError: [Errno {exc.errno}] error while attempting to bind on address ('{a.host}', {a.port}): {exc.strerror}", flush=True)
         return 1
+    _drain_on_sigterm(engine, draining, _shutdown_timeout(a))
     log(f"Starting vLLM API server on http://{a.host}:{a.port}")
     log("Application startup complete.")
     record_ready("api")

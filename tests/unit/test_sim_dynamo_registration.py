@@ -80,12 +80,14 @@ def test_the_plans_workers_register_what_readiness_asks_for(name):
 
 # --- the registration, for real: what the worker puts into etcd ----------------------------------
 class _Etcd(ThreadingHTTPServer):
-    """Just enough of etcd's v3 JSON gateway: health, leases, put; every put kept."""
+    """Just enough of etcd's v3 JSON gateway: health, leases, put, a prefix
+    range (what the frontend polls), revoke; every put kept."""
 
     daemon_threads = True
 
     def __init__(self):
         self.puts: list[dict] = []
+        self.kvs: dict[str, tuple[str, str | None]] = {}  # key -> (value base64, lease)
         self.put_seen = threading.Event()
 
         class Handler(BaseHTTPRequestHandler):
@@ -110,7 +112,15 @@ class _Etcd(ThreadingHTTPServer):
                     return inner._send(json.dumps({"result": {"ID": "4660", "TTL": "10"}}) + "\n")
                 if inner.path == "/v3/kv/put":
                     self.puts.append({"key": dy.unb64(req["key"]), "value": json.loads(dy.unb64(req["value"])), "lease": req.get("lease")})
+                    self.kvs[dy.unb64(req["key"])] = (req["value"], req.get("lease"))
                     self.put_seen.set()
+                if inner.path == "/v3/kv/range":
+                    prefix = dy.unb64(req["key"])
+                    return inner._send({"kvs": [{"key": dy.b64(k), "value": v, "lease": lease or "0"}
+                                                for k, (v, lease) in sorted(self.kvs.items()) if k.startswith(prefix)]})
+                if inner.path == "/v3/lease/revoke":
+                    for k in [k for k, (_, lease) in self.kvs.items() if lease == req.get("ID")]:
+                        del self.kvs[k]
                 return inner._send({})
 
         super().__init__(("127.0.0.1", 0), Handler)
@@ -237,3 +247,87 @@ def test_no_kv_cache_sample_until_the_worker_served_a_request():
     assert code == 200
     (line,) = _samples(r0.metrics(), "trtllm_kv_cache_utilization")
     assert f'model_name="{SERVED}"' in line
+
+
+# --- the frontend: paced streams, its in-flight counts, and its graceful stop ----------------------
+def _dynamo(module: str, argv: list[str], env: dict):
+    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from sim.standins import dynamo; "
+            f"sys.exit(dynamo.main({module!r}, sys.argv[1:]))")
+    return subprocess.Popen([sys.executable, "-c", code, str(REPO), *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def test_the_frontend_streams_counts_its_requests_and_drains_on_sigterm(tmp_path, control_plane):
+    from tests.unit.sse_client import Stream, finish_reasons, get, post, sample, tokens_of, usage_of, wait_until
+
+    etcd, nats = control_plane
+    model, recipes, site, wstate, fstate = (tmp_path / d for d in ("models/qwen35", "recipes", "site", "worker", "frontend"))
+    for d in (model, recipes, site, wstate, fstate):
+        d.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (recipes / "agg.yaml").write_text("tensor_parallel_size: 1\npipeline_parallel_size: 1\n")
+    for name in SITE:
+        dist, version = name.split("-", 1)
+        (site / f"{name}.dist-info").mkdir()
+        (site / f"{name}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: {version}\n")
+    (wstate / "node.json").write_text(json.dumps({"gpus": [{"id": 0}]}))
+    (fstate / "node.json").write_text(json.dumps({}))
+    port = _free_port()
+    common = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site), "DYN_NAMESPACE": "ns",
+              "ETCD_ENDPOINTS": f"http://127.0.0.1:{etcd.server_address[1]}", "NATS_SERVER": f"nats://127.0.0.1:{nats.server_address[1]}"}
+    procs = []
+    try:
+        procs.append(_dynamo("dynamo.trtllm", ["--model-path", str(model), "--served-model-name", SERVED,
+                                               "--extra-engine-args", str(recipes / "agg.yaml")],
+                             {**common, "LLMDEPLOY_SIM_STATE": str(wstate), "NVIDIA_VISIBLE_DEVICES": "all",
+                              "CUDA_VISIBLE_DEVICES": "0", "DYN_SYSTEM_PORT": str(_free_port())}))
+        fe = _dynamo("dynamo.frontend", ["--http-host", "127.0.0.1", "--http-port", str(port)],
+                     {**common, "LLMDEPLOY_SIM_STATE": str(fstate), "DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS": "2"})
+        procs.append(fe)
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy():
+            for p in procs:
+                if p.poll() is not None:
+                    pytest.fail(f"a Dynamo process exited {p.returncode}:\n{p.stdout.read()}")
+            return json.loads(get(url + "/health", 2)[1]).get("status") == "healthy"
+
+        wait_until(healthy, "the frontend to see the worker")
+        chat = {"model": SERVED, "messages": [{"role": "user", "content": "merge two sorted lists"}]}
+        s = Stream("127.0.0.1", port, "/v1/chat/completions",
+                   {**chat, "max_tokens": 20, "nvext": {"ignore_eos": True}, "stream_options": {"include_usage": True}})
+        events = s.rest()
+        s.close()
+        assert len(tokens_of(events)) == 20 and usage_of(events)["completion_tokens"] == 20 and finish_reasons(events) == ["length"]
+        metrics = lambda name: sample(get(url + "/metrics")[1].decode(), name, model=SERVED)  # noqa: E731
+        assert metrics("dynamo_frontend_inflight_requests") == 0.0 and metrics("dynamo_frontend_output_tokens_total") == 20.0
+        # a slower release: the frontend's node.json edited while it runs
+        (fstate / "node.json").write_text(json.dumps({"latency": {"first_token_s": 0.0, "per_token_s": 0.05}}))
+        s = Stream("127.0.0.1", port, "/v1/chat/completions", {**chat, "max_tokens": 10, "ignore_eos": True})
+        s.next_token()
+        assert metrics("dynamo_frontend_inflight_requests") == 1.0 and metrics("dynamo_frontend_queued_requests") == 0.0
+        assert len(tokens_of(s.rest())) == 9
+        s.close()
+        wait_until(lambda: metrics("dynamo_frontend_inflight_requests") == 0.0, "the in-flight count to drop")
+        # SIGTERM with a stream open: /live and /health 503, a new request refused, the stream finishes, exit 0
+        s = Stream("127.0.0.1", port, "/v1/chat/completions", {**chat, "max_tokens": 60, "ignore_eos": True})
+        s.next_token()
+        os.killpg(fe.pid, signal.SIGTERM)
+        wait_until(lambda: get(url + "/live")[0] == 503, "/live to say 503")
+        code, body = get(url + "/live")
+        assert json.loads(body) == {"status": "shutting_down", "message": "Service is shutting down"}
+        assert get(url + "/health")[0] == 503
+        assert post(url + "/v1/chat/completions", chat)[0] == 503
+        rest = s.rest()
+        s.close()
+        assert len(tokens_of(rest)) == 59 and finish_reasons(rest) == ["length"]
+        assert fe.wait(30) == 0
+        out = fe.stdout.read()
+        assert "HTTP server shutdown requested" in out and "Traceback" not in out
+        with pytest.raises(OSError):
+            get(url + "/live", 2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.communicate(timeout=60)

@@ -434,3 +434,36 @@ def test_sigterm_ends_the_server_with_0(world):
     n0.kill(signal.SIGTERM)
     assert n0.wait(20) == 0
     assert "Application shutdown complete." in n0.out
+
+
+def test_node_rank_0_streams_max_tokens_pieces_counts_its_requests_and_drains_on_sigterm(world):
+    from tests.unit.sse_client import Stream, finish_reasons, get, post, sample, tokens_of, usage_of, wait_until
+
+    n0 = world.start(0, "--enable-metrics", "--served-model-name", "q", "--reasoning-parser", "qwen3",
+                     "--max-running-requests", "4", nnodes=1, tp=8)
+    _healthy(world, [n0])
+    chat = {"model": "q", "messages": [{"role": "user", "content": "merge two sorted lists"}]}
+    s = Stream("127.0.0.1", world.http, "/v1/chat/completions",
+               {**chat, "max_tokens": 30, "ignore_eos": True, "stream_options": {"include_usage": True}})
+    events = s.rest()
+    s.close()
+    assert len(tokens_of(events)) == 30 and usage_of(events)["completion_tokens"] == 30 and finish_reasons(events) == ["length"]
+    running = lambda: sample(get(world.url("/metrics"))[1].decode(), "sglang:num_running_reqs", model_name="q")  # noqa: E731
+    assert running() == 0.0
+    # a slower release: node.json edited while the server runs
+    (world.root / "node0" / "node.json").write_text(json.dumps({**GPUS8, "latency": {"first_token_s": 0.0, "per_token_s": 0.05}}))
+    s = Stream("127.0.0.1", world.http, "/v1/chat/completions", {**chat, "max_tokens": 40, "ignore_eos": True})
+    s.next_token()
+    assert running() == 1.0
+    assert sample(get(world.url("/metrics"))[1].decode(), "sglang:token_usage", model_name="q") > 0
+    # SIGTERM: /health says 503, a new request is still served, the stream finishes, then exit 0
+    n0.kill(signal.SIGTERM)
+    wait_until(lambda: get(world.url("/health"))[0] == 503, "/health to say 503")
+    code, body = post(world.url("/v1/chat/completions"), {**chat, "max_tokens": 2})
+    assert code == 200 and json.loads(body)["usage"]["completion_tokens"] == 2
+    rest = s.rest()
+    s.close()
+    assert len(tokens_of(rest)) == 39 and finish_reasons(rest) == ["length"]
+    assert n0.wait(30) == 0
+    assert "Draining requests and shutting down..." in n0.out
+    assert "Gracefully exiting... Remaining number of requests 0." in n0.out and "Application shutdown complete." in n0.out
