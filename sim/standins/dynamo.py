@@ -1490,7 +1490,8 @@ def main_frontend(argv: list[str]) -> int:
     log("INFO", "dynamo_llm::http::service::service_v2", f"Starting HTTP service on: {a.http_host}:{a.http_port} "
         f'address="{a.http_host}:{a.http_port}"')
     httpd.serve_forever()
-    fe.drained.wait()  # stopped listening on SIGTERM: the drain ends the process
+    while not fe.drained.wait(0.2):  # stopped listening on SIGTERM: the drain ends the process
+        pass
     return 0
 
 

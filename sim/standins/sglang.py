@@ -857,6 +857,14 @@ def _on_sigterm(rank0: bool) -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def _wait_in_main_thread(event: threading.Event) -> None:
+    """Wait for ``event`` in short slices: a signal the kernel hands to another
+    thread runs its Python handler only when the main thread wakes up, and an
+    endless Event.wait() never does (SIGTERM would go unanswered)."""
+    while not event.wait(0.2):
+        pass
+
+
 def _drain_on_sigterm(api: "Api", poll_s: float) -> None:
     """Node rank 0's SIGTERM once it serves, as SGLang's TokenizerManager
     (SignalHandler.sigterm_handler, sigterm_watchdog): /health and
@@ -1076,7 +1084,7 @@ def _run_rank0(a, host, port, world, per_node, local, timeout, abort_after, faul
     _record_ready("api")
     if faults.get("die_after_ready_s") is not None:
         _die_later(local[0], float(faults["die_after_ready_s"]))
-    store.failed.wait()
+    _wait_in_main_thread(store.failed)
     _die(local[0], store.failure, after=abort_after)
     return 1
 
@@ -1155,7 +1163,7 @@ def _run_worker(a, host, port, world, per_node, local, timeout, abort_after, fau
     _record_ready("worker")
     if faults.get("die_after_ready_s") is not None:
         _die_later(local[0], float(faults["die_after_ready_s"]))
-    gone.wait()
+    _wait_in_main_thread(gone)
     _die(local[0], f"RuntimeError: [{GLOO}/pair.cc:534] Connection closed by peer [{peer_host}]:{peer_port}", after=abort_after)
     return 1
 

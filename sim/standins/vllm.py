@@ -636,7 +636,8 @@ def node0(a: argparse.Namespace, faults: dict) -> int:
     log(f"DP coordinator listening on tcp://{a.data_parallel_address}:{a.data_parallel_rpc_port}; waiting for {a.data_parallel_size - 1} remote engine(s)")
     threading.Thread(target=front.serve_rpc, args=(srv,), daemon=True).start()
     if a.data_parallel_size > 1:
-        front.ready.wait()  # vLLM waits for remote engines with no deadline
+        while not front.ready.wait(0.2):  # vLLM waits for remote engines with no deadline (slices: SIGTERM's handler runs)
+            pass
     else:
         front.ready.set()
     log("All DP ranks joined; starting the API server")
