@@ -63,6 +63,11 @@ def overrides_doc(cluster: Cluster, eplb_path_on_node: str | None = None) -> dic
     doc: dict = {"tensor_parallel_size": prof.tp, "pipeline_parallel_size": prof.pp}
     if prof.ep is not None:
         doc["moe_expert_parallel_size"] = prof.ep
+    # trtllm-serve's /metrics lists iteration statistics (numActiveRequests,
+    # numQueuedRequests) only with this on: the drain before a stop and
+    # invoke top count requests in flight there (profile.overrides may turn it off)
+    if "enable_iter_perf_stats" not in prof.flat_overrides():
+        doc["enable_iter_perf_stats"] = True
     _deep_merge(doc, copy.deepcopy(nest_overrides(prof.flat_overrides())))
     if eplb_path_on_node:
         safe_path(eplb_path_on_node)
@@ -92,6 +97,7 @@ def overrides_yaml(cluster: Cluster, eplb_path_on_node: str | None = None) -> st
     sources = [f"tensor_parallel_size {prof.tp}, pipeline_parallel_size {prof.pp}: profile.tp, profile.pp"]
     if prof.ep is not None:
         sources.append(f"moe_expert_parallel_size {prof.ep}: profile.ep (the guide's EP for {prof.config} unless set)")
+    sources.append("enable_iter_perf_stats true: /metrics counts the requests in flight (the drain before a stop, invoke top)")
     if prof.overrides:
         sources.append(f"profile.overrides: {len(prof.flat_overrides())} key(s)")
     if eplb_path_on_node:

@@ -350,12 +350,16 @@ def test_overrides_yaml_names_the_curated_file_and_every_key():
         "tensor_parallel_size": 16,
         "pipeline_parallel_size": 1,
         "moe_expert_parallel_size": 1,  # the guide's low latency: TP16/EP1
+        "enable_iter_perf_stats": True,  # /metrics counts requests in flight (drain, top)
         "speculative_config": {"max_draft_len": 2},
         "kv_cache_config": {"free_gpu_memory_fraction": 0.8},
         "max_batch_size": 4,
     }
-    assert list(doc) == ["tensor_parallel_size", "pipeline_parallel_size", "moe_expert_parallel_size", "speculative_config",
-                         "kv_cache_config", "max_batch_size"]
+    assert list(doc) == ["tensor_parallel_size", "pipeline_parallel_size", "moe_expert_parallel_size", "enable_iter_perf_stats",
+                         "speculative_config", "kv_cache_config", "max_batch_size"]
+    # the inventory may turn the statistics off
+    off = nvidia_cluster(trtllm_qwen38_fp8("qwen3.8-low-latency-mtp3.yaml", overrides={"enable_iter_perf_stats": False}))
+    assert trtllm.overrides_doc(off)["enable_iter_perf_stats"] is False
     assert trtllm.curated_path(c.profile) == "/app/tensorrt_llm/examples/configs/curated/qwen3.8-low-latency-mtp3.yaml"
 
 
@@ -407,13 +411,14 @@ def test_merge_script_layers_the_overrides_on_the_curated_file(tmp_path):
     assert merged == {
         "tensor_parallel_size": 16,
         "moe_expert_parallel_size": 1,
+        "enable_iter_perf_stats": True,
         "max_batch_size": 4,
         "kv_cache_config": {"free_gpu_memory_fraction": 0.8, "dtype": "fp8"},
         "speculative_config": {"decoding_type": "MTP", "max_draft_len": 2},
         "cuda_graph_config": {"batch_sizes": [1, 2]},
         "pipeline_parallel_size": 1,
     }
-    assert "3 change(s)" in res.stdout.splitlines()[0] or "4 change(s)" in res.stdout.splitlines()[0]
+    assert "4 change(s)" in res.stdout.splitlines()[0] or "5 change(s)" in res.stdout.splitlines()[0]  # + enable_iter_perf_stats
     assert "set speculative_config.max_draft_len: 3 -> 2" in res.stdout
     assert "set kv_cache_config.free_gpu_memory_fraction: 0.9 -> 0.8" in res.stdout
     assert "set max_batch_size: 1 -> 4" in res.stdout
