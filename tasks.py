@@ -58,12 +58,13 @@ def _guard(fn):
         "cluster": "cluster name: a module in inventory/ (e.g. a3, sim-a3)",
         "json": "print the facts as JSON on stdout (people's output goes to stderr)",
         "limit": "only these nodes, comma-separated names",
+        "wide": "every column, even wider than the terminal (by default the table fits it: host names whole, the less important columns left out)",
     }
 )
 @_guard
-def facts(c, cluster, json=False, limit=None):
+def facts(c, cluster, json=False, limit=None, wide=False):
     """Gather facts from every node (OS, CPUs/NUMA, memory, disk, NPUs/GPUs, NICs, engine)."""
-    return app.facts(cluster, json_out=json, limit=limit)
+    return app.facts(cluster, json_out=json, limit=limit, wide=wide)
 
 
 @task(
@@ -158,11 +159,12 @@ def verify_comm(c, cluster, json=False, full=False, report=None):
     return app.verify_comm(cluster, json_out=json, full=full, report_dir=report)
 
 
-@task(positional=[], help={"cluster": "cluster name", "json": "print the releases as JSON"})
+@task(positional=[], help={"cluster": "cluster name", "json": "print the releases as JSON",
+                           "events": "after the table, per release its gate verdict and figures, its last benchmark and every event, one a line", "wide": "every column, even wider than the terminal (by default the table fits it: host names and release ids whole, the less important columns left out)"})
 @_guard
-def releases(c, cluster, json=False):
-    """The release ledger from node 0: every attempt of every release, was it ever good, current, the rollback target."""
-    return history.releases(load_cluster(cluster), report.console(json), json)
+def releases(c, cluster, json=False, events=False, wide=False):
+    """The release ledger from node 0: every attempt of every release, was it ever good, the gate's verdict, current, the rollback target."""
+    return history.releases(load_cluster(cluster), report.console(json), json, events=events, wide=wide)
 
 
 @task(
@@ -226,11 +228,12 @@ def top(c, cluster, interval="2", once=False, json=False):
     return top_flow.top(load_cluster(cluster), report.console(json), secs, once, json)
 
 
-@task(positional=[], help={"cluster": "cluster name", "diff": "compare what runs with the current release's record and name every drift", "json": "print as JSON"})
+@task(positional=[], help={"cluster": "cluster name", "diff": "compare what runs with the current release's record and name every drift", "json": "print as JSON",
+                           "wide": "every column, even wider than the terminal (by default the table fits it: host names and release ids whole, the less important columns left out)"})
 @_guard
-def status(c, cluster, diff=False, json=False):
+def status(c, cluster, diff=False, json=False, wide=False):
     """Per node: the current release's containers, start rank or MPI ranks, image, uptime; and the endpoint's /health (exit 1 unless serving)."""
-    return status_flow.status(load_cluster(cluster), report.console(json), diff, json)
+    return status_flow.status(load_cluster(cluster), report.console(json), diff, json, wide=wide)
 
 
 @task(positional=[], help={"cluster": "cluster name", **LOCK_HELP})

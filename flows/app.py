@@ -6,6 +6,7 @@ operations on a running cluster are their own flows (``flows.releases``,
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 
 from flows.plan import Context, load_playbook, resolve_step, select_nodes
 from llmdeploy import report
@@ -58,7 +59,7 @@ def _exit_status(recap: dict[str, dict[str, int]]) -> int:
     return 1 if any(c.get("failed") or c.get("unreachable") for c in recap.values()) else 0
 
 
-def facts(cluster_name: str, json_out: bool = False, limit: str | None = None) -> int:
+def facts(cluster_name: str, json_out: bool = False, limit: str | None = None, wide: bool = False) -> int:
     con = report.console(json_out)
     cluster = load_cluster(cluster_name)
     recap, results, trips = run_playbook(cluster, "facts", limit, con)
@@ -79,39 +80,33 @@ def facts(cluster_name: str, json_out: bool = False, limit: str | None = None) -
             }
         )
     else:
-        rows = []
-        for h, r in per_host.items():
-            f = r.data or {}
-            if r.failed:
-                rows.append([f"[bold red]{h}[/]", f"[red]{r.status}[/]"] + [""] * 6 + [f"[red]{r.msg}[/]"])
-                continue
-            nic = f.get("nic") or {}
-            nic_txt = f"{nic.get('name', f.get('nic_configured'))} {','.join(nic.get('ipv4', [])) or '-'} mtu {nic.get('mtu')} {'up' if nic.get('up') else 'DOWN'}" if nic else f"[red]{f.get('nic_configured')} missing[/]"
-            acc = f"{f['devices_healthy']}/{len(f['devices'])} {f['accelerator'].upper()} OK"
-            numa_aff = sorted({d['numa'] for d in f["devices"] if d.get("numa") is not None})
-            problems = "; ".join(f.get("problems") or []) or "[green]none[/]"
-            rows.append(
-                [
-                    h,
-                    f"{f.get('hostname')}\n{f.get('os')}, {f.get('kernel')}",
-                    f"{f.get('cpus')} / {f.get('numa_nodes')}",
-                    f"{f.get('mem_total_gib')} GiB",
-                    f"{f.get('model_disk_free_gib')} GiB",
-                    f"{acc}\nNUMA {','.join(map(str, numa_aff)) or '-'}",
-                    nic_txt,
-                    f.get("container_engine") or "[red]none[/]",
-                    problems,
-                ]
-            )
-        con.print(
-            report.table(
-                f"facts: {cluster.name} ({cluster.platform_info.name}, {len(per_host)} nodes)",
-                ["host", "hostname / OS / kernel", "CPUs / NUMA", "memory", "free disk (model)", "devices", "serving NIC", "engine", "problems"],
-                rows,
-            )
-        )
+        report.print_table(con, facts_table(cluster, con, per_host, wide), wide)
         con.print(report.recap_table(recap))
     return status
+
+
+def _facts_row(h: str, r) -> list[str]:
+    f = r.data or {}
+    if r.failed:
+        return [f"[bold red]{h}[/]", f"[red]{r.status}[/]"] + [""] * 6 + [f"[red]{escape(r.msg)}[/]"]
+    nic = f.get("nic") or {}
+    nic_txt = f"{nic.get('name', f.get('nic_configured'))} {','.join(nic.get('ipv4', [])) or '-'} mtu {nic.get('mtu')} {'up' if nic.get('up') else 'DOWN'}" if nic else f"[red]{f.get('nic_configured')} missing[/]"
+    acc = f"{f['devices_healthy']}/{len(f['devices'])} {f['accelerator'].upper()} OK"
+    numa_aff = sorted({d['numa'] for d in f["devices"] if d.get("numa") is not None})
+    problems = "; ".join(f.get("problems") or []) or "[green]none[/]"
+    return [h, f"{f.get('hostname')}\n{f.get('os')}, {f.get('kernel')}", f"{f.get('cpus')} / {f.get('numa_nodes')}", f"{f.get('mem_total_gib')} GiB",
+            f"{f.get('model_disk_free_gib')} GiB", f"{acc}\nNUMA {','.join(map(str, numa_aff)) or '-'}", nic_txt,
+            f.get("container_engine") or "[red]none[/]", problems]
+
+
+def facts_table(cluster: Cluster, con, per_host: dict, wide: bool = False):
+    """One line per host, fitted to ``con``: host names whole; engine, OS,
+    disk, memory, CPUs left out first."""
+    C = report.Col
+    cols = [C("host", whole=True), C("hostname / OS / kernel", drop=2), C("CPUs / NUMA", drop=5), C("memory", drop=4),
+            C("free disk (model)", drop=3), C("devices"), C("serving NIC"), C("engine", drop=1), C("problems")]
+    rows = [_facts_row(h, r) for h, r in per_host.items()]
+    return report.table(f"facts: {cluster.name} ({cluster.platform_info.name}, {len(per_host)} nodes)", cols, rows, con=con, wide=wide)
 
 
 def prepare(

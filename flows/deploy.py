@@ -370,7 +370,7 @@ def _serve_again(cluster: Cluster, runner: Runner, con: Console, json_out: bool,
     return keep_serving(cluster, runner, con, eng, plan, out, image_id, config_hash, [], json_out, why)
 
 
-def summary(cluster: Cluster, plan: ReleasePlan, states: dict[str, tuple[str, str]], attempts: dict[str, int]):
+def summary(cluster: Cluster, plan: ReleasePlan, states: dict[str, tuple[str, str]], attempts: dict[str, int], con: Console | None = None):
     rows = []
     for svc in plan.services:
         for u in svc.units:
@@ -378,7 +378,9 @@ def summary(cluster: Cluster, plan: ReleasePlan, states: dict[str, tuple[str, st
             style = "green" if st == "running" else "bold red"
             shown = [escape(str(u.show.get(k) if u.show.get(k) is not None else "")) for k in plan.show_labels]
             rows.append([u.host, u.role or svc.name, u.container, *shown, f"[{style}]{st}[/]", str(attempts.get(unit_key(u), 1))])
-    return report.table(f"release on {cluster.name}", ["host", "role", "container", *plan.show_labels.values(), "state", "attempts"], rows)
+    C = report.Col
+    cols = [C("host", whole=True), C("role"), C("container", drop=1), *(C(x) for x in plan.show_labels.values()), C("state"), C("attempts", drop=2)]
+    return report.table(f"release on {cluster.name}", cols, rows, con=con, hint="")
 
 
 def endpoint(cluster: Cluster, plan: ReleasePlan) -> str:
@@ -395,7 +397,7 @@ def report_outcome(cluster, runner, con, eng: Engine, plan: ReleasePlan, outcome
     # each unit's attempt number: the release's, counted across the commands that started it
     numbers = {k: outcome.number(k) for k in outcome.attempts}
     if outcome.ok:
-        con.print(summary(cluster, plan, states, numbers))
+        con.print(summary(cluster, plan, states, numbers, con))
         for k, v in outcome.phases.items():
             con.print(f"  {k}: {v:.1f}s")
         model = next((p.arg for p in plan.ready if p.check == "models"), cluster.profile.served_model_name)
@@ -414,7 +416,7 @@ def report_outcome(cluster, runner, con, eng: Engine, plan: ReleasePlan, outcome
         con.print(f"[red]{escape(str(exc))}[/]")
     if not stopped_nothing:
         eng.stop(None, "stop", cleanup=plan.stop_cleanup)
-    con.print(summary(cluster, plan, states, numbers))
+    con.print(summary(cluster, plan, states, numbers, con))
     con.print(f"[bold red]{verb} failed[/] on {outcome.where}: {escape(outcome.reason)}")
     con.print(f"logs: {root} ({tgz})")
     if stopped_nothing:

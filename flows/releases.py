@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 
 import systems
 from flows.probes import check_named
@@ -174,8 +175,9 @@ def serving_plan(runner: Runner, cluster: Cluster) -> tuple[ReleasePlan | None, 
         return None, str(exc)
 
 
-def releases(cluster: Cluster, con: Console, json_out: bool) -> int:
-    """Every release in the ledger: was it ever good, its latest attempt, every event."""
+def releases(cluster: Cluster, con: Console, json_out: bool, events: bool = False, wide: bool = False) -> int:
+    """Every release in the ledger: was it ever good, its latest attempt; with
+    ``events`` every event of every release, one a line, after the table."""
     problems: list[str] = []
     benches: dict[str, dict] = {}
     with Runner(cluster, nodes=[cluster.node0]) as runner:
@@ -191,21 +193,7 @@ def releases(cluster: Cluster, con: Console, json_out: bool) -> int:
         report.emit_json({"cluster": cluster.name, "current": current, "on_cluster": on_cluster(records, current),
                           "rollback_target": default, "releases": rows, "problems": problems})
         return 0
-    out = []
-    for r in rows:
-        marks = []
-        if r["release"] == current:
-            marks.append("[bold green]current[/]")
-        if r["release"] == default:
-            marks.append("rollback target")
-        latest = r["latest"] or {}
-        style = {"good": "green", "failed": "red"}.get(latest.get("result"), "yellow")
-        was = f"[green]yes[/] (last {r['last_good']})" if r["was_good"] else "[red]never[/]"
-        out.append([r["release"], r["time"], r["who"], (r["image_id"] or "-")[:19], r["config_hash"] or "-", was,
-                    f"[{style}]{latest.get('action', '-')} {latest.get('result', '-')}[/]" + (f"\n{escape(serving_text(r))}" if serving_text(r) else ""),
-                    escape("\n".join(r["events"])) or "-", "\n".join(marks)])
-    con.print(report.table(f"releases of {cluster.name} (ledger on {cluster.node0.name})",
-                           ["release", "made", "by", "image", "config", "was good", "latest attempt", "events", ""], out))
+    print_releases(cluster, con, rows, current, default, events, wide)
     for p in problems:
         con.print(f"[bold red]ledger problem[/]: {escape(p)}")
     return 0
@@ -227,19 +215,82 @@ def bench_summary(rec: dict | None) -> dict | None:
 
 
 def serving_text(row: dict) -> str:
-    """The gate's verdict and the last benchmark of a release, briefly, for
-    the table (``--json`` has every figure)."""
+    """The gate's verdict (with its TPOT, or why it was skipped) and the last
+    benchmark of a release: the table's "gate / bench" and ``--events``."""
     from llmdeploy.gate import fmt
 
     parts = []
     g = row.get("gate")
-    if isinstance(g, dict) and g.get("verdict"):
-        parts.append(f"gate {g['verdict']}")
+    if isinstance(g, dict):
+        figs = g.get("figures") or {}
+        shown = f" (TPOT {fmt(figs.get('tpot_p50'))} ms)" if figs.get("tpot_p50") is not None else ""
+        shown += f": {g['why']}" if g.get("verdict") == "skipped" and g.get("why") else ""
+        parts.append(f"gate {g.get('verdict')}{shown}")
     b = row.get("bench")
-    if b and b["levels"]:
-        best = max(b["levels"], key=lambda lv: lv.get("output_tokens_per_s") or 0)
-        parts.append(f"{b['kind']} {fmt(best['output_tokens_per_s'])} tok/s")
-    return "\n".join(parts)
+    if b:
+        for lv in b["levels"]:
+            parts.append(f"{b['kind']} c{lv['concurrency']}: TTFT {fmt(lv['ttft_p50_ms'])} ms, {fmt(lv['output_tokens_per_s'])} tok/s"
+                         + (f", {lv['errors']} errors" if lv.get("errors") else ""))
+    return "\n".join(parts) or "-"
+
+
+def releases_table(cluster: Cluster, con: Console, rows: list[dict], current: str | None, default: str | None, wide: bool = False):
+    """The releases, fitted to ``con``, each id whole (``rollback --to``
+    takes nothing shorter). The gate's figures and the last benchmark ("gate
+    / bench") are left out first, and a column of the gate's verdict alone
+    takes their place; then image, config, who, when made and when last good.
+    If a release still needs more than a line, the marks (current, rollback
+    target) move from their column into the title. The events are not in the
+    table: ``--events`` lists them, and the gate's figures and benchmarks, below it."""
+    out = []
+    for r in rows:
+        marks = (["[bold green]current[/]"] if r["release"] == current else []) + (["rollback target"] if r["release"] == default else [])
+        latest = r["latest"] or {}
+        style = {"good": "green", "failed": "red"}.get(latest.get("result"), "yellow")
+        was = "[green]yes[/]" if r["was_good"] else "[red]never[/]"
+        out.append([r["release"], r["time"], r["who"], (r["image_id"] or "-")[:19], r["config_hash"] or "-", was, r["last_good"] or "-",
+                    f"[{style}]{latest.get('action', '-')} {latest.get('result', '-')}[/]", gate_verdict(r), escape(serving_text(r)), "\n".join(marks)])
+    C = report.Col
+    cols = [C("release", whole=True), C("made", drop=5), C("by", drop=4), C("image", drop=2), C("config", drop=3),
+            C("was good"), C("last good", drop=6), C("latest attempt"), C("gate"), C("gate / bench", drop=1), C("")]
+    title = f"releases of {cluster.name} (ledger on {cluster.node0.name})"
+    # whole, "gate / bench" says the verdict too: the short column only stands in for it
+    t = report.table(title, cols[:8] + cols[9:], [r[:8] + r[9:] for r in out], con=con, wide=wide)
+    if wide or not t.caption:
+        return t
+    t = report.table(title, cols, out, con=con, one_line=True)
+    said = ([f"current [bold green]{current}[/]"] if current else []) + ([f"rollback target {default}"] if default else [])
+    if report.natural_width(con, t) <= con.width or not said:
+        return t
+    return report.table("\n".join([title, *said]), cols[:-1], [r[:-1] for r in out], con=con, one_line=True)
+
+
+GATE_STYLE = {"pass": "green", "baseline": "green", "skipped": "yellow", "regressed": "bold red", "failed": "bold red"}
+
+
+def gate_verdict(row: dict) -> str:
+    """The gate's verdict on a release in one word (markup), "-" when it had none."""
+    g = row.get("gate")
+    v = g.get("verdict") if isinstance(g, dict) else None
+    if not v:
+        return "-"
+    return f"[{GATE_STYLE.get(str(v), 'yellow')}]{escape(str(v))}[/]"
+
+
+def print_releases(cluster: Cluster, con: Console, rows: list[dict], current: str | None, default: str | None,
+                   events: bool = False, wide: bool = False) -> None:
+    """The table; with ``events``, below it each release's id, then its gate
+    verdict and last benchmark, and every event, one a line."""
+    report.print_table(con, releases_table(cluster, con, rows, current, default, wide), wide)
+    if not events:
+        if rows:
+            con.print(f"every release's events, gate figures and benchmark: invoke releases --cluster {cluster.name} --events")
+        return
+    for r in rows:
+        con.print(f"[bold]{r['release']}[/]")
+        detail = serving_text(r)
+        for line in ([] if detail == "-" else detail.splitlines()) + r["events"]:
+            con.print(Padding(escape(line), (0, 0, 0, 2), expand=False))
 
 
 def audit_log(cluster: Cluster, con: Console, last: int | None, json_out: bool) -> int:

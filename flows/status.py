@@ -153,7 +153,7 @@ def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, 
     return rows, doc, bad
 
 
-def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool) -> int:
+def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool, wide: bool = False) -> int:
     with Runner(cluster) as runner:
         res = runner.run(Step(name="status", build=lambda n: status_script(cluster)))
         sts = {h: (parse_status(r.stdout) if not r.failed else None) for h, r in res.items()}
@@ -181,14 +181,30 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool) -> i
         report.emit_json({"cluster": cluster.name, "release": plan.release if plan else None, "system": plan.system if plan else None,
                           "health": health, "health_problem": health_problem, "healthy": healthy and not bad, "nodes": doc})
     else:
-        _print(cluster, con, plan, rows, doc, health, health_problem, healthy, show_diff)
+        _print(cluster, con, plan, rows, doc, health, health_problem, healthy, show_diff, wide)
     return 0 if healthy and not bad else 1
 
 
-def _print(cluster: Cluster, con: Console, plan: ReleasePlan | None, rows, doc, health, health_problem, healthy: bool, show_diff: bool) -> None:
-    cols = ["host", "release", "role", *(plan.show_labels.values() if plan is not None else []), "container", "image", "uptime"]
-    cols += ["drift"] if show_diff else [""]
-    con.print(report.table(f"status of {cluster.name}", cols, rows))
+def status_table(cluster: Cluster, con: Console, plan: ReleasePlan | None, rows: list[list[str]], show_diff: bool, wide: bool = False):
+    """The status table, fitted to ``con``: host names and release ids whole.
+    When it does not fit whole, the release column is folded into the title
+    (every node runs the same one), then image, uptime and role are left out."""
+    C = report.Col
+    cols = [C("host", whole=True), C("release", whole=True), C("role", drop=3),
+            *(C(label) for label in (plan.show_labels.values() if plan is not None else [])),
+            C("container"), C("image", drop=1), C("uptime", drop=2), C("drift" if show_diff else "")]
+    title = f"status of {cluster.name}"
+    t = report.table(title, cols, rows, con=con, wide=wide)
+    releases = {r[1] for r in rows} - {"-"}
+    if wide or len(releases) != 1 or (report.fits(con, t) and not t.caption):
+        return t
+    cols, rows = cols[:1] + cols[2:], [r[:1] + r[2:] for r in rows]
+    return report.table(f"{title}, release {releases.pop()}", cols, rows, con=con)
+
+
+def _print(cluster: Cluster, con: Console, plan: ReleasePlan | None, rows, doc, health, health_problem, healthy: bool, show_diff: bool,
+           wide: bool = False) -> None:
+    report.print_table(con, status_table(cluster, con, plan, rows, show_diff, wide), wide)
     style = "green" if healthy else "bold red"
     if plan is None:
         con.print(f"[bold red]{cluster.name} has no current release[/] (invoke releases --cluster {cluster.name})")

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 
 from llmdeploy import report
 from llmdeploy.inventory import Cluster
@@ -399,12 +400,8 @@ def _print_files(con: Console, files: dict) -> None:
     con.print(f"on {escape(node0['host'])}: {on0}", soft_wrap=True)
 
 
-def _print(con: Console, cluster: Cluster, doc: dict) -> None:
-    checks: list[str] = []
-    for v in doc["nodes"].values():
-        for k in v.get("checks", {}):
-            if k not in checks:
-                checks.append(k)
+def _node_rows(doc: dict, checks: list[str], details: bool) -> list[list[str]]:
+    """A row per host: each check's summary, with its first failures when ``details``."""
     rows = []
     for host, v in doc["nodes"].items():
         if not v.get("reachable"):
@@ -417,11 +414,42 @@ def _print(con: Console, cluster: Cluster, doc: dict) -> None:
                 cells.append("-")
             elif c["ok"]:
                 cells.append(f"[green]{escape(c['summary'])}[/]")
+            elif not details:
+                cells.append(f"[bold red]{escape(c['summary'])}[/]")
             else:
                 shown = "\n".join(escape(x) for x in c["failures"][:4]) + (f"\n(+{len(c['failures']) - 4} more)" if len(c["failures"]) > 4 else "")
                 cells.append(f"[bold red]{escape(c['summary'])}[/]\n[red]{shown}[/]")
         rows.append([host] + cells)
-    con.print(report.table(f"verify-comm: {cluster.name} ({cluster.platform_info.name}, {len(doc['nodes'])} nodes)", ["host"] + checks, rows))
+    return rows
+
+
+def nodes_table(con: Console, cluster: Cluster, doc: dict):
+    """(the per-host table fitted to ``con``, whether the failures are left for
+    lines below it): checks every node passes are left out first, then the
+    failures move out of the cells."""
+    checks: list[str] = []
+    for v in doc["nodes"].values():
+        for k in v.get("checks", {}):
+            if k not in checks:
+                checks.append(k)
+    passed = [all(v.get("reachable") and v["checks"].get(k, {"ok": True})["ok"] for v in doc["nodes"].values()) for k in checks]
+    cols = [report.Col("host", whole=True)] + [report.Col(k, drop=i + 1 if ok else 0) for i, (k, ok) in enumerate(zip(checks, passed))]
+    title = f"verify-comm: {cluster.name} ({cluster.platform_info.name}, {len(doc['nodes'])} nodes)"
+    t = report.table(title, cols, _node_rows(doc, checks, True), con=con, hint="every node passes them")
+    if report.fits(con, t):
+        return t, False
+    return report.table(title, cols, _node_rows(doc, checks, False), con=con, hint="every node passes them"), True
+
+
+def _print(con: Console, cluster: Cluster, doc: dict) -> None:
+    t, below = nodes_table(con, cluster, doc)
+    con.print(t)
+    for host, v in doc["nodes"].items() if below else ():
+        for k, c in v.get("checks", {}).items():
+            for x in [] if c["ok"] else c["failures"][:4]:
+                con.print(Padding(f"[red]{host} {escape(k)}: {escape(x)}[/]", (0, 0, 0, 2), expand=False))
+            if not c["ok"] and len(c["failures"]) > 4:
+                con.print(Padding(f"[red]{host} {escape(k)}: (+{len(c['failures']) - 4} more; --json lists all)[/]", (0, 0, 0, 2), expand=False))
     links = doc.get("links")
     if links is not None:
         con.print(f"NPU pings ({doc['plan']} plan): {links['planned'] - len(links['failed'])}/{links['planned']} without loss")

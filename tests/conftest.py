@@ -9,12 +9,27 @@ REPO = Path(__file__).resolve().parent.parent
 INVOKE = [sys.executable, "-m", "invoke"]
 
 
+# A terminal's size: the tool reads COLUMNS even in a pipe (its tables fit
+# the width it names), so an output read by a test must not depend on
+# whatever environment runs the suite.
+TERMINAL_SIZE = ("COLUMNS", "LINES")
+
+
+def tool_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment to run the tool in as a subprocess: this process's,
+    without COLUMNS and LINES (a pipe then gets the tool's 200-column
+    default), and ``extra`` on top; a test that wants a width sets COLUMNS
+    in ``extra``. Every test that runs the tool and reads its output uses it."""
+    env = {k: v for k, v in os.environ.items() if k not in TERMINAL_SIZE}
+    env.update(extra or {})
+    return env
+
+
 def run_invoke(*args, env=None, timeout=300):
-    """Run an invoke task the way a user does; returns CompletedProcess."""
-    full_env = dict(os.environ)
-    full_env.update(env or {})
+    """Run an invoke task the way a user does; returns CompletedProcess.
+    ``env``: added to ``tool_env()`` (COLUMNS and LINES only when given here)."""
     return subprocess.run(
-        INVOKE + list(args), cwd=REPO, capture_output=True, text=True, env=full_env, timeout=timeout, stdin=subprocess.DEVNULL
+        INVOKE + list(args), cwd=REPO, capture_output=True, text=True, env=tool_env(env), timeout=timeout, stdin=subprocess.DEVNULL
     )
 
 

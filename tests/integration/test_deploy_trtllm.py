@@ -18,7 +18,7 @@ from sim import hardware
 from sim import hostview
 from sim.paths import host_dir
 from tests.integration.conftest import top_once
-from tests.conftest import INVOKE, REPO, run_invoke
+from tests.conftest import INVOKE, REPO, run_invoke, tool_env
 
 SIM_CLUSTER = "sim-b200"
 NODES = ["sim-b200-0", "sim-b200-1"]
@@ -109,7 +109,7 @@ def test_killing_one_rank_makes_the_watcher_restart_the_world(faults):
     faults("sim-b200-0", slow_rank0_s=8)
     before = _ledger()[-1]["release"] if (_base("sim-b200-0") / "ledger.jsonl").exists() else None
     p = subprocess.Popen(INVOKE + ["deploy", "--cluster", SIM_CLUSTER, ], cwd=REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL, env=tool_env())
     try:
         end = time.monotonic() + 60
         while time.monotonic() < end and len(_ranks("sim-b200-1", not_of=before)) < 8:

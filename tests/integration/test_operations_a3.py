@@ -12,7 +12,7 @@ import pytest
 from llmdeploy.release import parse_ledger
 from sim import hardware, hostview
 from sim.paths import cluster_dir, host_dir
-from tests.conftest import INVOKE, REPO, run_invoke
+from tests.conftest import INVOKE, REPO, run_invoke, tool_env
 
 SIM_CLUSTER = "sim-a3"
 BASE = "root/var/lib/llmdeploy/sim-a3"
@@ -159,7 +159,8 @@ def test_killed_worker_is_reported_and_restart_brings_it_back(releases_ab):
 
 def test_two_concurrent_deploys_one_wins_the_other_names_the_holder(releases_ab):
     cmd = INVOKE + ["deploy", "--cluster", SIM_CLUSTER, "--skip-prepare"]
-    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) for _ in range(2)]
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=tool_env())
+             for _ in range(2)]
     outs = [p.communicate(timeout=400) for p in procs]
     codes = sorted(p.returncode for p in procs)
     assert codes == [0, 4], outs
@@ -174,7 +175,7 @@ def test_sigint_mid_start_leaves_no_lock_and_intact_records(releases_ab):
     hardware.save(state, dict(saved, vllm={"node0_delay_s": 30}))
     try:
         p = subprocess.Popen(INVOKE + ["deploy", "--cluster", SIM_CLUSTER, "--skip-prepare"], cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL, env=tool_env())
         for line in p.stdout:
             if "waiting for the DP RPC port" in line:
                 break

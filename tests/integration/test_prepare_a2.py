@@ -62,11 +62,11 @@ def test_top_shows_all_8_nodes_live_in_80_columns_and_quits_on_q(sim_cluster):
     import termios
     import time
 
-    from tests.conftest import INVOKE, REPO
+    from tests.conftest import INVOKE, REPO, tool_env
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 80, 0, 0))
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {"TERM": "xterm-256color"}
+    env = tool_env({"TERM": "xterm-256color"})  # the size is the pseudo-terminal's (80 x 30), not COLUMNS
     proc = subprocess.Popen(INVOKE + ["top", "--cluster", SIM_CLUSTER, "--interval", "1"], cwd=REPO, stdin=slave, stdout=slave, stderr=slave,
                             env=env, start_new_session=True)
     os.close(slave)

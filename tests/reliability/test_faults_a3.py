@@ -16,7 +16,7 @@ import pytest
 from llmdeploy.release import parse_ledger_checked, parse_lines
 from sim import hardware, hostview
 from sim.paths import cluster_dir, host_dir, netns_name
-from tests.conftest import INVOKE, REPO, run_invoke
+from tests.conftest import INVOKE, REPO, run_invoke, tool_env
 
 SIM_CLUSTER = "sim-a3"
 NODES = [f"sim-a3-{i}" for i in range(4)]
@@ -149,7 +149,7 @@ def _session_sshds(node):
 def test_a_connection_killed_mid_step_fails_that_host_only_and_promptly(healthy):
     with _Fault("sim-a3-3", hang={"npu-smi": 40}):
         p = subprocess.Popen(INVOKE + ["facts", "--cluster", SIM_CLUSTER, "--json"], cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=tool_env())
         try:
             # the step is running: node 3's facts script hangs in npu-smi
             deadline = time.monotonic() + 30
@@ -200,7 +200,8 @@ def test_a_hanging_command_meets_its_deadline_and_only_that_host_fails(healthy, 
 # --- signals -----------------------------------------------------------------------------------
 def _interrupt(args, until, sig, timeout=120):
     """Start ``invoke args``, wait for a line containing ``until``, send ``sig``; (exit code, output)."""
-    p = subprocess.Popen(INVOKE + args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    p = subprocess.Popen(INVOKE + args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+                         env=tool_env())
     seen = []
     try:
         for line in p.stdout:
@@ -339,11 +340,11 @@ def test_lock_wait_waits_for_the_holder_and_then_runs(healthy):
         res = run_invoke("stop", "--cluster", SIM_CLUSTER)
         assert res.returncode == 4 and "held by bob@laptop" in res.stderr and "'prepare'" in res.stderr and "swapping a NIC" in res.stderr
         assert "lock.break" in res.stderr
-        p = subprocess.Popen(INVOKE + ["status", "--cluster", SIM_CLUSTER], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen(INVOKE + ["status", "--cluster", SIM_CLUSTER], cwd=REPO, stdout=subprocess.PIPE, text=True, env=tool_env())
         p.communicate(timeout=60)  # status needs no lock
         assert p.returncode == 0
         waiter = subprocess.Popen(INVOKE + ["restart", "--cluster", SIM_CLUSTER, "--lock-wait", "60"], cwd=REPO,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=tool_env())
         for _ in range(50):  # the waiter says whose lock it waits for, then waits
             said = waiter.stderr.readline()
             if not said or "waiting up to" in said:
