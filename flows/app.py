@@ -21,15 +21,18 @@ def run_playbook(
     con: Console,
     show_progress: bool = True,
     ctx: Context | None = None,
+    host_lines: bool = True,
 ):
-    """Run every play of a playbook; returns (runner recap, {step: {host: HostResult}}, round trips per host)."""
+    """Run every play of a playbook; returns (runner recap, {step: {host: HostResult}}, round trips per host).
+    On a terminal a bar per step, and (``host_lines``) a row per host for the
+    long commands (pull, load, checksums, wheels): how far each got."""
     plays = load_playbook(name)
     targets = select_nodes(cluster, limit)
     ctx = ctx or Context(cluster)
     # the playbook's steps, for the probes facts.inspect runs on their behalf
     ctx.options.setdefault("steps", [ref for play in plays for ref in play.steps])
     with report.host_progress(con, len(targets), enabled=show_progress) as cb:
-        with Runner(cluster, nodes=targets, progress=cb) as runner:
+        with Runner(cluster, nodes=targets, progress=cb, lines=cb.line if host_lines else None) as runner:
             for play in plays:
                 if not _run_play(runner, ctx, play, limit):
                     break
@@ -131,7 +134,8 @@ def prepare(
     mode = " (check mode: nothing is changed)" if check else ""
     if not json_out:
         con.print(f"[bold]prepare {cluster.name}[/]: {len(select_nodes(cluster, limit))} nodes{mode}")
-    recap, results, trips = run_playbook(cluster, "prepare", limit, con, ctx=ctx)
+    # --json: no host rows (the step bars on a terminal's stderr, as before)
+    recap, results, trips = run_playbook(cluster, "prepare", limit, con, ctx=ctx, host_lines=not json_out)
     status = _exit_status(recap)
     _prepare_report(con, cluster, check, diff, json_out, recap, results, trips, status)
     if status == 0 and run_checks and not check:

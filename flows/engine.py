@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from flows.probes import PROBE_ERRORS, UNREADABLE, http_probe, http_via_ssh, inflight
-from llmdeploy import logs
+from llmdeploy import logs, report
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir, releases_dir
 from llmdeploy.releaseplan import Metrics, Probe, ReleasePlan, Service, Unit
@@ -87,6 +87,16 @@ def not_yet(problem: str) -> bool:
         return True
     m = re.search(r" answered (\d{3}): ", problem)
     return bool(m) and int(m.group(1)) in NOT_YET_STATUS
+
+
+def waiting_note(plan: ReleasePlan, w: "_Watching") -> str:
+    """What the readiness row says while it waits: the restarts due, else
+    the last probe's answer, else which probe is polled."""
+    if w.pending:
+        return "restarting " + ", ".join(k.removeprefix("service:") for k in w.pending)
+    if w.last_probe:
+        return w.last_probe
+    return f"{plan.ready[w.stage].name}: no answer yet" if w.stage < len(plan.ready) else ""
 
 
 def poll_delay(n: int, poll_s: float) -> float:
@@ -351,20 +361,25 @@ class Engine:
         own /health is ready); a wrong answer from it fails at once. A restart
         of any unit starts the probes from the first again."""
         w = _Watching(t=time.monotonic(), keyed={unit_key(u): u for u in plan.units()})
-        end = w.t + self.d.ready_timeout_s
+        start = w.t
+        end = start + self.d.ready_timeout_s
         polls = 0
-        while True:
-            if not self._exits(plan, w, out) or not self._restart_due(plan, w, out):
-                return False
-            if not w.pending:
-                ready = self._probes(plan, w, out)
-                if ready is not None:
-                    return ready
-            if time.monotonic() >= end:
-                waiting = ", ".join(f"{k}: {m}" for k, m in w.reasons.items()) or w.last_probe or "no unit reported an error"
-                return self._fail(out, plan.entry_host, f"not ready within {self.d.ready_timeout_s:g}s ({waiting})")
-            time.sleep(poll_delay(polls, self.d.poll_s))
-            polls += 1
+        # on a terminal: one row for the cluster, the time so far of
+        # ready_timeout_s and what the last probe said
+        with report.waiting(self.con, f"ready? {plan.entry_host}", self.d.ready_timeout_s, enabled=not self.quiet) as shown:
+            while True:
+                if not self._exits(plan, w, out) or not self._restart_due(plan, w, out):
+                    return False
+                if not w.pending:
+                    ready = self._probes(plan, w, out)
+                    if ready is not None:
+                        return ready
+                if time.monotonic() >= end:
+                    waiting = ", ".join(f"{k}: {m}" for k, m in w.reasons.items()) or w.last_probe or "no unit reported an error"
+                    return self._fail(out, plan.entry_host, f"not ready within {self.d.ready_timeout_s:g}s ({waiting})")
+                shown(time.monotonic() - start, waiting_note(plan, w))
+                time.sleep(poll_delay(polls, self.d.poll_s))
+                polls += 1
 
     def _exits(self, plan: ReleasePlan, w: "_Watching", out: Outcome) -> bool:
         """Read every unit's state; each exit is handled by its service's

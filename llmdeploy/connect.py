@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import paramiko
 from fabric import Config, Connection
@@ -442,13 +442,22 @@ def _send_signal(chan: paramiko.Channel, name: str) -> None:
         pass
 
 
-def run_channel(transport: paramiko.Transport, command: str, timeout: float, stdin: bytes | None = None) -> tuple[str, str, int]:
+def run_channel(
+    transport: paramiko.Transport, command: str, timeout: float, stdin: bytes | None = None, on_line: LineCallback | None = None
+) -> tuple[str, str, int]:
     """Run ``command`` in a new session channel of ``transport``: its stdout
     and stderr (UTF-8, undecodable bytes replaced) and exit code (-1: the
     channel closed without one). ``stdin`` is sent, then end of file, while the
     output is read (a command that writes before it reads cannot deadlock).
     Past ``timeout``: SIGTERM is asked for, the channel closed, and
     :class:`_TimedOut` raised with what was read.
+
+    ``on_line(stream, line)`` (``stream``: "out" or "err"), when given, is
+    called with every line of either stream as it arrives (while the command
+    runs: progress), without its end of line; the returned text is the same
+    either way. A callback that raises is not called again, and the command
+    goes on (a display that broke, or a client of the connection holder that
+    went away, never fails a command).
 
     One thread per command, the caller's, that sleeps only in paramiko's
     buffers: Fabric's ``Connection.run`` starts three more threads per command
@@ -460,7 +469,7 @@ def run_channel(transport: paramiko.Transport, command: str, timeout: float, std
         raise _NotOpened(exc) from exc
     try:
         chan.exec_command(command)
-        out, err = _read_to_eof(chan, memoryview(stdin or b""), end)
+        out, err = _read_to_eof(chan, memoryview(stdin or b""), end, _Lines.pair(on_line))
         code = _exit_status(chan, end)
         return _decoded(out), _decoded(err), code
     finally:
@@ -471,12 +480,76 @@ def _decoded(chunks: list[bytes]) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def _read_to_eof(chan: paramiko.Channel, data: memoryview, end: float) -> tuple[list[bytes], list[bytes]]:
+LineCallback = Callable[[str, str], None]
+
+
+class _Lines:
+    """One stream's bytes cut into lines for an ``on_line`` callback; a line
+    longer than ``LIMIT`` (a file's content, not a progress line) is skipped.
+    Carriage returns end a line too (a progress bar redrawn in place)."""
+
+    LIMIT = 65536
+
+    def __init__(self, stream: str, sink: "_Sink"):
+        self.stream, self.sink = stream, sink
+        self.buf = b""
+        self.skipping = False
+
+    @staticmethod
+    def pair(on_line: LineCallback | None) -> "tuple[_Lines, _Lines] | None":
+        if on_line is None:
+            return None
+        sink = _Sink(on_line)
+        return _Lines("out", sink), _Lines("err", sink)
+
+    def feed(self, chunk: bytes) -> None:
+        if not self.sink.alive:
+            return
+        *whole, rest = (self.buf + chunk).replace(b"\r", b"\n").split(b"\n")
+        for i, line in enumerate(whole):
+            if self.skipping and i == 0:
+                self.skipping = False
+                continue
+            self.sink.emit(self.stream, line)
+        if whole:
+            self.skipping = False
+        if len(rest) > self.LIMIT:
+            rest, self.skipping = b"", True
+        self.buf = rest
+
+    def end(self) -> None:
+        if self.buf and not self.skipping:
+            self.sink.emit(self.stream, self.buf)
+        self.buf = b""
+
+
+class _Sink:
+    """Calls ``on_line`` until it raises once."""
+
+    def __init__(self, on_line: LineCallback):
+        self.on_line, self.alive = on_line, True
+
+    def emit(self, stream: str, line: bytes) -> None:
+        if not self.alive or not line:
+            return
+        try:
+            self.on_line(stream, line.decode("utf-8", "replace"))
+        except Exception:  # a broken display or a client gone: the command goes on
+            self.alive = False
+
+
+def _read_to_eof(
+    chan: paramiko.Channel, data: memoryview, end: float, lines: "tuple[_Lines, _Lines] | None" = None
+) -> tuple[list[bytes], list[bytes]]:
     """Send ``data`` (then end of file) while reading stdout and stderr, until
-    the command's end of file; past ``end``: SIGTERM and :class:`_TimedOut`."""
+    the command's end of file; past ``end``: SIGTERM and :class:`_TimedOut`.
+    ``lines``: stdout's and stderr's line cutters, fed as the bytes arrive
+    (then a read waits at most 0.1 s, so that a line on stderr is seen while
+    stdout is silent)."""
     out: list[bytes] = []
     err: list[bytes] = []
     sent = 0
+    tick = 0.1 if lines else 1.0
     if not data:
         chan.shutdown_write()
     while True:
@@ -484,26 +557,37 @@ def _read_to_eof(chan: paramiko.Channel, data: memoryview, end: float) -> tuple[
         if left <= 0:
             _send_signal(chan, "TERM")
             raise _TimedOut(_decoded(out), _decoded(err))
-        sent = _send_some(chan, data, sent, left)
+        sent = _send_some(chan, data, sent, left, tick)
         try:
             chunk = chan.recv(65536)
         except socket.timeout:
             chunk = None
-        while chan.recv_stderr_ready():
-            err.append(chan.recv_stderr(65536))
+        _drain_stderr(chan, err, lines)
         if chunk:
             out.append(chunk)
+            if lines:
+                lines[0].feed(chunk)
         elif chunk == b"":  # end of file (or closed): stderr came before it
             break
-    while chan.recv_stderr_ready():
-        err.append(chan.recv_stderr(65536))
+    _drain_stderr(chan, err, lines)
+    if lines:
+        lines[0].end()
+        lines[1].end()
     return out, err
 
 
-def _send_some(chan: paramiko.Channel, data: memoryview, sent: int, left: float) -> int:
+def _drain_stderr(chan: paramiko.Channel, err: list[bytes], lines: "tuple[_Lines, _Lines] | None") -> None:
+    while chan.recv_stderr_ready():
+        piece = chan.recv_stderr(65536)
+        err.append(piece)
+        if lines:
+            lines[1].feed(piece)
+
+
+def _send_some(chan: paramiko.Channel, data: memoryview, sent: int, left: float, tick: float = 1.0) -> int:
     """Send what of ``data`` (from ``sent`` on) the channel takes now, end of
-    file after the last byte; set how long the next read may wait. Returns how
-    much is sent by now."""
+    file after the last byte; set how long the next read may wait (at most
+    ``tick``). Returns how much is sent by now."""
     if sent < len(data):
         while sent < len(data) and chan.send_ready():
             if chan.closed or chan.eof_received:  # the command ended without reading it all
@@ -513,9 +597,9 @@ def _send_some(chan: paramiko.Channel, data: memoryview, sent: int, left: float)
         if sent >= len(data) and not chan.closed:
             chan.shutdown_write()
         # the window is full: read what came back, look again soon
-        chan.settimeout(0.005 if sent < len(data) else min(left, 1.0))
+        chan.settimeout(0.005 if sent < len(data) else min(left, tick))
     else:
-        chan.settimeout(min(left, 1.0))
+        chan.settimeout(min(left, tick))
     return sent
 
 

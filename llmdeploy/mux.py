@@ -16,7 +16,9 @@ authentication and no new sshd session per host. The holder ends after
   again; the old one idles out. Only this user's processes are served
   (SO_PEERCRED), as only they can reach the socket anyway.
 - What goes through it: the runner's commands (``Runner.exec`` and every
-  step). Forwarded HTTP requests (readiness) and ``logs --follow`` use a
+  step), and the lines they print while they run when the client asks for
+  them (progress on a terminal): each as a frame of its own before the
+  answer. Forwarded HTTP requests (readiness) and ``logs --follow`` use a
   connection of the command's own.
 - Failures read the same: a host the holder cannot reach is unreachable with
   the same reason, a connection lost under a command is lost, a deadline is
@@ -25,7 +27,10 @@ authentication and no new sshd session per host. The holder ends after
 - ``invoke sim.down`` and ``stop(cluster)`` end a cluster's holders.
 
 Wire format, both ways: a 4-byte big-endian length and a JSON object; a
-request is followed by its standard input (``"stdin"`` bytes).
+request is followed by its standard input (``"stdin"`` bytes). A request
+with ``"lines": true`` gets ``{"line": text, "stream": "out"|"err"}`` frames
+while its command runs, then the answer (a holder that predates them sends
+the answer alone).
 """
 
 from __future__ import annotations
@@ -165,9 +170,12 @@ class Holder:
                 send_frame(conn, {"error": f"unknown request {op!r}"})
                 return
             stdin = _recv_exact(conn, int(req.get("stdin", 0))) if req.get("stdin") else None
+            # the command's lines as it prints them (a client that went away
+            # raises here: run_channel stops calling, the command goes on)
+            lines = {"on_line": lambda stream, line: send_frame(conn, {"line": line, "stream": stream})} if req.get("lines") else {}
             try:
                 node = self.cluster.node(req["host"])
-                out, err, code, fired = self.runner._exec(node, req["command"], req.get("timeout"), stdin)
+                out, err, code, fired = self.runner._exec(node, req["command"], req.get("timeout"), stdin, **lines)
                 send_frame(conn, {"out": out, "err": err, "code": code, "fired": list(fired) if fired else None})
             except ConnectionLost as exc:
                 send_frame(conn, {"lost": exc.detail, "elapsed": exc.elapsed})
@@ -387,18 +395,32 @@ class Client:
             return f"see {self.path}.log"
         return (lines[-1] if lines else "no message") + f" (in {self.path}.log)"
 
-    def exec(self, host: str, command: str, timeout: float, stdin: bytes | None, wait: float) -> dict:
+    def exec(self, host: str, command: str, timeout: float, stdin: bytes | None, wait: float, on_line=None) -> dict:
         """The holder's answer to one command (see Holder.handle).
         :class:`Unavailable` when there is no holder to send it to (nothing was
-        sent); OSError or EOFError when the holder ended under it."""
+        sent); OSError or EOFError when the holder ended under it.
+        ``on_line(stream, line)``: the command's lines as the holder sends them."""
         try:
             s = self.connect()
         except OSError as exc:
             raise Unavailable(str(exc)) from exc
         try:
             s.settimeout(wait)
-            send_frame(s, {"op": "exec", "host": host, "command": command, "timeout": timeout, "stdin": len(stdin or b"")}, stdin or b"")
-            return recv_frame(s)
+            req = {"op": "exec", "host": host, "command": command, "timeout": timeout, "stdin": len(stdin or b"")}
+            if on_line is not None:
+                req["lines"] = True
+            send_frame(s, req, stdin or b"")
+            end = time.monotonic() + wait
+            while True:
+                ans = recv_frame(s)
+                if "line" not in ans:
+                    return ans
+                if on_line is not None:
+                    try:
+                        on_line(str(ans.get("stream")), str(ans["line"]))
+                    except Exception:  # the display broke: the answer still comes
+                        on_line = None
+                s.settimeout(max(0.1, end - time.monotonic()))
         finally:
             s.close()
 

@@ -5,25 +5,21 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TextColumn
+from rich.table import Column, Table
 from rich.text import Text
 
 from .errors import SECRETS, mask  # noqa: F401 (mask: used as report.mask)
 from .runner import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, HostResult
+from .runner import Progress as Reading
 
 STATUS_STYLE = {OK: "green", CHANGED: "yellow", FAILED: "bold red", UNREACHABLE: "bold red", SKIPPED: "cyan"}
 
@@ -47,25 +43,173 @@ def _say_failure(con: Console, step: str, host: str, result: HostResult | None) 
         con.print(f"[{STATUS_STYLE[result.status]}]{result.status}[/]: {host} ({step}): {escape(result.msg)}")
 
 
+# -- progress: on a terminal only, gone when it ends (transient) -----------------------------
+# One board (a rich Progress) for every kind of row: a step (hosts done of
+# hosts), a host's long command (bytes or things done of a total, rate, ETA:
+# what the step's progress parser read from its output), a wait (seconds of
+# a deadline, and the last answer).
+_BYTES = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB"]
+HOSTS, SECONDS, BYTES = "hosts", "s", "B"
+
+
+def clock(seconds: float) -> str:
+    m, s = divmod(int(max(0, seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h:d}:{m:02d}:{s:02d}"
+
+
+def _size(n: float, scale: tuple[int, str]) -> str:
+    unit, _ = scale
+    return f"{n / unit:,.{0 if unit == 1 else 1}f}"
+
+
+def amount_text(done: float, total: float | None, unit: str) -> str:
+    """How much is done, of what total, in binary units for bytes:
+    "1.5/40.0 GiB", "3/7 layers", "12 wheels", "35s/900s"."""
+    if unit == BYTES:
+        from rich.filesize import pick_unit_and_suffix
+
+        scale = pick_unit_and_suffix(int(max(total or 0, done, 1)), _BYTES, 1024)
+        return (f"{_size(done, scale)}/{_size(total, scale)}" if total is not None else _size(done, scale)) + f" {scale[1]}"
+    if unit == SECONDS:
+        return f"{done:.0f}s/{total:.0f}s" if total is not None else f"{done:.0f}s"
+    shown = f"{int(done)}/{int(total)}" if total is not None else f"{int(done)}"
+    return f"{shown} {unit}".rstrip()
+
+
+def rate_text(speed: float | None, unit: str) -> str:
+    """"12.5 MiB/s", "0.4 layers/s"; "" when not known (or not a rate: hosts, seconds)."""
+    if speed is None or unit in (HOSTS, SECONDS, ""):
+        return ""
+    if unit == BYTES:
+        from rich.filesize import pick_unit_and_suffix
+
+        scale = pick_unit_and_suffix(int(max(speed, 1)), _BYTES, 1024)
+        return f"{_size(speed, scale)} {scale[1]}/s"
+    return f"{speed:.1f} {unit}/s"
+
+
+class _Amount(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        return Text(amount_text(task.completed, task.total, task.fields.get("unit", "")), style="progress.download")
+
+
+class _Rate(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        return Text(rate_text(task.speed, task.fields.get("unit", "")), style="progress.data.speed")
+
+
+class _Time(ProgressColumn):
+    """ETA where a total and a rate are known, else the time so far (a
+    wait's row says its seconds already)."""
+
+    max_refresh = 0.5
+
+    def render(self, task: Task) -> Text:
+        if task.fields.get("unit") == SECONDS:
+            return Text("")
+        left = task.time_remaining if task.fields.get("unit") not in (HOSTS, SECONDS) and task.total else None
+        if left is not None:
+            return Text(f"ETA {clock(left)}", style="progress.remaining")
+        return Text(clock(task.elapsed or 0), style="progress.elapsed")
+
+
+class _Note(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        return Text(task.fields.get("note", ""), style="dim", no_wrap=True, overflow="ellipsis")
+
+
+def _board(con: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", max_width=40)),
+        BarColumn(bar_width=20),
+        _Amount(),
+        _Rate(),
+        _Time(),
+        _Note(table_column=Column(no_wrap=True, overflow="ellipsis")),
+        console=con,
+        transient=True,
+    )
+
+
+class HostProgress:
+    """What :func:`host_progress` yields. Called by the Runner at each
+    host's start of a step (``result`` None) and with its result (once the
+    step has ended on every host): failures are printed then, bar or no bar.
+    ``line`` (None when nothing is shown): a host's progress in a step, a row
+    of its own until its result."""
+
+    def __init__(self, con: Console, total_hosts: int, board: Progress | None):
+        self.con, self.total, self.board = con, total_hosts, board
+        self.steps: dict[str, TaskID] = {}
+        self.rows: dict[tuple[str, str], TaskID] = {}
+        self.ended: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+        self.line: Callable[[str, str, Reading], None] | None = self._line if board is not None else None
+
+    def __call__(self, step: str, host: str, result: HostResult | None) -> None:
+        board = self.board
+        if board is None:
+            _say_failure(self.con, step, host, result)
+            return
+        with self._lock:
+            if step not in self.steps:
+                self.steps[step] = board.add_task(f"[bold]{escape(step)}[/]", total=self.total, unit=HOSTS)
+            if result is not None:
+                board.advance(self.steps[step])
+                self.ended.add((step, host))
+                row = self.rows.pop((step, host), None)
+                if row is not None:
+                    board.remove_task(row)
+            else:
+                self.ended.discard((step, host))
+        _say_failure(board.console, step, host, result)
+
+    def _line(self, step: str, host: str, reading: Reading) -> None:
+        done, total, unit, label = reading
+        desc = f"  {escape(host)} {escape(label)}"
+        board = self.board
+        with self._lock:
+            key = (step, host)
+            if key in self.ended:  # a line after the host's result (a step past its deadline)
+                return
+            row = self.rows.get(key)
+            if row is None:
+                self.rows[key] = board.add_task(desc, total=total, completed=done, unit=unit)
+            else:
+                board.update(row, description=desc, total=total, completed=done, unit=unit)
+
+
 @contextmanager
 def host_progress(con: Console, total_hosts: int, enabled: bool = True):
-    """A progress bar per step; yields the callback the Runner calls.
-    Failures are printed as they happen, with or without the bar."""
+    """A progress bar per step, and a row per host that says how far its long
+    command got (see :class:`HostProgress`); yields the callback the Runner
+    calls. Only on a terminal (and when ``enabled``): elsewhere failures are
+    printed as they happen and nothing else."""
     if not enabled or not con.is_terminal:
-        yield lambda step, host, result: _say_failure(con, step, host, result)
+        yield HostProgress(con, total_hosts, None)
         return
-    progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=con, transient=True
-    )
-    tasks: dict[str, int] = {}
-    with progress:
-        def cb(step: str, host: str, result: HostResult | None) -> None:
-            if step not in tasks:
-                tasks[step] = progress.add_task(step, total=total_hosts)
-            if result is not None:
-                progress.advance(tasks[step])
-            _say_failure(progress.console, step, host, result)
-        yield cb
+    board = _board(con)
+    with board:
+        yield HostProgress(con, total_hosts, board)
+
+
+@contextmanager
+def waiting(con: Console, what: str, limit_s: float, enabled: bool = True):
+    """One row while something is awaited: the seconds so far of ``limit_s``
+    and the last answer. Yields ``update(elapsed_s, note)``; on a terminal
+    only (and when ``enabled``), else it shows nothing."""
+    if not enabled or not con.is_terminal:
+        yield lambda elapsed, note="": None
+        return
+    board = _board(con)
+    with board:
+        row = board.add_task(escape(what), total=limit_s, unit=SECONDS, note="")
+
+        def update(elapsed: float, note: str = "") -> None:
+            board.update(row, completed=min(max(0.0, elapsed), limit_s), note=note)
+
+        yield update
 
 
 def step_lines(con: Console, step: str, results: dict[str, HostResult], diff: bool = False) -> None:

@@ -30,6 +30,16 @@ if TYPE_CHECKING:
 
 OK, CHANGED, FAILED, UNREACHABLE, SKIPPED = "ok", "changed", "failed", "unreachable", "skipped"
 
+# A line a command prints (on stderr) to say how far it got: "<mark> <done>
+# <total or -> <unit> <label>" (roles.progress_echo builds it, a step's
+# ``progress`` parser reads it). Never part of what the step's parser reads:
+# the runner takes these lines out of stdout and stderr first.
+PROGRESS_MARK = "@@llmdeploy-progress@@"
+
+# (done, total or None, unit, label): a step's ``progress`` parser's answer
+# for one line ("B": bytes; any other unit is a count of it, "s" seconds)
+Progress = tuple[float, "float | None", str, str]
+
 # the SSH side (llmdeploy/connect.py), imported when a runner connects itself;
 # its names are also readable here (from llmdeploy.runner import make_connection)
 _CONNECT_NAMES = {
@@ -92,6 +102,18 @@ class Step:
     # Decides a host from what an earlier step read (a probe in the facts
     # script): a HostResult means no round trip there; None runs the command.
     decide: Callable[[Node], HostResult | None] | None = None
+    # Reads one line of the command's output, as it arrives, into how far it
+    # got (``Progress``), or None for a line that says nothing of it. Pure (a
+    # role's, e.g. roles.progress_line). Lines that start with PROGRESS_MARK
+    # are taken out of the output the parser sees.
+    progress: Callable[[str], Progress | None] | None = None
+
+
+def without_progress(text: str) -> str:
+    """``text`` without its progress lines (``PROGRESS_MARK``)."""
+    if PROGRESS_MARK not in text:
+        return text
+    return "".join(ln for ln in text.splitlines(keepends=True) if not ln.startswith(PROGRESS_MARK))
 
 
 def default_parse(node: Node, stdout: str, stderr: str, code: int) -> HostResult:
@@ -134,8 +156,15 @@ class Runner:
         progress: Callable[[str, str, HostResult | None], None] | None = None,
         persist: bool = True,
         reconnect_idle: bool = False,
+        lines: Callable[[str, str, Progress], None] | None = None,
     ):
-        """``persist=False``: never through a connection holder. ``reconnect_idle``
+        """``progress(step, host, result)``: at each host's start of a step
+        (result None) and with its result. ``lines(step, host, progress)``:
+        how far a host got in a step whose ``progress`` parser read it from
+        the command's output while it runs (None: the output is not read
+        before the command ends).
+
+        ``persist=False``: never through a connection holder. ``reconnect_idle``
         (the holder's own runner, whose connections wait between commands for
         as long as it lives): a reused connection whose session channel will
         not open is replaced once, since the command never started; a host
@@ -145,6 +174,7 @@ class Runner:
         self.nodes = list(nodes if nodes is not None else cluster.nodes)
         self.forks = max(1, min(forks or cluster.ssh.forks, len(self.nodes) or 1))
         self.progress = progress
+        self.lines = lines
         check_ssh_config(cluster)
         self._conns: dict[str, Connection] | None = None
         self._build_lock = threading.Lock()
@@ -248,23 +278,28 @@ class Runner:
         COUNTS.add(node.name, "connections")
         return conn
 
-    def exec(self, node: Node, command: str, timeout: float | None = None, stdin: str | bytes | None = None) -> tuple[str, str, int]:
+    def exec(
+        self, node: Node, command: str, timeout: float | None = None, stdin: str | bytes | None = None,
+        on_line: Callable[[str, str], None] | None = None,
+    ) -> tuple[str, str, int]:
         """Run one command on one host over its reused connection; ``stdin``
-        is sent to its standard input (then end of file).
+        is sent to its standard input (then end of file); ``on_line(stream,
+        line)``: every line of stdout ("out") and stderr ("err") as it arrives.
 
         A command past its deadline gets exit code 124 and "command timed out
         after Ns" in stderr; a connection that dies under it raises
         :class:`ConnectionLost` (an UnreachableError)."""
-        out, err, code, _ = self._exec(node, command, timeout, stdin)
+        out, err, code, _ = self._exec(node, command, timeout, stdin, on_line)
         return out, err, code
 
     def _exec(
-        self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None = None
+        self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None = None,
+        on_line: Callable[[str, str], None] | None = None,
     ) -> tuple[str, str, int, tuple[float, str] | None]:
         """exec, plus (deadline, what became of the command) when its deadline fired."""
         deadline = timeout or self.cluster.ssh.command_timeout
         if self.mux is not None:
-            held = self._exec_held(node, command, deadline, stdin)
+            held = self._exec_held(node, command, deadline, stdin, on_line)
             if held is not None:
                 return held
         was_open = self.connections[node.name].is_connected
@@ -278,7 +313,7 @@ class Runner:
         try:
             try:
                 try:
-                    out, err, code = cx.run_channel(conn.client.get_transport(), command, deadline, data)
+                    out, err, code = cx.run_channel(conn.client.get_transport(), command, deadline, data, on_line)
                 except cx._NotOpened as exc:
                     if not (was_open and self.reconnect_idle):
                         raise exc.cause from exc
@@ -290,7 +325,7 @@ class Runner:
                     conn = self._open(node)
                     COUNTS.add(node.name, "commands")
                     start = time.monotonic()
-                    out, err, code = cx.run_channel(conn.client.get_transport(), command, deadline, data)
+                    out, err, code = cx.run_channel(conn.client.get_transport(), command, deadline, data, on_line)
             except cx._TimedOut as exc:
                 with self._lock:
                     alone = self._inflight[node.name] == 1
@@ -324,10 +359,11 @@ class Runner:
             COUNTS.add(node.name, "transfers")
 
     def _exec_held(
-        self, node: Node, command: str, deadline: float, stdin: str | bytes | None
+        self, node: Node, command: str, deadline: float, stdin: str | bytes | None, on_line: Callable[[str, str], None] | None = None
     ) -> tuple[str, str, int, tuple[float, str] | None] | None:
         """``_exec`` through the connection holder (llmdeploy/mux.py); None
-        when there is none to be had (then this runner connects directly)."""
+        when there is none to be had (then this runner connects directly).
+        ``on_line``: the holder sends each line as the command prints it."""
         from . import mux
 
         start = time.monotonic()
@@ -337,7 +373,7 @@ class Runner:
             return None
         try:
             ans = client.exec(node.name, command, deadline, stdin.encode() if isinstance(stdin, str) else stdin,
-                              wait=deadline + 3 * ssh.connect_timeout + 60)
+                              wait=deadline + 3 * ssh.connect_timeout + 60, on_line=on_line)
         except mux.Unavailable as exc:
             self._no_holder(exc)
             return None
@@ -354,6 +390,24 @@ class Runner:
             raise RuntimeError(f"connection holder: {ans['error']}")
         fired = tuple(ans["fired"]) if ans.get("fired") else None
         return ans["out"], ans["err"], int(ans["code"]), fired
+
+    def _progress_lines(self, step: Step) -> Callable[[str, str, str], None] | None:
+        """The per-line callback that feeds ``step``'s progress parser's
+        answers to ``self.lines``; None when either is missing (then no line
+        is cut or read while the commands run)."""
+        parse, sink = step.progress, self.lines
+        if parse is None or sink is None:
+            return None
+
+        def on_line(host: str, stream: str, line: str) -> None:
+            try:
+                got = parse(line)
+            except Exception:  # a parser's bug costs the display, never the step
+                return
+            if got is not None:
+                sink(step.name, host, got)
+
+        return on_line
 
     def _reap(self, conn: Connection) -> str:
         """Stop what a timed-out command left on the host; say what happened.
@@ -378,7 +432,7 @@ class Runner:
             return "it had already ended on the host"
         return f"could not stop it on the host (exit {code}): it may still run there"
 
-    def _one(self, step: Step, node: Node) -> HostResult:
+    def _one(self, step: Step, node: Node, on_line: Callable[[str, str, str], None] | None = None) -> HostResult:
         start = time.monotonic()
         if node.name in self.unreachable:
             res = HostResult(node.name, SKIPPED, msg=f"unreachable earlier: {self.unreachable[node.name]}")
@@ -396,7 +450,10 @@ class Runner:
                 elif command is None:
                     res = HostResult(node.name, SKIPPED, msg="nothing to do here")
                 else:
-                    out, err, code, fired = self._exec(node, command, step.timeout, step.stdin(node) if step.stdin else None)
+                    host_line = (lambda stream, line: on_line(node.name, stream, line)) if on_line else None
+                    out, err, code, fired = self._exec(node, command, step.timeout, step.stdin(node) if step.stdin else None, host_line)
+                    if step.progress:
+                        out, err = without_progress(out), without_progress(err)
                     if fired is not None:
                         # partial output: not for the parser
                         res = HostResult(
@@ -431,18 +488,25 @@ class Runner:
         res.duration = time.monotonic() - start
         return res
 
-    def run(self, step: Step, nodes: list[Node] | None = None, deadline: float | None = None) -> dict[str, HostResult]:
+    def run(
+        self, step: Step, nodes: list[Node] | None = None, deadline: float | None = None,
+        on_line: Callable[[str, str, str], None] | None = None,
+    ) -> dict[str, HostResult]:
         """Run ``step`` on ``nodes`` (default: all) in parallel; results keyed by node name.
 
         ``deadline`` bounds the whole step: hosts still running then are
         reported failed ("step deadline"), the others keep their results.
+        ``on_line(host, stream, line)``: every line of every host's output as
+        it arrives; by default, when the runner has ``lines`` and the step a
+        ``progress`` parser, what the parser reads goes to ``lines``.
         """
         targets = list(nodes if nodes is not None else self.nodes)
+        on_line = on_line or self._progress_lines(step)
         futures = {}
         for node in targets:
             if self.progress:
                 self.progress(step.name, node.name, None)
-            futures[self._pool.submit(self._one, step, node)] = node
+            futures[self._pool.submit(self._one, step, node, on_line)] = node
         budget = deadline
         if budget is None:
             per_cmd = (step.timeout or self.cluster.ssh.command_timeout) + self.cluster.ssh.connect_timeout

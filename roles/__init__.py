@@ -3,6 +3,8 @@ plus the parser of what it reads back. Helpers shared by the roles live here."""
 
 from __future__ import annotations
 
+import math
+import re
 import shlex
 from collections import Counter
 from pathlib import Path
@@ -11,7 +13,7 @@ from typing import Any, Callable, Hashable
 import jinja2
 
 from llmdeploy.inventory import Node
-from llmdeploy.runner import FAILED, SKIPPED, HostResult
+from llmdeploy.runner import FAILED, PROGRESS_MARK, SKIPPED, HostResult, Progress
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 # the one Jinja2 environment over templates/ (roles and systems render through it)
@@ -90,3 +92,71 @@ def in_one_piece(script: str) -> str:
         '[ -z "$__llmdeploy_out" ] || printf \'%s\\n\' "$__llmdeploy_out"\n'
         "exit $__llmdeploy_rc\n"
     )
+
+
+# -- progress lines: how far a long command got, printed while it runs ----------------------
+# They go to stderr, or to the descriptor the facts script keeps for them (its
+# sections send stderr to stdout, which it sends in one piece at the end).
+PROGRESS_FD_VAR = "__llmdeploy_progress_fd"
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,15}")
+_COUNT = re.compile(r'(?:\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*\}|[0-9]+|-)')
+
+
+def progress_echo(done: str, total: str, unit: str, label: str) -> str:
+    """Shell: one progress line (``PROGRESS_MARK done total unit label``) on
+    stderr (or the facts script's descriptor for them, ``keep_progress_fd``).
+    ``done``/``total``: a number or one shell variable (``$d``; ``total`` may
+    be ``-``: not known); ``unit``: a word ("B": bytes); ``label``: text that
+    may name shell variables (printed inside double quotes: a variable's value
+    is never run or split)."""
+    for value, what in ((done, "done"), (total, "total")):
+        if not _COUNT.fullmatch(value):
+            raise ValueError(f"progress {what} must be a number, a variable or -: {value!r}")
+    if not _WORD.fullmatch(unit):
+        raise ValueError(f"progress unit must be a word: {unit!r}")
+    if any(c in label for c in '"`\\\n') or "$(" in label:
+        raise ValueError(f"progress label may name variables, nothing else: {label!r}")
+    # printf, not echo: dash's echo reads backslashes in a file's name as escapes
+    return f'printf \'%s\\n\' "{PROGRESS_MARK} {done} {total} {unit} {label}" >&"${{{PROGRESS_FD_VAR}:-2}}"'
+
+
+def keep_progress_fd() -> str:
+    """Shell, first in a script whose parts send stderr to stdout (the facts
+    script): descriptor 3 is the command's stderr, for progress lines."""
+    return f"exec 3>&2; {PROGRESS_FD_VAR}=3\n"
+
+
+def progress_line(line: str) -> Progress | None:
+    """A progress line's (done, total or None, unit, label); None for any
+    other line, or one that does not read (a number that is not one)."""
+    if not line.startswith(PROGRESS_MARK + " "):
+        return None
+    parts = line[len(PROGRESS_MARK) + 1 :].strip().split(" ", 3)
+    if len(parts) < 3 or not _WORD.fullmatch(parts[2]):
+        return None
+    try:
+        done = float(parts[0])
+        total = None if parts[1] == "-" else float(parts[1])
+    except ValueError:
+        return None
+    if not math.isfinite(done) or done < 0 or (total is not None and (not math.isfinite(total) or total < 0)):
+        return None
+    label = parts[3].strip() if len(parts) > 3 else ""
+    return done, total, parts[2], label[:48] + ("..." if len(label) > 48 else "")
+
+
+def counted(command: str, awk: str) -> str:
+    """Shell: ``command`` (stdout and stderr together) read by ``awk``, which
+    passes every line on to stderr and prints progress lines (to stderr too)
+    from them; the exit status is the command's (the shell hands it to awk
+    in a last line of its own, which awk exits with). ``awk``: the program's
+    rules, with the mark in ``m``."""
+    return (
+        f'{{ {command} 2>&1; echo "{_RC} $?"; }} | '
+        f"awk -v m={shlex.quote(PROGRESS_MARK)} -v r={_RC} {shlex.quote(_AWK_HEAD + awk + _AWK_TAIL)} >&2"
+    )
+
+
+_RC = "@@llmdeploy-rc@@"
+_AWK_HEAD = '$1 == r { rc = $2; next }\n{ print; fflush() }\n'
+_AWK_TAIL = '\nEND { exit (rc == "" ? 1 : rc) }\n'

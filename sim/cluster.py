@@ -29,7 +29,7 @@ from llmdeploy.inventory import Cluster
 
 from . import curated, dockerd, hardware, images, netns
 from .standins import __main__ as standins
-from .standins import fast
+from .standins import fast, slow
 from .paths import (
     HOST_STATE_DIR,
     PRIVATE_DIRS,
@@ -412,7 +412,9 @@ def _up(cluster: Cluster, echo) -> dict:
         for tool in tools:
             _write(bindir / tool, _standin_wrapper(tool), 0o755)
         # the host's docker is Debian's client, whatever this machine has in /usr/local/bin
-        (bindir / "docker").symlink_to(dockerd.CLI)
+        # (paced on request, as its sha256sum: node.json "slow", sim/standins/slow.py)
+        _write(bindir / "docker", slow.docker_wrapper(sys.executable, str(REPO)), 0o755)
+        _write(bindir / "sha256sum", slow.sha256sum_wrapper(), 0o755)
         if ascend:
             _write(bindir / "hccn_tool", _hccn_wrapper(), 0o755)
             _write(hdir / "hccn.conf", hardware.hccn_conf(hw))

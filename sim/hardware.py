@@ -13,6 +13,7 @@ from pathlib import Path
 
 from llmdeploy.inventory import Cluster, Node
 from sim.paths import SIM_LATENCY
+from sim.standins.slow import KNOBS as SLOW_KNOBS
 
 GIB_KIB = 1024 * 1024
 
@@ -50,6 +51,8 @@ def node_hardware(cluster: Cluster, index: int, node: Node) -> dict:
         "gpus": [],
         # the serving stand-ins' pace (sim/standins/streaming.py); a test makes a release slower here
         "latency": dict(SIM_LATENCY),
+        # long steps made long (sim/standins/slow.py): a paced image pull or load, slower checksums; 0: none
+        "slow": dict(SLOW_KNOBS),
     }
     if plat.vendor == "ascend":
         hw["devices"] = [f"/dev/davinci{d}" for d in range(plat.devices)] + ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]

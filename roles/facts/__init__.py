@@ -14,7 +14,7 @@ from typing import Callable
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import FAILED, OK, HostResult, Step
-from roles import in_one_piece
+from roles import in_one_piece, keep_progress_fd, progress_line
 
 MARK = "@@llmdeploy@@"
 
@@ -484,8 +484,10 @@ def inspect_build(cluster: Cluster, node: Node, refs: list[str]) -> str:
     """The facts script plus, in a section each, the probes of the later
     steps: what they would read first on the node (is the image there, what is
     in the model directory, the checksum of a file they write). A step whose
-    probe answers decides the host without a round trip of its own."""
-    parts = [build(cluster, node)]
+    probe answers decides the host without a round trip of its own. A probe's
+    progress lines (the model's checksums) go out as they are printed, on
+    the command's stderr (``keep_progress_fd``)."""
+    parts = [keep_progress_fd(), build(cluster, node)]
     for ref, fn in probes(refs).items():
         # a subshell: a probe's exit ends only itself
         parts.append(section(f"probe {ref}", f"(\n{fn(cluster, node).rstrip()}\n)") + "\n")
@@ -508,7 +510,7 @@ def gather_step(cluster: Cluster, refs: list[str] | None = None) -> Step:
         return HostResult(node.name, status, msg=msg, data=facts, exit_code=code)
 
     if refs:
-        return Step(name="facts", build=lambda node: in_one_piece(inspect_build(cluster, node, refs)), parse=_parse)
+        return Step(name="facts", build=lambda node: in_one_piece(inspect_build(cluster, node, refs)), parse=_parse, progress=progress_line)
     return Step(name="facts", build=lambda node: in_one_piece(build(cluster, node)), parse=_parse)
 
 

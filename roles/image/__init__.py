@@ -3,7 +3,12 @@ a tarball on each node for clusters without registry access. Afterwards the
 image ID must be the same on every node; a node with another one fails and is
 named. The image ID (the config digest) is what is compared: it is the same
 for a pulled and a loaded copy of one image, where RepoDigests is not (a
-loaded image has none)."""
+loaded image has none).
+
+While a pull or a load runs, progress lines say how far it got: a pull the
+layers done (pulled, or already there) of the layers known so far, read from
+docker's own lines (without a terminal it prints one per layer state, no
+byte counts); a load the bytes of the tarball read into ``docker load``."""
 
 from __future__ import annotations
 
@@ -13,11 +18,27 @@ import shlex
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
-from roles import fail_odd_ones, hosts_text
+from roles import counted, fail_odd_ones, hosts_text, progress_echo, progress_line
 from roles.facts import excerpt
 
 MARK = "@@llmdeploy-image@@"
 INSPECT = "{{.Id}} {{json .RepoDigests}}"
+
+# docker pull's lines without a terminal: "<layer>: Pulling fs layer",
+# "Waiting", "Verifying Checksum", "Download complete", "Extracting", "Pull
+# complete", "Already exists"; a layer is known at its first, done at the last two
+PULL_AWK = r"""
+$1 ~ /^[0-9a-f]+:$/ {
+    id = substr($1, 1, length($1) - 1); st = substr($0, length($1) + 2)
+    if (st == "Pulling fs layer" || st == "Waiting" || st == "Verifying Checksum" || st == "Download complete" ||
+        st == "Extracting" || st == "Pull complete" || st == "Already exists") {
+        if (!(id in known)) { known[id] = 1; n++ }
+        if ((st == "Pull complete" || st == "Already exists") && !(id in done)) { done[id] = 1; d++ }
+        printf "%s %d %d layers pull\n", m, d, n; fflush()
+    }
+}"""
+# a tarball is read into docker load in pieces of this size, a progress line after each
+LOAD_PIECE = 16 * 1024 * 1024
 
 
 def probe(cluster: Cluster, node: Node | None = None) -> str:
@@ -44,14 +65,28 @@ def build(cluster: Cluster, check: bool = False) -> str:
         lines.append(f'echo "{MARK} {"would-load" if tar else "would-pull"}"')
         return "\n".join(lines) + "\n"
     if tar:
-        lines.append(f"docker load -i {shlex.quote(tar)} >&2 || exit $?")
+        lines += load_lines(tar)
         lines.append(f'cur=$(inspect) || {{ echo "after docker load -i {tar}, image $ref is still missing: the archive holds another image" >&2; exit 4; }}')
         lines.append(f'echo "{MARK} loaded $cur"')
     else:
-        lines.append('docker pull "$ref" >&2 || exit $?')
+        lines.append(counted('docker pull "$ref"', PULL_AWK) + " || exit $?")
         lines.append('cur=$(inspect) || { echo "docker pull succeeded but $ref is not there" >&2; exit 4; }')
         lines.append(f'echo "{MARK} pulled $cur"')
     return "\n".join(lines) + "\n"
+
+
+def load_lines(tar: str) -> list[str]:
+    """``docker load`` of ``tar``, read into it by ``dd`` a piece at a time,
+    with a progress line (bytes read of the tarball's size) after each; the
+    status is docker load's (a reader cut short makes it fail)."""
+    return [
+        f"tar={shlex.quote(tar)}",
+        'size=$(stat -Lc %s -- "$tar") || exit 3',
+        f"{{ i=0; n=$(( (size + {LOAD_PIECE} - 1) / {LOAD_PIECE} )); {progress_echo('0', '$size', 'B', 'load')}",
+        f'  while [ "$i" -lt "$n" ]; do dd if="$tar" bs={LOAD_PIECE} skip="$i" count=1 status=none || exit 1; i=$((i + 1)); '
+        f'd=$((i * {LOAD_PIECE})); [ "$d" -gt "$size" ] && d=$size; {progress_echo("$d", "$size", "B", "load")}; done',
+        "} | docker load >&2 || exit $?",
+    ]
 
 
 def parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostResult:
@@ -97,6 +132,7 @@ def ensure_step(ctx) -> Step:
         parse=lambda node, out, err, code: parse(cluster, node, out, err, code),
         aggregate=same_id,
         timeout=max(cluster.ssh.command_timeout, 3600.0),
+        progress=progress_line,
         # present (the facts script's probe said so): nothing to do there
         decide=lambda node: (
             parse(cluster, node, said, "", 0)
@@ -123,7 +159,7 @@ def accessories_build(cluster: Cluster, node: Node, check: bool) -> str | None:
         q = shlex.quote(ref)
         lines.append(f"if docker image inspect --format '{{{{.Id}}}}' {q} >/dev/null 2>&1; then echo \"{MARK} present {ref}\"; "
                      + (f"else echo \"{MARK} would-pull {ref}\"; fi" if check else
-                        f"else docker pull {q} >&2 || {{ echo \"docker pull {ref} failed\" >&2; exit 3; }}; echo \"{MARK} pulled {ref}\"; fi"))
+                        f"else {counted(f'docker pull {q}', PULL_AWK)} || {{ echo \"docker pull {ref} failed\" >&2; exit 3; }}; echo \"{MARK} pulled {ref}\"; fi"))
     return "\n".join(lines) + "\n"
 
 
@@ -148,6 +184,7 @@ def accessories_step(ctx) -> Step:
         build=lambda node: accessories_build(cluster, node, ctx.check),
         parse=lambda node, out, err, code: accessories_parse(cluster, node, out, err, code),
         timeout=max(cluster.ssh.command_timeout, 3600.0),
+        progress=progress_line,
     )
 
 

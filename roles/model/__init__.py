@@ -1,6 +1,8 @@
 """Model and tokenizer: present at the same path on every node, with the same
 manifest (file names and sizes, and the sha256 of the index/config files).
-One round trip per node; the comparison across nodes names what differs."""
+One round trip per node; the comparison across nodes names what differs.
+While it hashes (hundreds of GB when ``checksum_files`` names the weights),
+a progress line per file says the bytes hashed of the total to hash."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import shlex
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import FAILED, OK, HostResult, Step
-from roles import fail_odd_ones, hosts_text
+from roles import fail_odd_ones, hosts_text, progress_echo, progress_line
 from roles.facts import excerpt, number
 
 MARK = "@@llmdeploy-model@@"
@@ -27,13 +29,18 @@ def paths(cluster: Cluster) -> dict[str, list[str]]:
 
 def build(cluster: Cluster, node: Node) -> str:
     globs = " ".join(cluster.model.checksum_files)  # validated to a safe glob pattern
+    # the size of a file to hash (0 when it cannot be read: sha256sum says why)
+    size = 's=$(stat -Lc %s -- "$f" 2>/dev/null || echo 0)'
     lines = []
     for path in paths(cluster):
         q = shlex.quote(path)
         lines.append(f"echo '{MARK} dir' {q}")
         lines.append(
             f"if [ -d {q} ]; then (cd {q} && find . -maxdepth 4 -type f ! -name '.*' -printf '%P\\t%s\\n' | LC_ALL=C sort); "
-            f"echo '{MARK} sums'; (cd {q} && for f in {globs}; do [ -f \"$f\" ] && sha256sum \"$f\"; done; true); "
+            f"echo '{MARK} sums'; (cd {q} && t=0 && for f in {globs}; do [ -f \"$f\" ] || continue; {size}; t=$((t + s)); done; "
+            f"[ \"$t\" -gt 0 ] && {progress_echo('0', '$t', 'B', 'sha256')}; d=0; "
+            f"for f in {globs}; do [ -f \"$f\" ] || continue; sha256sum \"$f\"; {size}; d=$((d + s)); "
+            f"{progress_echo('$d', '$t', 'B', 'sha256 $f')}; done; true); "
             f"else echo '{MARK} missing'; fi"
         )
     return "\n".join(lines) + "\n"
@@ -134,7 +141,8 @@ def check_step(ctx) -> Step:
         said = ctx.probe("model.check", node.name)
         return parse(node, said, "", 0) if said is not None else None
 
-    return Step(name="model", build=lambda node: build(cluster, node), parse=parse, aggregate=same_everywhere, decide=decide)
+    return Step(name="model", build=lambda node: build(cluster, node), parse=parse, aggregate=same_everywhere, decide=decide,
+                progress=progress_line)
 
 
 STEPS = {"check": check_step}

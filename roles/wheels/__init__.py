@@ -2,7 +2,12 @@
 profile's ai-dynamo and ai-dynamo-runtime): installed once into a derived image on each node with
 ``docker run ... pip install`` + ``docker commit``, then verified the way the
 seed does, with ``importlib.metadata`` inside the image. The derived image is
-what the start step runs. Profiles without wheels skip this step."""
+what the start step runs. Profiles without wheels skip this step.
+
+While pip runs, progress lines say the wheels collected (their number is
+not known before pip has resolved them all), then the wheels installed of
+the wheels pip said it installs (pip prints nothing per package while it
+installs: 0 of N, then N of N)."""
 
 from __future__ import annotations
 
@@ -13,10 +18,18 @@ import shlex
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
+from roles import counted, progress_line
 from roles.facts import excerpt
 
 MARK = "@@llmdeploy-wheels@@"
 CONTAINER_WHEELS = "/wheels"
+
+# pip's lines without a terminal: "Collecting <req>" (or "Processing <file>")
+# per requirement, "Installing collected packages: a, b, c", "Successfully installed a-1 b-2 c-3"
+PIP_AWK = r"""
+/^(Collecting|Processing) / { c++; printf "%s %d - wheels collect\n", m, c; fflush() }
+/^Installing collected packages: / { t = split(substr($0, 32), a, ", "); printf "%s 0 %d wheels install\n", m, t; fflush() }
+/^Successfully installed / { n = NF - 2; if (t > n) n = t; printf "%s %d %d wheels install\n", m, n, n; fflush() }"""
 
 
 def pins(cluster: Cluster) -> dict[str, str]:
@@ -66,7 +79,10 @@ def build(cluster: Cluster, check: bool = False) -> str | None:
         for url in ws.extra_index_urls:
             src += ["--extra-index-url", url]
         mount = ""
-    pip = " ".join(shlex.quote(a) for a in ["python3", "-m", "pip", "install", "--pre", "--no-cache-dir", *src, *ws.pins])
+    # unbuffered: pip's lines come as it prints them (its progress), not at
+    # its end (in the command, not the container's environment: docker commit
+    # keeps that in the derived image)
+    pip = " ".join(shlex.quote(a) for a in ["env", "PYTHONUNBUFFERED=1", "python3", "-m", "pip", "install", "--pre", "--no-cache-dir", *src, *ws.pins])
     lines = [
         f"tag={tag}",
         f"verify() {{ docker run --rm \"$1\" python3 -c {shlex.quote(_verify_py(want, ws.report))}; }}",
@@ -81,7 +97,8 @@ def build(cluster: Cluster, check: bool = False) -> str | None:
         f"docker rm -f {name} >/dev/null 2>&1",
         # the host network, as the serving containers have: the index is
         # reached the way the node reaches it (no bridge network needed)
-        f"docker run --name {name} --network host {mount}{shlex.quote(cluster.image.ref)} {pip} >&2 || {{ rc=$?; docker rm -f {name} >/dev/null 2>&1; exit $rc; }}",
+        counted(f"docker run --name {name} --network host {mount}{shlex.quote(cluster.image.ref)} {pip}", PIP_AWK)
+        + f" || {{ rc=$?; docker rm -f {name} >/dev/null 2>&1; exit $rc; }}",
         f'docker commit {name} "$tag" >/dev/null && docker rm {name} >/dev/null || exit $?',
         f'echo "{MARK} state installed"',
         'verify "$tag" || { echo "installed, but the versions in $tag are not the pinned ones" >&2; exit 5; }',
@@ -122,6 +139,7 @@ def install_step(ctx) -> Step:
         build=lambda node: build(cluster, ctx.check),
         parse=lambda node, out, err, code: parse(cluster, node, out, err, code),
         timeout=max(cluster.ssh.command_timeout, 1800.0),
+        progress=progress_line,
     )
 
 

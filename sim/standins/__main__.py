@@ -322,6 +322,8 @@ TOOLS = {
     "trtllm-serve": _lazy("trtllm", "main"),
     # one rank of an MPI job under the real mpirun (sim/standins/nccl_tests.py)
     "all_reduce_perf": _lazy("nccl_tests", "main"),
+    # the host's docker when node.json "slow" paces a pull or a load (sim/standins/slow.py)
+    "docker": _lazy("slow", "docker"),
 }
 
 

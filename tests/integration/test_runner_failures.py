@@ -141,6 +141,23 @@ def test_runner_commands_stdin_output_exit_and_deadline(sim_cluster):
         assert "command timed out after 1s" in err
         # (the pattern does not match the command line of the shell that runs pgrep)
         assert r.exec(node, "for i in 1 2 3 4 5; do pgrep -f 'sleep 3[7].5' >/dev/null || { echo gone; break; }; sleep 0.2; done")[0].strip() == "gone"
+        # every line as the command prints it (progress): the command goes on
+        # only once the tool has its first line (a file the callback makes in
+        # the host's /root/.cache), so the lines came while it ran
+        flag = host_dir(sim_cluster, node.name) / "root/root/.cache/llmdeploy-line-test"
+        flag.unlink(missing_ok=True)
+        got = []
+
+        def on_line(stream, line):
+            got.append((stream, line))
+            if line == "ready":
+                flag.touch()
+
+        wait = ("echo ready; echo progress >&2; i=0; while [ ! -e /root/.cache/llmdeploy-line-test ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
+                "[ -e /root/.cache/llmdeploy-line-test ] && echo seen || echo not-seen; rm -f /root/.cache/llmdeploy-line-test")
+        out, err, code = r.exec(node, wait, timeout=60, on_line=on_line)
+        assert (out, err, code) == ("ready\nseen\n", "progress\n", 0)
+        assert sorted(got) == [("err", "progress"), ("out", "ready"), ("out", "seen")]
 
 
 def _alive(pid: int) -> bool:

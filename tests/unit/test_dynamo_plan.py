@@ -382,10 +382,12 @@ def test_the_image_is_the_seeds_image_with_the_seeds_wheels():
     # prepare builds it from the seed's image: pip install the pins, docker commit to that tag
     script = wheels.build(c)
     assert f"tag={shlex.quote(derived)}\n" in script
-    (run,) = [ln for ln in script.splitlines() if ln.startswith("docker run --name ")]
-    tokens = shlex.split(run.split(" >&2")[0])
+    # (read by an awk that passes its lines on and prints progress from them)
+    (run,) = [ln for ln in script.splitlines() if ln.startswith("{ docker run --name ")]
+    tokens = shlex.split(run.removeprefix("{ ").split(" 2>&1;")[0])
     at = tokens.index(seed["image"])
-    assert tokens[at + 1:at + 5] == ["python3", "-m", "pip", "install"] and tokens[-len(seed_pins()):] == seed_pins()
+    # unbuffered: pip's lines as it prints them (progress)
+    assert tokens[at + 1:at + 7] == ["env", "PYTHONUNBUFFERED=1", "python3", "-m", "pip", "install"] and tokens[-len(seed_pins()):] == seed_pins()
     assert any(ln.startswith("docker commit ") and '"$tag"' in ln for ln in script.splitlines())
     # every container of that image runs the derived one; release.json names both
     doc = check_json()

@@ -52,7 +52,16 @@ class _Stand:
     def __init__(self, cluster):
         self.cluster = cluster
 
-    def _exec(self, node, command, timeout, stdin):
+    def _exec(self, node, command, timeout, stdin, on_line=None):
+        if command == "talk":  # a command that prints as it runs (progress)
+            assert on_line is not None, "the holder was not asked for the lines"
+            on_line("err", "@@llmdeploy-progress@@ 1 2 files first")
+            on_line("out", "some output")
+            on_line("err", "@@llmdeploy-progress@@ 2 2 files second")
+            return "some output\n", "@@llmdeploy-progress@@ 2 2 files second\nwarning\n", 0, None
+        if command == "quiet":
+            assert on_line is None, "lines sent that nobody asked for"
+            return "", "", 0, None
         if command == "unreachable":
             raise UnreachableError("connection refused by 10.0.0.1:22 (is sshd running?)")
         if command == "lost":
@@ -100,6 +109,28 @@ def test_a_runner_reads_the_holders_answers_as_its_own(holder):
         res = r.run(Step(name="s", build=lambda n: "bug"), [c.nodes[2]])[c.nodes[2].name]
         assert res.status == "failed" and "connection holder: KeyError" in res.msg
     assert mux._request(mux.socket_path(c), "ping")["pid"] == os.getpid()
+
+
+def test_a_command_s_lines_come_through_the_holder_as_it_prints_them(holder):
+    def progress_line(line):  # a step's progress parser (the roles' one: tests/unit/test_progress.py)
+        parts = line.split(" ")
+        return (float(parts[1]), float(parts[2]), parts[3], parts[4]) if parts[0] == "@@llmdeploy-progress@@" else None
+
+    c = holder
+    got, lines = [], []
+    with Runner(c, lines=lambda step, host, p: got.append((step, host, p))) as r:
+        assert r.mux is not None
+        res = r.run(Step(name="pull", build=lambda n: "talk", progress=progress_line), c.nodes[:1])[c.nodes[0].name]
+        assert got == [("pull", c.nodes[0].name, (1.0, 2.0, "files", "first")), ("pull", c.nodes[0].name, (2.0, 2.0, "files", "second"))]
+        # the step's parser reads no progress line
+        assert (res.status, res.stdout, res.stderr) == ("ok", "some output\n", "warning\n")
+        # every line, with its stream, for a caller that asks
+        assert r.exec(c.nodes[1], "talk", on_line=lambda *a: lines.append(a))[0] == "some output\n"
+        assert lines[1] == ("out", "some output") and len(lines) == 3
+        # nobody asks: no line is sent
+        assert r.run(Step(name="s", build=lambda n: "quiet"), c.nodes[:1])[c.nodes[0].name].status == "ok"
+        # a display that breaks costs the display, never the command
+        assert r.exec(c.nodes[1], "talk", on_line=lambda *a: 1 / 0)[2] == 0
 
 
 def test_no_holder_to_be_had_means_direct_connections_said_once(tmp_path, monkeypatch, capsys):

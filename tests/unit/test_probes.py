@@ -18,6 +18,7 @@ import roles.record as record
 from flows.plan import Context, load_playbook
 from llmdeploy.inventory import load_cluster
 from llmdeploy.runner import CHANGED, OK, HostResult
+from roles import keep_progress_fd
 
 PREPARE = [ref for play in load_playbook("prepare") for ref in play.steps]
 
@@ -31,11 +32,13 @@ def test_prepare_inspects_with_the_probes_of_its_later_steps(cluster):
     assert PREPARE[0] == "facts.inspect"
     assert list(facts.probes(PREPARE)) == ["model.check", "image.ensure", "commenv.render", "record.write"]
     script = facts.inspect_build(cluster, cluster.nodes[1], PREPARE)
-    assert script.startswith(facts.build(cluster, cluster.nodes[1]))
+    # the command's stderr kept for progress lines (the sections send theirs to stdout), then the facts script
+    head = keep_progress_fd()
+    assert script.startswith(head + facts.build(cluster, cluster.nodes[1]))
     for ref in facts.probes(PREPARE):
         assert f"@@llmdeploy@@ probe {ref}'" in script
     # a probe only reads: no pull, no write
-    probe_part = script[len(facts.build(cluster, cluster.nodes[1])):]
+    probe_part = script[len(head + facts.build(cluster, cluster.nodes[1])):]
     for verb in ("docker pull", "docker load", "mv ", "mkdir", "base64 -d"):
         assert verb not in probe_part
 
