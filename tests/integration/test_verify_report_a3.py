@@ -59,6 +59,14 @@ def test_the_report_shows_the_npu_that_is_down(sim_cluster, tmp_path):
     lost = {(p["from"], p["npu"], p["to"], p["to_npu"]) for p in record["detail"]["pings"] if not p["ok"]}
     assert lost and all(("sim-a3-1", 5) in ((a, d), (b, bd)) for a, d, b, bd in lost)
     assert [f["label"] for f in picture.failed_devices(record)] == [LABEL]
+    # the page as a person sees it: headless Chromium renders it, its DOM names the failed device
+    from tests.unit.test_verify_report_browser import CHROMIUM, chromium
+
+    assert CHROMIUM, "chromium is missing (scripts/setup.sh installs Debian's package)"
+    code, dom, err = chromium(tmp_path, "--dump-dom", f"file://{html}")
+    assert code == 0 and LABEL in dom, err[-2000:]
+    code, _, err = chromium(tmp_path, f"--screenshot={tmp_path / 'shot.png'}", "--window-size=1400,1300", f"file://{html}")
+    assert code == 0 and _png_size((tmp_path / "shot.png").read_bytes()) == ("PNG", (1400, 1300)), err[-2000:]
 
 
 def test_a_healthy_run_prints_where_its_report_is(sim_cluster, tmp_path):
