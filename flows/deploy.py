@@ -46,7 +46,7 @@ from llmdeploy.release import (
     write_script,
 )
 from llmdeploy.releaseplan import ReleasePlan
-from llmdeploy.runner import Runner, Step
+from llmdeploy.runner import Runner, Step, UnreachableError
 
 DRAFT_ID = "00000000T000000Z-00000000"
 # a part of the placeholder that no release id has (its date): left after the id is set, a system derived something from it
@@ -210,13 +210,16 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
                 con.print("[bold]bringing back the last good release[/] (deploy --no-rollback leaves the failed state for debugging)")
                 try:
                     back = rollback_fn(cluster, runner, con, message, json_out)
-                except LlmdeployError as exc:
-                    con.print(f"[bold red]no rollback[/]: {escape(str(exc))}; the cluster is stopped")
-                    return status
+                except (LlmdeployError, UnreachableError) as exc:
+                    con.print(f"[bold red]no rollback[/]: {escape(str(exc))}")
+                    back = None
                 if back != 0 and where.get("gated"):
                     # a gate never makes an outage worse: the slower release serves again
                     return _serve_again(cluster, runner, con, json_out, where["gated"], where["image_id"], where["config_hash"],
-                                        "the last good release could not come back")
+                                        "the last good release could not come back", secrets)
+                if back is None:
+                    con.print("the cluster is stopped")
+                    return status
                 con.print("the last good release is serving again; the deploy still failed" if back == 0
                           else "[bold red]the rollback failed too[/]: the cluster is stopped; see the bundles above")
             return status
@@ -296,7 +299,7 @@ def gate_passes(runner: Runner, cluster: Cluster, con: Console, plan: ReleasePla
     t = time.monotonic()
     try:
         v = bench.run_gate(runner, cluster, con, plan, quiet=json_out)
-    except LlmdeployError as exc:
+    except (LlmdeployError, UnreachableError) as exc:  # node 0 unreachable (ConnectionLost is one too): the gate could not judge
         out.ok, out.where, out.reason = False, plan.entry_host, f"quality gate: {exc}"
         where["gated"] = plan
         return False
@@ -315,21 +318,22 @@ def _cannot_return(runner: Runner, cluster: Cluster, rid: str, where: dict) -> s
     """Why the release that failed the gate must keep serving (None: the last
     good one can come back): ``--no-rollback``, no release to return to, or
     one that some node no longer has whole. Checked before anything is stopped."""
-    from flows.releases import read_ledger, read_release
+    from flows.releases import plan_of, read_ledger, read_release
     from llmdeploy.release import rollback_target
 
     if not where.get("rollback", True):
         return "--no-rollback"
-    records, current = read_ledger(runner, cluster)
     try:
+        records, current = read_ledger(runner, cluster)
         target = rollback_target(records + [{"release": rid, "result": "failed"}], current, None)
-    except LlmdeployError as exc:
+        on = read_release(runner, cluster, target, "check the rollback target")
+        problems = {**on.missing, **on.unreadable}
+        if problems:
+            h, p = next(iter(problems.items()))
+            return f"the last good release {target} cannot come back ({h}: {p})"
+        plan_of(cluster, target, on.plan_text, on.metas)  # the rollback would refuse a plan it cannot read
+    except (LlmdeployError, UnreachableError) as exc:
         return str(exc)
-    on = read_release(runner, cluster, target, "check the rollback target")
-    problems = {**on.missing, **on.unreadable}
-    if problems:
-        h, p = next(iter(problems.items()))
-        return f"the last good release {target} cannot come back ({h}: {p})"
     return None
 
 
@@ -344,8 +348,11 @@ def keep_serving(cluster: Cluster, runner: Runner, con: Console, eng: Engine, pl
         extra["action"] = verb
     if out.gate:
         extra["gate"] = out.gate
-    ledger(runner, cluster, ledger_record(cluster, plan.release, "failed", image_id, config_hash, reason=out.reason, where=out.where,
-                                          serving=True, kept=why, **extra))
+    try:
+        ledger(runner, cluster, ledger_record(cluster, plan.release, "failed", image_id, config_hash, reason=out.reason, where=out.where,
+                                              serving=True, kept=why, **extra))
+    except (LlmdeployError, UnreachableError) as exc:
+        con.print(f"[red]{escape(str(exc))}[/]")
     con.print(f"[bold red]{verb} failed[/] on {out.where}: {escape(out.reason)}", soft_wrap=True)
     con.print(f"logs: {root} ({tgz})")
     hint = f"; to bring back the last good release: invoke rollback --cluster {cluster.name}" if verb == "deploy" else ""
@@ -358,16 +365,27 @@ def keep_serving(cluster: Cluster, runner: Runner, con: Console, eng: Engine, pl
     return 1
 
 
-def _serve_again(cluster: Cluster, runner: Runner, con: Console, json_out: bool, plan: ReleasePlan, image_id, config_hash: str, why: str) -> int:
+def _serve_again(cluster: Cluster, runner: Runner, con: Console, json_out: bool, plan: ReleasePlan, image_id, config_hash: str, why: str,
+                 secrets: list[str]) -> int:
     """The release that failed the gate, started again after the last good one could not come back."""
+    from flows.releases import read_release
+
     con.print(f"[bold]{escape(why)}: starting release {plan.release} again[/] (it failed the quality gate, but served)")
     eng = engine_for(cluster, runner, con, json_out, plan)
-    out = Outcome(ok=False, release=plan.release, reason="it failed the quality gate", where=plan.entry_host)
+    # its attempt numbers continue the release's (the logs of earlier attempts are kept under their own numbers)
+    on = read_release(runner, cluster, plan.release, "read release")
+    out = Outcome(ok=False, release=plan.release, reason="it failed the quality gate", where=plan.entry_host,
+                  earlier={unit_key(u): on.attempts.get(unit_key(u), 1) for u in plan.units()})
     if not eng.start(plan, out):
+        eng.stop(None, "stop", cleanup=plan.stop_cleanup)
+        try:
+            ledger(runner, cluster, ledger_record(cluster, plan.release, "failed", image_id, config_hash, reason=out.reason, where=out.where))
+        except (LlmdeployError, UnreachableError) as exc:
+            con.print(f"[red]{escape(str(exc))}[/]")
         con.print(f"[bold red]release {plan.release} did not come back either[/]: {escape(out.reason)}; the cluster is stopped")
         return 1
     out.reason, out.where = "it failed the quality gate", plan.entry_host
-    return keep_serving(cluster, runner, con, eng, plan, out, image_id, config_hash, [], json_out, why)
+    return keep_serving(cluster, runner, con, eng, plan, out, image_id, config_hash, secrets, json_out, why)
 
 
 def summary(cluster: Cluster, plan: ReleasePlan, states: dict[str, tuple[str, str]], attempts: dict[str, int], con: Console | None = None):

@@ -175,8 +175,15 @@ class Engine:
         while True:
             n, detail = self._inflight(m)
             if n is None and refused and not_yet(detail):
-                self.say(f"drained: {', '.join(d.refuse_first)} finished what it held and exited ({time.monotonic() - t0:.1f}s)")
-                return 0
+                # its listener is closed; it still finishes what it holds until it exits (Dynamo: after its grace period)
+                if not self._still_running(plan, d.refuse_first):
+                    self.say(f"drained: {', '.join(d.refuse_first)} finished what it held and exited ({time.monotonic() - t0:.1f}s)")
+                    return 0
+                if time.monotonic() - t0 >= limit:
+                    self.say(f"[yellow]drain: {', '.join(d.refuse_first)} still finishing its requests after {limit:g}s: stopping cuts them[/]")
+                    return None
+                time.sleep(min(1.0, max(0.05, limit - (time.monotonic() - t0))))
+                continue
             if n is None and not_yet(detail):
                 self.say(f"drain: nothing answers at {escape(m.probe.describe())}: no request to wait for")
                 return None
@@ -209,6 +216,11 @@ class Engine:
         if done:
             self.say(f"drain: {', '.join(services)} told to stop taking new requests (SIGTERM to {', '.join(done)})")
         return bool(done)
+
+    def _still_running(self, plan: ReleasePlan, services: list[str]) -> bool:
+        """Whether any unit of ``services`` still runs (an unreadable host counts as running)."""
+        units = [u for s in plan.services if s.name in services for u in s.units]
+        return any(st in ("running", "unreachable", "unreadable") for st, _ in self.states(plan, units).values()) if units else False
 
     def _inflight(self, m: Metrics) -> tuple[int | None, str]:
         p = m.probe

@@ -205,8 +205,12 @@ def run_level(send: Callable[[dict, float], Iterator[bytes]], bodies: list[dict]
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(concurrency, len(bodies))))]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.join()
+    except BaseException:  # Ctrl-C: no request starts any more; those in flight end with their timeout
+        stop.set()
+        raise
     return [s for s in samples if s is not None], clock() - t_start
 
 

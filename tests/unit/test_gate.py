@@ -203,9 +203,19 @@ def test_the_drain_ends_at_drain_s_and_says_how_many_are_cut(monkeypatch):
 
 def test_dynamo_refuses_new_work_first_and_a_frontend_that_exited_has_drained(monkeypatch):
     eng, plan, said, signals, _ = draining(monkeypatch, [(1, "x 1"), (None, "GET /metrics on h:8000: ChannelException: Connect failed")], refused=True)
+    running = iter([True, True, False])  # its listener closed, it still finishes its streams, then exits
+    eng._still_running = lambda p, services: next(running)
     assert eng.drain(plan) == 0
     assert signals == [["frontend"]]
     assert said[-1].startswith("drained: frontend finished what it held and exited")
+
+
+def test_a_frontend_that_closed_its_listener_but_still_runs_at_drain_s_is_said_to_be_cut(monkeypatch):
+    eng, plan, said, _, clock = draining(monkeypatch, [(None, "GET /metrics on h:8000: ChannelException: Connect failed")], drain_s=3,
+                                         refused=True)
+    eng._still_running = lambda p, services: True
+    assert eng.drain(plan) is None and clock.now >= 3
+    assert "frontend still finishing its requests after 3s: stopping cuts them" in said[-1]
 
 
 def test_nothing_to_drain_and_unknown_drains_are_said(monkeypatch):
