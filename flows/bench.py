@@ -81,7 +81,7 @@ def levels_table(title: str, levels: list[dict]):
             v = (lv.get(series) or {}).get(stat)
             return "-" if v is None else f"{v:.1f}"
         errs = str(lv["errors"]) if not lv["errors"] else f"[red]{lv['errors']}[/]"
-        rows.append([str(lv["concurrency"]), f"{lv['ok']}/{lv['requests']}", f(*("ttft", "p50")), f("ttft", "p90"), f("ttft", "p99"),
+        rows.append([str(lv["concurrency"]), f"{lv['ok']}/{lv['requests']}", f("ttft", "p50"), f("ttft", "p90"), f("ttft", "p99"),
                      f("tpot", "p50"), f("tpot", "p90"), f("tpot", "p99"), f("e2e", "p50"), f("e2e", "p99"),
                      f"{lv['output_tokens_per_s'] or 0:.1f}", f"{lv['requests_per_s'] or 0:.2f}", errs])
     return report.table(title, ["conc", "ok", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99", "e2e p50", "p99", "tok/s", "req/s", "errors"], rows)
