@@ -7,7 +7,6 @@ one round trip per node, plus the probe.
 
 from __future__ import annotations
 
-import calendar
 import time
 
 from rich.console import Console
@@ -20,7 +19,7 @@ from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan, Unit
 from llmdeploy.runner import Runner, Step
 from roles.containers import LABEL
-from roles.status import parse_status, status_script
+from roles.status import parse_status, started_at, status_script
 
 
 def drift(plan: ReleasePlan, st: dict, c: dict | None, main: bool, secret_keys: set[str] = frozenset()) -> list[str]:
@@ -88,10 +87,8 @@ def _uptime(c: dict | None) -> str:
     started = str(_docker_state(c).get("StartedAt") or "")
     if not started or not _docker_state(c).get("Running"):
         return "-"
-    try:
-        return f"{int(time.time() - calendar.timegm(time.strptime(started[:19], '%Y-%m-%dT%H:%M:%S')))}s"
-    except ValueError:
-        return started
+    t = started_at(started)
+    return started if t is None else f"{int(time.time() - t)}s"
 
 
 def _state(c: dict | None) -> str:

@@ -38,18 +38,7 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan
 from llmdeploy.runner import HostResult, Runner, Step
-from roles.status import parse_top, top_script
-
-
-def _started(started: str) -> float | None:
-    """docker's StartedAt (RFC 3339, nanoseconds) as seconds since the epoch."""
-    if not started or started.startswith("0001-"):
-        return None
-    head = started.rstrip("Z").split(".")[0]
-    try:
-        return dt.datetime.fromisoformat(head).replace(tzinfo=dt.timezone.utc).timestamp()
-    except ValueError:
-        return None
+from roles.status import parse_top, started_at, top_script
 
 
 def node_doc(host: str, r: HostResult | None, now: float) -> dict:
@@ -60,7 +49,7 @@ def node_doc(host: str, r: HostResult | None, now: float) -> dict:
     got = parse_top(r.stdout)
     units = []
     for u in got["units"]:
-        t = _started(u["started"])
+        t = started_at(u["started"])
         units.append({"container": u["name"], "service": u["service"] or "-", "state": u["state"], "release": u["release"],
                       "uptime_s": round(now - t, 1) if t and u["state"] == "running" else None,
                       "restarts": max(0, got["attempts"].get(u["name"], 1) - 1)})

@@ -8,8 +8,10 @@ Every value is quoted; nothing here opens a connection.
 
 from __future__ import annotations
 
+import calendar
 import json
 import re
+import time
 import shlex
 
 from llmdeploy.inventory import Cluster
@@ -218,3 +220,15 @@ def parse_top(out: str) -> dict:
         metrics = body if status == 200 else None
     return {"release": text("release").strip() or None, "units": units, "attempts": attempts,
             "accel": _gpus(accel) or _npus(accel), "metrics": metrics, "metrics_status": status}
+
+
+def started_at(started: str) -> float | None:
+    """docker inspect's State.StartedAt (RFC 3339, UTC, nanoseconds) as
+    seconds since the epoch; None for a container never started (0001-...)
+    or a value that is not such a time."""
+    if not started or started.startswith("0001-"):
+        return None
+    try:
+        return calendar.timegm(time.strptime(started[:19], "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
