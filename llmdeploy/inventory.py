@@ -259,6 +259,49 @@ class VerifySettings(Strict):
 
 
 
+# --- Slurm ------------------------------------------------------------------------
+# partition, account and reservation names as Slurm takes them (no spaces, no shell syntax)
+SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds, or UNLIMITED (sbatch(1))
+SLURM_TIME_RE = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|infinite)$")
+
+
+class Slurm(Strict):
+    """The cluster's nodes belong to a Slurm controller: commands reach them as
+    job steps (srun) from the login host, and a release is a job whose steps
+    are its units (llmdeploy/slurm.py)."""
+
+    # the login host: reached over SSH like a node (an ssh_config name or an address)
+    login: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]*$")
+    login_port: Port | None = None
+    partition: str = Field(pattern=SLURM_NAME_RE.pattern)
+    account: str | None = Field(default=None, pattern=SLURM_NAME_RE.pattern)
+    reservation: str | None = Field(default=None, pattern=SLURM_NAME_RE.pattern)
+    # Slurm's names of the inventory's nodes, in the same order; default: the nodes' names
+    nodelist: list[str] | None = None
+    # the release's job time limit (sbatch --time); None: the partition's default
+    time_limit: str | None = Field(default=None, pattern=SLURM_TIME_RE.pattern)
+    # how a unit's container starts on its node: "docker" (srun runs the
+    # unit's docker run there) or "pyxis" (srun --container-image, enroot)
+    container: Literal["docker", "pyxis"] = "docker"
+    # seconds to wait for an allocation (salloc/sbatch) before giving up
+    alloc_timeout_s: float = Field(default=120, gt=0)
+
+    @field_validator("nodelist")
+    @classmethod
+    def _slurm_names(cls, v: list[str] | None) -> list[str] | None:
+        for name in v or []:
+            if not NAME_RE.match(name):
+                raise ValueError(f"{name!r} is not a node name Slurm and a shell can take (letters, digits, '-')")
+        return v
+
+    def login_node(self) -> Node:
+        """The login host as a node of the runner's (its name: the host's first label)."""
+        name = re.sub(r"[^A-Za-z0-9-]", "-", self.login.split(".")[0]).strip("-")[:63] or "login"
+        return Node(name=name, ip="0.0.0.0", ssh_host=self.login, ssh_port=self.login_port)
+
+
 # --- the cluster ------------------------------------------------------------------
 class Cluster(Strict):
     name: str = Field(pattern=CLUSTER_RE.pattern)
@@ -286,6 +329,8 @@ class Cluster(Strict):
     # Where rendered environment files go on every node.
     etc_dir: SafePath = "/etc/llmdeploy"
     log_dir: SafePath = "/var/log/llmdeploy"
+    # the nodes belong to a Slurm controller (None: the tool reaches every node over SSH)
+    slurm: Slurm | None = None
 
     _check_dirs = field_validator("base_dir", "etc_dir", "log_dir")(
         classmethod(lambda cls, v: safe_path(v))
@@ -349,7 +394,7 @@ class Cluster(Strict):
 
     @model_validator(mode="after")
     def _derive_and_check(self) -> "Cluster":
-        problems = self._derive_nodes() + self._unique_nodes() + self.profile.problems(self) + self._unique_ports()
+        problems = self._derive_nodes() + self._unique_nodes() + self.profile.problems(self) + self._unique_ports() + self._slurm_problems()
         if problems:
             raise ClusterProblems(problems)
         return self
@@ -388,6 +433,33 @@ class Cluster(Strict):
                 else:
                     seen[key][value] = i
         return problems
+
+    def _slurm_problems(self) -> list[tuple[str, str]]:
+        """What contradicts in ``slurm`` (named before any connection)."""
+        s = self.slurm
+        if s is None:
+            return []
+        problems = []
+        names = [n.name for n in self.nodes]
+        if s.nodelist is not None:
+            if len(s.nodelist) != len(self.nodes):
+                problems.append(("slurm.nodelist", f"names {len(s.nodelist)} Slurm nodes for the inventory's {len(self.nodes)} (one per node, in the nodes' order)"))
+            dup = sorted({x for x in s.nodelist if s.nodelist.count(x) > 1})
+            if dup:
+                problems.append(("slurm.nodelist", f"names {', '.join(dup)} more than once"))
+        login = s.login_node().name
+        if login in names or s.login in names or login in (s.nodelist or []):
+            problems.append(("slurm.login", f"{s.login} is one of the cluster's nodes: the login host submits jobs, it does not serve"))
+        if s.container == "pyxis" and self.image.tarball:
+            problems.append(("slurm.container", "pyxis imports images from a registry (enroot): image.tarball is loaded by docker on each node; "
+                                                "use container 'docker' or drop image.tarball"))
+        return problems
+
+    def slurm_name(self, node: Node) -> str:
+        """Slurm's name of one of the inventory's nodes."""
+        if self.slurm is None or self.slurm.nodelist is None:
+            return node.name
+        return self.slurm.nodelist[[n.name for n in self.nodes].index(node.name)]
 
     def _unique_ports(self) -> list[tuple[str, str]]:
         problems = []
