@@ -172,6 +172,14 @@ class Runner:
         self.cluster = cluster
         self.reconnect_idle = reconnect_idle
         self.nodes = list(nodes if nodes is not None else cluster.nodes)
+        # a Slurm cluster: every command goes to the login host, as job steps (llmdeploy/slurmrun.py)
+        self.slurm = None
+        if cluster.slurm is not None:
+            from .slurmrun import SlurmSteps
+
+            self.slurm = SlurmSteps(self)
+            persist = False
+        ssh_hosts = [self.slurm.login] if self.slurm is not None else self.nodes
         self.forks = max(1, min(forks or cluster.ssh.forks, len(self.nodes) or 1))
         self.progress = progress
         self.lines = lines
@@ -182,11 +190,12 @@ class Runner:
         # hosts left out of later steps (failed earlier), with the reason
         self.excluded: dict[str, str] = {}
         self.recap: dict[str, dict[str, int]] = {n.name: {OK: 0, CHANGED: 0, FAILED: 0, UNREACHABLE: 0, SKIPPED: 0} for n in self.nodes}
-        self.round_trips: dict[str, int] = {n.name: 0 for n in self.nodes}
+        self.round_trips: dict[str, int] = {n.name: 0 for n in [*self.nodes, *ssh_hosts]}
         # commands running per host (a timed-out command is only reaped when it was alone)
-        self._inflight: dict[str, int] = {n.name: 0 for n in self.nodes}
+        self._inflight: dict[str, int] = {n.name: 0 for n in ssh_hosts}
         self._lock = threading.Lock()
-        self._opening = {n.name: threading.Lock() for n in self.nodes}
+        self._opening = {n.name: threading.Lock() for n in ssh_hosts}
+        self._ssh_hosts = ssh_hosts
         self._pool = ThreadPoolExecutor(max_workers=self.forks, thread_name_prefix="llmdeploy-host")
         # ssh.persist_s: the commands go through the cluster's connection holder
         self.mux = None
@@ -209,7 +218,7 @@ class Runner:
             if self._conns is None:
                 cx = _cx()
                 shared: dict = {}
-                self._conns = {n.name: cx.make_connection(self.cluster, n, shared) for n in self.nodes}
+                self._conns = {n.name: cx.make_connection(self.cluster, n, shared) for n in self._ssh_hosts}
             return self._conns
 
     def _no_holder(self, exc: BaseException) -> None:
@@ -228,6 +237,8 @@ class Runner:
         self.close()
 
     def close(self) -> None:
+        if self.slurm is not None:
+            self.slurm.close()  # this command's own allocation, if it made one
         self._pool.shutdown(wait=False, cancel_futures=True)
         for conn in (self._conns or {}).values():
             # a jump host's connection too: Fabric's close leaves it open
@@ -240,7 +251,10 @@ class Runner:
 
     # -- execution -------------------------------------------------------------
     def connection(self, node: Node) -> Connection:
-        """The open connection to ``node`` (for port forwarding); UnreachableError if it cannot be."""
+        """The open connection to ``node`` (for port forwarding); UnreachableError if it cannot be.
+        On a Slurm cluster: the login host's (it reaches the nodes' serving addresses)."""
+        if self.slurm is not None:
+            return self._open(self.slurm.login)
         return self._open(node)
 
     def _open(self, node: Node) -> Connection:
@@ -289,7 +303,14 @@ class Runner:
         A command past its deadline gets exit code 124 and "command timed out
         after Ns" in stderr; a connection that dies under it raises
         :class:`ConnectionLost` (an UnreachableError)."""
+        if self.slurm is not None and node.name != self.slurm.login.name:
+            return self.slurm.exec(node, command, timeout, stdin)
         out, err, code, _ = self._exec(node, command, timeout, stdin, on_line)
+        return out, err, code
+
+    def exec_direct(self, node: Node, command: str, timeout: float | None = None, stdin: str | bytes | None = None) -> tuple[str, str, int]:
+        """``exec`` over ``node``'s own SSH connection (a Slurm cluster's login host)."""
+        out, err, code, _ = self._exec(node, command, timeout, stdin, None)
         return out, err, code
 
     def _exec(
@@ -432,6 +453,35 @@ class Runner:
             return "it had already ended on the host"
         return f"could not stop it on the host (exit {code}): it may still run there"
 
+    def before(self, step: Step, node: Node) -> "HostResult | str | None":
+        """What ``step`` does on ``node`` before any round trip: a result
+        (a local or decided host), the command to run, or None (nothing)."""
+        decided = step.decide(node) if step.decide and not step.local else None
+        if step.local:
+            return step.local(node)
+        if decided is not None:
+            decided.host = node.name
+            return decided
+        return step.build(node)
+
+    def after(self, step: Step, node: Node, out: str, err: str, code: int, fired: tuple[float, str] | None) -> HostResult:
+        """The host's result from its command's output (the step's parser)."""
+        if step.progress:
+            out, err = without_progress(out), without_progress(err)
+        if fired is not None:
+            # partial output: not for the parser
+            return HostResult(node.name, FAILED, msg=f"timed out after {fired[0]:g}s at step '{step.name}' (the command's deadline); {fired[1]}",
+                              stdout=out, stderr=err, exit_code=code)
+        res = (step.parse or default_parse)(node, out, err, code)
+        res.host = node.name
+        if res.exit_code is None:
+            res.exit_code = code
+        if not res.stdout:
+            res.stdout = out
+        if not res.stderr:
+            res.stderr = err
+        return res
+
     def _one(self, step: Step, node: Node, on_line: Callable[[str, str, str], None] | None = None) -> HostResult:
         start = time.monotonic()
         if node.name in self.unreachable:
@@ -440,39 +490,15 @@ class Runner:
             res = HostResult(node.name, SKIPPED, msg=self.excluded[node.name])
         else:
             try:
-                decided = step.decide(node) if step.decide and not step.local else None
-                command = None if step.local or decided is not None else step.build(node)
-                if step.local:
-                    res = step.local(node)
-                elif decided is not None:
-                    res = decided
-                    res.host = node.name
-                elif command is None:
+                pre = self.before(step, node)
+                if isinstance(pre, HostResult):
+                    res = pre
+                elif pre is None:
                     res = HostResult(node.name, SKIPPED, msg="nothing to do here")
                 else:
                     host_line = (lambda stream, line: on_line(node.name, stream, line)) if on_line else None
-                    out, err, code, fired = self._exec(node, command, step.timeout, step.stdin(node) if step.stdin else None, host_line)
-                    if step.progress:
-                        out, err = without_progress(out), without_progress(err)
-                    if fired is not None:
-                        # partial output: not for the parser
-                        res = HostResult(
-                            node.name,
-                            FAILED,
-                            msg=f"timed out after {fired[0]:g}s at step '{step.name}' (the command's deadline); {fired[1]}",
-                            stdout=out,
-                            stderr=err,
-                            exit_code=code,
-                        )
-                    else:
-                        res = (step.parse or default_parse)(node, out, err, code)
-                        res.host = node.name
-                        if res.exit_code is None:
-                            res.exit_code = code
-                        if not res.stdout:
-                            res.stdout = out
-                        if not res.stderr:
-                            res.stderr = err
+                    out, err, code, fired = self._exec(node, pre, step.timeout, step.stdin(node) if step.stdin else None, host_line)
+                    res = self.after(step, node, out, err, code, fired)
             except ConnectionLost as exc:
                 msg = f"connection lost during step '{step.name}' after {exc.elapsed:.1f}s: {exc.detail}"
                 with self._lock:
@@ -501,6 +527,8 @@ class Runner:
         ``progress`` parser, what the parser reads goes to ``lines``.
         """
         targets = list(nodes if nodes is not None else self.nodes)
+        if self.slurm is not None:
+            return self._finish(step, targets, self._run_slurm(step, targets))
         on_line = on_line or self._progress_lines(step)
         futures = {}
         for node in targets:
@@ -521,6 +549,30 @@ class Runner:
             fut.cancel()
             node = futures[fut]
             results[node.name] = HostResult(node.name, FAILED, msg=f"step '{step.name}' deadline of {budget:g}s passed (no answer from the host)")
+        return self._finish(step, targets, results)
+
+    def _run_slurm(self, step: Step, targets: list[Node]) -> dict[str, HostResult]:
+        """The step as one srun over the hosts not left out earlier."""
+        results: dict[str, HostResult] = {}
+        live = []
+        for n in targets:
+            if self.progress:
+                self.progress(step.name, n.name, None)
+            if n.name in self.unreachable:
+                results[n.name] = HostResult(n.name, SKIPPED, msg=f"unreachable earlier: {self.unreachable[n.name]}")
+            elif n.name in self.excluded:
+                results[n.name] = HostResult(n.name, SKIPPED, msg=self.excluded[n.name])
+            else:
+                live.append(n)
+        if live:
+            try:
+                results.update(self.slurm.run(step, live))
+            except Exception as exc:  # a bug must not hide the hosts
+                results.update({n.name: HostResult(n.name, FAILED, msg=f"{type(exc).__name__}: {exc}") for n in live if n.name not in results})
+        return results
+
+    def _finish(self, step: Step, targets: list[Node], results: dict[str, HostResult]) -> dict[str, HostResult]:
+        """Compare hosts (the step's aggregate), count the recap, report each host."""
         if step.aggregate:
             try:
                 step.aggregate(results)

@@ -1,0 +1,416 @@
+"""The Slurm launcher: commands reach a Slurm cluster's nodes as job steps
+from its login host, and a release is a job whose steps are its units.
+
+The runner (llmdeploy/runner.py) keeps one SSH connection, to the login host
+(``cluster.slurm.login``); a step of the tool's (facts, prepare, verify-comm,
+the engine's reads) becomes one ``srun`` over the step's nodes with one task
+per node (``--nodelist … --ntasks-per-node=1``). Every task gets the same
+standard input (srun's default, ``--input=all``): the per-node commands
+(``payload``), which the task picks by ``$SLURMD_NODENAME`` and runs; its
+exit code, stdout and stderr come back base64-encoded, one labelled line at a
+time (srun ``--label``), and are read per node by ``parse_dispatch``.
+
+Allocations (sbatch(1), salloc(1), srun(1)): a command runs its steps inside
+the cluster's release job when one is running (``--jobid --overlap``: the
+release's units keep their resources), else in an allocation of its own
+(``salloc --no-shell``), cancelled when the command ends. ``deploy`` submits
+the release's job (``sbatch``; the job holds the nodes with a batch step that
+sleeps) and starts each unit as a step of it (``start_units_script``).
+
+Node states (sinfo(1)): a node Slurm reports drained, draining, down, failed
+or not responding is named with Slurm's reason before any step starts; it is
+left out of the allocation (srun would wait for it forever).
+
+Everything here is text: builders of command lines and parsers of what the
+commands print. The runner executes them.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shlex
+from dataclasses import dataclass
+
+from .inventory import Cluster, Node
+
+q = shlex.quote
+
+# sinfo %T states (sinfo(1) "NODE STATE CODES") that no job step can start on;
+# a trailing "*" means the node is not responding, "~" powered off, "#" powering up,
+# "!" pending power down, "%" powering down, "$" maintenance reservation, "@" pending reboot
+BAD_STATES = ("down", "drained", "draining", "drain", "fail", "failing", "future", "inval", "maint", "not_responding",
+              "power_down", "powered_down", "powering_down", "reboot_requested", "reboot_issued", "unknown", "no_respond")
+STATE_FLAGS = {"*": "not responding", "~": "powered off", "#": "powering up", "!": "pending power down", "%": "powering down",
+               "@": "pending reboot", "^": "rebooting"}
+
+JOB_PREFIX = "llmdeploy"
+
+
+def release_job_name(cluster: str, release: str) -> str:
+    """The name of a release's job: ``llmdeploy.<cluster>.<release>`` (squeue finds it by it)."""
+    return f"{JOB_PREFIX}.{cluster}.{release}"
+
+
+def command_job_name(cluster: str) -> str:
+    """The name of a command's own allocation (facts, prepare, verify-comm without a release job)."""
+    return f"{JOB_PREFIX}.{cluster}.cmd"
+
+
+def release_of_job(cluster: str, name: str) -> str | None:
+    """The release a job name stands for (None: not a release's job of this cluster)."""
+    prefix = f"{JOB_PREFIX}.{cluster}."
+    if not name.startswith(prefix) or name == command_job_name(cluster):
+        return None
+    return name[len(prefix):] or None
+
+
+def where_args(cluster: Cluster) -> list[str]:
+    """Partition, account, reservation: where every job of the cluster goes."""
+    s = cluster.slurm
+    assert s is not None
+    args = [f"--partition={s.partition}"]
+    if s.account:
+        args.append(f"--account={s.account}")
+    if s.reservation:
+        args.append(f"--reservation={s.reservation}")
+    return args
+
+
+def hostlist(names: list[str]) -> str:
+    """A comma-separated node list (Slurm also takes compressed forms; commas always work)."""
+    return ",".join(names)
+
+
+# -- node states ------------------------------------------------------------------------
+def sinfo_command(names: list[str]) -> str:
+    """One line per node: ``<name>|<state>|<reason>`` (sinfo -N -o %N %T %E)."""
+    return f"sinfo --noheader --Node --nodes={q(hostlist(names))} --format='%N|%T|%E'"
+
+
+@dataclass
+class NodeState:
+    name: str
+    state: str
+    reason: str
+
+    @property
+    def usable(self) -> bool:
+        base = self.state.rstrip("*~#!%$@^+").lower()
+        return not self.state.endswith(tuple(STATE_FLAGS)) and not any(base.startswith(b) for b in BAD_STATES)
+
+    def describe(self) -> str:
+        flag = STATE_FLAGS.get(self.state[-1:], "")
+        state = self.state.rstrip("".join(STATE_FLAGS)).lower()
+        words = f"{state}{', ' + flag if flag else ''}"
+        reason = self.reason.strip()
+        return f"Slurm reports {self.name} {words}" + (f" (reason: {reason})" if reason and reason.lower() != "none" else "")
+
+
+def parse_sinfo(out: str, names: list[str]) -> dict[str, NodeState]:
+    """sinfo's lines -> {node: NodeState}; a node sinfo does not list is ``unknown to Slurm``."""
+    found: dict[str, NodeState] = {}
+    for line in out.splitlines():
+        parts = line.split("|", 2)
+        if len(parts) == 3 and parts[0] in names:
+            # a node in two partitions is listed twice: the same state
+            found[parts[0]] = NodeState(parts[0], parts[1].strip(), parts[2].strip())
+    for n in names:
+        found.setdefault(n, NodeState(n, "unknown", "not in sinfo: no such node in Slurm's configuration"))
+    return found
+
+
+# -- allocations -------------------------------------------------------------------------
+def salloc_command(cluster: Cluster, names: list[str], job_name: str, time_limit: str | None = None) -> str:
+    """An allocation of ``names`` for one command's steps, without a shell
+    (salloc --no-shell: the job holds the nodes until scancel or its limit).
+    Prints ``salloc: Granted job allocation <id>`` on stderr."""
+    s = cluster.slurm
+    assert s is not None
+    args = ["salloc", "--no-shell", f"--job-name={job_name}", f"--nodes={len(names)}", f"--nodelist={hostlist(names)}",
+            "--ntasks-per-node=1", f"--immediate={max(1, int(s.alloc_timeout_s))}", *where_args(cluster)]
+    limit = time_limit or s.time_limit
+    if limit:
+        args.append(f"--time={limit}")
+    return " ".join(q(a) for a in args)
+
+
+JOB_ID_RE = re.compile(r"(?:Granted job allocation|Submitted batch job) (\d+)")
+
+
+def parse_job_id(text: str) -> str | None:
+    m = JOB_ID_RE.search(text)
+    return m.group(1) if m else None
+
+
+def sbatch_command(cluster: Cluster, names: list[str], release: str, out_dir: str) -> str:
+    """The release's job: it holds the nodes (a batch step that sleeps until
+    cancelled); the units are its other steps. ``--parsable`` prints the id."""
+    s = cluster.slurm
+    assert s is not None
+    args = ["sbatch", "--parsable", f"--job-name={release_job_name(cluster.name, release)}", f"--nodes={len(names)}",
+            f"--nodelist={hostlist(names)}", "--ntasks-per-node=1", *where_args(cluster),
+            f"--output={out_dir}/slurm-%j.out", f"--chdir={out_dir}", f"--comment=llmdeploy release {release} of {cluster.name}"]
+    if s.time_limit:
+        args.append(f"--time={s.time_limit}")
+    # the batch step: sleep in the background so that SIGTERM (scancel) ends it at once
+    args.append("--wrap=exec sleep infinity")
+    return " ".join(q(a) for a in args)
+
+
+def squeue_command(cluster: str) -> str:
+    """The cluster's jobs: ``<id>|<name>|<state>|<reason>|<nodes>``, steps after them as ``step <id>|<name>|<nodes>``."""
+    return (f"squeue --noheader --all --format='%i|%j|%T|%r|%N' | grep -F {q('|' + JOB_PREFIX + '.' + cluster + '.')} || true; "
+            f"squeue --noheader --steps --all --format='step %i|%j|%N' | grep -v '^step [0-9]*\\.\\(batch\\|extern\\)' || true")
+
+
+@dataclass
+class Job:
+    id: str
+    name: str
+    state: str
+    reason: str
+    nodes: str
+    steps: dict[str, tuple[str, str]]  # step id (J.S) -> (step name, node list)
+
+    def step_named(self, name: str) -> str | None:
+        for sid, (n, _) in self.steps.items():
+            if n == name:
+                return sid
+        return None
+
+
+def parse_squeue(out: str, cluster: str) -> list[Job]:
+    jobs: dict[str, Job] = {}
+    steps: list[tuple[str, str, str]] = []
+    for line in out.splitlines():
+        if line.startswith("step "):
+            parts = line[5:].split("|")
+            if len(parts) == 3:
+                steps.append((parts[0], parts[1], parts[2]))
+            continue
+        parts = line.split("|")
+        if len(parts) == 5 and parts[1].startswith(f"{JOB_PREFIX}.{cluster}."):
+            jobs[parts[0]] = Job(parts[0], parts[1], parts[2], parts[3], parts[4], {})
+    for sid, name, nodes in steps:
+        job = jobs.get(sid.split(".", 1)[0])
+        if job is not None:
+            job.steps[sid] = (name, nodes)
+    return list(jobs.values())
+
+
+def release_job(jobs: list[Job], cluster: str, release: str | None = None) -> Job | None:
+    """The running (or pending) job of ``release`` (any release's when None)."""
+    for j in jobs:
+        r = release_of_job(cluster, j.name)
+        if r is not None and (release is None or r == release) and j.state in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING"):
+            return j
+    return None
+
+
+def scancel_steps_command(step_ids: list[str], signal: str | None = None) -> str:
+    """Cancel job steps (``J.S``) one after the other, in the order given."""
+    sig = f" --signal={signal}" if signal else ""
+    return "".join(f"scancel{sig} {q(s)} 2>&1 || true\n" for s in step_ids) or "true\n"
+
+
+def scancel_job_command(job_id: str, wait_s: float = 30) -> str:
+    """Cancel a job and wait (up to ``wait_s``) until squeue no longer lists it as running."""
+    j = q(job_id)
+    return (f"scancel {j} 2>&1 || true\n"
+            f"end=$((SECONDS + {int(wait_s)}))\n"
+            f"while [ $SECONDS -lt $end ]; do st=$(squeue --noheader --jobs={j} --format=%T 2>/dev/null); "
+            f"[ -z \"$st\" ] && break; sleep 0.2; done\n"
+            f"st=$(squeue --noheader --jobs={j} --format=%T 2>/dev/null); "
+            f"if [ -n \"$st\" ]; then echo \"job {job_id} still $st after {int(wait_s)}s\"; exit 1; fi\n")
+
+
+def wait_running_command(job_id: str, wait_s: float) -> str:
+    """Wait until the job runs; prints ``RUNNING`` or its last state and reason (exit 1)."""
+    j = q(job_id)
+    return (f"end=$((SECONDS + {int(max(1, wait_s))}))\n"
+            f"while :; do st=$(squeue --noheader --jobs={j} --format='%T|%r' 2>&1)\n"
+            f"  case $st in RUNNING*) echo RUNNING; exit 0 ;; ''|*COMPLET*|*FAIL*|*CANCEL*|*TIMEOUT*) echo \"ended: ${{st:-gone}}\"; exit 1 ;; esac\n"
+            f"  [ $SECONDS -ge $end ] && {{ echo \"still $st\"; exit 1; }}; sleep 0.2\n"
+            f"done\n")
+
+
+# -- one step over many nodes: the dispatch ---------------------------------------------
+# run by every task of the step: its node's command and standard input from
+# the payload on stdin, then the exit code and the output, base64, labelled
+DISPATCH = r"""me=${SLURMD_NODENAME:?not run as a Slurm job step}
+d=$(mktemp -d "${TMPDIR:-/tmp}/llmdeploy-step.XXXXXX") || exit 1
+trap 'rm -rf "$d"' EXIT
+cat > "$d/p"
+set -- $(awk -v n="$me" '$1=="#map" && $2==n {print $3, $4, $5; exit}' "$d/p")
+if [ $# -ne 3 ]; then echo "@@lds-rc $me 0"; echo "@@lds-end $me"; exit 0; fi
+blob() { awk -v id="$1" '$1=="#blob" {on=($2==id); next} on' "$d/p" | base64 -d; }
+blob "$1" > "$d/cmd"
+if [ "$2" != - ]; then blob "$2" > "$d/in"; else : > "$d/in"; fi
+timeout -k 5 "$3" bash "$d/cmd" < "$d/in" > "$d/out" 2> "$d/err"; rc=$?
+echo "@@lds-rc $me $rc"
+base64 -w 76 "$d/out" | sed "s/^/@@lds-o $me /"
+base64 -w 76 "$d/err" | sed "s/^/@@lds-e $me /"
+echo "@@lds-end $me"
+"""
+
+
+def payload(per_node: dict[str, tuple[str, bytes | None]], timeout: float) -> bytes:
+    """The dispatch's standard input: ``#map <node> <command blob> <stdin blob or -> <seconds>``
+    lines, then each distinct blob once (``#blob <id>`` and its base64 lines).
+    Most steps send every node the same command: it travels once."""
+    blobs: dict[bytes, int] = {}
+
+    def blob(data: bytes) -> int:
+        return blobs.setdefault(data, len(blobs))
+
+    lines = []
+    for node, (command, stdin) in per_node.items():
+        c = blob(command.encode())
+        i = str(blob(stdin)) if stdin else "-"
+        lines.append(f"#map {node} {c} {i} {max(1, int(timeout))}")
+    for data, k in blobs.items():
+        lines.append(f"#blob {k}")
+        enc = base64.encodebytes(data).decode()
+        lines.extend(enc.splitlines())
+    lines.append("#blob end")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def srun_dispatch_command(cluster: Cluster, job_id: str, names: list[str], step_name: str) -> str:
+    """One job step over ``names``, one task per node, running DISPATCH."""
+    args = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(names)}", f"--nodelist={hostlist(names)}",
+            f"--ntasks={len(names)}", "--ntasks-per-node=1", "--label", "--kill-on-bad-exit=0",
+            f"--job-name={step_safe(step_name)}", "bash", "-c", DISPATCH]
+    return " ".join(q(a) for a in args)
+
+
+def step_safe(name: str) -> str:
+    """A step's name as srun takes it (letters, digits, ._-)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:60] or "step"
+
+
+LABEL_RE = re.compile(r"^\s*\d+: (.*)$")
+
+
+@dataclass
+class NodeOutput:
+    code: int
+    stdout: str
+    stderr: str
+
+
+def parse_dispatch(out: str) -> dict[str, NodeOutput]:
+    """srun's labelled output -> {node: NodeOutput}, for every node whose task finished its record."""
+    rc: dict[str, int] = {}
+    chunks: dict[tuple[str, str], list[str]] = {}
+    ended: set[str] = set()
+    for raw in out.splitlines():
+        m = LABEL_RE.match(raw)
+        line = m.group(1) if m else raw
+        if not line.startswith("@@lds-"):
+            continue
+        parts = line.split(" ", 2)
+        kind, node = parts[0], parts[1] if len(parts) > 1 else ""
+        if kind == "@@lds-rc" and len(parts) == 3 and parts[2].strip().lstrip("-").isdigit():
+            rc[node] = int(parts[2])
+        elif kind in ("@@lds-o", "@@lds-e") and len(parts) == 3:
+            chunks.setdefault((node, kind[-1]), []).append(parts[2])
+        elif kind == "@@lds-end":
+            ended.add(node)
+    res = {}
+    for node in ended:
+        if node not in rc:
+            continue
+        o = base64.b64decode("".join(chunks.get((node, "o"), []))).decode(errors="replace")
+        e = base64.b64decode("".join(chunks.get((node, "e"), []))).decode(errors="replace")
+        res[node] = NodeOutput(rc[node], o, e)
+    return res
+
+
+def srun_problem(stdout: str, stderr: str, code: int) -> str:
+    """What srun said when a task left no record (its own error lines, else the exit code)."""
+    lines = [ln.strip() for ln in (stderr + "\n" + stdout).splitlines() if ln.strip() and not LABEL_RE.match(ln) and "@@lds-" not in ln]
+    errs = [ln for ln in lines if ln.startswith(("srun:", "slurmstepd:"))] or lines
+    return "; ".join(errs[-3:]) if errs else f"srun exited {code}"
+
+
+# -- units as job steps ------------------------------------------------------------------
+STARTED_MARK = "@@llmdeploy-started"
+
+
+@dataclass
+class UnitStep:
+    node: str  # Slurm's name of the node
+    name: str  # the step's name: the unit's container
+    script: str  # what the step runs on the node (starts the container, then holds it)
+    log: str  # the step's srun output on the login host
+
+
+def start_units_script(cluster: Cluster, job_id: str, units: list[UnitStep], wait_s: float) -> str:
+    """On the login host: each unit as a step of the release's job, its srun
+    in the background (setsid: it outlives this SSH session; the step lives
+    as long as its container), then wait until each step says it started its
+    container (STARTED_MARK in its log) or ended. Prints ``started <name>``
+    or ``failed <name> <what its log says>`` per unit; exit 1 if any failed."""
+    lines = ["set -u", "pids=''"]
+    for u in units:
+        args = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={u.node}",
+                f"--job-name={step_safe(u.name)}", "--kill-on-bad-exit=1", "bash", "-c", u.script]
+        lines.append(f"mkdir -p {q(u.log.rsplit('/', 1)[0])}")
+        lines.append(f"setsid nohup {' '.join(q(a) for a in args)} > {q(u.log)} 2>&1 < /dev/null &")
+        lines.append("pids=\"$pids $!\"")
+    checks = " ".join(q(f"{u.name}={u.log}") for u in units)
+    lines += [
+        f"end=$((SECONDS + {int(max(1, wait_s))})); bad=0",
+        f"for item in {checks}; do",
+        "  name=${item%%=*}; log=${item#*=}",
+        "  while :; do",
+        f"    if grep -q {q(STARTED_MARK)} \"$log\" 2>/dev/null; then echo \"started $name\"; break; fi",
+        "    if grep -q '^@@llmdeploy-exit' \"$log\" 2>/dev/null || grep -qE '^srun: error' \"$log\" 2>/dev/null; then",
+        "      echo \"failed $name $(grep -v '^@@' \"$log\" | tail -n 3 | tr '\\n' ' ')\"; bad=1; break; fi",
+        "    if [ $SECONDS -ge $end ]; then echo \"failed $name no start within the deadline: $(tail -n 2 \"$log\" | tr '\\n' ' ')\"; bad=1; break; fi",
+        "    sleep 0.1",
+        "  done",
+        "done",
+        "exit $bad",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_started(out: str) -> dict[str, str]:
+    """``start_units_script``'s lines -> {unit: "" (started) or why it failed}."""
+    res = {}
+    for line in out.splitlines():
+        if line.startswith("started "):
+            res[line.split()[1]] = ""
+        elif line.startswith("failed "):
+            parts = line.split(" ", 2)
+            res[parts[1]] = (parts[2] if len(parts) > 2 else "").strip() or "its step ended"
+    return res
+
+
+def unit_step_body(start: str, container: str, stop_timeout: int) -> str:
+    """What a unit's step runs on its node: ``start`` (the container's start
+    script), then it holds the container: the step ends when the container
+    exits (with its exit code), and a cancelled step (SIGTERM from scancel)
+    stops the container first."""
+    c = q(container)
+    return (
+        "set -e\n" + start + "set +e\n"
+        f"trap 'docker stop -t {int(stop_timeout)} {c} >/dev/null 2>&1; kill $w 2>/dev/null; echo \"@@llmdeploy-exit cancelled\"; exit 143' TERM INT\n"
+        f"echo {q(STARTED_MARK)} {c}\n"
+        f"f=$(mktemp); docker wait {c} > \"$f\" 2>&1 & w=$!\n"
+        "wait $w; code=$(cat \"$f\"); rm -f \"$f\"\n"
+        "echo \"@@llmdeploy-exit $code\"\n"
+        "case $code in ''|*[!0-9]*) exit 1 ;; *) exit $code ;; esac\n"
+    )
+
+
+def login_log_dir(cluster: Cluster, release: str) -> str:
+    """Where the login host keeps the srun output of a release's unit steps."""
+    return f"{cluster.log_dir}/slurm/{cluster.name}/{release}"
+
+
+def node_names(cluster: Cluster, nodes: list[Node]) -> list[str]:
+    return [cluster.slurm_name(n) for n in nodes]

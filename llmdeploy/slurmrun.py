@@ -1,0 +1,185 @@
+"""The runner's Slurm side: a step over many nodes as one ``srun`` from the
+login host, in the cluster's release job or in an allocation of the
+command's own (llmdeploy/slurm.py builds the command lines and reads their
+output; this module runs them over the runner's one SSH connection, to the
+login host)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from . import slurm
+from .errors import UnreachableError
+from .inventory import Node
+
+if TYPE_CHECKING:
+    from .runner import HostResult, Runner, Step
+
+
+class SlurmSteps:
+    def __init__(self, runner: "Runner"):
+        self.r = runner
+        self.c = runner.cluster
+        self.login = self.c.slurm.login_node()
+        self.job: str | None = None  # the allocation the steps run in
+        self.own = False  # the job is this command's (cancelled at close)
+        self.checked: set[str] = set()  # nodes whose Slurm state was read
+        self.states: dict[str, slurm.NodeState] = {}
+
+    # -- the login host ---------------------------------------------------------------
+    def login_exec(self, command: str, timeout: float | None = None, stdin: bytes | None = None) -> tuple[str, str, int]:
+        try:
+            return self.r.exec_direct(self.login, command, timeout, stdin)
+        except UnreachableError as exc:
+            raise UnreachableError(f"login host {self.c.slurm.login}: {exc}") from exc
+
+    def squeue(self) -> list[slurm.Job]:
+        out, err, code = self.login_exec(slurm.squeue_command(self.c.name), 60)
+        if code != 0:
+            raise UnreachableError(f"squeue on {self.c.slurm.login} failed: {(err or out).strip()[-300:]}")
+        return slurm.parse_squeue(out, self.c.name)
+
+    # -- node states -------------------------------------------------------------------
+    def check_nodes(self, nodes: list[Node]) -> dict[str, str]:
+        """Slurm's state of the nodes not read yet: {node: why no step can start there}."""
+        todo = [n for n in nodes if n.name not in self.checked]
+        if not todo:
+            return {}
+        names = slurm.node_names(self.c, todo)
+        out, err, code = self.login_exec(slurm.sinfo_command(names), 60)
+        if code != 0:
+            raise UnreachableError(f"sinfo on {self.c.slurm.login} failed: {(err or out).strip()[-300:]}")
+        states = slurm.parse_sinfo(out, names)
+        bad = {}
+        for n, name in zip(todo, names):
+            self.checked.add(n.name)
+            st = self.states[n.name] = states[name]
+            if not st.usable:
+                bad[n.name] = st.describe()
+        return bad
+
+    # -- the allocation ---------------------------------------------------------------
+    def use_job(self, job_id: str | None) -> None:
+        """Run the next steps in ``job_id`` (a release's job); None: find one again."""
+        self.release_own()
+        self.job, self.own = job_id, False
+
+    def release_own(self) -> None:
+        if self.job and self.own:
+            try:
+                self.login_exec(slurm.scancel_job_command(self.job, 30), 60)
+            except UnreachableError:
+                pass
+        if self.own:
+            self.job, self.own = None, False
+
+    def allocation(self, nodes: list[Node]) -> str:
+        """The job the steps on ``nodes`` run in: the running release job of
+        the cluster, else an allocation of this command's own."""
+        if self.job:
+            return self.job
+        held = slurm.release_job([j for j in self.squeue() if j.state == "RUNNING"], self.c.name)
+        if held is not None:
+            self.job, self.own = held.id, False
+            return held.id
+        names = slurm.node_names(self.c, nodes)
+        cmd = slurm.salloc_command(self.c, names, slurm.command_job_name(self.c.name))
+        out, err, code = self.login_exec(cmd, self.c.slurm.alloc_timeout_s + 30)
+        job = slurm.parse_job_id(err + out)
+        if code != 0 or job is None:
+            if job:
+                self.login_exec(slurm.scancel_job_command(job, 10), 30)
+            said = slurm.srun_problem(out, err, code).replace("srun", "salloc")
+            raise AllocationError(f"no allocation of {', '.join(names)} in partition {self.c.slurm.partition}: {said}")
+        self.job, self.own = job, True
+        return job
+
+    def close(self) -> None:
+        self.release_own()
+
+    # -- steps ---------------------------------------------------------------------------
+    def dispatch(self, step_name: str, per_node: dict[Node, tuple[str, bytes | None]], timeout: float) -> dict[str, tuple[str, str, int] | str]:
+        """One srun over the nodes of ``per_node``: {node name: (stdout,
+        stderr, exit code) or why it has no answer}."""
+        nodes = list(per_node)
+        job = self.allocation(nodes)
+        names = {self.c.slurm_name(n): n for n in nodes}
+        data = slurm.payload({self.c.slurm_name(n): cmd for n, cmd in per_node.items()}, timeout)
+        cmd = slurm.srun_dispatch_command(self.c, job, list(names), step_name)
+        out, err, code = self.login_exec(cmd, timeout + 60, data)
+        got = slurm.parse_dispatch(out)
+        res: dict[str, tuple[str, str, int] | str] = {}
+        for name, n in names.items():
+            o = got.get(name)
+            if o is None:
+                res[n.name] = f"job {job}: no answer from {name}'s task: {slurm.srun_problem(out, err, code)}"
+            else:
+                res[n.name] = (o.stdout, o.stderr, 124 if o.code == 124 else o.code)
+        return res
+
+    def exec(self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None) -> tuple[str, str, int]:
+        """One command on one node, as a step (Runner.exec's Slurm side)."""
+        if node.name not in self.checked:
+            bad = self.check_nodes([node])
+            if bad:
+                raise UnreachableError(bad[node.name])
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        try:
+            ans = self.dispatch("exec", {node: (command, data)}, timeout or self.c.ssh.command_timeout)[node.name]
+        except AllocationError as exc:
+            raise UnreachableError(str(exc)) from exc
+        if isinstance(ans, str):
+            raise UnreachableError(ans)
+        return ans
+
+    def run(self, step: "Step", targets: list[Node]) -> dict[str, "HostResult"]:
+        """``step`` on ``targets`` as one srun (local and decided hosts need none)."""
+        from .runner import FAILED, SKIPPED, UNREACHABLE, HostResult
+
+        results: dict[str, HostResult] = {}
+        t0 = time.monotonic()
+        try:
+            bad = self.check_nodes(targets)
+        except UnreachableError as exc:
+            return {n.name: HostResult(n.name, UNREACHABLE, msg=f"unreachable at step '{step.name}': {exc}") for n in targets}
+        for h, why in bad.items():
+            self.r.unreachable[h] = why
+            results[h] = HostResult(h, UNREACHABLE, msg=why)
+        per_node: dict[Node, tuple[str, bytes | None]] = {}
+        for n in targets:
+            if n.name in results:
+                continue
+            pre = self.r.before(step, n)
+            if isinstance(pre, HostResult):
+                results[n.name] = pre
+            elif pre is None:
+                results[n.name] = HostResult(n.name, SKIPPED, msg="nothing to do here")
+            else:
+                stdin = step.stdin(n) if step.stdin else None
+                per_node[n] = (pre, stdin.encode() if isinstance(stdin, str) else stdin)
+        if per_node:
+            try:
+                answers = self.dispatch(step.name, per_node, step.timeout or self.c.ssh.command_timeout)
+            except (UnreachableError, AllocationError) as exc:
+                kind = UNREACHABLE if isinstance(exc, UnreachableError) else FAILED
+                answers = {n.name: f"{exc}" for n in per_node}
+                for n in per_node:
+                    results[n.name] = HostResult(n.name, kind, msg=f"at step '{step.name}': {exc}")
+                    if kind == UNREACHABLE:
+                        self.r.unreachable[n.name] = results[n.name].msg
+                answers = {}
+            for h, ans in answers.items():
+                node = self.c.node(h)
+                if isinstance(ans, str):
+                    results[h] = HostResult(h, UNREACHABLE, msg=f"at step '{step.name}': {ans}")
+                    self.r.unreachable[h] = results[h].msg
+                else:
+                    results[h] = self.r.after(step, node, *ans, None)
+        for r in results.values():
+            r.duration = time.monotonic() - t0
+        return results
+
+
+class AllocationError(RuntimeError):
+    """No allocation could be had (the nodes are busy, the partition refuses them)."""

@@ -1,0 +1,163 @@
+"""The Slurm launcher's text: inventory checks, the dispatch (run here by bash
+as each task of a step would run it), sinfo and squeue readers, the command
+lines (llmdeploy/slurm.py)."""
+
+import shlex
+import subprocess
+
+import pytest
+
+from llmdeploy import slurm
+from llmdeploy.errors import InventoryError
+from llmdeploy.inventory import Cluster, load_cluster
+
+
+@pytest.fixture(scope="module")
+def b200():
+    return load_cluster("sim-b200-slurm")
+
+
+def _with(cluster, **slurm_fields):
+    d = cluster.model_dump()
+    d["slurm"] = {**d["slurm"], **slurm_fields}
+    return Cluster.model_validate(d)
+
+
+def test_inventory_names_what_contradicts(b200):
+    with pytest.raises(ValueError) as err:
+        _with(b200, nodelist=["n1"])
+    assert "slurm.nodelist" in str(err.value) and "2" in str(err.value)
+    with pytest.raises(ValueError) as err:
+        _with(b200, login="sim-b200-slurm-0")
+    assert "slurm.login" in str(err.value)
+    d = b200.model_dump()
+    d["image"]["tarball"] = "/srv/images/trtllm.tar"
+    d["slurm"]["container"] = "pyxis"
+    with pytest.raises(ValueError) as err:
+        Cluster.model_validate(d)
+    assert "slurm.container" in str(err.value)
+    for field, value in (("partition", "gpu;rm -rf /"), ("time_limit", "two days"), ("account", "a b")):
+        with pytest.raises(ValueError) as err:
+            _with(b200, **{field: value})
+        assert field in str(err.value)
+    ok = _with(b200, nodelist=["gpu-a", "gpu-b"], account="llm", reservation="maint-1", time_limit="2-00:00:00")
+    assert ok.slurm_name(ok.nodes[1]) == "gpu-b"
+
+
+def test_inventory_file_problem_names_the_field(tmp_path):
+    (tmp_path / "bad.py").write_text(
+        "from inventory.sim_b200_slurm import cluster as base\n"
+        "from llmdeploy.inventory import Cluster\n"
+        "d = base.model_dump(); d['name'] = 'bad'; d['slurm'].pop('partition')\n"
+        "cluster = Cluster.model_validate(d)\n")
+    from llmdeploy.inventory import load_cluster_file
+
+    with pytest.raises(InventoryError) as err:
+        load_cluster_file(tmp_path / "bad.py")
+    assert "slurm.partition" in str(err.value)
+
+
+def _task(node: str, data: bytes) -> str:
+    """DISPATCH as srun runs it in one task on ``node`` (srun --label adds "N: ")."""
+    res = subprocess.run(["bash", "-c", slurm.DISPATCH], input=data, capture_output=True, env={"SLURMD_NODENAME": node, "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    return "".join(f"{i}: {line}\n" for i, line in enumerate(res.stdout.decode().splitlines()))
+
+
+def test_dispatch_runs_each_nodes_own_command_with_its_stdin():
+    per_node = {
+        "n0": ("echo out-$(hostname -s >/dev/null; echo n0); echo err >&2; exit 3", None),
+        "n1": ("cat; printf 'no newline'", b"file content\n\x00binary\xff"),
+        "n2": ("echo out-$(hostname -s >/dev/null; echo n0); echo err >&2; exit 3", None),
+    }
+    data = slurm.payload(per_node, 30)
+    # the same command for n0 and n2 travels once
+    assert data.count(b"#blob ") == 3 + 1
+    out = "".join(_task(n, data) for n in ("n1", "n0", "n2", "n9"))
+    got = slurm.parse_dispatch(out)
+    assert got["n0"].code == 3 and got["n0"].stdout == "out-n0\n" and got["n0"].stderr == "err\n"
+    assert got["n1"].code == 0 and got["n1"].stdout.startswith("file content\n") and got["n1"].stdout.endswith("no newline")
+    assert got["n2"] == got["n0"]
+    # a node the payload does not name answers nothing to do
+    assert got["n9"].code == 0 and got["n9"].stdout == ""
+
+
+def test_dispatch_deadline_is_exit_124():
+    data = slurm.payload({"n0": ("sleep 5", None)}, 1)
+    got = slurm.parse_dispatch(_task("n0", data))
+    assert got["n0"].code == 124
+
+
+def test_a_task_without_record_reads_as_srun_said():
+    out = "0: @@lds-rc n0 0\n0: @@lds-end n0\n"
+    err = ("srun: error: sim-b200-slurm-1: task 1: Exited with exit code 1\n"
+           "srun: error: Unable to create step for job 12: Requested node configuration is not available\n")
+    got = slurm.parse_dispatch(out)
+    assert set(got) == {"n0"}
+    assert "Requested node configuration is not available" in slurm.srun_problem(out, err, 1)
+
+
+def test_sinfo_states_name_drained_and_not_responding_nodes():
+    out = ("a|idle|none\n"
+           "b|drained|bad fan\n"
+           "c|mixed|none\n"
+           "d|idle*|Not responding\n"
+           "e|allocated|none\n"
+           "f|draining|kernel upgrade\n"
+           "g|down*|Node unexpectedly rebooted\n")
+    st = slurm.parse_sinfo(out, list("abcdefgh"))
+    usable = {n for n, s in st.items() if s.usable}
+    assert usable == {"a", "c", "e"}
+    assert st["b"].describe() == "Slurm reports b drained (reason: bad fan)"
+    assert "not responding" in st["d"].describe()
+    assert "kernel upgrade" in st["f"].describe()
+    assert "no such node" in st["h"].describe()
+
+
+def test_squeue_finds_the_release_job_and_its_steps():
+    out = ("41|llmdeploy.sim-a3.cmd|RUNNING|None|x\n"
+           "42|llmdeploy.sim-b200-slurm.r20261204-1|RUNNING|None|sim-b200-slurm-[0-1]\n"
+           "43|llmdeploy.sim-b200-slurm.cmd|PENDING|Resources|\n"
+           "44|someone-else|RUNNING|None|n9\n"
+           "step 42.0|trtllm-worker|sim-b200-slurm-1\n"
+           "step 42.1|trtllm-serve|sim-b200-slurm-0\n"
+           "step 44.0|x|n9\n")
+    jobs = slurm.parse_squeue(out, "sim-b200-slurm")
+    assert [j.id for j in jobs] == ["42", "43"]
+    job = slurm.release_job(jobs, "sim-b200-slurm")
+    assert job.id == "42" and slurm.release_of_job("sim-b200-slurm", job.name) == "r20261204-1"
+    assert job.step_named("trtllm-serve") == "42.1"
+    assert slurm.release_job(jobs, "sim-b200-slurm", "r-other") is None
+
+
+def test_command_lines_quote_and_carry_the_sites_choices(b200):
+    c = _with(b200, account="llm", reservation="maint-1")
+    line = slurm.salloc_command(c, ["sim-b200-slurm-0", "sim-b200-slurm-1"], slurm.command_job_name(c.name))
+    args = shlex.split(line)
+    assert args[:2] == ["salloc", "--no-shell"]
+    assert {"--partition=gpu", "--account=llm", "--reservation=maint-1", "--time=1-00:00:00",
+            "--nodelist=sim-b200-slurm-0,sim-b200-slurm-1", "--nodes=2"} <= set(args)
+    sb = shlex.split(slurm.sbatch_command(c, ["sim-b200-slurm-0", "sim-b200-slurm-1"], "r1", "/var/log/llmdeploy"))
+    assert "--job-name=llmdeploy.sim-b200-slurm.r1" in sb and sb[-1] == "--wrap=exec sleep infinity"
+    srun = shlex.split(slurm.srun_dispatch_command(c, "42", ["a", "b"], "prepare: image; digest"))
+    assert srun[:4] == ["srun", "--jobid=42", "--overlap", "--nodes=2"] and "--ntasks-per-node=1" in srun and "--label" in srun
+    assert "--job-name=prepare-image-digest" in srun and srun[-3:-1] == ["bash", "-c"]
+
+
+def test_unit_step_holds_its_container_and_reports_its_exit(tmp_path):
+    """The step body with a fake docker: it starts, says so, and ends with the container's exit code."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "docker").write_text("#!/bin/bash\ncase $1 in wait) sleep 0.2; echo 7 ;; stop) echo stopped >> %s/stops ;; esac\n" % tmp_path)
+    (bin_ / "docker").chmod(0o755)
+    body = slurm.unit_step_body("echo starting\n", "unit-a", 5)
+    res = subprocess.run(["bash", "-c", body], capture_output=True, text=True, env={"PATH": f"{bin_}:/usr/bin:/bin"})
+    assert res.returncode == 7
+    assert f"{slurm.STARTED_MARK} unit-a" in res.stdout and "@@llmdeploy-exit 7" in res.stdout
+    # SIGTERM (scancel of the step) stops the container first
+    p = subprocess.Popen(["bash", "-c", body.replace("sleep 0.2", "sleep 30")], stdout=subprocess.PIPE, text=True,
+                         env={"PATH": f"{bin_}:/usr/bin:/bin"})
+    assert slurm.STARTED_MARK in p.stdout.readline() + p.stdout.readline()
+    p.terminate()
+    assert p.wait(10) == 143
+    assert (tmp_path / "stops").read_text() == "stopped\n"
