@@ -115,6 +115,12 @@ class Engine:
         self.quiet = quiet
         self.d = cluster.deploy
         self.signatures = signatures
+        # a Slurm cluster: the release is a job, its units are steps (flows/slurmjobs.py)
+        self.jobs = None
+        if runner.slurm is not None:
+            from flows.slurmjobs import SlurmJobs
+
+            self.jobs = SlurmJobs(self)
 
     def say(self, msg: str) -> None:
         if not self.quiet:
@@ -150,6 +156,9 @@ class Engine:
             for h, r in self.r.run(Step(name=f"{name}: clean up", build=lambda n: cleanup), [n for n in nodes if n.name not in results]).items():
                 if r.failed:
                     results[h] = r
+        if self.jobs is not None and hosts is None:
+            for problem in self.jobs.end_jobs(keep_release):
+                self.say(f"  [yellow]{escape(problem)}[/]")
         for n in nodes:
             results.setdefault(n.name, HostResult(n.name))
         return results
@@ -265,6 +274,12 @@ class Engine:
             for u in group:
                 out.attempts[unit_key(u)] = out.attempts.get(unit_key(u), 0) + 1
                 by_host.setdefault(u.host, []).append(u)
+            if self.jobs is not None:
+                started = self.jobs.start_units(plan, group, out, lambda u: out.number(unit_key(u)))
+                failed = [u for u in group if started.get(u.container)]
+                if failed:
+                    return self._fail(out, failed[0].host, "; ".join(f"{u.container} did not start as a job step: {started[u.container]}" for u in failed))
+                continue
             res = self.r.run(
                 Step(name="start", build=lambda n: "set -e\n" + "".join(ctr.start_script(rd, u.container, u.run_file, out.number(unit_key(u))) for u in by_host[n.name])),
                 [self.node(h) for h in by_host],
@@ -317,6 +332,8 @@ class Engine:
             t = time.monotonic()
         self.stop(plan.release, "stop previous")
         out.phases["stop previous"] = time.monotonic() - t
+        if self.jobs is not None and not self.jobs.hold(plan, out):
+            return False
         for svc in plan.services:
             t = time.monotonic()
             if not self.start_units(plan, svc.units, out):

@@ -143,14 +143,17 @@ def parse_job_id(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def sbatch_command(cluster: Cluster, names: list[str], release: str, out_dir: str) -> str:
+def sbatch_command(cluster: Cluster, names: list[str], release: str) -> str:
     """The release's job: it holds the nodes (a batch step that sleeps until
     cancelled); the units are its other steps. ``--parsable`` prints the id."""
     s = cluster.slurm
     assert s is not None
+    # --exclusive: the serving release has its nodes whole (every CPU, GPU and
+    # the memory); the tool's own steps in it share them (srun --overlap)
     args = ["sbatch", "--parsable", f"--job-name={release_job_name(cluster.name, release)}", f"--nodes={len(names)}",
-            f"--nodelist={hostlist(names)}", "--ntasks-per-node=1", *where_args(cluster),
-            f"--output={out_dir}/slurm-%j.out", f"--chdir={out_dir}", f"--comment=llmdeploy release {release} of {cluster.name}"]
+            f"--nodelist={hostlist(names)}", "--ntasks-per-node=1", "--exclusive", *where_args(cluster),
+            # the batch step only sleeps: nothing to keep of its output
+            "--output=/dev/null", "--chdir=/", f"--comment=llmdeploy release {release} of {cluster.name}"]
     if s.time_limit:
         args.append(f"--time={s.time_limit}")
     # the batch step: sleep in the background so that SIGTERM (scancel) ends it at once

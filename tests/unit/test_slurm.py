@@ -137,7 +137,7 @@ def test_command_lines_quote_and_carry_the_sites_choices(b200):
     assert args[:2] == ["salloc", "--no-shell"]
     assert {"--partition=gpu", "--account=llm", "--reservation=maint-1", "--time=1-00:00:00",
             "--nodelist=sim-b200-slurm-0,sim-b200-slurm-1", "--nodes=2"} <= set(args)
-    sb = shlex.split(slurm.sbatch_command(c, ["sim-b200-slurm-0", "sim-b200-slurm-1"], "r1", "/var/log/llmdeploy"))
+    sb = shlex.split(slurm.sbatch_command(c, ["sim-b200-slurm-0", "sim-b200-slurm-1"], "r1"))
     assert "--job-name=llmdeploy.sim-b200-slurm.r1" in sb and sb[-1] == "--wrap=exec sleep infinity"
     srun = shlex.split(slurm.srun_dispatch_command(c, "42", ["a", "b"], "prepare: image; digest"))
     assert srun[:4] == ["srun", "--jobid=42", "--overlap", "--nodes=2"] and "--ntasks-per-node=1" in srun and "--label" in srun
