@@ -76,5 +76,4 @@ def _follow(runner: Runner, cluster: Cluster, node: Node, opts: list[str], servi
         have = ", ".join(f"{name} ({svc})" for name, svc in units) or "none"
         why = "no such unit" if not chosen else "several units: pick one with --service"
         raise LlmdeployError(f"--follow on {node.name}: {why} (units there: {have})")
-    res = runner.connection(node).run(follow_command(chosen[0], opts), warn=True, pty=False, in_stream=False)
-    return 0 if res.exited == 0 else 1
+    return 0 if runner.stream(node, follow_command(chosen[0], opts), f"logs {chosen[0]}") == 0 else 1

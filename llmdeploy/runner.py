@@ -308,6 +308,13 @@ class Runner:
         out, err, code, _ = self._exec(node, command, timeout, stdin, on_line)
         return out, err, code
 
+    def stream(self, node: Node, command: str, name: str = "follow") -> int:
+        """Run a command that prints until it is stopped (a log followed), its
+        output straight to this terminal; its exit code."""
+        if self.slurm is not None:
+            command, node = self.slurm.one_step_command(node, command, name), self.slurm.login
+        return self._open(node).run(command, warn=True, pty=False, in_stream=False).exited
+
     def exec_direct(self, node: Node, command: str, timeout: float | None = None, stdin: str | bytes | None = None) -> tuple[str, str, int]:
         """``exec`` over ``node``'s own SSH connection (a Slurm cluster's login host)."""
         out, err, code, _ = self._exec(node, command, timeout, stdin, None)

@@ -288,6 +288,13 @@ def srun_dispatch_command(cluster: Cluster, job_id: str, names: list[str], step_
     return " ".join(q(a) for a in args)
 
 
+def srun_one_command(job_id: str, name: str, step_name: str, command: str) -> str:
+    """``command`` as one step on one node, its output straight to srun's (a log followed)."""
+    args = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={name}",
+            f"--job-name={step_safe(step_name)}", "bash", "-c", command]
+    return " ".join(q(a) for a in args)
+
+
 def step_safe(name: str) -> str:
     """A step's name as srun takes it (letters, digits, ._-)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:60] or "step"

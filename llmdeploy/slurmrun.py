@@ -133,6 +133,12 @@ class SlurmSteps:
             raise UnreachableError(ans)
         return ans
 
+    def one_step_command(self, node: Node, command: str, step_name: str) -> str:
+        """The login host's command that runs ``command`` on ``node`` as one step, output as it comes."""
+        if node.name not in self.checked and (bad := self.check_nodes([node])):
+            raise UnreachableError(bad[node.name])
+        return slurm.srun_one_command(self.allocation([node]), self.c.slurm_name(node), step_name, command)
+
     def run(self, step: "Step", targets: list[Node]) -> dict[str, "HostResult"]:
         """``step`` on ``targets`` as one srun (local and decided hosts need none)."""
         from .runner import FAILED, SKIPPED, UNREACHABLE, HostResult

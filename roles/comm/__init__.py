@@ -471,6 +471,12 @@ def all_reduce_command(cluster: Cluster, args: str) -> str:
     program = ["all_reduce_perf", *shlex.split(args)]
     multi = len(ranks) > 1
     cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none"]
+    if cluster.slurm is not None:
+        # run as a Slurm job step, mpirun would take the step's allocation
+        # (ras/slurm) and start its daemons with srun (plm/slurm), a nested
+        # step that waits for the one it runs in: the daemons go over SSH
+        # from node 0 as on any cluster (OpenMPI 4.1 orte/mca/plm, orte/mca/ras)
+        cmd += ["--mca", "plm", "rsh", "--mca", "ras", "^slurm"]
     cmd += mpi.tcp_if_args(mpi.nics(cluster, [n.name for n in cluster.nodes]))
     for i, (n, k, _) in enumerate(ranks):
         if i:

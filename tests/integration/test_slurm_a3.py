@@ -1,0 +1,85 @@
+"""vLLM-Ascend DP4/TP16 on the simulated A3 run by a real Slurm controller:
+prepare and verify-comm (hccn_tool and the NPU ping matrix) as job steps,
+the release as a job whose steps are node 0's server and the three headless
+workers (each with its own DP start rank), a killed step named by status,
+and stop leaving no job, step or serving process."""
+
+import json
+import os
+import signal
+import time
+
+from llmdeploy import slurm
+from llmdeploy.release import parse_ledger
+from sim import hostview
+from sim.paths import host_dir
+from tests.conftest import run_invoke
+from tests.integration import test_slurm_b200 as b200
+
+SIM_CLUSTER = "sim-a3-slurm"
+NODES = [f"sim-a3-slurm-{i}" for i in range(4)]
+LOGIN = "sim-a3-slurm-login"
+
+
+def login(command: str) -> str:
+    b200.SIM_CLUSTER, b200.LOGIN = SIM_CLUSTER, LOGIN
+    try:
+        return b200.login(command)
+    finally:
+        b200.SIM_CLUSTER, b200.LOGIN = "sim-b200-slurm", "sim-b200-slurm-login"
+
+
+def jobs():
+    return slurm.parse_squeue(login(slurm.squeue_command(SIM_CLUSTER)), SIM_CLUSTER)
+
+
+def _ledger():
+    return parse_ledger((host_dir(SIM_CLUSTER, NODES[0]) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}/ledger.jsonl").read_text())
+
+
+def _anchor(node, container):
+    for pid, (env, cmd, name) in hostview.processes(SIM_CLUSTER, node).items():
+        if name is None and slurm.STARTED_MARK in cmd and container in cmd and env.get("SLURM_STEP_ID"):
+            return pid
+    return None
+
+
+def test_prepare_verify_deploy_kill_a_step_and_stop(sim_cluster):
+    res = run_invoke("prepare", "--cluster", SIM_CLUSTER, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = run_invoke("verify-comm", "--cluster", SIM_CLUSTER, "--json", timeout=600)
+    doc = json.loads(res.stdout)
+    assert res.returncode == 0 and doc["ok"], doc
+    res = run_invoke("deploy", "--cluster", SIM_CLUSTER, timeout=500)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rid = _ledger()[-1]["release"]
+    (job,) = jobs()
+    assert job.name == slurm.release_job_name(SIM_CLUSTER, rid) and job.state == "RUNNING"
+    # a step per unit, each on its own node
+    assert sorted(nodes for _, nodes in job.steps.values()) == NODES, job.steps
+    res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == 0 and doc["healthy"], doc
+    # every headless worker with its own DP start rank, as on SSH
+    for i, node in enumerate(NODES[1:], start=1):
+        ranks = [env.get("DP_START_RANK") or "" for env, cmd, name in hostview.processes(SIM_CLUSTER, node).values() if name and "vllm" in cmd]
+        assert str(4 * i) in " ".join(ranks) or any(f"--data-parallel-start-rank {4 * i}" in cmd for _, cmd, name in
+                                                     hostview.processes(SIM_CLUSTER, node).values() if name), node
+
+    unit = next(name for name, nodes in job.steps.values() if nodes == NODES[2])
+    pid = _anchor(NODES[2], unit)
+    assert pid
+    os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + 30
+    while time.monotonic() < end and len(jobs()[0].steps) == 4:
+        time.sleep(0.3)
+    res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == 1 and unit in doc["nodes"][NODES[2]]["reason"] and "job step" in doc["nodes"][NODES[2]]["reason"], doc
+
+    res = run_invoke("stop", "--cluster", SIM_CLUSTER, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert jobs() == [] and login("squeue --noheader --all --steps").strip() == ""
+    for node in NODES:
+        assert hostview.containers(SIM_CLUSTER, node) == {}
+        assert not [p for p, (_, _, name) in hostview.processes(SIM_CLUSTER, node).items() if name]

@@ -1,0 +1,162 @@
+"""trtllm-serve TP16 on the simulated B200 pair run by a real Slurm controller
+(Debian's slurm-wlm: slurmctld on the login host, munged and slurmd on every
+node): the tool reaches the nodes only through the login host, as job steps.
+A node drained with scontrol is named before anything starts; prepare and
+verify-comm run as steps; the release is a job whose steps are its units;
+a killed step is named by status; restart, rollback and stop; nothing left
+allocated."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from llmdeploy import slurm
+from llmdeploy.release import parse_ledger
+from sim import hostview
+from sim.paths import cluster_dir, host_dir
+from tests.conftest import REPO, run_invoke
+
+SIM_CLUSTER = "sim-b200-slurm"
+NODES = ["sim-b200-slurm-0", "sim-b200-slurm-1"]
+LOGIN = "sim-b200-slurm-login"
+
+
+def login(command: str, check: bool = True) -> str:
+    """A command on the login host, over the simulator's ssh_config (as an operator would)."""
+    res = subprocess.run(["ssh", "-F", str(cluster_dir(SIM_CLUSTER) / "ssh_config"), LOGIN, command],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    if check:
+        assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def jobs() -> list[slurm.Job]:
+    return slurm.parse_squeue(login(slurm.squeue_command(SIM_CLUSTER)), SIM_CLUSTER)
+
+
+def _base(node):
+    return host_dir(SIM_CLUSTER, node) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}"
+
+
+def _ledger():
+    return parse_ledger((_base(NODES[0]) / "ledger.jsonl").read_text())
+
+
+def _containers(node):
+    return hostview.containers(SIM_CLUSTER, node)
+
+
+def _serving_procs(node):
+    return {pid: p for pid, p in hostview.processes(SIM_CLUSTER, node).items() if p[2]}
+
+
+def _step_anchor(node, container):
+    """The pid of the unit step's own process on ``node`` (the bash that holds the container)."""
+    for pid, (env, cmd, name) in hostview.processes(SIM_CLUSTER, node).items():
+        if name is None and slurm.STARTED_MARK in cmd and container in cmd and env.get("SLURM_STEP_ID"):
+            return pid
+    return None
+
+
+def _deploy(*extra, env=None):
+    return run_invoke("deploy", "--cluster", SIM_CLUSTER, *extra, env=env, timeout=500)
+
+
+def test_a_drained_node_is_named_before_anything_starts(sim_cluster):
+    login(f"scontrol update nodename={NODES[1]} state=drain reason='bad fan'")
+    try:
+        res = run_invoke("prepare", "--cluster", SIM_CLUSTER, timeout=300)
+        assert res.returncode != 0
+        out = res.stdout + res.stderr
+        assert f"Slurm reports {NODES[1]} drained" in out and "bad fan" in out, out
+        res = _deploy("--force")
+        out = res.stdout + res.stderr
+        assert res.returncode != 0 and f"Slurm reports {NODES[1]} drained" in out and "bad fan" in out, out
+        assert "nothing was started or stopped" in out, out
+        assert not _containers(NODES[0]) and not _containers(NODES[1])
+    finally:
+        login(f"scontrol update nodename={NODES[1]} state=resume")
+    # every command's own allocation was cancelled at its end
+    assert jobs() == []
+
+
+def test_prepare_and_verify_comm_as_job_steps(sim_cluster):
+    res = run_invoke("prepare", "--cluster", SIM_CLUSTER, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = run_invoke("facts", "--cluster", SIM_CLUSTER, "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == 0 and sorted(doc["hosts"]) == NODES, doc
+    res = run_invoke("verify-comm", "--cluster", SIM_CLUSTER, "--json", timeout=600)
+    doc = json.loads(res.stdout)
+    assert res.returncode == 0, doc
+    # all_reduce_perf from node 0 over both nodes, its daemons over SSH inside the allocation
+    assert doc["all_reduce"]["ok"] and "-H 198.19.25.11:8" in doc["all_reduce"]["command"], doc["all_reduce"]
+    assert jobs() == []
+
+
+def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_path):
+    res = _deploy()
+    assert res.returncode == 0, res.stdout + res.stderr
+    a = _ledger()[-1]["release"]
+    (job,) = jobs()
+    assert job.name == slurm.release_job_name(SIM_CLUSTER, a) and job.state == "RUNNING"
+    # one step per unit: each node's container
+    assert sorted(n for n, _ in job.steps.values()) == [f"{SIM_CLUSTER}-{a}"] * 2, job.steps
+    assert sorted(nodes for _, nodes in job.steps.values()) == NODES
+    res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == 0 and doc["healthy"] and doc["slurm"]["job"] == job.id, doc
+
+    # a second release (another max_batch_size) replaces the first: a new job, the old one cancelled
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    text = (REPO / "inventory" / "sim_b200_slurm.py").read_text()
+    old = 'trtllm_qwen38_fp8("qwen3.8-low-latency.yaml", '
+    assert old in text
+    (inv / "sim_b200_slurm.py").write_text(text.replace(old, old + 'overrides={"max_batch_size": 4}, '))
+    res = _deploy("--skip-prepare", env={"LLMDEPLOY_INVENTORY": str(inv)})
+    assert res.returncode == 0, res.stdout + res.stderr
+    b = _ledger()[-1]["release"]
+    (job_b,) = jobs()
+    assert a != b and job_b.name == slurm.release_job_name(SIM_CLUSTER, b) and job_b.id != job.id
+
+    # the step's own process on node 1 killed: the step is gone, status names it
+    pid = _step_anchor(NODES[1], f"{SIM_CLUSTER}-{b}")
+    assert pid, hostview.processes(SIM_CLUSTER, NODES[1])
+    os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + 30
+    while time.monotonic() < end and len(jobs()[0].steps) == 2:
+        time.sleep(0.3)
+    res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == 1 and not doc["healthy"], doc
+    assert "job step" in doc["nodes"][NODES[1]]["reason"] and f"{SIM_CLUSTER}-{b}" in doc["nodes"][NODES[1]]["reason"], doc
+    text_out = run_invoke("status", "--cluster", SIM_CLUSTER).stdout
+    assert NODES[1] in text_out and "job step" in text_out
+
+    res = run_invoke("restart", "--cluster", SIM_CLUSTER, timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
+    assert res.returncode == 0, res.stdout
+    (job_r,) = jobs()
+    assert job_r.id == job_b.id and len(job_r.steps) == 2, job_r
+
+    res = run_invoke("rollback", "--cluster", SIM_CLUSTER, timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"serving, release {a}, healthy" in res.stdout
+    (job_a,) = jobs()
+    assert job_a.name == slurm.release_job_name(SIM_CLUSTER, a) and len(job_a.steps) == 2
+
+    res = run_invoke("stop", "--cluster", SIM_CLUSTER, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert jobs() == []
+    assert login("squeue --noheader --all --steps") .strip() == ""
+    for node in NODES:
+        assert _containers(node) == {}
+        assert _serving_procs(node) == {}
+        assert _step_anchor(node, SIM_CLUSTER) is None
+    assert run_invoke("status", "--cluster", SIM_CLUSTER).returncode == 1
