@@ -1,0 +1,107 @@
+"""facts and verify-comm over 64 simulated A3 nodes, reached two ways: the
+tool's own SSH fan-out (one connection per node) and a Slurm controller
+(one SSH connection, to the login host; every step one srun over the nodes).
+
+Prints, for each way and each command, measured in one run on this machine:
+the tool's own CPU time (this process, every thread), the wall time, and
+what went over SSH (connections opened, remote commands); then the ratios
+Slurm / SSH. The simulated nodes share this machine's CPUs with the tool,
+slurmd and slurmctld, so compare ratios, not seconds.
+
+Needs root (simulated clusters). Usage: .venv/bin/python bench/slurm_vs_ssh.py [NODES]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+INVENTORY = '''from llmdeploy.inventory import Cluster, Model, Slurm
+from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8
+from sim.paths import sim_nodes, sim_ssh
+
+cluster = Cluster(
+    name="{name}",
+    platform="a3",
+    nic="enp189s0f0",
+    ssh=sim_ssh("{name}", command_timeout=900, connect_timeout=30),
+    nodes=sim_nodes("{prefix}", {n}, "198.19.{octet}.10"),
+    model=Model(path="/root/.cache/models/Qwen3.8-2.4T-A95B-w8a8"),
+    image=image(IMAGE_A3),
+    profile=vllm_a3_w8a8(dp={n}, ep={n} * 16),
+    {slurm}
+)
+'''
+
+
+def measure(fn) -> dict:
+    from llmdeploy.runner import COUNTS
+
+    COUNTS.reset()
+    c0, t0 = time.process_time(), time.perf_counter()
+    code = fn()
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    per = COUNTS.by_host
+    return {"exit": code, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
+            "ssh_connections": sum(v["connections"] for v in per.values()),
+            "ssh_commands": sum(v["commands"] for v in per.values()), "hosts_talked_to": len(per)}
+
+
+def run_both(cluster) -> dict:
+    from rich.console import Console
+
+    from flows import verify
+    from flows.app import run_playbook
+
+    con = Console(stderr=True, quiet=True)
+
+    def facts():
+        recap, _, _ = run_playbook(cluster, "facts", None, con, show_progress=False)
+        return 1 if any(c["failed"] or c["unreachable"] for c in recap.values()) else 0
+
+    return {"facts": measure(facts), "verify-comm": measure(lambda: verify.run(cluster, con, json_out=False, full=False))}
+
+
+def main() -> int:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+    if os.geteuid() != 0:
+        raise SystemExit("the benchmark brings up simulated clusters: run as root")
+    results = {}
+    with tempfile.TemporaryDirectory() as inv:
+        os.environ["LLMDEPLOY_INVENTORY"] = inv
+        ways = {"ssh": (f"sim-ssh{n}", f"bs{n}-", 60, ""),
+                "slurm": (f"sim-slurm{n}", f"bl{n}-", 61, f'slurm=Slurm(login="sim-slurm{n}-login", partition="npu"),')}
+        for way, (name, prefix, octet, slurm) in ways.items():
+            Path(inv, f"{name.replace('-', '_')}.py").write_text(INVENTORY.format(name=name, prefix=prefix, n=n, octet=octet, slurm=slurm))
+        from llmdeploy.inventory import load_cluster
+        from sim import cluster as simc
+
+        for way, (name, *_rest) in ways.items():
+            c = load_cluster(name)
+            t0 = time.perf_counter()
+            simc.up(c, echo=lambda *_: None)
+            print(f"{way}: {n} simulated nodes up in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+            try:
+                results[way] = run_both(c)
+            finally:
+                simc.down(c.name, echo=lambda *_: None)
+            for cmd, r in results[way].items():
+                print(f"{way:5s} {cmd:11s}: exit {r['exit']}, tool CPU {r['cpu_s']:6.2f}s, wall {r['wall_s']:6.2f}s, "
+                      f"SSH connections {r['ssh_connections']:3d}, SSH commands {r['ssh_commands']:4d} (to {r['hosts_talked_to']} hosts)", flush=True)
+    for cmd in ("facts", "verify-comm"):
+        s, h = results["slurm"][cmd], results["ssh"][cmd]
+        print(f"{cmd}: Slurm/SSH tool CPU {s['cpu_s'] / max(h['cpu_s'], 1e-9):.2f}x, wall {s['wall_s'] / max(h['wall_s'], 1e-9):.2f}x, "
+              f"SSH connections {s['ssh_connections']} vs {h['ssh_connections']}, SSH commands {s['ssh_commands']} vs {h['ssh_commands']}")
+    print(json.dumps({"nodes": n, **results}))
+    return 0 if all(r["exit"] == 0 for w in results.values() for r in w.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
