@@ -133,13 +133,13 @@ def slurm_job(runner: Runner, cluster: Cluster, plan: ReleasePlan | None) -> tup
     return job, None
 
 
-def _state_in_job(state: str, u: Unit, job: "slurm.Job | None", job_problem: str | None) -> str:
+def _state_in_job(cluster: Cluster, state: str, u: Unit, job: "slurm.Job | None", job_problem: str | None) -> str:
     """A unit's state on a Slurm cluster: a running container whose job step is gone is not serving as the job."""
     if state != "running" or (job is None and job_problem is None):
         return state
     if job is None or job.state != "RUNNING":
         return "running outside its Slurm job"
-    if job.step_named(u.container) is None:
+    if job.step_named(u.container, cluster.slurm_name(cluster.node(u.host))) is None:
         return f"running, its job step ({job.id}.*, {u.container}) is gone"
     return state
 
@@ -162,7 +162,7 @@ def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, 
     rows, whys, bad = [], [], False
     for i, u in enumerate(units):
         c = st["containers"].get(u.container)
-        state, role = _state_in_job(_state(c), u, job, job_problem), u.role or plan.service_of(u).name
+        state, role = _state_in_job(cluster, _state(c), u, job, job_problem), u.role or plan.service_of(u).name
         drifts = drift(plan, st, c, u.prefix == "", set(cluster.secret_env)) if show_diff else []
         bad = bad or state != "running" or bool(drifts)
         if state != "running" and doc["state"] == "running":
@@ -171,7 +171,7 @@ def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, 
                      ((c or {}).get("Image") or "-")[:19], _uptime(c), "\n".join(f"[red]{escape(x)}[/]" for x in drifts) if show_diff else ""])
         doc["units"][u.container] = {"service": plan.service_of(u).name, "state": state, "uptime": _uptime(c)}
         if job is not None:
-            doc["units"][u.container]["slurm_step"] = job.step_named(u.container)
+            doc["units"][u.container]["slurm_step"] = job.step_named(u.container, cluster.slurm_name(cluster.node(u.host)))
         whys += ([f"{role} container {u.container} {state}"] if state != "running" else []) + drifts
         doc["drift"] += drifts
         if i == 0:

@@ -176,9 +176,10 @@ class Job:
     nodes: str
     steps: dict[str, tuple[str, str]]  # step id (J.S) -> (step name, node list)
 
-    def step_named(self, name: str) -> str | None:
-        for sid, (n, _) in self.steps.items():
-            if n == name:
+    def step_named(self, name: str, node: str | None = None) -> str | None:
+        """The id of the step called ``name`` (on ``node``: units of one world share their container's name)."""
+        for sid, (n, nodes) in self.steps.items():
+            if n == name and (node is None or nodes == node):
                 return sid
         return None
 
@@ -283,7 +284,7 @@ def payload(per_node: dict[str, tuple[str, bytes | None]], timeout: float) -> by
 def srun_dispatch_command(cluster: Cluster, job_id: str, names: list[str], step_name: str) -> str:
     """One job step over ``names``, one task per node, running DISPATCH."""
     args = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(names)}", f"--nodelist={hostlist(names)}",
-            f"--ntasks={len(names)}", "--ntasks-per-node=1", "--label", "--kill-on-bad-exit=0",
+            f"--ntasks={len(names)}", "--ntasks-per-node=1", "--input=all", "--label", "--kill-on-bad-exit=0",
             f"--job-name={step_safe(step_name)}", "bash", "-c", DISPATCH]
     return " ".join(q(a) for a in args)
 

@@ -6,6 +6,7 @@ login host)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ class SlurmSteps:
         self.own = False  # the job is this command's (cancelled at close)
         self.checked: set[str] = set()  # nodes whose Slurm state was read
         self.states: dict[str, slurm.NodeState] = {}
+        self._lock = threading.RLock()  # one allocation, also when threads (top's refresh, a probe) ask at once
 
     # -- the login host ---------------------------------------------------------------
     def login_exec(self, command: str, timeout: float | None = None, stdin: bytes | None = None) -> tuple[str, str, int]:
@@ -77,6 +79,10 @@ class SlurmSteps:
     def allocation(self, nodes: list[Node]) -> str:
         """The job the steps on ``nodes`` run in: the running release job of
         the cluster, else an allocation of this command's own."""
+        with self._lock:
+            return self._allocation(nodes)
+
+    def _allocation(self, nodes: list[Node]) -> str:
         if self.job:
             return self.job
         held = slurm.release_job([j for j in self.squeue() if j.state == "RUNNING"], self.c.name)
