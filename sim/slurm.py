@@ -61,12 +61,28 @@ def login_name(cluster: Cluster) -> str:
 
 def slurm_conf(cluster: Cluster, cdir: Path) -> str:
     """slurm.conf of the simulated cluster (slurm.conf(5) of Slurm 22.05)."""
-    sdir = slurm_dir(cdir)
     _, ctl_ip = login_ips(cluster)
     lines = [
         "# slurm.conf of a simulated cluster (sim/slurm.py); slurm.conf(5)",
         f"ClusterName={cluster.name}",
         f"SlurmctldHost={login_name(cluster)}({ctl_ip})",
+        *_settings(slurm_dir(cdir)),
+    ]
+    for i, node in enumerate(cluster.nodes):
+        hw = hardware.node_hardware(cluster, i, node)
+        sockets = len(hw["numa_nodes"])
+        lines.append(
+            f"NodeName={cluster.slurm_name(node)} NodeAddr={mgmt_ip(str(node.ip))} CPUs={hw['cpus']} Sockets={sockets} "
+            f"CoresPerSocket={hw['cpus'] // sockets} ThreadsPerCore=1 RealMemory={hw['mem_total_kib'] // 1024} State=UNKNOWN"
+        )
+    names = ",".join(cluster.slurm_name(n) for n in cluster.nodes)
+    lines.append(f"PartitionName={cluster.slurm.partition} Nodes={names} Default=YES MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def _settings(sdir: Path) -> list[str]:
+    """slurm.conf's lines that do not depend on the inventory but for where the daemons write (``sdir``)."""
+    return [
         "AuthType=auth/munge",
         "CredType=cred/munge",
         # every daemon runs as root here (the simulator is root); a real site has a slurm user
@@ -114,16 +130,6 @@ def slurm_conf(cluster: Cluster, cdir: Path) -> str:
         # no mail here (the default, /bin/mail, is not installed: slurmctld logs an error)
         "MailProg=/bin/true",
     ]
-    for i, node in enumerate(cluster.nodes):
-        hw = hardware.node_hardware(cluster, i, node)
-        sockets = len(hw["numa_nodes"])
-        lines.append(
-            f"NodeName={cluster.slurm_name(node)} NodeAddr={mgmt_ip(str(node.ip))} CPUs={hw['cpus']} Sockets={sockets} "
-            f"CoresPerSocket={hw['cpus'] // sockets} ThreadsPerCore=1 RealMemory={hw['mem_total_kib'] // 1024} State=UNKNOWN"
-        )
-    names = ",".join(cluster.slurm_name(n) for n in cluster.nodes)
-    lines.append(f"PartitionName={cluster.slurm.partition} Nodes={names} Default=YES MaxTime=INFINITE State=UP")
-    return "\n".join(lines) + "\n"
 
 
 def task_prolog(cdir: Path) -> str:
