@@ -9,14 +9,18 @@ cd "$(dirname "$0")/.."
 # etcd-server, nats-server: the real control plane of Dynamo deployments (run by the tool on simulated hosts)
 # docker.io (dockerd, containerd, runc): the real Docker Engine of every simulated host
 # docker-registry: the registry the simulated hosts pull from; debootstrap: builds the simulated images' base
+# munge, slurm-wlm (slurmctld, slurmd, slurm-client), libpmix-dev: the Slurm of simulated Slurm clusters
+# (sim/slurm.py runs its own munged, slurmctld and slurmd per simulated host; libpmix-dev: srun --mpi=pmix)
 # chromium: only for the test suite, which looks at verify-comm's HTML report in a headless browser
 # (tests/unit/test_verify_report_browser.py); the tool itself never runs it
 DEBS=(openssh-server openssh-client iproute2 iputils-ping util-linux procps psmisc openmpi-bin etcd-server nats-server
-      docker.io docker-registry debootstrap chromium)
+      docker.io docker-registry debootstrap munge slurm-wlm slurmctld slurmd slurm-client libpmix-dev chromium)
 # packages whose postinst may start a system daemon: package -> service and process name
-# (the Debian services run as the packages' own users: processes of other users are not theirs)
+# (the Debian services run as the packages' own users: processes of other users are not theirs;
+# slurmctld and slurmd start as root, and start only once /etc/slurm/slurm.conf exists, which Debian does not ship)
 declare -A DAEMONS=([etcd-server]="etcd etcd etcd" [nats-server]="nats-server nats-server nats"
-                    [docker.io]="docker dockerd root" [docker-registry]="docker-registry docker-registry docker-registry")
+                    [docker.io]="docker dockerd root" [docker-registry]="docker-registry docker-registry docker-registry"
+                    [munge]="munge munged munge" [slurmctld]="slurmctld slurmctld root" [slurmd]="slurmd slurmd root")
 missing=()
 for p in "${DEBS[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -28,11 +32,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
     fi
     echo "setup: installing ${missing[*]}"
     # the daemons running before the install are not ours to stop
-    before=$( { pgrep -x etcd; pgrep -x nats-server; pgrep -x dockerd; pgrep -x containerd; pgrep -x docker-registry; } | tr '\n' ' ' || true)
+    before=$( { pgrep -x etcd; pgrep -x nats-server; pgrep -x dockerd; pgrep -x containerd; pgrep -x docker-registry;
+               pgrep -x munged; pgrep -x slurmctld; pgrep -x slurmd; } | tr '\n' ' ' || true)
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    # a postinst may have started etcd or nats-server as a system service:
+    # a postinst may have started etcd, nats-server, munged or a slurm daemon as a system service:
     # the tool runs its own, per release, so leave none running or enabled
     for p in "${missing[@]}"; do
         [ -n "${DAEMONS[$p]:-}" ] || continue

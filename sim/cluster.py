@@ -27,12 +27,13 @@ from pathlib import Path
 from llmdeploy.errors import SimError
 from llmdeploy.inventory import Cluster
 
-from . import curated, dockerd, hardware, images, netns
+from . import curated, dockerd, hardware, images, netns, slurm, sshd
 from .standins import __main__ as standins
 from .standins import fast, slow
 from .paths import (
     HOST_STATE_DIR,
     PRIVATE_DIRS,
+    SYSTEM_PATH,
     cluster_dir,
     host_dir,
     mgmt_ip,
@@ -41,7 +42,7 @@ from .paths import (
     sim_root,
 )
 
-SSHD = "/usr/sbin/sshd"
+SSHD = sshd.SSHD
 HCCN_CONF = "/etc/hccn.conf"
 REPO = Path(__file__).resolve().parent.parent
 STANDINS_ASCEND = ["npu-smi", "hccn_tool", "lscpu", "numactl"]
@@ -348,6 +349,11 @@ def _up(cluster: Cluster, echo) -> dict:
 
     services = _start_services(cluster, cdir, state, built["registry"])
     known_hosts, ssh_config = [], []
+    # a Slurm cluster's login host (slurmctld) first: the nodes' slurmd register as they start
+    login = slurm.start_login(cluster, cdir, state, links, hosts_file(cluster, services), lambda: _save_state(cdir, state)) if cluster.slurm else None
+    if login:
+        known_hosts.append(sshd.known_host(login["name"], login["mgmt_ip"], login["dir"]))
+        ssh_config.append(sshd.client_entry(login["name"], login["mgmt_ip"], cdir))
     procs = []
     for i, node in enumerate(cluster.nodes):
         ns = netns_name(cluster.name, node.name)
@@ -442,40 +448,17 @@ def _up(cluster: Cluster, echo) -> dict:
         # sshd
         hostkey = hdir / "ssh_host_ed25519_key"
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", node.name, "-f", str(hostkey))
-        path = f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        _write(
-            hdir / "sshd_config",
-            "\n".join(
-                [
-                    f"ListenAddress {m_ip}:22",
-                    # also on the data network, reachable only from the other
-                    # simulated hosts (jump-host paths)
-                    f"ListenAddress {node.ip}:22",
-                    f"HostKey {hostkey}",
-                    f"PidFile {hdir / 'sshd.pid'}",
-                    f"AuthorizedKeysFile {cdir / 'authorized_keys'}",
-                    "PermitRootLogin prohibit-password",
-                    "PasswordAuthentication no",
-                    "KbdInteractiveAuthentication no",
-                    "UsePAM no",
-                    "StrictModes no",
-                    "MaxStartups 200:30:400",
-                    "MaxSessions 200",
-                    "UseDNS no",
-                    "PrintMotd no",
-                    # as on a real node (Ansible's and pyinfra's file transfers use it; this tool does not)
-                    "Subsystem sftp internal-sftp",
-                    f"SetEnv PATH={path} LLMDEPLOY_SIM_HOST={node.name} LLMDEPLOY_SIM_HOSTDIR={hdir}",
-                    "",
-                ]
-            ),
-        )
+        path = f"{bindir}:{SYSTEM_PATH}"
+        env = {"PATH": path, "LLMDEPLOY_SIM_HOST": node.name, "LLMDEPLOY_SIM_HOSTDIR": str(hdir), **slurm.node_env(cluster, cdir)}
+        # also on the data network, reachable only from the other simulated hosts (jump-host paths)
+        _write(hdir / "sshd_config", sshd.sshd_config([m_ip, str(node.ip)], hdir, cdir, env))
         binds = [f"mount --bind {shlex.quote(str(root / d.lstrip('/')))} {shlex.quote(d)}" for d in PRIVATE_DIRS]
         q = lambda p: shlex.quote(str(p))  # noqa: E731
         script = "\n".join(
             [
                 "set -e",
                 f"hostname {shlex.quote(node.name)}",
+                *slurm.home_lines(cluster, cdir),
                 *binds,
                 f"mount --bind {q(hdir / 'meminfo')} /proc/meminfo",
                 *([f"mount --bind {q(hdir / 'hccn.conf')} {HCCN_CONF}"] if ascend else []),
@@ -496,6 +479,8 @@ def _up(cluster: Cluster, echo) -> dict:
                                      path, runtime=bindir / dockerd.RUNTIME,
                                      env={"SSL_CERT_FILE": str(images.trust_bundle())},
                                      cgroup_parent=cgroup_parent(cluster.name, node.name)),
+                # a Slurm cluster's munged and slurmd (sim/slurm.py)
+                *slurm.host_lines(cluster, cdir, node.name, env),
                 f"exec {SSHD} -D -r -f {q(hdir / 'sshd_config')} -E {q(hdir / 'sshd.log')}",
             ]
         )
@@ -512,27 +497,17 @@ def _up(cluster: Cluster, echo) -> dict:
         _save_state(cdir, state)
         procs.append((node, m_ip, proc, log))
 
-        pub = (hdir / "ssh_host_ed25519_key.pub").read_text().split()
-        known_hosts.append(f"{node.name},{m_ip} {pub[0]} {pub[1]}")
-        ssh_config.append(
-            "\n".join(
-                [
-                    f"Host {node.name}",
-                    f"    HostName {m_ip}",
-                    "    User root",
-                    f"    IdentityFile {key}",
-                    f"    UserKnownHostsFile {cdir / 'known_hosts'}",
-                    "    StrictHostKeyChecking yes",
-                    "",
-                ]
-            )
-        )
+        known_hosts.append(sshd.known_host(node.name, m_ip, hdir))
+        ssh_config.append(sshd.client_entry(node.name, m_ip, cdir))
 
     _write(cdir / "known_hosts", "\n".join(known_hosts) + "\n")
     _write(cdir / "ssh_config", "# written by llmdeploy sim.up; use with ssh -F\n" + "\n".join(ssh_config))
     for node, m_ip, proc, log in procs:
         _wait_port(m_ip, 22, 15, proc, log)
     _wait_dockerd([(node.name, proc.pid, host_dir(cluster.name, node.name)) for node, _, proc, _ in procs])
+    if login:
+        _wait_port(login["mgmt_ip"], 22, 15, login["proc"], login["dir"] / "sshd.log")
+        slurm.wait_idle(cluster, cdir, login["proc"].pid)
     state["ready"] = True
     _save_state(cdir, state)
     echo(f"sim {cluster.name}: {len(cluster.nodes)} hosts up (network namespaces, real sshd and dockerd); ssh -F {cdir / 'ssh_config'} {cluster.nodes[0].name}")
@@ -611,7 +586,9 @@ def down(name: str, echo=print) -> bool:
     prefix = f"lds-{name}-"
     listed = _sh("ip", "netns", "list", check=False).stdout.split("\n")
     namespaces = {line.split()[0] for line in listed if line.startswith(prefix)}
-    namespaces |= {h["netns"] for h in state.get("hosts", {}).values()}
+    # the hosts and a Slurm cluster's login host
+    recorded = [*state.get("hosts", {}).values(), *([state["login"]] if state.get("login") else [])]
+    namespaces |= {h["netns"] for h in recorded}
     # each host's dockerd first: it stops its containers (SIGTERM, then
     # SIGKILL after --shutdown-timeout) and its containerd
     hosts = state.get("hosts", {})
@@ -631,7 +608,7 @@ def down(name: str, echo=print) -> bool:
             removed = True
         except ProcessLookupError:
             pass
-    for h in state.get("hosts", {}).values():
+    for h in recorded:
         pid = h.get("pid")
         if pid:
             try:

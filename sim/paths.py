@@ -24,6 +24,8 @@ PRIVATE_DIRS = [
 ]
 # Inside a host, the stand-ins read their state here.
 HOST_STATE_DIR = "/etc/llmdeploy-sim"
+# a simulated host's PATH after its own bin directory (stand-ins, the docker wrapper)
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def sim_root() -> Path:

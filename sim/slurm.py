@@ -1,0 +1,301 @@
+"""A simulated cluster run by Slurm (an inventory with ``slurm:``).
+
+Besides what every simulated host has (sim/cluster.py), each host runs
+munged and slurmd in its own network, mount and UTS namespaces (started by
+the host's script before sshd), so a job step on node X has hostname X, X's
+private directories and X's Docker Engine (/run/docker.sock of X's /run).
+A login host (its own network namespace, on the management network at the
+data /24's .250 mapped to 198.18, and on the data network at .250) runs
+munged, slurmctld and sshd; the Slurm client commands work there for root
+over SSH (sshd's SetEnv gives SLURM_CONF: Slurm's commands read the file it
+names, slurm.conf(5) "SLURM_CONF"). No slurmdbd: ``sacct`` does not work.
+
+Everything Slurm and munge write is under the cluster's directory (slurm/),
+except their sockets, which are in each host's own /run (a tmpfs).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+from llmdeploy.errors import SimError
+from llmdeploy.inventory import Cluster
+
+from . import hardware, sshd
+from .paths import SYSTEM_PATH, host_dir, mgmt_ip, netns_name
+
+LOGIN_HOST = 250  # the login host's address in the data /24 (and, mapped, the management one)
+MUNGE_SOCKET = "/run/munge/munge.socket.2"  # munged's default (munged(8)), in each host's own /run
+LOGIN_NIC = "data0"
+DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmd", "/usr/sbin/slurmctld", "/usr/bin/srun")
+
+
+def slurm_dir(cdir: Path) -> Path:
+    return cdir / "slurm"
+
+
+def conf_path(cdir: Path) -> Path:
+    return slurm_dir(cdir) / "slurm.conf"
+
+
+def node_env(cluster: Cluster, cdir: Path) -> dict[str, str]:
+    """What a host's SSH sessions get besides PATH: SLURM_CONF on a Slurm cluster (so scontrol, sinfo work there too)."""
+    return {"SLURM_CONF": str(conf_path(cdir))} if cluster.slurm else {}
+
+
+def login_ips(cluster: Cluster) -> tuple[str, str]:
+    """(data, management) address of the login host."""
+    net = ipaddress.IPv4Network(f"{cluster.nodes[0].ip}/24", strict=False)
+    data = str(net.network_address + LOGIN_HOST)
+    return data, mgmt_ip(data)
+
+
+def login_name(cluster: Cluster) -> str:
+    return cluster.slurm.login_node().name
+
+
+def slurm_conf(cluster: Cluster, cdir: Path) -> str:
+    """slurm.conf of the simulated cluster (slurm.conf(5) of Slurm 22.05)."""
+    _, ctl_ip = login_ips(cluster)
+    lines = [
+        "# slurm.conf of a simulated cluster (sim/slurm.py); slurm.conf(5)",
+        f"ClusterName={cluster.name}",
+        f"SlurmctldHost={login_name(cluster)}({ctl_ip})",
+        *_settings(slurm_dir(cdir)),
+    ]
+    for i, node in enumerate(cluster.nodes):
+        hw = hardware.node_hardware(cluster, i, node)
+        sockets = len(hw["numa_nodes"])
+        lines.append(
+            f"NodeName={cluster.slurm_name(node)} NodeAddr={mgmt_ip(str(node.ip))} CPUs={hw['cpus']} Sockets={sockets} "
+            f"CoresPerSocket={hw['cpus'] // sockets} ThreadsPerCore=1 RealMemory={hw['mem_total_kib'] // 1024} State=UNKNOWN"
+        )
+    names = ",".join(cluster.slurm_name(n) for n in cluster.nodes)
+    lines.append(f"PartitionName={cluster.slurm.partition} Nodes={names} Default=YES MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def _settings(sdir: Path) -> list[str]:
+    """slurm.conf's lines that do not depend on the inventory but for where the daemons write (``sdir``)."""
+    return [
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        # every daemon runs as root here (the simulator is root); a real site has a slurm user
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={sdir / 'ctld'}",
+        f"SlurmctldPidFile={sdir / 'slurmctld.pid'}",
+        f"SlurmctldLogFile={sdir / 'slurmctld.log'}",
+        # "%n" is the node's Slurm name (slurm.conf(5) SlurmdSpoolDir, SlurmdPidFile,
+        # SlurmdLogFile): every slurmd its own spool and pid file (slurmd kills
+        # the process its pid file names when it starts)
+        f"SlurmdSpoolDir={sdir / 'nodes' / '%n' / 'spool'}",
+        f"SlurmdPidFile={sdir / 'nodes' / '%n' / 'slurmd.pid'}",
+        f"SlurmdLogFile={sdir / 'nodes' / '%n' / 'slurmd.log'}",
+        # the nodes share this machine's /tmp: each its own TmpFS, where mpi/pmix
+        # makes its per-step directories (spmix_appdir_<uid>_<job>.<step>: on
+        # a shared /tmp the second node's "File exists" fails the step); %n is
+        # expanded here as in SlurmdSpoolDir (seen with 22.05; slurm.conf(5) does not say)
+        f"TmpFS={sdir / 'nodes' / '%n' / 'tmp'}",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        # processes tracked by parentage, no cgroups: the simulated hosts share
+        # this machine's cgroup hierarchies (v1 here), which slurmd's cgroup
+        # plugins would take over; containers are dockerd's anyway
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        # cores are the consumable resource, so that steps of one job share a node with srun --overlap
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        # the nodes' CPUs as declared below, not this machine's two (slurm.conf(5) config_overrides: "for testing")
+        "SlurmdParameters=config_overrides",
+        "MpiDefault=none",
+        # what each task's environment gets on its node: the host's PATH and simulator variables, as SSH gives them
+        f"TaskProlog={sdir / 'task_prolog'}",
+        # sim only: SIGTERM to SIGKILL in 5 s (the default is 30)
+        "KillWait=5",
+        # a DOWN node that registers again is back in service
+        "ReturnToService=2",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "InactiveLimit=0",
+        "MinJobAge=300",
+        "SchedulerType=sched/backfill",
+        # no mail here (the default, /bin/mail, is not installed: slurmctld logs an error)
+        "MailProg=/bin/true",
+    ]
+
+
+def task_prolog(cdir: Path) -> str:
+    """The TaskProlog: what it prints as ``export NAME=value`` is set in the
+    task's environment (slurm.conf(5) TaskProlog). A task's environment is
+    srun's (the login host's); on its node it gets the PATH and the variables
+    an SSH session there gets (the host's bin directory first)."""
+    hosts = shlex.quote(str(cdir / "hosts"))
+    return (
+        "#!/bin/sh\n# TaskProlog of a simulated cluster (sim/slurm.py)\n"
+        # the node's hostname is its inventory name (its own UTS namespace)
+        f"h=$(uname -n); d={hosts}/$h\n"
+        f'echo "export PATH=$d/bin:{SYSTEM_PATH}"\n'
+        'echo "export LLMDEPLOY_SIM_HOST=$h"\n'
+        'echo "export LLMDEPLOY_SIM_HOSTDIR=$d"\n'
+    )
+
+
+def home_lines(cluster: Cluster, cdir: Path) -> list[str]:
+    """root's home on a Slurm cluster's hosts and login host: one directory of
+    the cluster's, as a real cluster shares /home over NFS. A batch job runs
+    in the directory it was submitted from and writes slurm-<job>.out there
+    (sbatch(1) --output); without it, that would be this machine's /root.
+    Mounted before the hosts' private directories (/root/.cache stays each host's own)."""
+    return [f"mount --bind {shlex.quote(str(cdir / 'home'))} /root"] if cluster.slurm else []
+
+
+def munged_lines(cdir: Path, ddir: Path) -> list[str]:
+    """Shell lines that start munged in a host (after its own /run is mounted):
+    the cluster's one key, the socket at its default path in the host's /run,
+    pid, log and seed in ``ddir``. --force: munged refuses root and
+    directories writable by others without it (munged(8))."""
+    q = lambda p: shlex.quote(str(p))  # noqa: E731
+    return [
+        f"mkdir -p -m 755 {os.path.dirname(MUNGE_SOCKET)}",
+        # munged forks and returns once it serves (munged(8) without --foreground)
+        f"munged --force --key-file={q(slurm_dir(cdir) / 'munge.key')} --socket={MUNGE_SOCKET} --pid-file={q(ddir / 'munged.pid')} "
+        f"--log-file={q(ddir / 'munged.log')} --seed-file={q(ddir / 'munged.seed')}",
+    ]
+
+
+def host_lines(cluster: Cluster, cdir: Path, node_name: str, env: dict[str, str]) -> list[str]:
+    """Shell lines of a host's script (inside its namespaces, after its /run
+    and dockerd, before sshd): munged, then slurmd with the host's Slurm name
+    (slurmd(8) -N), the environment of the host's SSH sessions."""
+    if not cluster.slurm:
+        return []
+    node = next(n for n in cluster.nodes if n.name == node_name)
+    assign = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    # slurmd forks into the background (slurmd(8) without -D)
+    return [*munged_lines(cdir, host_dir(cluster.name, node_name)),
+            f"env {assign} slurmd -f {shlex.quote(str(conf_path(cdir)))} -N {shlex.quote(cluster.slurm_name(node))}"]
+
+
+def prepare(cluster: Cluster, cdir: Path) -> None:
+    """The files every Slurm daemon reads: munge key, slurm.conf, TaskProlog, the nodes' directories."""
+    for tool in DAEMONS:
+        if not os.path.exists(tool):
+            raise SimError(f"{tool} is missing: run scripts/setup.sh (Debian's slurm-wlm and munge)")
+    sdir = slurm_dir(cdir)
+    (sdir / "ctld").mkdir(parents=True, exist_ok=True)
+    # the shared home, with the mount point of the hosts' own ~/.cache (PRIVATE_DIRS)
+    (cdir / "home" / ".cache").mkdir(parents=True, exist_ok=True)
+    for node in cluster.nodes:
+        for sub in ("spool", "tmp"):
+            (sdir / "nodes" / cluster.slurm_name(node) / sub).mkdir(parents=True, exist_ok=True)
+    key = sdir / "munge.key"
+    # a random key of 1024 bytes, readable by its owner only (mungekey(8) makes the same)
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(1024))
+    conf_path(cdir).write_text(slurm_conf(cluster, cdir))
+    (sdir / "task_prolog").write_text(task_prolog(cdir))
+    os.chmod(sdir / "task_prolog", 0o755)
+
+
+def _run(*args: str) -> None:
+    res = subprocess.run(list(args), capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SimError(f"{shlex.join(args)} failed: {res.stderr.strip() or res.stdout.strip()}")
+
+
+def _login_network(cluster: Cluster, ns: str, links: dict) -> None:
+    """The login host's namespace: on the management bridge (mgmt0) and the data bridge (data0)."""
+    data_ip, m_ip = login_ips(cluster)
+    mv, dv = f"{links['mgmt_bridge']}L", f"{links['data_bridge']}L"
+    _run("ip", "netns", "add", ns)
+    _run("ip", "-n", ns, "link", "set", "lo", "up")
+    for host_side, bridge, inside, ip in ((mv, links["mgmt_bridge"], "mgmt0", m_ip), (dv, links["data_bridge"], LOGIN_NIC, data_ip)):
+        _run("ip", "link", "add", host_side, "type", "veth", "peer", "name", inside, "netns", ns)
+        _run("ip", "link", "set", host_side, "master", bridge, "up")
+        _run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", inside)
+        if inside == LOGIN_NIC:  # jumbo frames like the nodes' data NICs
+            _run("ip", "-n", ns, "link", "set", inside, "mtu", "9000")
+            _run("ip", "link", "set", host_side, "mtu", "9000")
+        _run("ip", "-n", ns, "link", "set", inside, "up")
+
+
+def start_login(cluster: Cluster, cdir: Path, state: dict, links: dict, hosts: str, save) -> dict:
+    """Make the login host and start its munged, slurmctld and sshd (the
+    slurm files first: prepare). Recorded in ``state["login"]`` (``save()``
+    writes the state) before anything runs, so that down finds it."""
+    prepare(cluster, cdir)
+    name = login_name(cluster)
+    ns, ldir = netns_name(cluster.name, name), cdir / "login"
+    data_ip, m_ip = login_ips(cluster)
+    ldir.mkdir(parents=True, exist_ok=True)
+    state["login"] = {"name": name, "netns": ns, "dir": str(ldir), "mgmt_ip": m_ip, "data_ip": data_ip}
+    save()
+    _login_network(cluster, ns, links)
+    _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(ldir / "ssh_host_ed25519_key"))
+    env = {"PATH": SYSTEM_PATH, "SLURM_CONF": str(conf_path(cdir))}
+    (ldir / "sshd_config").write_text(sshd.sshd_config([m_ip, data_ip], ldir, cdir, env))
+    (ldir / "hosts").write_text(hosts + f"{data_ip} {name}\n")
+    q = lambda p: shlex.quote(str(p))  # noqa: E731
+    script = "\n".join([
+        "set -e",
+        f"hostname {shlex.quote(name)}",
+        f"mount --bind {q(ldir / 'hosts')} /etc/hosts",
+        *home_lines(cluster, cdir),
+        "mount -t tmpfs -o mode=755,size=64m tmpfs /run",
+        "mkdir -p /run/sshd",
+        *munged_lines(cdir, ldir),
+        # slurmctld forks into the background (slurmctld(8) without -D)
+        f"env SLURM_CONF={q(conf_path(cdir))} slurmctld -f {q(conf_path(cdir))}",
+        f"exec {sshd.SSHD} -D -r -f {q(ldir / 'sshd_config')} -E {q(ldir / 'sshd.log')}",
+    ])
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "--propagation", "private", "--", "/bin/sh", "-c", script],
+        stdin=subprocess.DEVNULL, stdout=open(ldir / "start.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    state["login"]["pid"] = proc.pid
+    save()
+    return {"name": name, "mgmt_ip": m_ip, "proc": proc, "dir": ldir}
+
+
+def login_exec(cdir: Path, pid: int, *cmd: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """A command in the login host's namespaces (its /run: munge's socket), with SLURM_CONF."""
+    return subprocess.run(["nsenter", "-t", str(pid), "-m", "-u", "-n", "env", f"SLURM_CONF={conf_path(cdir)}", *cmd],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _tail(path: Path, n: int = 600) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return "(no log)"
+
+
+def wait_idle(cluster: Cluster, cdir: Path, pid: int, timeout: float = 60) -> None:
+    """Until ``sinfo`` on the login host shows every node idle; a SimError with
+    the daemons' logs if not within ``timeout`` seconds."""
+    want = {cluster.slurm_name(n) for n in cluster.nodes}
+    end = time.monotonic() + timeout
+    out = ""
+    while True:
+        res = login_exec(cdir, pid, "sinfo", "-N", "-h", "-o", "%N %T")
+        out = (res.stdout + res.stderr).strip()
+        states = dict(line.split(None, 1) for line in res.stdout.splitlines() if len(line.split()) == 2)
+        if res.returncode == 0 and all(states.get(n) == "idle" for n in want):
+            return
+        if time.monotonic() > end:
+            break
+        time.sleep(0.3)
+    sdir = slurm_dir(cdir)
+    bad = sorted(n for n in want if states.get(n) != "idle") if res.returncode == 0 else sorted(want)
+    logs = "\n".join(f"--- slurmd {n}:\n{_tail(sdir / 'nodes' / n / 'slurmd.log')}" for n in bad[:2])
+    raise SimError(f"Slurm on {cluster.name}: nodes not idle within {timeout:g}s (sinfo: {out or 'nothing'})\n"
+                   f"--- slurmctld:\n{_tail(sdir / 'slurmctld.log')}\n--- login start:\n{_tail(cdir / 'login' / 'start.log', 300)}\n{logs}")

@@ -1,0 +1,107 @@
+"""A simulated Slurm cluster (sim-b200-slurm): munged and slurmd on every host,
+slurmctld on a login host reached over SSH; job steps run on their node (its
+hostname, its Docker Engine), steps of a held job overlap, a drained node
+shows its reason, and sim.down leaves nothing."""
+
+import json
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+
+from llmdeploy.connect import make_connection
+from llmdeploy.inventory import load_cluster
+from sim.paths import cluster_dir
+from tests.conftest import run_invoke
+
+from .conftest import netns_list
+
+SIM_CLUSTER = "sim-b200-slurm"
+LOGIN = "sim-b200-slurm-login"
+NODES = ["sim-b200-slurm-0", "sim-b200-slurm-1"]
+
+
+def login(cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``cmd`` on the login host over SSH, with the cluster's ssh_config."""
+    cfg = str(cluster_dir(SIM_CLUSTER) / "ssh_config")
+    return subprocess.run(["ssh", "-F", cfg, "-o", "BatchMode=yes", LOGIN, cmd], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def ok(cmd: str, timeout: float = 60) -> str:
+    res = login(cmd, timeout)
+    assert res.returncode == 0, f"{cmd}: {res.stdout}{res.stderr}"
+    return res.stdout
+
+
+def sinfo() -> dict[str, str]:
+    return dict(line.split(None, 1) for line in ok("sinfo -N -h -o '%N %T'").splitlines())
+
+
+def _slurm_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if not line.startswith("Z")
+            and any(w in line.split(None, 1)[-1].split()[0] for w in ("slurmd", "slurmctld", "slurmstepd", "munged"))
+            and str(cluster_dir(SIM_CLUSTER)) in line]
+
+
+def test_sim_slurm_cluster(sim_cluster):
+    cdir = cluster_dir(SIM_CLUSTER)
+    state = json.loads((cdir / "state.json").read_text())
+    assert state["login"]["netns"] == f"lds-{SIM_CLUSTER}-{LOGIN}" and state["login"]["mgmt_ip"] == "198.18.25.250"
+    assert sinfo() == {n: "idle" for n in NODES}
+    # the project's own SSH runner reaches the login host with the inventory's settings; SLURM_CONF is sshd's
+    cluster = load_cluster(SIM_CLUSTER)
+    conn = make_connection(cluster, cluster.slurm.login_node())
+    try:
+        res = conn.run("hostname; echo $SLURM_CONF; srun --mpi=list", hide=True, in_stream=False)
+    finally:
+        conn.close()
+    assert res.stdout.splitlines()[:2] == [LOGIN, str(cdir / "slurm" / "slurm.conf")]
+    assert "pmix" in res.stdout
+    # one task per node, each with its node's hostname
+    assert sorted(ok("srun -N2 --ntasks-per-node=1 hostname").split()) == NODES
+    # a step runs on its host: that host's dockerd, the PATH and variables SSH gives there
+    assert ok(f"srun -w {NODES[1]} -N1 docker version --format '{{{{.Server.Version}}}}'").strip()
+    env = ok(f"srun -w {NODES[1]} -N1 sh -c 'echo $LLMDEPLOY_SIM_HOST; command -v docker'").split()
+    assert env == [NODES[1], str(cdir / "hosts" / NODES[1] / "bin" / "docker")]
+
+
+def test_steps_overlap_in_a_held_job(sim_cluster):
+    job = ok("sbatch --parsable -N2 --wrap 'sleep 300'").strip()
+    try:
+        end = time.monotonic() + 30
+        while ok(f"squeue -h -j {job} -o %T").strip() != "RUNNING":
+            assert time.monotonic() < end, ok("squeue")
+            time.sleep(0.3)
+        assert ok(f"srun --jobid={job} --overlap -w {NODES[1]} -N1 hostname").strip() == NODES[1]
+        # two steps at once on the same node, while the batch step holds it
+        step = f"srun --jobid={job} --overlap -w {NODES[0]} -N1 sh -c 'sleep 2; hostname'"
+        t0 = time.monotonic()
+        out = ok(f"{step} & {step} & wait")
+        assert out.split() == [NODES[0], NODES[0]] and time.monotonic() - t0 < 3.9
+        # the batch job's output lands in the cluster's shared home, not this machine's /root
+        assert (cluster_dir(SIM_CLUSTER) / "home" / f"slurm-{job}.out").exists()
+    finally:
+        login(f"scancel {job}")
+
+
+def test_drain_shows_the_reason(sim_cluster):
+    ok(f"scontrol update nodename={NODES[1]} state=drain reason={shlex.quote('bad fan')}")
+    try:
+        out = ok(f"sinfo -N -h -n {NODES[1]} -o '%N %T %E'")
+        assert out.split(None, 2) == [NODES[1], "drained", "bad fan\n"] or out.strip() == f"{NODES[1]} draining bad fan"
+    finally:
+        ok(f"scontrol update nodename={NODES[1]} state=resume")
+
+
+def test_down_leaves_nothing(sim_cluster):
+    assert run_invoke("sim.down", "--cluster", SIM_CLUSTER).returncode == 0
+    assert f"lds-{SIM_CLUSTER}-" not in netns_list()
+    assert not cluster_dir(SIM_CLUSTER).exists()
+    end = time.monotonic() + 5
+    while _slurm_processes() and time.monotonic() < end:
+        time.sleep(0.1)
+    assert _slurm_processes() == []
+    assert not list(Path("/root").glob("slurm-*.out"))

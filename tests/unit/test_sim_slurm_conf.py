@@ -1,0 +1,75 @@
+"""The simulated Slurm cluster's slurm.conf (sim/slurm.py, a pure function of the inventory)."""
+
+from pathlib import Path
+
+from llmdeploy.inventory import load_cluster
+from sim import slurm
+
+
+def _conf(name: str) -> dict[str, list[str]]:
+    """slurm.conf's lines by key (NodeName and PartitionName repeat)."""
+    out: dict[str, list[str]] = {}
+    for line in slurm.slurm_conf(load_cluster(name), Path("/sim/c")).splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def test_b200_controller_nodes_and_partition():
+    conf = _conf("sim-b200-slurm")
+    assert conf["ClusterName"] == ["sim-b200-slurm"]
+    # the login host at the data /24's .250, on the management network
+    assert conf["SlurmctldHost"] == ["sim-b200-slurm-login(198.18.25.250)"]
+    assert slurm.login_ips(load_cluster("sim-b200-slurm")) == ("198.19.25.250", "198.18.25.250")
+    nodes = [v.split()[0] for v in conf["NodeName"]]
+    assert nodes == ["sim-b200-slurm-0", "sim-b200-slurm-1"]
+    assert "NodeAddr=198.18.25.10" in conf["NodeName"][0] and "NodeAddr=198.18.25.11" in conf["NodeName"][1]
+    # the simulated hardware's CPUs (lscpu's), not this machine's: slurmd believes the file
+    assert "CPUs=224" in conf["NodeName"][0] and conf["SlurmdParameters"] == ["config_overrides"]
+    assert conf["PartitionName"] == ["gpu Nodes=sim-b200-slurm-0,sim-b200-slurm-1 Default=YES MaxTime=INFINITE State=UP"]
+
+
+def test_daemons_settings():
+    conf = _conf("sim-b200-slurm")
+    assert conf["AuthType"] == ["auth/munge"] and conf["SlurmUser"] == ["root"]
+    assert conf["SelectType"] == ["select/cons_tres"] and conf["SelectTypeParameters"] == ["CR_Core"]
+    assert conf["ProctrackType"] == ["proctrack/linuxproc"] and conf["TaskPlugin"] == ["task/none"]
+    assert conf["MpiDefault"] == ["none"] and conf["AccountingStorageType"] == ["accounting_storage/none"]
+    assert conf["KillWait"] == ["5"] and conf["ReturnToService"] == ["2"]
+    # everything the daemons write is in the cluster's directory; each slurmd its own (%n: its Slurm name)
+    assert conf["StateSaveLocation"] == ["/sim/c/slurm/ctld"]
+    for key in ("SlurmdSpoolDir", "SlurmdPidFile", "SlurmdLogFile", "TmpFS"):
+        assert conf[key][0].startswith("/sim/c/slurm/nodes/%n/"), key
+    assert conf["TaskProlog"] == ["/sim/c/slurm/task_prolog"]
+
+
+def test_a3_four_nodes_in_the_npu_partition():
+    conf = _conf("sim-a3-slurm")
+    assert conf["SlurmctldHost"] == ["sim-a3-slurm-login(198.18.5.250)"]
+    assert [v.split()[0] for v in conf["NodeName"]] == [f"sim-a3-slurm-{i}" for i in range(4)]
+    assert "NodeAddr=198.18.5.13" in conf["NodeName"][3]
+    assert conf["PartitionName"][0].startswith("npu Nodes=sim-a3-slurm-0,sim-a3-slurm-1,sim-a3-slurm-2,sim-a3-slurm-3 ")
+
+
+def test_slurm_names_from_the_inventory_nodelist():
+    cluster = load_cluster("sim-b200-slurm")
+    cluster = cluster.model_copy(update={"slurm": cluster.slurm.model_copy(update={"nodelist": ["gpu-a", "gpu-b"]})})
+    text = slurm.slurm_conf(cluster, Path("/sim/c"))
+    assert "NodeName=gpu-a NodeAddr=198.18.25.10 " in text and "Nodes=gpu-a,gpu-b " in text
+    # slurmd is started with the Slurm name, munged first, in the host's script
+    lines = slurm.host_lines(cluster, Path("/sim/c"), "sim-b200-slurm-1", {"PATH": "/x"})
+    assert lines[-1].endswith("slurmd -f /sim/c/slurm/slurm.conf -N gpu-b") and "munged --force" in lines[-2]
+
+
+def test_task_prolog_gives_the_hosts_path():
+    text = slurm.task_prolog(Path("/sim/c"))
+    assert text.startswith("#!/bin/sh\n")
+    assert 'd=/sim/c/hosts/$h' in text and 'echo "export PATH=$d/bin:/usr/local/sbin:' in text
+    assert "LLMDEPLOY_SIM_HOSTDIR=$d" in text
+
+
+def test_not_a_slurm_cluster_gets_nothing():
+    cluster = load_cluster("sim-b200")
+    assert slurm.host_lines(cluster, Path("/sim/c"), cluster.nodes[0].name, {}) == []
+    assert slurm.home_lines(cluster, Path("/sim/c")) == [] and slurm.node_env(cluster, Path("/sim/c")) == {}
