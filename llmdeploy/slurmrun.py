@@ -89,7 +89,12 @@ class SlurmSteps:
         if held is not None:
             self.job, self.own = held.id, False
             return held.id
-        names = slurm.node_names(self.c, nodes)
+        # the whole of the command's nodes that Slurm can give (a later step may want any of them)
+        bad = self.check_nodes(self.r.nodes)
+        for h, why in bad.items():
+            self.r.unreachable.setdefault(h, why)
+        usable = [n for n in self.r.nodes if self.states.get(n.name) is None or self.states[n.name].usable] or nodes
+        names = slurm.node_names(self.c, usable)
         cmd = slurm.salloc_command(self.c, names, slurm.command_job_name(self.c.name))
         out, err, code = self.login_exec(cmd, self.c.slurm.alloc_timeout_s + 30)
         job = slurm.parse_job_id(err + out)
@@ -105,13 +110,13 @@ class SlurmSteps:
         self.release_own()
 
     # -- steps ---------------------------------------------------------------------------
-    def dispatch(self, step_name: str, per_node: dict[Node, tuple[str, bytes | None]], timeout: float) -> dict[str, tuple[str, str, int] | str]:
-        """One srun over the nodes of ``per_node``: {node name: (stdout,
-        stderr, exit code) or why it has no answer}."""
-        nodes = list(per_node)
+    def dispatch(self, step_name: str, per_node: dict[str, tuple[str, bytes | None]], timeout: float) -> dict[str, tuple[str, str, int] | str]:
+        """One srun over the nodes (by name) of ``per_node``: {node name:
+        (stdout, stderr, exit code) or why it has no answer}."""
+        nodes = [self.c.node(h) for h in per_node]
         job = self.allocation(nodes)
         names = {self.c.slurm_name(n): n for n in nodes}
-        data = slurm.payload({self.c.slurm_name(n): cmd for n, cmd in per_node.items()}, timeout)
+        data = slurm.payload({self.c.slurm_name(n): per_node[n.name] for n in nodes}, timeout)
         cmd = slurm.srun_dispatch_command(self.c, job, list(names), step_name)
         out, err, code = self.login_exec(cmd, timeout + 60, data)
         got = slurm.parse_dispatch(out)
@@ -132,7 +137,7 @@ class SlurmSteps:
                 raise UnreachableError(bad[node.name])
         data = stdin.encode() if isinstance(stdin, str) else stdin
         try:
-            ans = self.dispatch("exec", {node: (command, data)}, timeout or self.c.ssh.command_timeout)[node.name]
+            ans = self.dispatch("exec", {node.name: (command, data)}, timeout or self.c.ssh.command_timeout)[node.name]
         except AllocationError as exc:
             raise UnreachableError(str(exc)) from exc
         if isinstance(ans, str):
@@ -158,7 +163,7 @@ class SlurmSteps:
         for h, why in bad.items():
             self.r.unreachable[h] = why
             results[h] = HostResult(h, UNREACHABLE, msg=why)
-        per_node: dict[Node, tuple[str, bytes | None]] = {}
+        per_node: dict[str, tuple[str, bytes | None]] = {}
         for n in targets:
             if n.name in results:
                 continue
@@ -169,17 +174,16 @@ class SlurmSteps:
                 results[n.name] = HostResult(n.name, SKIPPED, msg="nothing to do here")
             else:
                 stdin = step.stdin(n) if step.stdin else None
-                per_node[n] = (pre, stdin.encode() if isinstance(stdin, str) else stdin)
+                per_node[n.name] = (pre, stdin.encode() if isinstance(stdin, str) else stdin)
         if per_node:
             try:
                 answers = self.dispatch(step.name, per_node, step.timeout or self.c.ssh.command_timeout)
             except (UnreachableError, AllocationError) as exc:
                 kind = UNREACHABLE if isinstance(exc, UnreachableError) else FAILED
-                answers = {n.name: f"{exc}" for n in per_node}
-                for n in per_node:
-                    results[n.name] = HostResult(n.name, kind, msg=f"at step '{step.name}': {exc}")
+                for h in per_node:
+                    results[h] = HostResult(h, kind, msg=f"at step '{step.name}': {exc}")
                     if kind == UNREACHABLE:
-                        self.r.unreachable[n.name] = results[n.name].msg
+                        self.r.unreachable[h] = results[h].msg
                 answers = {}
             for h, ans in answers.items():
                 node = self.c.node(h)

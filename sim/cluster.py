@@ -458,7 +458,6 @@ def _up(cluster: Cluster, echo) -> dict:
             [
                 "set -e",
                 f"hostname {shlex.quote(node.name)}",
-                *slurm.home_lines(cluster, cdir),
                 *binds,
                 f"mount --bind {q(hdir / 'meminfo')} /proc/meminfo",
                 *([f"mount --bind {q(hdir / 'hccn.conf')} {HCCN_CONF}"] if ascend else []),

@@ -148,15 +148,6 @@ def task_prolog(cdir: Path) -> str:
     )
 
 
-def home_lines(cluster: Cluster, cdir: Path) -> list[str]:
-    """root's home on a Slurm cluster's hosts and login host: one directory of
-    the cluster's, as a real cluster shares /home over NFS. A batch job runs
-    in the directory it was submitted from and writes slurm-<job>.out there
-    (sbatch(1) --output); without it, that would be this machine's /root.
-    Mounted before the hosts' private directories (/root/.cache stays each host's own)."""
-    return [f"mount --bind {shlex.quote(str(cdir / 'home'))} /root"] if cluster.slurm else []
-
-
 def munged_lines(cdir: Path, ddir: Path) -> list[str]:
     """Shell lines that start munged in a host (after its own /run is mounted):
     the cluster's one key, the socket at its default path in the host's /run,
@@ -191,8 +182,6 @@ def prepare(cluster: Cluster, cdir: Path) -> None:
             raise SimError(f"{tool} is missing: run scripts/setup.sh (Debian's slurm-wlm and munge)")
     sdir = slurm_dir(cdir)
     (sdir / "ctld").mkdir(parents=True, exist_ok=True)
-    # the shared home, with the mount point of the hosts' own ~/.cache (PRIVATE_DIRS)
-    (cdir / "home" / ".cache").mkdir(parents=True, exist_ok=True)
     for node in cluster.nodes:
         for sub in ("spool", "tmp"):
             (sdir / "nodes" / cluster.slurm_name(node) / sub).mkdir(parents=True, exist_ok=True)
@@ -249,7 +238,6 @@ def start_login(cluster: Cluster, cdir: Path, state: dict, links: dict, hosts: s
         "set -e",
         f"hostname {shlex.quote(name)}",
         f"mount --bind {q(ldir / 'hosts')} /etc/hosts",
-        *home_lines(cluster, cdir),
         "mount -t tmpfs -o mode=755,size=64m tmpfs /run",
         "mkdir -p /run/sshd",
         *munged_lines(cdir, ldir),

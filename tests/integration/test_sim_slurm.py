@@ -3,6 +3,7 @@ slurmctld on a login host reached over SSH; job steps run on their node (its
 hostname, its Docker Engine), steps of a held job overlap, a drained node
 shows its reason, and sim.down leaves nothing."""
 
+import os
 import json
 import shlex
 import subprocess
@@ -69,20 +70,28 @@ def test_sim_slurm_cluster(sim_cluster):
 
 
 def test_steps_overlap_in_a_held_job(sim_cluster):
-    job = ok("sbatch --parsable -N2 --wrap 'sleep 300'").strip()
+    job = ok("sbatch --parsable -N2 --output=/dev/null --chdir=/ --wrap 'sleep 300'").strip()
     try:
         end = time.monotonic() + 30
         while ok(f"squeue -h -j {job} -o %T").strip() != "RUNNING":
             assert time.monotonic() < end, ok("squeue")
             time.sleep(0.3)
         assert ok(f"srun --jobid={job} --overlap -w {NODES[1]} -N1 hostname").strip() == NODES[1]
-        # two steps at once on the same node, while the batch step holds it
-        step = f"srun --jobid={job} --overlap -w {NODES[0]} -N1 sh -c 'sleep 2; hostname'"
-        t0 = time.monotonic()
-        out = ok(f"{step} & {step} & wait")
-        assert out.split() == [NODES[0], NODES[0]] and time.monotonic() - t0 < 3.9
-        # the batch job's output lands in the cluster's shared home, not this machine's /root
-        assert (cluster_dir(SIM_CLUSTER) / "home" / f"slurm-{job}.out").exists()
+        # two steps at once on the same node, while the batch step holds it:
+        # each waits for the other's mark (one after the other, both would wait out their 20 s)
+        mark = f"/tmp/lds-overlap-{os.getpid()}"
+        step = ("srun --jobid={job} --overlap -w {node} -N1 sh -c 'touch {mark}.{me}; i=0; "
+                "while [ ! -e {mark}.{other} ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done; "
+                "[ -e {mark}.{other} ] && hostname'")
+        a = step.format(job=job, node=NODES[0], mark=mark, me="a", other="b")
+        b = step.format(job=job, node=NODES[0], mark=mark, me="b", other="a")
+        try:
+            out = ok(f"{a} & {b} & wait")
+        finally:
+            for f in (f"{mark}.a", f"{mark}.b"):
+                if os.path.exists(f):
+                    os.remove(f)
+        assert out.split() == [NODES[0], NODES[0]]
     finally:
         login(f"scancel {job}")
 

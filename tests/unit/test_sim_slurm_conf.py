@@ -72,4 +72,4 @@ def test_task_prolog_gives_the_hosts_path():
 def test_not_a_slurm_cluster_gets_nothing():
     cluster = load_cluster("sim-b200")
     assert slurm.host_lines(cluster, Path("/sim/c"), cluster.nodes[0].name, {}) == []
-    assert slurm.home_lines(cluster, Path("/sim/c")) == [] and slurm.node_env(cluster, Path("/sim/c")) == {}
+    assert slurm.node_env(cluster, Path("/sim/c")) == {}
