@@ -61,10 +61,10 @@ def test_prepare_verify_deploy_kill_a_step_and_stop(sim_cluster):
     doc = json.loads(res.stdout)
     assert res.returncode == 0 and doc["healthy"], doc
     # every headless worker with its own DP start rank, as on SSH
-    for i, node in enumerate(NODES[1:], start=1):
-        ranks = [env.get("DP_START_RANK") or "" for env, cmd, name in hostview.processes(SIM_CLUSTER, node).values() if name and "vllm" in cmd]
-        assert str(4 * i) in " ".join(ranks) or any(f"--data-parallel-start-rank {4 * i}" in cmd for _, cmd, name in
-                                                     hostview.processes(SIM_CLUSTER, node).values() if name), node
+    for i, node in enumerate(NODES):
+        run_sh = (host_dir(SIM_CLUSTER, node) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}/releases/{rid}/run.sh").read_text()
+        assert ("--headless" in run_sh) == (i > 0) and (f"--data-parallel-start-rank {i}" in run_sh) == (i > 0)
+        assert hostview.containers(SIM_CLUSTER, node) == {f"{SIM_CLUSTER}-{rid}": "running"}
 
     unit = next(name for name, nodes in job.steps.values() if nodes == NODES[2])
     pid = _anchor(NODES[2], unit)
