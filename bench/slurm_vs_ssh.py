@@ -8,11 +8,12 @@ what went over SSH (connections opened, remote commands); then the ratios
 Slurm / SSH. The simulated nodes share this machine's CPUs with the tool,
 slurmd and slurmctld, so compare ratios, not seconds.
 
-Needs root (simulated clusters). Usage: .venv/bin/python bench/slurm_vs_ssh.py [NODES]
+Needs root (simulated clusters). Usage: .venv/bin/python bench/slurm_vs_ssh.py [NODES] [--only=ssh|--only=slurm]
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -60,17 +61,27 @@ def run_both(cluster) -> dict:
     from flows import verify
     from flows.app import run_playbook
 
-    con = Console(stderr=True, quiet=True)
+    out = io.StringIO()
+    con = Console(file=out, width=200)
 
     def facts():
         recap, _, _ = run_playbook(cluster, "facts", None, con, show_progress=False)
         return 1 if any(c["failed"] or c["unreachable"] for c in recap.values()) else 0
 
-    return {"facts": measure(facts), "verify-comm": measure(lambda: verify.run(cluster, con, json_out=False, full=False))}
+    res = {}
+    for cmd, fn in (("facts", facts), ("verify-comm", lambda: verify.run(cluster, con, json_out=False, full=False))):
+        out.seek(0)
+        out.truncate()
+        res[cmd] = measure(fn)
+        if res[cmd]["exit"] != 0:  # what failed, in the tool's words
+            print(f"{cluster.name} {cmd} failed:\n" + "\n".join(out.getvalue().splitlines()[-25:]), file=sys.stderr)
+    return res
 
 
 def main() -> int:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+    args = [a for a in sys.argv[1:] if not a.startswith("--only=")]
+    only = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--only=")]
+    n = int(args[0]) if args else 64
     if os.geteuid() != 0:
         raise SystemExit("the benchmark brings up simulated clusters: run as root")
     results = {}
@@ -84,6 +95,8 @@ def main() -> int:
         from sim import cluster as simc
 
         for way, (name, *_rest) in ways.items():
+            if only and way not in only:
+                continue
             c = load_cluster(name)
             t0 = time.perf_counter()
             simc.up(c, echo=lambda *_: None)
@@ -95,7 +108,7 @@ def main() -> int:
             for cmd, r in results[way].items():
                 print(f"{way:5s} {cmd:11s}: exit {r['exit']}, tool CPU {r['cpu_s']:6.2f}s, wall {r['wall_s']:6.2f}s, "
                       f"SSH connections {r['ssh_connections']:3d}, SSH commands {r['ssh_commands']:4d} (to {r['hosts_talked_to']} hosts)", flush=True)
-    for cmd in ("facts", "verify-comm"):
+    for cmd in ("facts", "verify-comm") if len(results) == 2 else ():
         s, h = results["slurm"][cmd], results["ssh"][cmd]
         print(f"{cmd}: Slurm/SSH tool CPU {s['cpu_s'] / max(h['cpu_s'], 1e-9):.2f}x, wall {s['wall_s'] / max(h['wall_s'], 1e-9):.2f}x, "
               f"SSH connections {s['ssh_connections']} vs {h['ssh_connections']}, SSH commands {s['ssh_commands']} vs {h['ssh_commands']}")

@@ -117,7 +117,7 @@ class Engine:
         self.signatures = signatures
         # a Slurm cluster: the release is a job, its units are steps (flows/slurmjobs.py)
         self.jobs = None
-        if runner.slurm is not None:
+        if getattr(runner, "slurm", None) is not None:
             from flows.slurmjobs import SlurmJobs
 
             self.jobs = SlurmJobs(self)

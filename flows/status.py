@@ -119,7 +119,7 @@ def _shown(plan: ReleasePlan, u: Unit, c: dict | None) -> list[str]:
 
 def slurm_job(runner: Runner, cluster: Cluster, plan: ReleasePlan | None) -> tuple["slurm.Job | None", str | None]:
     """A Slurm cluster's job of the current release: (the job, None) or (None, why there is none)."""
-    if runner.slurm is None or plan is None:
+    if getattr(runner, "slurm", None) is None or plan is None:
         return None, None
     try:
         jobs = runner.slurm.squeue()
@@ -205,7 +205,7 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool, wide
         entry = doc[plan.entry_host]
         entry["reason"] = "; ".join(x for x in (entry.get("reason"), f"endpoint: {health_problem}") if x)
     healthy = bool(plan is not None and plan.ready and health == plan.ready[0].status and not health_problem)
-    jobdoc = None if runner.slurm is None else {"job": job.id if job else None, "state": job.state if job else None, "problem": job_problem,
+    jobdoc = None if getattr(runner, "slurm", None) is None else {"job": job.id if job else None, "state": job.state if job else None, "problem": job_problem,
                                                  "steps": dict(sorted(job.steps.items())) if job else {}}
     if json_out:
         report.emit_json({"cluster": cluster.name, "release": plan.release if plan else None, "system": plan.system if plan else None,

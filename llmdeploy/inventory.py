@@ -453,6 +453,11 @@ class Cluster(Strict):
         if s.container == "pyxis" and self.image.tarball:
             problems.append(("slurm.container", "pyxis imports images from a registry (enroot): image.tarball is loaded by docker on each node; "
                                                 "use container 'docker' or drop image.tarball"))
+        elif s.container == "pyxis":
+            # planned (README "Clusters run by Slurm"): each unit's docker run options (devices, mounts,
+            # environment file, host network) as srun --container-image/--container-mounts/--container-env
+            problems.append(("slurm.container", "'pyxis' (srun --container-image) is planned, not built yet: this version starts "
+                                                "units with docker on the node; use container 'docker'"))
         return problems
 
     def slurm_name(self, node: Node) -> str:

@@ -421,6 +421,7 @@ def _up(cluster: Cluster, echo) -> dict:
         # (paced on request, as its sha256sum: node.json "slow", sim/standins/slow.py)
         _write(bindir / "docker", slow.docker_wrapper(sys.executable, str(REPO)), 0o755)
         _write(bindir / "sha256sum", slow.sha256sum_wrapper(), 0o755)
+        _write(bindir / "ping", slow.ping_wrapper(), 0o755)
         if ascend:
             _write(bindir / "hccn_tool", _hccn_wrapper(), 0o755)
             _write(hdir / "hccn.conf", hardware.hccn_conf(hw))

@@ -70,6 +70,27 @@ def sha256sum_wrapper() -> str:
     )
 
 
+def ping_wrapper() -> str:
+    """The host's ``ping``: iputils' own; a partial loss is tried once more
+    before it is reported. This machine's kernel drops packets from its
+    per-CPU backlog (net.core.netdev_max_backlog, counted in
+    /proc/net/softnet_stat) when every simulated host pings every other at
+    once on two CPUs: 64 hosts started as one Slurm step lost 1 of 3 packets
+    on ~40 of 4032 pairs, a loss no link of the simulation has (the same
+    reason as hccn_tool's retry, sim/cluster.py HCCN_PING). A link that is
+    down (100% loss) or a refused full-MTU packet fails both tries."""
+    return (
+        "#!/bin/bash\n"
+        "# simulated host's ping (sim/standins/slow.py): iputils' own, a partial loss tried once more\n"
+        'out=$(/usr/bin/ping "$@" 2>&1); rc=$?\n'
+        'if [[ $rc -ne 0 && $out == *" received, "* && $out != *" 100% packet loss"* ]]; then\n'
+        '    again=$(/usr/bin/ping "$@" 2>&1) && { out=$again; rc=0; }\n'
+        "fi\n"
+        "printf '%s\\n' \"$out\"\n"
+        "exit $rc\n"
+    )
+
+
 def knob(name: str) -> float:
     try:
         with open(os.path.join(STATE_DIR, "node.json")) as f:

@@ -36,6 +36,9 @@ def test_inventory_names_what_contradicts(b200):
     with pytest.raises(ValueError) as err:
         Cluster.model_validate(d)
     assert "slurm.container" in str(err.value)
+    with pytest.raises(ValueError) as err:
+        _with(b200, container="pyxis")
+    assert "slurm.container" in str(err.value) and "planned" in str(err.value)
     for field, value in (("partition", "gpu;rm -rf /"), ("time_limit", "two days"), ("account", "a b")):
         with pytest.raises(ValueError) as err:
             _with(b200, **{field: value})
