@@ -44,7 +44,10 @@ def ssh_config_text(cluster: Cluster, nodes: list[Node], control_dir: str) -> st
     user_cfg = _user_ssh_config(cluster)
     ssh = cluster.ssh
     blocks = ["# written by llmdeploy check from the inventory; used with ssh -F"]
-    for node in nodes:
+    # a Slurm cluster: the nodes through its login host (where pam_slurm_adopt
+    # admits the owner of a job on the node: check holds an allocation meanwhile)
+    login = cluster.slurm.login_node() if cluster.slurm is not None else None
+    for node in ([login] if login is not None else []) + list(nodes):
         found = user_cfg.lookup(node.address)
         identities = [ssh.identity_file] if ssh.identity_file else list(found.get("identityfile", []))
         lines = [
@@ -66,6 +69,8 @@ def ssh_config_text(cluster: Cluster, nodes: list[Node], control_dir: str) -> st
             "    ControlPersist 60",
         ]
         jump = ssh.jump_host or found.get("proxyjump")
+        if login is not None and node is not login:
+            jump = login.name
         if jump:
             lines.append(f"    ProxyJump {jump}")
         blocks.append("\n".join(lines))
@@ -115,6 +120,17 @@ def run(cluster: Cluster, limit: str | None = None, con: Console | None = None, 
     """Run the node tests; print pytest's summary per host; 0 only when all passed."""
     con = con or report.console()
     nodes = select_nodes(cluster, limit)
+    if cluster.slurm is not None:
+        from llmdeploy.runner import Runner
+
+        # the nodes in an allocation (the release's job, or one of this command's own) while the tests log in
+        with Runner(cluster, nodes=nodes) as runner:
+            runner.slurm.allocation(nodes)
+            return _run(cluster, nodes, con, quiet, select)
+    return _run(cluster, nodes, con, quiet, select)
+
+
+def _run(cluster: Cluster, nodes: list[Node], con: Console, quiet: bool, select: str | None) -> int:
     with tempfile.TemporaryDirectory(prefix="llmdeploy-check-") as tmp:
         control = os.path.join(tmp, "cm")
         os.mkdir(control, 0o700)
@@ -129,7 +145,7 @@ def run(cluster: Cluster, limit: str | None = None, con: Console | None = None, 
             )
         finally:
             # close the shared master connections (ControlPersist) now
-            for n in nodes:
+            for n in nodes + ([cluster.slurm.login_node()] if cluster.slurm is not None else []):
                 subprocess.run(["ssh", "-F", cfg, "-O", "exit", n.name], capture_output=True, stdin=subprocess.DEVNULL)
         if not os.path.exists(junit):
             con.print(f"[bold red]check failed to run[/] (pytest exit {proc.returncode}):\n{escape(proc.stdout[-2000:])}{escape(proc.stderr[-2000:])}")

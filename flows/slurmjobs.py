@@ -57,8 +57,12 @@ class SlurmJobs:
         o, e, code = self.s.login_exec(slurm.wait_running_command(job, limit), limit + 30)
         if code != 0:
             self.s.login_exec(slurm.scancel_job_command(job, 30), 60)
+            others = [j for j in self.s.squeue() if j.id != job]
+            held = "; ".join(f"job {j.id} ({j.name}, {j.state}) holds {j.nodes}" for j in others if j.nodes)
             return self.e._fail(out, self.c.slurm.login, f"Slurm job {job} of release {plan.release} did not start within {limit:g}s "
-                                                        f"({o.strip() or e.strip()}); cancelled")
+                                                        f"({o.strip() or e.strip()}); cancelled"
+                                                        + (f"; the cluster's other jobs: {held} (a command of the tool's that still runs, "
+                                                           f"or one that was killed: scancel it)" if held else ""))
         self.s.use_job(job)
         self.held = plan.release
         self.e.say(f"slurm: job {job} ({slurm.release_job_name(self.c.name, plan.release)}) holds {', '.join(names)}")

@@ -287,6 +287,10 @@ class Slurm(Strict):
     container: Literal["docker", "pyxis"] = "docker"
     # seconds to wait for an allocation (salloc/sbatch) before giving up
     alloc_timeout_s: float = Field(default=120, gt=0)
+    # the time limit of a command's own allocation (facts, prepare, verify-comm,
+    # status when no release job runs): what a tool killed mid-command leaves
+    # allocated ends by then
+    command_time_limit: str = Field(default="4:00:00", pattern=SLURM_TIME_RE.pattern)
 
     @field_validator("nodelist")
     @classmethod

@@ -129,9 +129,7 @@ def salloc_command(cluster: Cluster, names: list[str], job_name: str, time_limit
     assert s is not None
     args = ["salloc", "--no-shell", f"--job-name={job_name}", f"--nodes={len(names)}", f"--nodelist={hostlist(names)}",
             "--ntasks-per-node=1", f"--immediate={max(1, int(s.alloc_timeout_s))}", *where_args(cluster)]
-    limit = time_limit or s.time_limit
-    if limit:
-        args.append(f"--time={limit}")
+    args.append(f"--time={time_limit or s.command_time_limit}")
     return " ".join(q(a) for a in args)
 
 
@@ -298,7 +296,7 @@ def srun_one_command(job_id: str, name: str, step_name: str, command: str) -> st
 
 def step_safe(name: str) -> str:
     """A step's name as srun takes it (letters, digits, ._-)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:60] or "step"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:200] or "step"
 
 
 LABEL_RE = re.compile(r"^\s*\d+: (.*)$")

@@ -138,7 +138,7 @@ def test_command_lines_quote_and_carry_the_sites_choices(b200):
     line = slurm.salloc_command(c, ["sim-b200-slurm-0", "sim-b200-slurm-1"], slurm.command_job_name(c.name))
     args = shlex.split(line)
     assert args[:2] == ["salloc", "--no-shell"]
-    assert {"--partition=gpu", "--account=llm", "--reservation=maint-1", "--time=1-00:00:00",
+    assert {"--partition=gpu", "--account=llm", "--reservation=maint-1", "--time=4:00:00",
             "--nodelist=sim-b200-slurm-0,sim-b200-slurm-1", "--nodes=2"} <= set(args)
     sb = shlex.split(slurm.sbatch_command(c, ["sim-b200-slurm-0", "sim-b200-slurm-1"], "r1"))
     assert "--job-name=llmdeploy.sim-b200-slurm.r1" in sb and sb[-1] == "--wrap=exec sleep infinity"
@@ -164,3 +164,16 @@ def test_unit_step_holds_its_container_and_reports_its_exit(tmp_path):
     p.terminate()
     assert p.wait(10) == 143
     assert (tmp_path / "stops").read_text() == "stopped\n"
+
+
+def test_check_reaches_a_slurm_clusters_nodes_through_its_login_host(b200, tmp_path):
+    """invoke check's ssh_config: the login host's own block, every node behind it (ProxyJump)."""
+    from flows.check import ssh_config_text
+
+    text = ssh_config_text(b200, b200.nodes, str(tmp_path))
+    blocks = {b.splitlines()[0]: b for b in text.split("\n\n") if b.startswith("Host ")}
+    assert set(blocks) == {"Host sim-b200-slurm-login", "Host sim-b200-slurm-0", "Host sim-b200-slurm-1"}
+    assert "ProxyJump" not in blocks["Host sim-b200-slurm-login"]
+    for n in b200.nodes:
+        assert "    ProxyJump sim-b200-slurm-login" in blocks[f"Host {n.name}"].splitlines()
+        assert "    StrictHostKeyChecking yes" in blocks[f"Host {n.name}"].splitlines()
