@@ -276,9 +276,10 @@ class Engine:
                 by_host.setdefault(u.host, []).append(u)
             if self.jobs is not None:
                 started = self.jobs.start_units(plan, group, out, lambda u: out.number(unit_key(u)))
-                failed = [u for u in group if started.get(u.container)]
+                failed = [u for u in group if started.get(unit_key(u))]
                 if failed:
-                    return self._fail(out, failed[0].host, "; ".join(f"{u.container} did not start as a job step: {started[u.container]}" for u in failed))
+                    return self._fail(out, failed[0].host, "; ".join(f"{u.container} on {u.host} did not start as a job step: {started[unit_key(u)]}"
+                                                                     for u in failed))
                 continue
             res = self.r.run(
                 Step(name="start", build=lambda n: "set -e\n" + "".join(ctr.start_script(rd, u.container, u.run_file, out.number(unit_key(u))) for u in by_host[n.name])),
@@ -326,6 +327,8 @@ class Engine:
         """Drain ``previous`` (the release serving now), stop what else runs,
         start ``plan`` in order, wait until it is ready."""
         t = time.monotonic()
+        if self.jobs is not None and not self.jobs.preflight(plan, out):
+            return False
         if previous is not None and previous.release != plan.release:
             self.drain(previous)
             out.phases["drain"] = time.monotonic() - t

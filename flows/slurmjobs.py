@@ -34,9 +34,36 @@ class SlurmJobs:
         hosts = {u.host for u in plan.units()}
         return [self.c.slurm_name(n) for n in self.c.nodes if n.name in hosts]
 
+    def preflight(self, plan: ReleasePlan, out: "Outcome") -> bool:
+        """Before anything stops: every node of the plan can be given to a new
+        job (Slurm's own state; a draining node runs its jobs but takes no new one)."""
+        names = self.nodes_of(plan)
+        try:
+            o, e, code = self.s.login_exec(slurm.sinfo_command(names), 60)
+        except UnreachableError as exc:
+            return self.e._fail(out, self.c.slurm.login, f"cannot read Slurm's node states: {exc}")
+        if code != 0:
+            return self.e._fail(out, self.c.slurm.login, f"sinfo failed: {(e or o).strip()[-300:]}")
+        bad = [st for st in slurm.parse_sinfo(o, names).values() if not st.schedulable]
+        if bad:
+            return self.e._fail(out, bad[0].name, "; ".join(st.describe() for st in bad) + ": release "
+                                + f"{plan.release} cannot have its nodes (nothing was stopped)")
+        return True
+
     def hold(self, plan: ReleasePlan, out: "Outcome") -> bool:
         """The release's job: the running one (a restart keeps it), else a new
         batch job on the plan's nodes, waited for until it runs."""
+        try:
+            return self._hold(plan, out)
+        except UnreachableError as exc:
+            # cut off from the login host: a job of this release that was submitted goes by its name
+            try:
+                self.s.login_exec(slurm.scancel_name_command(slurm.release_job_name(self.c.name, plan.release)), 30)
+            except UnreachableError:
+                pass
+            return self.e._fail(out, self.c.slurm.login, f"Slurm job of release {plan.release}: {exc}")
+
+    def _hold(self, plan: ReleasePlan, out: "Outcome") -> bool:
         try:
             jobs = self.s.squeue()
         except UnreachableError as exc:
@@ -69,9 +96,9 @@ class SlurmJobs:
         return True
 
     def start_units(self, plan: ReleasePlan, units: list[Unit], out: "Outcome", number: Callable[[Unit], int]) -> dict[str, str]:
-        """Each unit as a step of the release's job; {container: "" or why it did not start}."""
+        """Each unit as a step of the release's job; {"<host>/<container>": "" or why it did not start}."""
         if self.held != plan.release and not self.hold(plan, out):
-            return {u.container: out.reason for u in units}
+            return {f"{u.host}/{u.container}": out.reason for u in units}
         rd = release_dir(self.c, plan.release)
         logdir = slurm.login_log_dir(self.c, plan.release)
         steps = [
@@ -79,14 +106,18 @@ class SlurmJobs:
                 node=self.c.slurm_name(self.c.node(u.host)),
                 name=u.container,
                 script=slurm.unit_step_body(ctr.start_script(rd, u.container, u.run_file, number(u)), u.container, self.c.deploy.stop_timeout_s),
-                log=f"{logdir}/{u.container}.attempt-{number(u)}.step.log",
+                log=f"{logdir}/{u.host}.{u.container}.attempt-{number(u)}.step.log",
             )
             for u in units
         ]
         wait = self.c.deploy.rpc_timeout_s
-        o, e, code = self.s.login_exec(slurm.start_units_script(self.c, self.s.job, steps, wait), wait + 60)
+        try:
+            o, e, code = self.s.login_exec(slurm.start_units_script(self.c, self.s.job, steps, wait), wait + 60)
+        except UnreachableError as exc:
+            return {f"{u.host}/{u.container}": f"login host unreachable while its step started: {exc}" for u in units}
         got = slurm.parse_started(o)
-        return {u.container: got.get(u.container, f"no answer from its step ({(e or o).strip()[-200:]})") for u in units}
+        return {f"{u.host}/{u.container}": got.get(f"{self.c.slurm_name(self.c.node(u.host))}/{u.container}",
+                                                   f"no answer from its step ({(e or o).strip()[-200:]})") for u in units}
 
     def end_jobs(self, keep_release: str | None) -> list[str]:
         """Cancel every release job of the cluster but ``keep_release``'s:
@@ -101,14 +132,21 @@ class SlurmJobs:
             if release is None or release == keep_release:
                 continue
             steps = sorted(job.steps, key=lambda sid: int(sid.split(".", 1)[1]) if sid.split(".", 1)[1].isdigit() else -1, reverse=True)
-            if steps:
-                self.s.login_exec(slurm.scancel_steps_command(steps), 60)
-            o, e, code = self.s.login_exec(slurm.scancel_job_command(job.id, 30), 60)
-            if self.s.job == job.id:
-                self.s.use_job(None)
-                self.held = None
-            if code != 0:
-                problems.append(f"Slurm job {job.id}: {o.strip() or e.strip()}")
-            else:
-                self.e.say(f"slurm: job {job.id} of release {release} cancelled" + (f" ({len(steps)} steps, last started first)" if steps else ""))
+            try:
+                problems += self._end(job, release, steps)
+            except UnreachableError as exc:
+                problems.append(f"Slurm job {job.id} of release {release}: {exc}")
         return problems
+
+    def _end(self, job: slurm.Job, release: str, steps: list[str]) -> list[str]:
+        if steps:
+            self.s.login_exec(slurm.scancel_steps_command(steps, self.c.deploy.stop_timeout_s + 5),
+                              60 + len(steps) * (self.c.deploy.stop_timeout_s + 5))
+        o, e, code = self.s.login_exec(slurm.scancel_job_command(job.id, 30), 60)
+        if self.s.job == job.id:
+            self.s.use_job(None)
+            self.held = None
+        if code != 0:
+            return [f"Slurm job {job.id}: {o.strip() or e.strip()}"]
+        self.e.say(f"slurm: job {job.id} of release {release} cancelled" + (f" ({len(steps)} steps, last started first)" if steps else ""))
+        return []

@@ -205,8 +205,9 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool, wide
         entry = doc[plan.entry_host]
         entry["reason"] = "; ".join(x for x in (entry.get("reason"), f"endpoint: {health_problem}") if x)
     healthy = bool(plan is not None and plan.ready and health == plan.ready[0].status and not health_problem)
-    jobdoc = None if getattr(runner, "slurm", None) is None else {"job": job.id if job else None, "state": job.state if job else None, "problem": job_problem,
-                                                 "steps": dict(sorted(job.steps.items())) if job else {}}
+    jobdoc = None if getattr(runner, "slurm", None) is None else {
+        "job": job.id if job else None, "state": job.state if job else None, "problem": job_problem,
+        "time_limit": job.time_limit if job else None, "ends": job.end if job else None, "steps": dict(sorted(job.steps.items())) if job else {}}
     if json_out:
         report.emit_json({"cluster": cluster.name, "release": plan.release if plan else None, "system": plan.system if plan else None,
                           "health": health, "health_problem": health_problem, "healthy": healthy and not bad, "nodes": doc,
@@ -214,7 +215,9 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool, wide
     else:
         _print(cluster, con, plan, rows, doc, health, health_problem, healthy, show_diff, wide)
         if jobdoc is not None:
-            con.print(f"slurm: job {job.id} {job.state}, {len(job.steps)} steps" if job else "", end="\n" if job else "")
+            if job:
+                ends = f", time limit {job.time_limit}" + (f" (ends {job.end})" if job.end not in ("", "N/A", "Unknown") else "") if job.time_limit else ""
+                con.print(f"slurm: job {job.id} {job.state}, {len(job.steps)} steps{ends}")
             if job_problem:
                 con.print(f"[bold red]not serving[/] slurm: {escape(job_problem)}", soft_wrap=True)
     return 0 if healthy and not bad else 1

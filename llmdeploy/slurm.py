@@ -52,17 +52,25 @@ def release_job_name(cluster: str, release: str) -> str:
     return f"{JOB_PREFIX}.{cluster}.{release}"
 
 
-def command_job_name(cluster: str) -> str:
-    """The name of a command's own allocation (facts, prepare, verify-comm without a release job)."""
-    return f"{JOB_PREFIX}.{cluster}.cmd"
+def command_job_name(cluster: str, token: str) -> str:
+    """The name of a command's own allocation (facts, prepare, verify-comm
+    without a release job): ``llmdeploy.<cluster>.cmd-<token>``, the token the
+    process's own, so that it can cancel its allocation by name even when it
+    never read the job's id (interrupted while salloc waited)."""
+    return f"{JOB_PREFIX}.{cluster}.cmd-{token}"
 
 
 def release_of_job(cluster: str, name: str) -> str | None:
     """The release a job name stands for (None: not a release's job of this cluster)."""
     prefix = f"{JOB_PREFIX}.{cluster}."
-    if not name.startswith(prefix) or name == command_job_name(cluster):
+    if not name.startswith(prefix) or name.startswith(prefix + "cmd"):
         return None
     return name[len(prefix):] or None
+
+
+def scancel_name_command(job_name: str) -> str:
+    """Cancel this user's jobs of that name (a command's own allocation whose id it never read)."""
+    return f"scancel --me --name={q(job_name)} 2>&1 || true\n"
 
 
 def where_args(cluster: Cluster) -> list[str]:
@@ -96,8 +104,14 @@ class NodeState:
 
     @property
     def usable(self) -> bool:
+        """Whether a step can start there: a draining node still runs the jobs it has."""
         base = self.state.rstrip("*~#!%$@^+").lower()
-        return not self.state.endswith(tuple(STATE_FLAGS)) and not any(base.startswith(b) for b in BAD_STATES)
+        return base.startswith("draining") or (not self.state.endswith(tuple(STATE_FLAGS)) and not any(base.startswith(b) for b in BAD_STATES))
+
+    @property
+    def schedulable(self) -> bool:
+        """Whether a new job can get the node (a draining one cannot)."""
+        return self.usable and not self.state.lower().startswith("draining")
 
     def describe(self) -> str:
         flag = STATE_FLAGS.get(self.state[-1:], "")
@@ -161,8 +175,9 @@ def sbatch_command(cluster: Cluster, names: list[str], release: str) -> str:
 
 def squeue_command(cluster: str) -> str:
     """The cluster's jobs: ``<id>|<name>|<state>|<reason>|<nodes>``, steps after them as ``step <id>|<name>|<nodes>``."""
-    return (f"squeue --noheader --all --format='%i|%j|%T|%r|%N' | grep -F {q('|' + JOB_PREFIX + '.' + cluster + '.')} || true; "
-            f"squeue --noheader --steps --all --format='step %i|%j|%N' | grep -v '^step [0-9]*\\.\\(batch\\|extern\\)' || true")
+    # --me: this user's jobs only (another team's cluster of the same name is not ours to use or cancel)
+    return (f"squeue --me --noheader --all --format='%i|%j|%T|%r|%N|%l|%e' | grep -F {q('|' + JOB_PREFIX + '.' + cluster + '.')} || true; "
+            f"squeue --me --noheader --steps --all --format='step %i|%j|%N' | grep -v '^step [0-9]*\\.\\(batch\\|extern\\)' || true")
 
 
 @dataclass
@@ -173,6 +188,8 @@ class Job:
     reason: str
     nodes: str
     steps: dict[str, tuple[str, str]]  # step id (J.S) -> (step name, node list)
+    time_limit: str = ""  # squeue %l: "UNLIMITED", "1-00:00:00", ...
+    end: str = ""  # squeue %e: when the limit ends it ("N/A", an ISO time)
 
     def step_named(self, name: str, node: str | None = None) -> str | None:
         """The id of the step called ``name`` (on ``node``: units of one world share their container's name)."""
@@ -192,8 +209,8 @@ def parse_squeue(out: str, cluster: str) -> list[Job]:
                 steps.append((parts[0], parts[1], parts[2]))
             continue
         parts = line.split("|")
-        if len(parts) == 5 and parts[1].startswith(f"{JOB_PREFIX}.{cluster}."):
-            jobs[parts[0]] = Job(parts[0], parts[1], parts[2], parts[3], parts[4], {})
+        if len(parts) in (5, 7) and parts[1].startswith(f"{JOB_PREFIX}.{cluster}."):
+            jobs[parts[0]] = Job(parts[0], parts[1], parts[2], parts[3], parts[4], {}, *parts[5:7])
     for sid, name, nodes in steps:
         job = jobs.get(sid.split(".", 1)[0])
         if job is not None:
@@ -210,10 +227,17 @@ def release_job(jobs: list[Job], cluster: str, release: str | None = None) -> Jo
     return None
 
 
-def scancel_steps_command(step_ids: list[str], signal: str | None = None) -> str:
-    """Cancel job steps (``J.S``) one after the other, in the order given."""
-    sig = f" --signal={signal}" if signal else ""
-    return "".join(f"scancel{sig} {q(s)} 2>&1 || true\n" for s in step_ids) or "true\n"
+def scancel_steps_command(step_ids: list[str], wait_s: float) -> str:
+    """End job steps (``J.S``) one after the other, in the order given: each
+    gets SIGTERM (a unit's step stops its container on it) and up to
+    ``wait_s`` to end, then scancel (SIGKILL: scancel(1)'s default for a step)."""
+    out = []
+    for sid in step_ids:
+        job = sid.split(".", 1)[0]
+        out.append(f"scancel --signal=TERM {q(sid)} 2>/dev/null; end=$((SECONDS + {int(max(1, wait_s))}))\n"
+                   f"while [ $SECONDS -lt $end ] && squeue --noheader --steps --jobs={q(job)} --format=%i 2>/dev/null | grep -qx {q(sid)}; do sleep 0.2; done\n"
+                   f"scancel {q(sid)} 2>/dev/null || true\n")
+    return "".join(out) or "true\n"
 
 
 def scancel_job_command(job_id: str, wait_s: float = 30) -> str:
@@ -239,17 +263,22 @@ def wait_running_command(job_id: str, wait_s: float) -> str:
 
 # -- one step over many nodes: the dispatch ---------------------------------------------
 # run by every task of the step: its node's command and standard input from
-# the payload on stdin, then the exit code and the output, base64, labelled
+# the payload on stdin (only its own blobs are kept: no other node's files
+# touch its disk), then the exit code and the output, base64, labelled
 DISPATCH = r"""me=${SLURMD_NODENAME:?not run as a Slurm job step}
 d=$(mktemp -d "${TMPDIR:-/tmp}/llmdeploy-step.XXXXXX") || exit 1
 trap 'rm -rf "$d"' EXIT
-cat > "$d/p"
-set -- $(awk -v n="$me" '$1=="#map" && $2==n {print $3, $4, $5; exit}' "$d/p")
-if [ $# -ne 3 ]; then echo "@@lds-rc $me 0"; echo "@@lds-end $me"; exit 0; fi
-blob() { awk -v id="$1" '$1=="#blob" {on=($2==id); next} on' "$d/p" | base64 -d; }
-blob "$1" > "$d/cmd"
-if [ "$2" != - ]; then blob "$2" > "$d/in"; else : > "$d/in"; fi
-timeout -k 5 "$3" bash "$d/cmd" < "$d/in" > "$d/out" 2> "$d/err"; rc=$?
+: > "$d/cmd.b64"; : > "$d/in.b64"
+awk -v n="$me" -v d="$d" '
+$1 == "#map" { if ($2 == n) { c = $3; i = $4; t = $5; found = 1 }; next }
+$1 == "#blob" { cur = $2; next }
+found && cur == c { print > (d "/cmd.b64") }
+found && i != "-" && cur == i { print > (d "/in.b64") }
+END { if (found) print c, i, t > (d "/meta") }'
+if [ ! -s "$d/meta" ]; then echo "@@lds-rc $me 0"; echo "@@lds-end $me"; exit 0; fi
+read -r c i t < "$d/meta"
+base64 -d "$d/cmd.b64" > "$d/cmd"; base64 -d "$d/in.b64" > "$d/in"
+timeout -k 5 "$t" bash "$d/cmd" < "$d/in" > "$d/out" 2> "$d/err"; rc=$?
 echo "@@lds-rc $me $rc"
 base64 -w 76 "$d/out" | sed "s/^/@@lds-o $me /"
 base64 -w 76 "$d/err" | sed "s/^/@@lds-e $me /"
@@ -337,6 +366,14 @@ def parse_dispatch(out: str) -> dict[str, NodeOutput]:
     return res
 
 
+# srun's words for a job that is no more (slurm/src/common/slurm_errno.c)
+JOB_GONE = ("Invalid job id specified", "Job/step already completing or completed", "Job has expired", "already completed")
+
+
+def job_gone(text: str) -> bool:
+    return any(w in text for w in JOB_GONE)
+
+
 def srun_problem(stdout: str, stderr: str, code: int) -> str:
     """What srun said when a task left no record (its own error lines, else the exit code)."""
     lines = [ln.strip() for ln in (stderr + "\n" + stdout).splitlines() if ln.strip() and not LABEL_RE.match(ln) and "@@lds-" not in ln]
@@ -360,8 +397,8 @@ def start_units_script(cluster: Cluster, job_id: str, units: list[UnitStep], wai
     """On the login host: each unit as a step of the release's job, its srun
     in the background (setsid: it outlives this SSH session; the step lives
     as long as its container), then wait until each step says it started its
-    container (STARTED_MARK in its log) or ended. Prints ``started <name>``
-    or ``failed <name> <what its log says>`` per unit; exit 1 if any failed."""
+    container (STARTED_MARK in its log) or ended. Prints ``started <node>/<name>``
+    or ``failed <node>/<name> <what its log says>`` per unit; exit 1 if any failed."""
     lines = ["set -u", "pids=''"]
     for u in units:
         args = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={u.node}",
@@ -369,7 +406,7 @@ def start_units_script(cluster: Cluster, job_id: str, units: list[UnitStep], wai
         lines.append(f"mkdir -p {q(u.log.rsplit('/', 1)[0])}")
         lines.append(f"setsid nohup {' '.join(q(a) for a in args)} > {q(u.log)} 2>&1 < /dev/null &")
         lines.append("pids=\"$pids $!\"")
-    checks = " ".join(q(f"{u.name}={u.log}") for u in units)
+    checks = " ".join(q(f"{u.node}/{u.name}={u.log}") for u in units)
     lines += [
         f"end=$((SECONDS + {int(max(1, wait_s))})); bad=0",
         f"for item in {checks}; do",
@@ -388,7 +425,7 @@ def start_units_script(cluster: Cluster, job_id: str, units: list[UnitStep], wai
 
 
 def parse_started(out: str) -> dict[str, str]:
-    """``start_units_script``'s lines -> {unit: "" (started) or why it failed}."""
+    """``start_units_script``'s lines -> {"<node>/<unit>": "" (started) or why it failed}."""
     res = {}
     for line in out.splitlines():
         if line.startswith("started "):

@@ -6,6 +6,7 @@ login host)."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -16,6 +17,13 @@ from .inventory import Node
 
 if TYPE_CHECKING:
     from .runner import HostResult, Runner, Step
+
+
+# the process's own allocation per cluster, shared by its runners (a command
+# opens several: the lock's, prepare's, check's), and the token in its name
+_SHARED_LOCK = threading.Lock()
+_SHARED: dict[str, dict] = {}
+TOKEN = secrets.token_hex(4)
 
 
 class SlurmSteps:
@@ -64,53 +72,92 @@ class SlurmSteps:
     # -- the allocation ---------------------------------------------------------------
     def use_job(self, job_id: str | None) -> None:
         """Run the next steps in ``job_id`` (a release's job); None: find one again."""
-        self.release_own()
-        self.job, self.own = job_id, False
+        with self._lock:
+            self.release_own()
+            self.job, self.own = job_id, False
 
     def release_own(self) -> None:
-        if self.job and self.own:
+        """Give back this runner's share of the process's own allocation (cancelled with its last user)."""
+        with self._lock:
+            if not self.own:
+                return
+            job, self.job, self.own = self.job, None, False
+            with _SHARED_LOCK:
+                entry = _SHARED.get(self.c.name)
+                if entry is None or entry["job"] != job:
+                    return
+                entry["users"] -= 1
+                if entry["users"] > 0:
+                    return
+                del _SHARED[self.c.name]
             try:
-                self.login_exec(slurm.scancel_job_command(self.job, 30), 60)
+                self.login_exec(slurm.scancel_job_command(job, 30), 60)
             except UnreachableError:
                 pass
-        if self.own:
-            self.job, self.own = None, False
 
     def allocation(self, nodes: list[Node]) -> str:
         """The job the steps on ``nodes`` run in: the running release job of
-        the cluster, else an allocation of this command's own."""
+        the cluster, else the allocation of this process's own (one for every
+        runner of the command: a nested one would wait for the first)."""
         with self._lock:
-            return self._allocation(nodes)
-
-    def _allocation(self, nodes: list[Node]) -> str:
-        if self.job:
+            if self.job:
+                return self.job
+            held = slurm.release_job([j for j in self.squeue() if j.state == "RUNNING"], self.c.name)
+            if held is not None:
+                self.job, self.own = held.id, False
+                return held.id
+            with _SHARED_LOCK:
+                entry = _SHARED.get(self.c.name)
+                if entry is None:
+                    entry = _SHARED[self.c.name] = {"job": self._salloc(nodes), "users": 0}
+                entry["users"] += 1
+            self.job, self.own = entry["job"], True
             return self.job
-        held = slurm.release_job([j for j in self.squeue() if j.state == "RUNNING"], self.c.name)
-        if held is not None:
-            self.job, self.own = held.id, False
-            return held.id
-        # the whole of the command's nodes that Slurm can give (a later step may want any of them)
-        bad = self.check_nodes(self.r.nodes)
+
+    def _salloc(self, nodes: list[Node]) -> str:
+        # every node of the cluster that Slurm can give (a later step, or a nested runner, may want any)
+        bad = self.check_nodes(self.c.nodes)
         for h, why in bad.items():
             self.r.unreachable.setdefault(h, why)
-        usable = [n for n in self.r.nodes if self.states.get(n.name) is None or self.states[n.name].usable] or nodes
+        usable = [n for n in self.c.nodes if self.states.get(n.name) is None or self.states[n.name].schedulable] or nodes
         names = slurm.node_names(self.c, usable)
-        cmd = slurm.salloc_command(self.c, names, slurm.command_job_name(self.c.name))
-        out, err, code = self.login_exec(cmd, self.c.slurm.alloc_timeout_s + 30)
+        name = slurm.command_job_name(self.c.name, TOKEN)
+        try:
+            out, err, code = self.login_exec(slurm.salloc_command(self.c, names, name), self.c.slurm.alloc_timeout_s + 30)
+        except BaseException:
+            # interrupted or cut off while salloc waited: whatever it was granted goes by its name
+            self._cancel_by_name(name)
+            raise
         job = slurm.parse_job_id(err + out)
         if code != 0 or job is None:
-            if job:
-                self.login_exec(slurm.scancel_job_command(job, 10), 30)
+            self._cancel_by_name(name)
             said = slurm.srun_problem(out, err, code).replace("srun", "salloc")
             raise AllocationError(f"no allocation of {', '.join(names)} in partition {self.c.slurm.partition}: {said}")
-        self.job, self.own = job, True
         return job
+
+    def _cancel_by_name(self, name: str) -> None:
+        try:
+            self.login_exec(slurm.scancel_name_command(name), 30)
+        except BaseException:  # best effort: the time limit ends it otherwise (slurm.command_time_limit)
+            pass
+
+    def forget(self, job_id: str) -> None:
+        """``job_id`` ended under this runner (cancelled by another command): find an allocation again."""
+        with self._lock:
+            if self.job != job_id:
+                return
+            if self.own:
+                with _SHARED_LOCK:
+                    if _SHARED.get(self.c.name, {}).get("job") == job_id:
+                        del _SHARED[self.c.name]
+            self.job, self.own = None, False
 
     def close(self) -> None:
         self.release_own()
 
     # -- steps ---------------------------------------------------------------------------
-    def dispatch(self, step_name: str, per_node: dict[str, tuple[str, bytes | None]], timeout: float) -> dict[str, tuple[str, str, int] | str]:
+    def dispatch(self, step_name: str, per_node: dict[str, tuple[str, bytes | None]], timeout: float,
+                 retry: bool = True) -> dict[str, tuple[str, str, int] | str]:
         """One srun over the nodes (by name) of ``per_node``: {node name:
         (stdout, stderr, exit code) or why it has no answer}."""
         nodes = [self.c.node(h) for h in per_node]
@@ -120,6 +167,10 @@ class SlurmSteps:
         cmd = slurm.srun_dispatch_command(self.c, job, list(names), step_name)
         out, err, code = self.login_exec(cmd, timeout + 60, data)
         got = slurm.parse_dispatch(out)
+        if not got and slurm.job_gone(err + out) and retry:
+            # the job ended under us (a redeploy by another command cancelled it): once more in the one that holds the nodes now
+            self.forget(job)
+            return self.dispatch(step_name, per_node, timeout, retry=False)
         res: dict[str, tuple[str, str, int] | str] = {}
         for name, n in names.items():
             o = got.get(name)

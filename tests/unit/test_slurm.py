@@ -110,7 +110,9 @@ def test_sinfo_states_name_drained_and_not_responding_nodes():
            "g|down*|Node unexpectedly rebooted\n")
     st = slurm.parse_sinfo(out, list("abcdefgh"))
     usable = {n for n, s in st.items() if s.usable}
-    assert usable == {"a", "c", "e"}
+    # a draining node still runs its job's steps, but no new job gets it
+    assert usable == {"a", "c", "e", "f"}
+    assert {n for n, s in st.items() if s.schedulable} == {"a", "c", "e"}
     assert st["b"].describe() == "Slurm reports b drained (reason: bad fan)"
     assert "not responding" in st["d"].describe()
     assert "kernel upgrade" in st["f"].describe()
@@ -118,9 +120,9 @@ def test_sinfo_states_name_drained_and_not_responding_nodes():
 
 
 def test_squeue_finds_the_release_job_and_its_steps():
-    out = ("41|llmdeploy.sim-a3.cmd|RUNNING|None|x\n"
-           "42|llmdeploy.sim-b200-slurm.r20261204-1|RUNNING|None|sim-b200-slurm-[0-1]\n"
-           "43|llmdeploy.sim-b200-slurm.cmd|PENDING|Resources|\n"
+    out = ("41|llmdeploy.sim-a3.cmd-1a2b|RUNNING|None|x|4:00:00|2026-12-04T19:00:00\n"
+           "42|llmdeploy.sim-b200-slurm.r20261204-1|RUNNING|None|sim-b200-slurm-[0-1]|1-00:00:00|2026-12-05T15:00:00\n"
+           "43|llmdeploy.sim-b200-slurm.cmd-9f8e|PENDING|Resources||4:00:00|N/A\n"
            "44|someone-else|RUNNING|None|n9\n"
            "step 42.0|trtllm-worker|sim-b200-slurm-1\n"
            "step 42.1|trtllm-serve|sim-b200-slurm-0\n"
@@ -129,13 +131,15 @@ def test_squeue_finds_the_release_job_and_its_steps():
     assert [j.id for j in jobs] == ["42", "43"]
     job = slurm.release_job(jobs, "sim-b200-slurm")
     assert job.id == "42" and slurm.release_of_job("sim-b200-slurm", job.name) == "r20261204-1"
-    assert job.step_named("trtllm-serve") == "42.1"
+    assert job.step_named("trtllm-serve") == "42.1" and job.step_named("trtllm-serve", "sim-b200-slurm-1") is None
+    assert job.time_limit == "1-00:00:00" and job.end == "2026-12-05T15:00:00"
+    assert slurm.release_of_job("sim-b200-slurm", "llmdeploy.sim-b200-slurm.cmd-9f8e") is None
     assert slurm.release_job(jobs, "sim-b200-slurm", "r-other") is None
 
 
 def test_command_lines_quote_and_carry_the_sites_choices(b200):
     c = _with(b200, account="llm", reservation="maint-1")
-    line = slurm.salloc_command(c, ["sim-b200-slurm-0", "sim-b200-slurm-1"], slurm.command_job_name(c.name))
+    line = slurm.salloc_command(c, ["sim-b200-slurm-0", "sim-b200-slurm-1"], slurm.command_job_name(c.name, "1a2b"))
     args = shlex.split(line)
     assert args[:2] == ["salloc", "--no-shell"]
     assert {"--partition=gpu", "--account=llm", "--reservation=maint-1", "--time=4:00:00",
@@ -177,3 +181,19 @@ def test_check_reaches_a_slurm_clusters_nodes_through_its_login_host(b200, tmp_p
     for n in b200.nodes:
         assert "    ProxyJump sim-b200-slurm-login" in blocks[f"Host {n.name}"].splitlines()
         assert "    StrictHostKeyChecking yes" in blocks[f"Host {n.name}"].splitlines()
+
+
+def test_steps_end_last_started_first_with_sigterm_then_scancel():
+    text = slurm.scancel_steps_command(["42.3", "42.1"], 65)
+    assert text.index("--signal=TERM 42.3") < text.index("scancel 42.3") < text.index("--signal=TERM 42.1")
+    assert "end=$((SECONDS + 65))" in text
+
+
+def test_start_units_script_reports_each_node_of_one_worlds_same_named_units(b200):
+    units = [slurm.UnitStep(node=n, name="sim-b200-slurm-r1", script="true", log=f"/var/log/x/{n}.sim-b200-slurm-r1.attempt-1.step.log")
+             for n in ("sim-b200-slurm-0", "sim-b200-slurm-1")]
+    text = slurm.start_units_script(b200, "42", units, 30)
+    # one log per node, a result line keyed by node and unit
+    assert text.count("setsid nohup srun --jobid=42 --overlap") == 2 and len({u.log for u in units}) == 2
+    got = slurm.parse_started("started sim-b200-slurm-0/sim-b200-slurm-r1\nfailed sim-b200-slurm-1/sim-b200-slurm-r1 srun: error: x\n")
+    assert got == {"sim-b200-slurm-0/sim-b200-slurm-r1": "", "sim-b200-slurm-1/sim-b200-slurm-r1": "srun: error: x"}
