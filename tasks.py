@@ -286,7 +286,7 @@ def lock_break(c, cluster, reason=None):
 @task(positional=[], help={"cluster": "simulated cluster to bring up (an inventory named sim-*)"})
 @_guard
 def sim_up(c, cluster="sim-a3"):
-    """Bring up a simulated cluster: a network namespace, a real sshd and a real dockerd per node."""
+    """Bring up a simulated cluster: a network namespace, a real sshd and a real dockerd per node (sim-*-slurm: with munged and slurmd, and slurmctld on a login host)."""
     return _sim_up(cluster)
 
 
