@@ -18,30 +18,14 @@ from tests.integration import test_slurm_b200 as b200
 
 SIM_CLUSTER = "sim-a3-slurm"
 NODES = [f"sim-a3-slurm-{i}" for i in range(4)]
-LOGIN = "sim-a3-slurm-login"
-
-
-def login(command: str) -> str:
-    b200.SIM_CLUSTER, b200.LOGIN = SIM_CLUSTER, LOGIN
-    try:
-        return b200.login(command)
-    finally:
-        b200.SIM_CLUSTER, b200.LOGIN = "sim-b200-slurm", "sim-b200-slurm-login"
 
 
 def jobs():
-    return slurm.parse_squeue(login(slurm.squeue_command(SIM_CLUSTER)), SIM_CLUSTER)
+    return b200.jobs(SIM_CLUSTER)
 
 
 def _ledger():
     return parse_ledger((host_dir(SIM_CLUSTER, NODES[0]) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}/ledger.jsonl").read_text())
-
-
-def _anchor(node, container):
-    for pid, (env, cmd, name) in hostview.processes(SIM_CLUSTER, node).items():
-        if name is None and slurm.STARTED_MARK in cmd and container in cmd and env.get("SLURM_STEP_ID"):
-            return pid
-    return None
 
 
 def test_prepare_verify_deploy_kill_a_step_and_stop(sim_cluster):
@@ -67,7 +51,7 @@ def test_prepare_verify_deploy_kill_a_step_and_stop(sim_cluster):
         assert hostview.containers(SIM_CLUSTER, node) == {f"{SIM_CLUSTER}-{rid}": "running"}
 
     unit = next(name for name, nodes in job.steps.values() if nodes == NODES[2])
-    pid = _anchor(NODES[2], unit)
+    pid = b200.step_anchor(NODES[2], unit, SIM_CLUSTER)
     assert pid
     os.kill(pid, signal.SIGKILL)
     end = time.monotonic() + 30
@@ -79,7 +63,4 @@ def test_prepare_verify_deploy_kill_a_step_and_stop(sim_cluster):
 
     res = run_invoke("stop", "--cluster", SIM_CLUSTER, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert jobs() == [] and login("squeue --noheader --all --steps").strip() == ""
-    for node in NODES:
-        assert hostview.containers(SIM_CLUSTER, node) == {}
-        assert not [p for p, (_, _, name) in hostview.processes(SIM_CLUSTER, node).items() if name]
+    b200.nothing_left(SIM_CLUSTER, NODES)

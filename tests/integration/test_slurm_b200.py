@@ -12,7 +12,6 @@ import signal
 import subprocess
 import time
 
-import pytest
 
 from llmdeploy import slurm
 from llmdeploy.release import parse_ledger
@@ -22,20 +21,27 @@ from tests.conftest import REPO, run_invoke
 
 SIM_CLUSTER = "sim-b200-slurm"
 NODES = ["sim-b200-slurm-0", "sim-b200-slurm-1"]
-LOGIN = "sim-b200-slurm-login"
 
 
-def login(command: str, check: bool = True) -> str:
-    """A command on the login host, over the simulator's ssh_config (as an operator would)."""
-    res = subprocess.run(["ssh", "-F", str(cluster_dir(SIM_CLUSTER) / "ssh_config"), LOGIN, command],
+def login(command: str, cluster: str = SIM_CLUSTER) -> str:
+    """A command on the cluster's login host, over the simulator's ssh_config (as an operator would)."""
+    res = subprocess.run(["ssh", "-F", str(cluster_dir(cluster) / "ssh_config"), f"{cluster}-login", command],
                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    if check:
-        assert res.returncode == 0, res.stdout + res.stderr
+    assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout
 
 
-def jobs() -> list[slurm.Job]:
-    return slurm.parse_squeue(login(slurm.squeue_command(SIM_CLUSTER)), SIM_CLUSTER)
+def jobs(cluster: str = SIM_CLUSTER) -> list[slurm.Job]:
+    return slurm.parse_squeue(login(slurm.squeue_command(cluster), cluster), cluster)
+
+
+def nothing_left(cluster: str, nodes: list[str]) -> None:
+    """No job, no step, no container, no serving process and no unit step's process on any node."""
+    assert jobs(cluster) == [] and login("squeue --noheader --all --steps", cluster).strip() == ""
+    for node in nodes:
+        assert hostview.containers(cluster, node) == {}
+        assert not [pid for pid, (_, _, name) in hostview.processes(cluster, node).items() if name]
+        assert step_anchor(node, cluster, cluster) is None
 
 
 def _base(node):
@@ -50,13 +56,9 @@ def _containers(node):
     return hostview.containers(SIM_CLUSTER, node)
 
 
-def _serving_procs(node):
-    return {pid: p for pid, p in hostview.processes(SIM_CLUSTER, node).items() if p[2]}
-
-
-def _step_anchor(node, container):
+def step_anchor(node, container, cluster=SIM_CLUSTER):
     """The pid of the unit step's own process on ``node`` (the bash that holds the container)."""
-    for pid, (env, cmd, name) in hostview.processes(SIM_CLUSTER, node).items():
+    for pid, (env, cmd, name) in hostview.processes(cluster, node).items():
         if name is None and slurm.STARTED_MARK in cmd and container in cmd and env.get("SLURM_STEP_ID"):
             return pid
     return None
@@ -125,7 +127,7 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
     assert a != b and job_b.name == slurm.release_job_name(SIM_CLUSTER, b) and job_b.id != job.id
 
     # the step's own process on node 1 killed: the step is gone, status names it
-    pid = _step_anchor(NODES[1], f"{SIM_CLUSTER}-{b}")
+    pid = step_anchor(NODES[1], f"{SIM_CLUSTER}-{b}")
     assert pid, hostview.processes(SIM_CLUSTER, NODES[1])
     os.kill(pid, signal.SIGKILL)
     end = time.monotonic() + 30
@@ -154,10 +156,5 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
 
     res = run_invoke("stop", "--cluster", SIM_CLUSTER, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert jobs() == []
-    assert login("squeue --noheader --all --steps") .strip() == ""
-    for node in NODES:
-        assert _containers(node) == {}
-        assert _serving_procs(node) == {}
-        assert _step_anchor(node, SIM_CLUSTER) is None
+    nothing_left(SIM_CLUSTER, NODES)
     assert run_invoke("status", "--cluster", SIM_CLUSTER).returncode == 1
