@@ -18,6 +18,7 @@ from llmdeploy.release import parse_ledger
 from sim import hostview
 from sim.paths import cluster_dir, host_dir
 from tests.conftest import REPO, run_invoke
+from tests.integration.conftest import top_once
 
 SIM_CLUSTER = "sim-b200-slurm"
 NODES = ["sim-b200-slurm-0", "sim-b200-slurm-1"]
@@ -112,6 +113,13 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     doc = json.loads(res.stdout)
     assert res.returncode == 0 and doc["healthy"] and doc["slurm"]["job"] == job.id, doc
+    assert doc["slurm"]["time_limit"] == "1-00:00:00", doc["slurm"]
+    # the live view and the logs, read as steps of the release's job
+    assert top_once(SIM_CLUSTER, NODES)["system"] == "trtllm-serve"
+    res = run_invoke("logs", "--cluster", SIM_CLUSTER, "--tail", "5")
+    assert res.returncode == 0 and f"{NODES[1]} | " in res.stdout, res.stdout + res.stderr
+    (job_now,) = jobs()
+    assert job_now.id == job.id
 
     # a second release (another max_batch_size) replaces the first: a new job, the old one cancelled
     inv = tmp_path / "inventory"
