@@ -216,7 +216,7 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool, wide
         _print(cluster, con, plan, rows, doc, health, health_problem, healthy, show_diff, wide)
         if jobdoc is not None:
             if job:
-                ends = f", time limit {job.time_limit}" + (f" (ends {job.end})" if job.end not in ("", "N/A", "Unknown") else "") if job.time_limit else ""
+                ends = f", time limit {job.time_limit}" + (f" (ends {job.end})" if job.end not in ("", "N/A", "Unknown", "NONE") else "") if job.time_limit else ""
                 con.print(f"slurm: job {job.id} {job.state}, {len(job.steps)} steps{ends}")
             if job_problem:
                 con.print(f"[bold red]not serving[/] slurm: {escape(job_problem)}", soft_wrap=True)
