@@ -1072,7 +1072,6 @@ def _json_handler_base():
 
 
 def _system_server(r0: WorkerRank0):
-    from http.server import ThreadingHTTPServer
 
     Base = _json_handler_base()
 
@@ -1108,7 +1107,7 @@ def _system_server(r0: WorkerRank0):
                     r0.errors += 1
             return self._send(code, body)
 
-    httpd = ThreadingHTTPServer(("0.0.0.0", r0.info["system_port"]), Handler)
+    httpd = streaming.http_server(("0.0.0.0", r0.info["system_port"]), Handler)
     httpd.daemon_threads = True
     return httpd
 
@@ -1297,7 +1296,6 @@ def _error(message: str, kind: str, code: int) -> dict:
 
 
 def _frontend_server(fe: Frontend):
-    from http.server import ThreadingHTTPServer
 
     Base = _json_handler_base()
 
@@ -1435,7 +1433,7 @@ def _frontend_server(fe: Frontend):
                            "usage": streaming.usage(r.prompt, r.generated)})
             sse.done()
 
-    httpd = ThreadingHTTPServer((fe.a.http_host, fe.a.http_port), Handler)
+    httpd = streaming.http_server((fe.a.http_host, fe.a.http_port), Handler)
     httpd.daemon_threads = True
     return httpd
 

@@ -814,9 +814,8 @@ class Api:
                                "choices": [], "usage": {**streaming.usage(r.prompt, r.generated), "prompt_tokens_details": None}})
                 sse.done()
 
-        from http.server import ThreadingHTTPServer
 
-        httpd = ThreadingHTTPServer((self.a.host, self.a.port), Handler)
+        httpd = streaming.http_server((self.a.host, self.a.port), Handler)
         httpd.daemon_threads = True
         return httpd
 
@@ -836,9 +835,8 @@ def dummy_health_server(host: str, port: int, enable_metrics: bool):
                 return self.send(200, b"", "text/plain; version=0.0.4; charset=utf-8")
             return self.send(404, {"detail": "Not Found"})
 
-    from http.server import ThreadingHTTPServer
 
-    httpd = ThreadingHTTPServer((host, port), Handler)
+    httpd = streaming.http_server((host, port), Handler)
     httpd.daemon_threads = True
     return httpd
 

@@ -121,6 +121,26 @@ DISCONNECTED = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 
 
 # --- latency ------------------------------------------------------------------------------------
+def http_server(address: tuple[str, int], handler):
+    """The stand-ins' HTTP server: a thread per connection, and a client that
+    resets its connection is not an error worth a traceback (uvicorn, which
+    serves vLLM, trtllm-serve, SGLang and Dynamo's frontend, closes such a
+    connection without a word; http.server would print socketserver's
+    traceback for the ConnectionResetError of a reset keep-alive connection)."""
+    import sys
+    from http.server import ThreadingHTTPServer
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+                return
+            super().handle_error(request, client_address)
+
+    return Server(address, handler)
+
+
 class Latency:
     """(first_token_s, per_token_s) of this host's node.json."""
 

@@ -737,7 +737,7 @@ def _die_by_sigterm() -> int:
 
 
 def _server(r0: Rank0):
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     a = r0.a
 
@@ -839,6 +839,6 @@ def _server(r0: Rank0):
                            "usage": streaming.usage(r.prompt, r.generated)})
             sse.done()
 
-    httpd = ThreadingHTTPServer((a["host"], a["port"]), Handler)
+    httpd = streaming.http_server((a["host"], a["port"]), Handler)
     httpd.daemon_threads = True
     return httpd

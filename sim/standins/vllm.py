@@ -49,7 +49,7 @@ import socket
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from . import streaming
@@ -741,7 +741,7 @@ def node0(a: argparse.Namespace, faults: dict) -> int:
             sse.done()
 
     try:
-        httpd = ThreadingHTTPServer((a.host, a.port), Handler)
+        httpd = streaming.http_server((a.host, a.port), Handler)
     except OSError as exc:
         print(f"OSError: [Errno {exc.errno}] error while attempting to bind on address ('{a.host}', {a.port}): {exc.strerror}", flush=True)
         return 1

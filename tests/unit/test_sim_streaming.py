@@ -433,7 +433,7 @@ def test_trtllm_serve_streams_max_tokens_pieces_and_shows_its_running_requests(t
     assert len(tokens_of(rest)) == 29 and finish_reasons(rest) == ["length"]
     assert srv.wait(30) == -signal.SIGTERM
     assert "Waiting for connections to close." in srv.out and "Application shutdown complete." in srv.out
-    assert "Traceback" not in srv.out
+    assert "Traceback" not in srv.out, srv.out
     with pytest.raises(OSError):
         get(f"http://127.0.0.1:{port}/health", 2)
 
