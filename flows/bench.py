@@ -51,7 +51,7 @@ def measure(runner: Runner, cluster: Cluster, plan: ReleasePlan, load: loadgen.L
         ip = str(node.ip) if p.ip in ("127.0.0.1", "localhost") else p.ip
         send, via = direct_sender(ip, p.port, p.path, p.headers), f"http://{ip}:{p.port}{p.path}"
     else:
-        send, via = ssh_sender(runner, node, p.port, p.path, p.headers, dest=p.ip), f"{p.ip}:{p.port}{p.path} through {node.name}'s SSH connection"
+        send, via = ssh_sender(runner, node, p.port, p.path, p.headers, dest=p.ip), f"{p.ip}:{p.port}{p.path} through {runner.connection_name(node)}'s SSH connection"
     model = (p.body or {}).get("model")
     levels = []
     for c in load.concurrency:

@@ -127,7 +127,8 @@ def slurm_job(runner: Runner, cluster: Cluster, plan: ReleasePlan | None) -> tup
         return None, f"cannot read Slurm's queue: {exc}"
     job = slurm.release_job(jobs, cluster.name, plan.release)
     if job is None:
-        return None, f"release {plan.release} has no Slurm job ({slurm.release_job_name(cluster.name, plan.release)} is not in squeue)"
+        return None, (f"release {plan.release} has no Slurm job of yours ({slurm.release_job_name(cluster.name, plan.release)} is not in "
+                      f"squeue --me; a release another user deployed is theirs to run and stop in Slurm)")
     if job.state != "RUNNING":
         return job, f"Slurm job {job.id} of release {plan.release} is {job.state} ({job.reason})"
     return job, None

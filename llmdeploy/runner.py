@@ -250,6 +250,10 @@ class Runner:
                         pass
 
     # -- execution -------------------------------------------------------------
+    def connection_name(self, node: Node) -> str:
+        """Whose SSH connection ``connection(node)`` is: the node's, or a Slurm cluster's login host's."""
+        return self.slurm.login.name if self.slurm is not None else node.name
+
     def connection(self, node: Node) -> Connection:
         """The open connection to ``node`` (for port forwarding); UnreachableError if it cannot be.
         On a Slurm cluster: the login host's (it reaches the nodes' serving addresses)."""
