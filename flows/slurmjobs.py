@@ -37,14 +37,11 @@ class SlurmJobs:
     def preflight(self, plan: ReleasePlan, out: "Outcome") -> bool:
         """Before anything stops: every node of the plan can be given to a new
         job (Slurm's own state; a draining node runs its jobs but takes no new one)."""
-        names = self.nodes_of(plan)
         try:
-            o, e, code = self.s.login_exec(slurm.sinfo_command(names), 60)
+            states = self.s.node_states(self.nodes_of(plan))
         except UnreachableError as exc:
             return self.e._fail(out, self.c.slurm.login, f"cannot read Slurm's node states: {exc}")
-        if code != 0:
-            return self.e._fail(out, self.c.slurm.login, f"sinfo failed: {(e or o).strip()[-300:]}")
-        bad = [st for st in slurm.parse_sinfo(o, names).values() if not st.schedulable]
+        bad = [st for st in states.values() if not st.schedulable]
         if bad:
             return self.e._fail(out, bad[0].name, "; ".join(st.describe() for st in bad) + ": release "
                                 + f"{plan.release} cannot have its nodes (nothing was stopped)")

@@ -493,13 +493,18 @@ class Runner:
             res.stderr = err
         return res
 
+    def _left_out(self, node: Node) -> HostResult | None:
+        """The skipped result of a host an earlier step left out (unreachable, or excluded after a failure); None: it takes part."""
+        if node.name in self.unreachable:
+            return HostResult(node.name, SKIPPED, msg=f"unreachable earlier: {self.unreachable[node.name]}")
+        if node.name in self.excluded:
+            return HostResult(node.name, SKIPPED, msg=self.excluded[node.name])
+        return None
+
     def _one(self, step: Step, node: Node, on_line: Callable[[str, str, str], None] | None = None) -> HostResult:
         start = time.monotonic()
-        if node.name in self.unreachable:
-            res = HostResult(node.name, SKIPPED, msg=f"unreachable earlier: {self.unreachable[node.name]}")
-        elif node.name in self.excluded:
-            res = HostResult(node.name, SKIPPED, msg=self.excluded[node.name])
-        else:
+        res = self._left_out(node)
+        if res is None:
             try:
                 pre = self.before(step, node)
                 if isinstance(pre, HostResult):
@@ -569,10 +574,9 @@ class Runner:
         for n in targets:
             if self.progress:
                 self.progress(step.name, n.name, None)
-            if n.name in self.unreachable:
-                results[n.name] = HostResult(n.name, SKIPPED, msg=f"unreachable earlier: {self.unreachable[n.name]}")
-            elif n.name in self.excluded:
-                results[n.name] = HostResult(n.name, SKIPPED, msg=self.excluded[n.name])
+            skipped = self._left_out(n)
+            if skipped is not None:
+                results[n.name] = skipped
             else:
                 live.append(n)
         if live:

@@ -51,16 +51,20 @@ class SlurmSteps:
         return slurm.parse_squeue(out, self.c.name)
 
     # -- node states -------------------------------------------------------------------
+    def node_states(self, names: list[str]) -> dict[str, slurm.NodeState]:
+        """Slurm's state of the nodes (by Slurm's names), read now."""
+        out, err, code = self.login_exec(slurm.sinfo_command(names), 60)
+        if code != 0:
+            raise UnreachableError(f"sinfo on {self.c.slurm.login} failed: {(err or out).strip()[-300:]}")
+        return slurm.parse_sinfo(out, names)
+
     def check_nodes(self, nodes: list[Node]) -> dict[str, str]:
         """Slurm's state of the nodes not read yet: {node: why no step can start there}."""
         todo = [n for n in nodes if n.name not in self.checked]
         if not todo:
             return {}
         names = slurm.node_names(self.c, todo)
-        out, err, code = self.login_exec(slurm.sinfo_command(names), 60)
-        if code != 0:
-            raise UnreachableError(f"sinfo on {self.c.slurm.login} failed: {(err or out).strip()[-300:]}")
-        states = slurm.parse_sinfo(out, names)
+        states = self.node_states(names)
         bad = {}
         for n, name in zip(todo, names):
             self.checked.add(n.name)
@@ -68,6 +72,12 @@ class SlurmSteps:
             if not st.usable:
                 bad[n.name] = st.describe()
         return bad
+
+    def refuse_unusable(self, node: Node) -> None:
+        """UnreachableError naming Slurm's state when no step can start on ``node`` (read once)."""
+        bad = self.check_nodes([node])
+        if bad:
+            raise UnreachableError(bad[node.name])
 
     # -- the allocation ---------------------------------------------------------------
     def use_job(self, job_id: str | None) -> None:
@@ -182,10 +192,7 @@ class SlurmSteps:
 
     def exec(self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None) -> tuple[str, str, int]:
         """One command on one node, as a step (Runner.exec's Slurm side)."""
-        if node.name not in self.checked:
-            bad = self.check_nodes([node])
-            if bad:
-                raise UnreachableError(bad[node.name])
+        self.refuse_unusable(node)
         data = stdin.encode() if isinstance(stdin, str) else stdin
         try:
             ans = self.dispatch("exec", {node.name: (command, data)}, timeout or self.c.ssh.command_timeout)[node.name]
@@ -197,8 +204,7 @@ class SlurmSteps:
 
     def one_step_command(self, node: Node, command: str, step_name: str) -> str:
         """The login host's command that runs ``command`` on ``node`` as one step, output as it comes."""
-        if node.name not in self.checked and (bad := self.check_nodes([node])):
-            raise UnreachableError(bad[node.name])
+        self.refuse_unusable(node)
         return slurm.srun_one_command(self.allocation([node]), self.c.slurm_name(node), step_name, command)
 
     def run(self, step: "Step", targets: list[Node]) -> dict[str, "HostResult"]:
