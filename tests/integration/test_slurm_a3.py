@@ -5,9 +5,6 @@ workers (each with its own DP start rank), a killed step named by status,
 and stop leaving no job, step or serving process."""
 
 import json
-import os
-import signal
-import time
 
 from llmdeploy import slurm
 from llmdeploy.release import parse_ledger
@@ -51,12 +48,7 @@ def test_prepare_verify_deploy_kill_a_step_and_stop(sim_cluster):
         assert hostview.containers(SIM_CLUSTER, node) == {f"{SIM_CLUSTER}-{rid}": "running"}
 
     unit = next(name for name, nodes in job.steps.values() if nodes == NODES[2])
-    pid = b200.step_anchor(NODES[2], unit, SIM_CLUSTER)
-    assert pid
-    os.kill(pid, signal.SIGKILL)
-    end = time.monotonic() + 30
-    while time.monotonic() < end and len(jobs()[0].steps) == 4:
-        time.sleep(0.3)
+    b200.kill_step(SIM_CLUSTER, NODES[2], unit, 4)
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     doc = json.loads(res.stdout)
     assert res.returncode == 1 and unit in doc["nodes"][NODES[2]]["reason"] and "job step" in doc["nodes"][NODES[2]]["reason"], doc

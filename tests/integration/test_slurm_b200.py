@@ -57,6 +57,16 @@ def _containers(node):
     return hostview.containers(SIM_CLUSTER, node)
 
 
+def kill_step(cluster: str, node: str, container: str, steps: int) -> None:
+    """SIGKILL the unit step's own process on ``node``; wait (up to 30 s) until the job has fewer than ``steps`` steps."""
+    pid = step_anchor(node, container, cluster)
+    assert pid, hostview.processes(cluster, node)
+    os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + 30
+    while time.monotonic() < end and len(jobs(cluster)[0].steps) == steps:
+        time.sleep(0.3)
+
+
 def step_anchor(node, container, cluster=SIM_CLUSTER):
     """The pid of the unit step's own process on ``node`` (the bash that holds the container)."""
     for pid, (env, cmd, name) in hostview.processes(cluster, node).items():
@@ -135,12 +145,7 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
     assert a != b and job_b.name == slurm.release_job_name(SIM_CLUSTER, b) and job_b.id != job.id
 
     # the step's own process on node 1 killed: the step is gone, status names it
-    pid = step_anchor(NODES[1], f"{SIM_CLUSTER}-{b}")
-    assert pid, hostview.processes(SIM_CLUSTER, NODES[1])
-    os.kill(pid, signal.SIGKILL)
-    end = time.monotonic() + 30
-    while time.monotonic() < end and len(jobs()[0].steps) == 2:
-        time.sleep(0.3)
+    kill_step(SIM_CLUSTER, NODES[1], f"{SIM_CLUSTER}-{b}", 2)
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     doc = json.loads(res.stdout)
     assert res.returncode == 1 and not doc["healthy"], doc
