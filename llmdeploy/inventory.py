@@ -100,6 +100,7 @@ class Ssh(Strict):
     @field_validator("identity_file", "known_hosts", "config_file")
     @classmethod
     def _expand(cls, v: str | None) -> str | None:
+        """An absolute path (a leading ~ is expanded) of safe characters only: it goes into an ssh_config."""
         if v is None:
             return v
         v = os.path.expanduser(v)
@@ -129,6 +130,7 @@ class Node(Strict):
     @model_validator(mode="wrap")
     @classmethod
     def _name_the_node(cls, data, handler):
+        """Every problem of a node names the node."""
         # A node built on its own (Node(...) in an inventory module) fails
         # before the cluster knows its index: name it in every problem.
         try:
@@ -167,6 +169,7 @@ class Model(Strict):
 
     @model_validator(mode="after")
     def _default_tokenizer(self) -> "Model":
+        """``tokenizer_path`` defaults to ``path``."""
         if self.tokenizer_path is None:
             self.tokenizer_path = self.path
         return self
@@ -250,9 +253,9 @@ class VerifySettings(Strict):
 
     # NPU pings: the full matrix up to this many pings, a sampled plan above
     ping_full_max: int = Field(default=2048, ge=1)
-    # NVIDIA: all_reduce_perf's arguments (nccl-tests README) and the busbw
-    # floor in GB/s (like NCCL_TESTS_MIN_BW); None: no floor
+    # NVIDIA: all_reduce_perf's arguments (nccl-tests README)
     all_reduce_args: str = Field(default="-b 8 -e 8G -f 2 -g 1", pattern=r"^[A-Za-z0-9 .=-]+$")
+    # NVIDIA: the busbw floor in GB/s of the largest size (like NCCL_TESTS_MIN_BW); None: no floor
     nccl_min_busbw: float | None = Field(default=None, gt=0)
     # deploy refuses a cluster whose last verification is older (None: any age)
     max_age_s: float | None = Field(default=7 * 86400, gt=0)
@@ -295,6 +298,7 @@ class Slurm(Strict):
     @field_validator("nodelist")
     @classmethod
     def _slurm_names(cls, v: list[str] | None) -> list[str] | None:
+        """Each name is one Slurm and a shell can take (letters, digits, '-')."""
         for name in v or []:
             if not NAME_RE.match(name):
                 raise ValueError(f"{name!r} is not a node name Slurm and a shell can take (letters, digits, '-')")
@@ -318,7 +322,6 @@ class Cluster(Strict):
     image: Image
     # the serving system's profile (llmdeploy.serving; each system's schema in systems/<name>/)
     profile: SerializeAsAny[ServingProfile]
-    # Where the tool keeps releases, the ledger and the lock on every node.
     budget: Budget = Field(default_factory=Budget)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
     verify: VerifySettings = Field(default_factory=VerifySettings)
@@ -329,6 +332,7 @@ class Cluster(Strict):
     # variable that holds it}. Read at run time, written only into the 0600
     # environment file, masked everywhere else.
     secret_env: dict[str, str] = Field(default_factory=dict)
+    # Where the tool keeps releases, the ledger and the lock on every node.
     base_dir: SafePath = "/var/lib/llmdeploy"
     # Where rendered environment files go on every node.
     etc_dir: SafePath = "/etc/llmdeploy"
@@ -343,6 +347,7 @@ class Cluster(Strict):
     @field_validator("secret_env")
     @classmethod
     def _secret_names(cls, v: dict[str, str]) -> dict[str, str]:
+        """Each entry maps a variable name (A-Z, 0-9, _) to the name of one of the operator's environment variables."""
         for k, src in v.items():
             if not ENV_NAME_RE.match(k) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", src):
                 raise ValueError(f"{k!r}: {src!r} must map a variable name to an environment variable name")
@@ -384,6 +389,8 @@ class Cluster(Strict):
     @field_validator("profile", mode="before")
     @classmethod
     def _profile_of_kind(cls, v):
+        """A serving system's profile, built with its catalogue (``systems/<name>/catalogue.py``); read back as
+        data, one whose ``kind`` a loaded system claims."""
         # a mapping (a cluster read back as JSON) becomes its system's profile class
         if isinstance(v, dict):
             kind = v.get("kind")
@@ -398,6 +405,10 @@ class Cluster(Strict):
 
     @model_validator(mode="after")
     def _derive_and_check(self) -> "Cluster":
+        """Each node gets what it leaves to the cluster (NIC, devices, first DP rank) and must have a NIC; node
+        names, IPs and SSH endpoints are unique; the serving system's own checks pass (``profile.problems``);
+        no two profile ports are the same; ``slurm`` does not contradict the nodes (one ``nodelist`` name
+        per node, no name twice, the login host not a node, ``container='docker'``: pyxis is planned)."""
         problems = self._derive_nodes() + self._unique_nodes() + self.profile.problems(self) + self._unique_ports() + self._slurm_problems()
         if problems:
             raise ClusterProblems(problems)
@@ -458,7 +469,7 @@ class Cluster(Strict):
             problems.append(("slurm.container", "pyxis imports images from a registry (enroot): image.tarball is loaded by docker on each node; "
                                                 "use container 'docker' or drop image.tarball"))
         elif s.container == "pyxis":
-            # planned (README "Clusters run by Slurm"): each unit's docker run options (devices, mounts,
+            # planned (docs/slurm.md): each unit's docker run options (devices, mounts,
             # environment file, host network) as srun --container-image/--container-mounts/--container-env
             problems.append(("slurm.container", "'pyxis' (srun --container-image) is planned, not built yet: this version starts "
                                                 "units with docker on the node; use container 'docker'"))

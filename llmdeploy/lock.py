@@ -25,6 +25,8 @@ from .runner import UnreachableError
 
 
 class LockHeld(LlmdeployError):
+    """The deploy lock is held by someone else (and ``--lock-wait`` ran out)."""
+
     exit_code = 4
 
 

@@ -23,6 +23,7 @@ ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
 def safe_path(value: str) -> str:
+    """An absolute path of safe characters only (/ letters digits . _ + @ : -), without '..'."""
     if not PATH_RE.match(value):
         raise ValueError(
             f"{value!r} is not a safe absolute path (allowed: / letters digits . _ + @ : -)"
@@ -74,6 +75,7 @@ def json_value_problem(value, where: str) -> tuple[str, str] | None:
 
 
 def env_name_list(v: list[str]) -> list[str]:
+    """Each name is an environment variable name (A-Z, 0-9, _, not starting with a digit)."""
     for k in v:
         if not ENV_NAME_RE.match(k):
             raise ValueError(f"environment variable name {k!r} is not valid")

@@ -299,12 +299,15 @@ class DynamoProfile(ServingProfile):
     @field_validator("topology")
     @classmethod
     def _known_topology(cls, v: str) -> str:
+        """One of the seed's topologies (``DYNAMO_TOPOLOGIES``)."""
         if v not in DYNAMO_TOPOLOGIES:
             raise ValueError(f"{v!r} is not a topology; use one of: {', '.join(DYNAMO_TOPOLOGIES)}")
         return v
 
     @model_validator(mode="after")
     def _check_profile(self) -> "DynamoProfile":
+        """``config_dir`` lies under ``recipes_mount``; the env dicts use valid names with one-line values,
+        never set TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS, nor what the profile's fields or the placement set."""
         problems: list[tuple[str, str]] = []
         mount = self.recipes_mount.rstrip("/")
         if not (self.config_dir == mount or self.config_dir.startswith(mount + "/")):
@@ -372,6 +375,8 @@ class DynamoProfile(ServingProfile):
 
     # --- the serving-system interface (llmdeploy.serving) -----------------------
     def problems(self, cluster: Cluster) -> list[tuple[str, str]]:
+        """The platform is GB300 (the seed's only one); the topology fits the nodes (GPU masks, ranks = TP x PP,
+        nodes and GPUs, ports per node); TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS is no secret either."""
         from .placement import dynamo_placement
 
         problems: list[tuple[str, str]] = []

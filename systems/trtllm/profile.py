@@ -194,6 +194,7 @@ class TrtllmProfile(NcclEnvironment, ServingProfile):
     @field_validator("eplb_map")
     @classmethod
     def _eplb_map_text(cls, v: str | None) -> str | None:
+        """A file name: not blank, one line."""
         if v is not None and (not v.strip() or any(c in v for c in "\n\r\0")):
             raise ValueError(f"{v!r} is not a file name")
         return v

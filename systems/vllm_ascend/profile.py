@@ -51,6 +51,7 @@ class VllmAscendProfile(ServingProfile):
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        """Valid environment variable names, each value one line."""
         for k in v:
             if not ENV_NAME_RE.match(k):
                 raise ValueError(f"environment variable name {k!r} is not valid")
@@ -62,6 +63,7 @@ class VllmAscendProfile(ServingProfile):
     @field_validator("speculative_config", "compilation_config", "additional_config")
     @classmethod
     def _plain_json(cls, v: dict | None) -> dict | None:
+        """Only what JSON can say (strings, finite numbers, booleans, None, lists, mappings with string keys)."""
         # vllm serve gets these as JSON arguments: only what JSON can say
         problem = json_value_problem(v, "")
         if problem:
