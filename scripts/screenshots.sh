@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's pictures, made on the simulated cluster (root, after
+# The docs' pictures, made on the simulated cluster (root, after
 # scripts/setup.sh): docs/top.png (invoke top on sim-a2 serving, an
 # 80-column terminal) and docs/verify-comm.png (the verify-comm report of
 # sim-a3 with npu5 of sim-a3-1 taken down, in headless Chromium).

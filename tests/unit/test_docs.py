@@ -1,6 +1,14 @@
-"""The documentation site stays true to the code.
+"""The README and the documentation site stay true to the code.
 
-- Every ``invoke`` command in the docs' shell blocks is a task with those flags.
+- The README starts with exactly two commands (set up and run the main job on
+  the simulated cluster; the whole test suite), is a front door (120 lines at
+  most), and its inventory is inventory/a3.py trimmed.
+- Its support matrix claims nothing the tests do not show: every ✓ cell
+  (serving system x platform x launcher) has an integration test that deploys
+  on a simulated cluster of that system, platform and launcher; every such
+  test has its ✓; every – cell is at least accepted by the inventory.
+- Every ``invoke`` command in the README's and the docs' shell blocks is a
+  task with those flags; every relative link of the README resolves.
 - ``mkdocs build --strict`` passes (every link, anchor and nav entry resolves,
   and docs/hooks/reference.py generates the inventory and CLI references from
   the code without a warning), and the CLI reference is what invoke prints.
@@ -17,14 +25,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from markdown.extensions.toc import slugify
 from pydantic import BaseModel, field_validator, model_validator
 
+from llmdeploy.inventory import Cluster, load_cluster, load_cluster_file
 from tasks import ns
 from tests.conftest import run_invoke
 
 REPO = Path(__file__).resolve().parent.parent.parent
+README = REPO / "README.md"
 DOCS = REPO / "docs"
+INTEGRATION = REPO / "tests" / "integration"
 
+# the README's names of the serving systems -> their profiles' kind
+SYSTEMS = {"vLLM-Ascend": "vllm-ascend", "TensorRT-LLM": "trtllm-serve", "Dynamo": "dynamo", "SGLang": "sglang"}
+# the README's launcher columns -> whether the cluster has a Slurm controller
+LAUNCHERS = {"SSH + Docker": False, "Slurm + Docker": True}
 
 
 def _reference_module():
@@ -34,12 +50,126 @@ def _reference_module():
     return module
 
 
-# --- commands ----------------------------------------------------------------------
+# --- the README's first screen ------------------------------------------------------
+def test_the_readme_starts_with_exactly_two_commands():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 120, f"README.md has {len(lines)} lines: the front door is 120 at most (the rest belongs in docs/)"
+    assert lines[0].startswith("# ") and lines[1] == "" and lines[2] == "```sh", lines[:3]
+    end = lines.index("```", 3)
+    commands = [line.split("#")[0].strip() for line in lines[3:end]]
+    assert commands == ["bash scripts/demo.sh", "bash scripts/test.sh"], commands
+    for command in commands:
+        assert (REPO / command.split()[1]).is_file(), command
+    # "CI runs exactly this through .ci/run"
+    assert "exec bash scripts/test.sh" in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_readme_inventory_is_inventory_a3_trimmed(tmp_path):
+    text = README.read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 1, "the README shows one inventory"
+    path = tmp_path / "inventory" / "a3.py"
+    path.parent.mkdir()
+    path.write_text(blocks[0])
+    shown = load_cluster_file(path)
+    assert shown.model_dump() == load_cluster("a3").model_dump(), "the README's inventory must build the same cluster as inventory/a3.py"
+
+
+# --- the support matrix ------------------------------------------------------------------
+def readme_matrix() -> list[tuple[str, str, str, str, str]]:
+    """[(system, platform label, platform, launcher, mark)] of every cell of the README's matrix."""
+    lines = README.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| serving system | platform |"))
+    header = [c.strip() for c in lines[start].strip("|").split("|")]
+    cells = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        row = [c.strip() for c in line.strip().strip("|").split("|")]
+        system, platform_label = row[0], row[1]
+        m = re.fullmatch(r"(.+) \(`([a-z0-9]+)`\)", platform_label)
+        assert m, f"matrix row {row}: the platform is written 'Name (`id`)'"
+        for launcher, cell in zip(header[2:], row[2:]):
+            mark = re.sub(r"^\[(.*)\]\(.*\)$", r"\1", cell)
+            cells.append((system, m.group(1), m.group(2), launcher, mark))
+    assert cells, "no matrix found in README.md"
+    return cells
+
+
+def integration_tests() -> dict[str, tuple[str, bool]]:
+    """{test file: (its SIM_CLUSTER, whether it deploys)} of tests/integration."""
+    out = {}
+    for path in sorted(INTEGRATION.glob("test_*.py")):
+        src = path.read_text()
+        m = re.search(r'^SIM_CLUSTER = "([a-z0-9-]+)"', src, re.M)
+        if not m:
+            continue
+        deploys = any(re.search(r'run_invoke\(\s*"deploy"', line) and "--check" not in line for line in src.splitlines())
+        out[path.name] = (m.group(1), deploys)
+    return out
+
+
+def _shape(cluster: Cluster) -> tuple[str, str, bool]:
+    return cluster.profile.kind, cluster.platform, cluster.slurm is not None
+
+
+def deploying_tests() -> dict[tuple[str, str, bool], list[str]]:
+    """{(kind, platform, slurm?): [test files that deploy a simulated cluster of that shape]}."""
+    out: dict[tuple[str, str, bool], list[str]] = {}
+    for name, (sim, deploys) in integration_tests().items():
+        if deploys:
+            out.setdefault(_shape(load_cluster(sim)), []).append(name)
+    return out
+
+
+def test_the_matrix_reader_sees_the_tests_it_must_see():
+    # the reader of tests/integration finds what is there, so the checks below cannot pass on nothing
+    tests = integration_tests()
+    assert tests["test_deploy_a3.py"] == ("sim-a3", True)
+    assert tests["test_facts_a2.py"] == ("sim-a2", False)
+    assert deploying_tests()[("trtllm-serve", "b200", True)] == ["test_slurm_b200.py"]
+
+
+def test_every_tick_of_the_matrix_has_an_integration_test():
+    tested = deploying_tests()
+    missing = []
+    for system, label, platform, launcher, mark in readme_matrix():
+        assert system in SYSTEMS, f"matrix: unknown serving system {system!r} (known: {', '.join(SYSTEMS)})"
+        assert launcher in LAUNCHERS, f"matrix: unknown launcher column {launcher!r}"
+        assert mark in ("✓", "–"), f"matrix cell {system} x {label} x {launcher}: {mark!r} is neither ✓ nor –"
+        if mark == "✓" and (SYSTEMS[system], platform, LAUNCHERS[launcher]) not in tested:
+            missing.append(f"{system} x {label} x {launcher}")
+    assert not missing, ("README.md's matrix ticks cells that no integration test deploys (a tests/integration/test_*.py "
+                         "whose SIM_CLUSTER inventory has that system, platform and launcher, and that runs deploy): " + "; ".join(missing))
+
+
+def test_every_deploying_integration_test_has_its_tick():
+    ticked = {(SYSTEMS.get(s), p, LAUNCHERS.get(launcher)) for s, _, p, launcher, mark in readme_matrix() if mark == "✓"}
+    unticked = [f"{kind} x {platform} x {'Slurm' if slurm else 'SSH'} ({', '.join(files)})"
+                for (kind, platform, slurm), files in deploying_tests().items() if (kind, platform, slurm) not in ticked]
+    assert not unticked, "integration tests deploy what README.md's matrix does not tick: " + "; ".join(unticked)
+
+
+def test_the_matrix_names_the_platforms_as_the_code_does_and_its_dashes_are_accepted():
+    tested = deploying_tests()
+    for system, label, platform, launcher, mark in readme_matrix():
+        kind, slurm = SYSTEMS[system], LAUNCHERS[launcher]
+        # a tested cluster of this system and platform (either launcher): its platform's name and a base to vary
+        base = next((load_cluster(integration_tests()[files[0]][0]) for (k, p, _), files in sorted(tested.items()) if (k, p) == (kind, platform)), None)
+        assert base is not None, f"matrix row {system} x {label}: no integration test deploys this system on this platform"
+        assert base.platform_info.name == label, f"matrix: {platform} is {base.platform_info.name!r} in the code, not {label!r}"
+        if mark == "–":
+            doc = base.model_dump()
+            doc["slurm"] = {"login": "login01", "partition": "gpu"} if slurm else None
+            Cluster.model_validate(doc)  # raises, naming the field, if the inventory refuses the cell
+
+
+# --- commands and links ----------------------------------------------------------------------
 def shell_blocks(path: Path) -> list[str]:
     return re.findall(r"```sh\n(.*?)```", path.read_text(), re.S)
 
 
-@pytest.mark.parametrize("page", sorted(str(p.relative_to(REPO)) for p in DOCS.glob("*.md")))
+@pytest.mark.parametrize("page", ["README.md"] + sorted(str(p.relative_to(REPO)) for p in DOCS.glob("*.md")))
 def test_every_invoke_command_shown_is_a_task_with_those_flags(page):
     problems = []
     for block in shell_blocks(REPO / page):
@@ -58,6 +188,36 @@ def test_every_invoke_command_shown_is_a_task_with_those_flags(page):
             flags = {f"--{n}" if len(n) > 1 else f"-{n}" for a in ns[task].get_arguments() for n in a.names} | {"--help", "-h"}
             problems += [f"{line}: {task} has no flag {w.split('=')[0]}" for w in words[1:] if w.startswith("-") and w.split("=")[0] not in flags]
     assert not problems, f"{page}: " + "; ".join(problems)
+
+
+def anchors(page: Path) -> set[str]:
+    out = set()
+    for line in page.read_text().splitlines():
+        m = re.match(r"#+ (.*?)(?: \{#([\w-]+)\})?$", line)
+        if m:
+            out.add(m.group(2) or slugify(m.group(1), "-"))
+    return out
+
+
+def test_every_relative_link_of_the_readme_resolves():
+    links = re.findall(r"\]\(([^)#]+)(?:#([^)]+))?\)", README.read_text())
+    assert links
+    for target, anchor in links:
+        if re.match(r"[a-z]+://", target):
+            continue
+        path = REPO / target
+        assert path.exists(), f"README.md links to {target}, which does not exist"
+        if anchor:
+            assert anchor in anchors(path), f"README.md links to {target}#{anchor}, which has no such heading"
+
+
+def test_nothing_points_at_a_readme_section():
+    # the README's long sections moved into docs/; a "README ... section" pointer would lead nowhere
+    pattern = re.compile(r"README(\.md)?#|README \"[A-Z]")
+    hits = [f"{p.relative_to(REPO)}:{i}" for p in REPO.rglob("*") if p.suffix in (".py", ".md", ".sh", ".j2", ".yaml", ".toml")
+            and ".venv" not in p.parts and p.is_file() for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+            if pattern.search(line) and p.name != "test_docs.py"]
+    assert not hits, "pointers into README sections that moved to docs/: " + ", ".join(hits)
 
 
 # --- the site ----------------------------------------------------------------------------------
