@@ -27,6 +27,7 @@ import inspect
 import io
 import ipaddress
 import logging
+import re
 import sys
 import textwrap
 import tokenize
@@ -298,7 +299,10 @@ def model_rules(model: type) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Text for a table cell: a '|' outside code spans escaped (the tables extension does not split a
+    row inside a code span, where an escape would show), on one line."""
+    parts = re.split(r"(`[^`]*`)", text.replace("\n", " "))
+    return "".join(part if part.startswith("`") else part.replace("|", "\\|") for part in parts)
 
 
 def model_section(model: type) -> tuple[str, list[str]]:
@@ -313,6 +317,8 @@ def model_section(model: type) -> tuple[str, list[str]]:
         text = field.description or comments.get(name, "")
         bounds = field_constraints(field)
         if bounds:
+            if text and not text.endswith((".", ")")):
+                text += "."
             text = (text + " " if text else "") + "Constraints: " + "; ".join(bounds) + "."
         lines.append(f"| `{name}` | {_cell(type_words(field.annotation))} | {_cell(default_words(field))} | {_cell(text)} |")
     rules, missing = model_rules(model)
