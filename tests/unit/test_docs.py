@@ -46,7 +46,11 @@ LAUNCHERS = {"SSH + Docker": False, "Slurm + Docker": True}
 def _reference_module():
     spec = importlib.util.spec_from_file_location("docs_reference_hook", DOCS / "hooks" / "reference.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    before, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # nothing written into docs/
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = before
     return module
 
 
@@ -223,7 +227,8 @@ def test_nothing_points_at_a_readme_section():
 # --- the site ----------------------------------------------------------------------------------
 def test_mkdocs_build_strict(tmp_path):
     site = tmp_path / "site"
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    # no banner from mkdocs-material; no bytecode of the hook in docs/hooks: the build writes only into tmp_path
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=REPO,
                          capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
