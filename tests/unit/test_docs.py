@@ -22,6 +22,7 @@ import re
 import shlex
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,35 @@ def test_the_matrix_names_the_platforms_as_the_code_does_and_its_dashes_are_acce
             doc["slurm"] = {"login": "login01", "partition": "gpu"} if slurm else None
             Cluster.model_validate(doc)  # raises, naming the field, if the inventory refuses the cell
 
+
+
+def test_what_the_readme_says_the_inventory_also_accepts():
+    """'The inventory also accepts TensorRT-LLM and SGLang on every NVIDIA platform (B200, ...) with either
+    launcher': each of those systems validates on each of those platforms, SSH and Slurm, and the list is
+    every NVIDIA platform the code has."""
+    text = " ".join(README.read_text().split())
+    m = re.search(r"The inventory also accepts (.+?) on every NVIDIA platform \((.+?)\) with either launcher", text)
+    assert m, "README.md no longer says what else the inventory accepts: update this test with it"
+    systems = [SYSTEMS[s] for s in re.split(r", | and ", m.group(1))]
+    named = set(m.group(2).split(", "))
+    bases = {_shape(load_cluster(sim))[0]: load_cluster(sim) for sim, deploys in integration_tests().values() if deploys}
+    nvidia = {}
+    for platform in typing.get_args(Cluster.model_fields["platform"].annotation):
+        doc = bases["sglang"].model_dump()
+        doc.update(platform=platform, nodes=[{"name": "n0", "ip": "198.19.9.10"}])
+        info = Cluster.model_construct(**doc).platform_info
+        if info.vendor == "nvidia":
+            nvidia[info.name] = (platform, info.devices)
+    assert named == set(nvidia), f"README.md names {sorted(named)}; the code's NVIDIA platforms are {sorted(nvidia)}"
+    for kind in systems:
+        for name, (platform, devices) in nvidia.items():
+            for slurm in (None, {"login": "login01", "partition": "gpu"}):
+                doc = bases[kind].model_dump()
+                nodes = [{"name": f"n{i}", "ip": f"198.19.9.{10 + i}"} for i in range(16 // devices)]  # a TP16 world
+                doc.update(platform=platform, nodes=nodes, slurm=slurm)
+                if kind == "trtllm-serve":
+                    doc["profile"]["slots"] = {}
+                Cluster.model_validate(doc)  # raises, naming the field, if the inventory refuses it
 
 # --- commands and links ----------------------------------------------------------------------
 def shell_blocks(path: Path) -> list[str]:
