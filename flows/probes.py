@@ -244,8 +244,9 @@ CHECKS: dict[str, Callable[[bytes, str], str | None]] = {
 
 
 def check_named(name: str) -> Callable[[bytes, str], str | None] | None:
-    """The body check a probe names: a generic one, or one a serving system adds; None if none has that name."""
-    return CHECKS.get(name) or systems.probe_checks().get(name)
+    """The body check a probe names: a generic one, or one a serving system adds; None if none has that name.
+    A system's package is loaded only for a name that is not a generic check."""
+    return CHECKS.get(name) or systems.probe_check(name)
 
 
 def unknown_check(name: str) -> str:
