@@ -13,9 +13,7 @@ import http.client
 import io
 import json
 import re
-from typing import Callable, Iterator
-
-import paramiko
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import systems
 from llmdeploy.inventory import Node
@@ -23,7 +21,22 @@ from llmdeploy.loadgen import SendError
 from llmdeploy.releaseplan import Probe
 from llmdeploy.runner import COUNTS, Runner, UnreachableError
 
-PROBE_ERRORS = (OSError, ValueError, http.client.HTTPException, paramiko.SSHException, UnreachableError)
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import paramiko
+
+
+def ssh_errors() -> tuple[type[Exception], ...]:
+    """What a forward over a node's SSH connection raises when it cannot reach
+    the port (paramiko is imported here, by a probe, not when the tool starts)."""
+    import paramiko
+
+    return (paramiko.SSHException, UnreachableError)
+
+
+def probe_errors() -> tuple[type[Exception], ...]:
+    """What an HTTP request over SSH raises when it gets no answer (``except probe_errors():``)."""
+    return (OSError, ValueError, http.client.HTTPException, *ssh_errors())
+
 # what a body check raises on an answer it cannot read (RecursionError: JSON nested too deep)
 UNREADABLE = (ValueError, KeyError, AttributeError, TypeError, RecursionError)
 
@@ -120,7 +133,7 @@ def ssh_sender(runner: Runner, node: Node, port: int, path: str, headers: dict[s
     def send(body: dict, timeout: float) -> Iterator[bytes]:
         try:
             hc = _http_over_ssh(runner, node, port, dest, timeout)
-        except (paramiko.SSHException, UnreachableError) as exc:  # the forward was refused: the port is closed
+        except ssh_errors() as exc:  # the forward was refused: the port is closed
             raise SendError(f"no connection to {dest}:{port} from {node.name}: {exc}") from None
         return stream_lines(hc, path, body, headers)
 
@@ -269,7 +282,7 @@ def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | No
     """None when ``p`` passes, else what was seen."""
     try:
         status, body = http_via_ssh(runner, node, p.port, p.method, p.path, p.body, timeout, p.headers, dest=p.ip)
-    except PROBE_ERRORS as exc:
+    except probe_errors() as exc:
         return f"{p.describe()}: {type(exc).__name__}: {exc}"
     if status != p.status:
         return f"{p.describe()} answered {status}: {body[:200]!r}"
