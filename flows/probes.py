@@ -278,14 +278,27 @@ def body_problem(p: Probe, body: bytes) -> str | None:
         return f"unreadable answer ({type(exc).__name__}): {body[:200]!r}"
 
 
-def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | None:
-    """None when ``p`` passes, else what was seen."""
+def fetch(runner: Runner, node: Node, p: Probe, timeout: float, shown: int = 200) -> tuple[bytes | None, str | None]:
+    """The one request of ``p`` over ``node``'s SSH connection and its status
+    checked: (the body, None) when it answered ``p.status``, else (None, what
+    was seen: the error that kept it from an answer, or the status it
+    answered and the start of its body, ``shown`` bytes). Every "GET over
+    SSH and check the status" of the flows (readiness, drain's in-flight
+    count, status's endpoint health) is this."""
     try:
         status, body = http_via_ssh(runner, node, p.port, p.method, p.path, p.body, timeout, p.headers, dest=p.ip)
     except probe_errors() as exc:
-        return f"{p.describe()}: {type(exc).__name__}: {exc}"
+        return None, f"{p.describe()}: {type(exc).__name__}: {exc}"
     if status != p.status:
-        return f"{p.describe()} answered {status}: {body[:200]!r}"
+        return None, f"{p.describe()} answered {status}: {body[:shown]!r}"
+    return body, None
+
+
+def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | None:
+    """None when ``p`` passes, else what was seen."""
+    body, problem = fetch(runner, node, p, timeout)
+    if body is None:
+        return problem
     check = check_named(p.check)
     if check is None:
         return f"{p.describe()} {unknown_check(p.check)}"
