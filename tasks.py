@@ -6,21 +6,36 @@ imports it.
 """
 
 import functools
+import importlib
 import signal
 import sys
 
 from invoke import Collection, Exit, task
 
-from flows import app, lifecycle, releases as history, serving_logs as logs_flow, status as status_flow
-from llmdeploy import report
-from llmdeploy.errors import LlmdeployError
-from llmdeploy.inventory import load_cluster
-from llmdeploy.report import mask
+from llmdeploy.errors import LlmdeployError, mask
 
 LOCK_HELP = {
     "message": "a note kept with the deploy lock and in the audit log",
     "lock_wait": "wait up to this many seconds for the deploy lock (default: fail at once)",
 }
+
+
+def _flow(name: str):
+    """The flow module ``flows.<name>``, imported when its task runs: ``invoke
+    --list`` and ``--help`` load none, and a task only the flows it calls."""
+    return importlib.import_module(f"flows.{name}")
+
+
+def load_cluster(name: str):
+    from llmdeploy.inventory import load_cluster as load
+
+    return load(name)
+
+
+def _console(json_out: bool):
+    from llmdeploy import report
+
+    return report.console(json_out)
 
 
 def _sigterm(signum, frame):
@@ -64,7 +79,7 @@ def _guard(fn):
 @_guard
 def facts(c, cluster, json=False, limit=None, wide=False):
     """Gather facts from every node (OS, CPUs/NUMA, memory, disk, NPUs/GPUs, NICs, engine)."""
-    return app.facts(cluster, json_out=json, limit=limit, wide=wide)
+    return _flow("app").facts(cluster, json_out=json, limit=limit, wide=wide)
 
 
 @task(
@@ -83,7 +98,7 @@ def facts(c, cluster, json=False, limit=None, wide=False):
 @_guard
 def prepare(c, cluster, check=False, diff=False, limit=None, json=False, no_check=False, message=None, lock_wait=0):
     """Make every node ready to serve (under the deploy lock): checks (NIC, model, budgets, NUMA), then image, wheels, environment file."""
-    return app.prepare(cluster, check=check, diff=diff, limit=limit, json_out=json, run_checks=not no_check, message=message,
+    return _flow("app").prepare(cluster, check=check, diff=diff, limit=limit, json_out=json, run_checks=not no_check, message=message,
                        lock_wait=float(lock_wait))
 
 
@@ -99,7 +114,7 @@ def prepare(c, cluster, check=False, diff=False, limit=None, json=False, no_chec
 @_guard
 def check_nodes(c, cluster, limit=None, select=None):
     """Node acceptance tests (tests/node, pytest-testinfra over the inventory's SSH settings)."""
-    return app.check(cluster, limit=limit, select=select)
+    return _flow("app").check(cluster, limit=limit, select=select)
 
 
 @task(
@@ -119,7 +134,7 @@ def check_nodes(c, cluster, limit=None, select=None):
 @_guard
 def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False, message=None, lock_wait=0, no_rollback=False, no_gate=False):
     """Prepare, then start serving as a new release in the system's order (playbooks/serve-*.yaml); ready = health, models, chat, then the quality gate."""
-    return app.deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare, force=force, message=message,
+    return _flow("app").deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare, force=force, message=message,
                       lock_wait=float(lock_wait), rollback_on_failure=not no_rollback, gate=not no_gate)
 
 
@@ -138,7 +153,7 @@ def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False,
 @_guard
 def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None, service=None):
     """Serving logs of every container of the cluster on each node, in start order; each line prefixed with its host (and service)."""
-    return logs_flow.serving_logs(load_cluster(cluster), host=host, follow=follow, since=since, tail=tail, service=service)
+    return _flow("serving_logs").serving_logs(load_cluster(cluster), host=host, follow=follow, since=since, tail=tail, service=service)
 
 
 @task(
@@ -156,7 +171,7 @@ def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None, ser
 def verify_comm(c, cluster, json=False, full=False, report=None):
     """Is multi-node communication healthy? Ascend hccn_tool checks and NPU pings; NVIDIA IB/NIC and all_reduce_perf; host network pings.
     Each run also draws the result as an HTML page and a PNG (the NPU ping matrix, host pairs, all_reduce busbw), saved locally and on node 0."""
-    return app.verify_comm(cluster, json_out=json, full=full, report_dir=report)
+    return _flow("app").verify_comm(cluster, json_out=json, full=full, report_dir=report)
 
 
 @task(positional=[], help={"cluster": "cluster name", "json": "print the releases as JSON",
@@ -164,7 +179,7 @@ def verify_comm(c, cluster, json=False, full=False, report=None):
 @_guard
 def releases(c, cluster, json=False, events=False, wide=False):
     """The release ledger from node 0: every attempt of every release, was it ever good, the gate's verdict, current, the rollback target."""
-    return history.releases(load_cluster(cluster), report.console(json), json, events=events, wide=wide)
+    return _flow("releases").releases(load_cluster(cluster), _console(json), json, events=events, wide=wide)
 
 
 @task(
@@ -180,7 +195,7 @@ def releases(c, cluster, json=False, events=False, wide=False):
 @_guard
 def rollback(c, cluster, to=None, json=False, message=None, lock_wait=0, gate=False):
     """Bring back a good release from its own files on every node, in the same order, under the deploy lock."""
-    return lifecycle.rollback(load_cluster(cluster), report.console(json), to, message, float(lock_wait), json, gate)
+    return _flow("lifecycle").rollback(load_cluster(cluster), _console(json), to, message, float(lock_wait), json, gate)
 
 
 @task(
@@ -204,7 +219,7 @@ def bench(c, cluster, concurrency="1,4", requests=32, input_tokens=128, output_t
     from flows import bench as bench_flow
 
     load = bench_flow.load_from_flags(concurrency, requests, input_tokens, output_tokens, prompts, duration)
-    return bench_flow.bench(load_cluster(cluster), report.console(json), load, json, direct)
+    return bench_flow.bench(load_cluster(cluster), _console(json), load, json, direct)
 
 
 @task(
@@ -225,7 +240,7 @@ def top(c, cluster, interval="2", once=False, json=False):
         secs = float(interval)
     except ValueError:
         raise LlmdeployError(f"--interval {interval!r}: not a number of seconds") from None
-    return top_flow.top(load_cluster(cluster), report.console(json), secs, once, json)
+    return top_flow.top(load_cluster(cluster), _console(json), secs, once, json)
 
 
 @task(positional=[], help={"cluster": "cluster name", "diff": "compare what runs with the current release's record and name every drift", "json": "print as JSON",
@@ -233,14 +248,14 @@ def top(c, cluster, interval="2", once=False, json=False):
 @_guard
 def status(c, cluster, diff=False, json=False, wide=False):
     """Per node: the current release's containers, start rank or MPI ranks, image, uptime; and the endpoint's /health (exit 1 unless serving)."""
-    return status_flow.status(load_cluster(cluster), report.console(json), diff, json, wide=wide)
+    return _flow("status").status(load_cluster(cluster), _console(json), diff, json, wide=wide)
 
 
 @task(positional=[], help={"cluster": "cluster name", **LOCK_HELP})
 @_guard
 def stop(c, cluster, message=None, lock_wait=0):
     """Stop serving in reverse start order (vLLM: workers, then node 0), logs kept; then the current release's clean-up (stale /dev/shm/moe_* files)."""
-    return lifecycle.stop(load_cluster(cluster), report.console(False), message, float(lock_wait))
+    return _flow("lifecycle").stop(load_cluster(cluster), _console(False), message, float(lock_wait))
 
 
 @task(auto_shortflags=False, positional=[], help={
@@ -252,35 +267,35 @@ def stop(c, cluster, message=None, lock_wait=0):
 @_guard
 def restart(c, cluster, host=None, service=None, message=None, lock_wait=0):
     """Restart the current release (or one node's or one service's part of it) from its own files; wait until healthy."""
-    return lifecycle.restart(load_cluster(cluster), report.console(False), host, message, float(lock_wait), service)
+    return _flow("lifecycle").restart(load_cluster(cluster), _console(False), host, message, float(lock_wait), service)
 
 
 @task(positional=[], help={"cluster": "cluster name", "last": "only the last N lines", "json": "print as JSON"})
 @_guard
 def audit(c, cluster, last=None, json=False):
     """The audit log on node 0: prepares, deploys, rollbacks, stops, restarts, lock breaks."""
-    return history.audit_log(load_cluster(cluster), report.console(json), int(last) if last else None, json)
+    return _flow("releases").audit_log(load_cluster(cluster), _console(json), int(last) if last else None, json)
 
 
 @task(positional=[], help={"cluster": "cluster name"})
 @_guard
 def disconnect(c, cluster):
     """End the SSH connections kept open for the cluster (ssh.persist_s): the next command connects and checks host keys anew."""
-    return app.disconnect(cluster)
+    return _flow("app").disconnect(cluster)
 
 
 @task(positional=[], name="status", help={"cluster": "cluster name"})
 @_guard
 def lock_status(c, cluster):
     """Who holds the deploy lock, since when, running what (exit 1 while held)."""
-    return history.lock_status(load_cluster(cluster), report.console(False))
+    return _flow("releases").lock_status(load_cluster(cluster), _console(False))
 
 
 @task(positional=[], name="break", help={"cluster": "cluster name", "reason": "why the holder is gone (kept in the audit log)"})
 @_guard
 def lock_break(c, cluster, reason=None):
     """Remove a deploy lock whose holder vanished; the break and its reason are audited."""
-    return history.lock_break(load_cluster(cluster), report.console(False), reason or "")
+    return _flow("releases").lock_break(load_cluster(cluster), _console(False), reason or "")
 
 
 @task(positional=[], help={"cluster": "simulated cluster to bring up (an inventory named sim-*)"})

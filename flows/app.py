@@ -218,13 +218,13 @@ def deploy(
     con = report.console(json_out)
     cluster = load_cluster(cluster_name)
 
-    from flows import lifecycle
-
     def prepare_fn(name: str, quiet: bool) -> int:
         # the deploy holds the lock
         return _prepare_quiet(name) if quiet else prepare(name, run_checks=False, locked=True)
 
     def rollback_fn(cluster, runner, con, message, json_out) -> int:
+        from flows import lifecycle
+
         return lifecycle.rollback_locked(cluster, runner, con, None, message, json_out)
 
     return dep.deploy(cluster, con, check, json_out, skip_prepare, force, message, lock_wait, rollback_on_failure, prepare_fn, rollback_fn, gate)

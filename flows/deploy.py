@@ -47,6 +47,7 @@ from llmdeploy.release import (
 )
 from llmdeploy.releaseplan import ReleasePlan
 from llmdeploy.runner import Runner, Step, UnreachableError
+from llmdeploy.serving import ReleaseFile
 
 DRAFT_ID = "00000000T000000Z-00000000"
 # a part of the placeholder that no release id has (its date): left after the id is set, a system derived something from it
@@ -73,14 +74,14 @@ def plan_release(cluster: Cluster, prepared: dict[str, dict], image_key: str, im
         raise ValueError(f"the plan names its release id in a form other than the id itself ({', '.join(left[:3]) or 'plan.json'})")
     text = plan.to_json()
     for host, files in plan.files.items():
-        files["plan.json"] = (text, 0o644)
+        files["plan.json"] = ReleaseFile(text, 0o644)
         # release.json names every file of the release on this node (rollback checks them)
         meta_text, mode = files["release.json"]
         meta = json.loads(meta_text)
         meta["files"] = sorted(files)
         # names only: rollback and log bundles mask these values read from the nodes' own env files
         meta["secret_keys"] = sorted(cluster.secret_env)
-        files["release.json"] = (json.dumps(meta, indent=1, sort_keys=True) + "\n", mode)
+        files["release.json"] = ReleaseFile(json.dumps(meta, indent=1, sort_keys=True) + "\n", mode)
     return rid, chash, plan
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.markup import escape
 
-from flows.probes import PROBE_ERRORS, UNREADABLE, http_probe, http_via_ssh, inflight
+from flows.probes import UNREADABLE, fetch, http_probe, inflight
 from llmdeploy import logs, report
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir, releases_dir
@@ -233,12 +233,9 @@ class Engine:
 
     def _inflight(self, m: Metrics) -> tuple[int | None, str]:
         p = m.probe
-        try:
-            status, body = http_via_ssh(self.r, self.node(p.host), p.port, p.method, p.path, p.body, min(10, self.d.request_timeout_s), p.headers, dest=p.ip)
-        except PROBE_ERRORS as exc:
-            return None, f"{p.describe()}: {type(exc).__name__}: {exc}"
-        if status != 200:
-            return None, f"{p.describe()} answered {status}: {body[:120]!r}"
+        body, problem = fetch(self.r, self.node(p.host), p, min(10, self.d.request_timeout_s), shown=120)
+        if body is None:
+            return None, problem
         try:
             return inflight(body, m.inflight)
         except UNREADABLE as exc:

@@ -13,9 +13,7 @@ import http.client
 import io
 import json
 import re
-from typing import Callable, Iterator
-
-import paramiko
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import systems
 from llmdeploy.inventory import Node
@@ -23,7 +21,22 @@ from llmdeploy.loadgen import SendError
 from llmdeploy.releaseplan import Probe
 from llmdeploy.runner import COUNTS, Runner, UnreachableError
 
-PROBE_ERRORS = (OSError, ValueError, http.client.HTTPException, paramiko.SSHException, UnreachableError)
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import paramiko
+
+
+def ssh_errors() -> tuple[type[Exception], ...]:
+    """What a forward over a node's SSH connection raises when it cannot reach
+    the port (paramiko is imported here, by a probe, not when the tool starts)."""
+    import paramiko
+
+    return (paramiko.SSHException, UnreachableError)
+
+
+def probe_errors() -> tuple[type[Exception], ...]:
+    """What an HTTP request over SSH raises when it gets no answer (``except probe_errors():``)."""
+    return (OSError, ValueError, http.client.HTTPException, *ssh_errors())
+
 # what a body check raises on an answer it cannot read (RecursionError: JSON nested too deep)
 UNREADABLE = (ValueError, KeyError, AttributeError, TypeError, RecursionError)
 
@@ -120,7 +133,7 @@ def ssh_sender(runner: Runner, node: Node, port: int, path: str, headers: dict[s
     def send(body: dict, timeout: float) -> Iterator[bytes]:
         try:
             hc = _http_over_ssh(runner, node, port, dest, timeout)
-        except (paramiko.SSHException, UnreachableError) as exc:  # the forward was refused: the port is closed
+        except ssh_errors() as exc:  # the forward was refused: the port is closed
             raise SendError(f"no connection to {dest}:{port} from {node.name}: {exc}") from None
         return stream_lines(hc, path, body, headers)
 
@@ -244,8 +257,9 @@ CHECKS: dict[str, Callable[[bytes, str], str | None]] = {
 
 
 def check_named(name: str) -> Callable[[bytes, str], str | None] | None:
-    """The body check a probe names: a generic one, or one a serving system adds; None if none has that name."""
-    return CHECKS.get(name) or systems.probe_checks().get(name)
+    """The body check a probe names: a generic one, or one a serving system adds; None if none has that name.
+    A system's package is loaded only for a name that is not a generic check."""
+    return CHECKS.get(name) or systems.probe_check(name)
 
 
 def unknown_check(name: str) -> str:
@@ -264,14 +278,27 @@ def body_problem(p: Probe, body: bytes) -> str | None:
         return f"unreadable answer ({type(exc).__name__}): {body[:200]!r}"
 
 
-def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | None:
-    """None when ``p`` passes, else what was seen."""
+def fetch(runner: Runner, node: Node, p: Probe, timeout: float, shown: int = 200) -> tuple[bytes | None, str | None]:
+    """The one request of ``p`` over ``node``'s SSH connection and its status
+    checked: (the body, None) when it answered ``p.status``, else (None, what
+    was seen: the error that kept it from an answer, or the status it
+    answered and the start of its body, ``shown`` bytes). Every "GET over
+    SSH and check the status" of the flows (readiness, drain's in-flight
+    count, status's endpoint health) is this."""
     try:
         status, body = http_via_ssh(runner, node, p.port, p.method, p.path, p.body, timeout, p.headers, dest=p.ip)
-    except PROBE_ERRORS as exc:
-        return f"{p.describe()}: {type(exc).__name__}: {exc}"
+    except probe_errors() as exc:
+        return None, f"{p.describe()}: {type(exc).__name__}: {exc}"
     if status != p.status:
-        return f"{p.describe()} answered {status}: {body[:200]!r}"
+        return None, f"{p.describe()} answered {status}: {body[:shown]!r}"
+    return body, None
+
+
+def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | None:
+    """None when ``p`` passes, else what was seen."""
+    body, problem = fetch(runner, node, p, timeout)
+    if body is None:
+        return problem
     check = check_named(p.check)
     if check is None:
         return f"{p.describe()} {unknown_check(p.check)}"

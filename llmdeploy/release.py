@@ -23,7 +23,6 @@ import json
 import re
 import shlex
 import socket
-import tarfile
 import time
 
 from .errors import LlmdeployError
@@ -107,6 +106,8 @@ def write_script(cluster: Cluster, rid: str, files: dict[str, tuple[str, int]]) 
 
 def write_payload(files: dict[str, tuple[str, int]]) -> str:
     """The release's files as a base64 tar archive (modes kept), for ``write_script``'s standard input."""
+    import tarfile  # only a deploy that writes a release needs it
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, (content, mode) in sorted(files.items()):

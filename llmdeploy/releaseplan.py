@@ -33,6 +33,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal
 
+from .serving import ReleaseFiles
+
 RestartPolicy = Literal["each", "group", "none"]
 
 # what the system contributes to a plan for later commands (systems.declared);
@@ -161,8 +163,8 @@ class ReleasePlan:
     # stops (None: a plan written before these were planned)
     metrics: Metrics | None = None
     drain: Drain | None = None
-    # release files per host: name -> (content, mode); not part of plan.json
-    files: dict[str, dict[str, tuple[str, int]]] = field(default_factory=dict, repr=False)
+    # release files per host: name -> ReleaseFile(text, mode); not part of plan.json
+    files: ReleaseFiles = field(default_factory=dict, repr=False)
     # DECLARED fields the plan.json read lacked (written by an earlier version); not part of plan.json
     absent: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
@@ -262,6 +264,8 @@ def _swap(value: Any, old: str, new: str) -> Any:
         return value.replace(old, new)
     if isinstance(value, dict):
         return {_swap(k, old, new): _swap(v, old, new) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple (a ReleaseFile)
+        return type(value)(*(_swap(v, old, new) for v in value))
     if isinstance(value, (list, tuple)):
         return type(value)(_swap(v, old, new) for v in value)
     if is_dataclass(value) and not isinstance(value, type):

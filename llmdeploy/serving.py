@@ -25,7 +25,9 @@ A serving system is a folder ``systems/<name>/`` with two faces:
    Each has a default that is right for a system that needs none of it.
 
 2. **Its plan builder** (:class:`ServingSystem`), registered with one line in
-   ``systems/__init__.py``: it turns the inventory into a release plan
+   ``systems/__init__.py`` and checked against this Protocol when it is first
+   loaded (:func:`register`: every hook present, each with the Protocol's
+   parameters): it turns the inventory into a release plan
    (``llmdeploy.releaseplan``), which then carries everything later commands
    need (stop clean-up, failure signatures, table labels, the environment
    prefixes ``status --diff`` compares), so stop, status, restart and rollback
@@ -36,10 +38,14 @@ Core: imports nothing above ``llmdeploy``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+import inspect
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple, Protocol, get_origin, get_type_hints
 
 from pydantic import Field
 
+from .errors import LlmdeployError
 from .schema import Strict
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -146,34 +152,131 @@ class ServingProfile(Strict):
         return []
 
 
-@runtime_checkable
+# --- what crosses the interface ------------------------------------------------------------------
+
+
+class ReleaseFile(NamedTuple):
+    """One file of a release on one node: its text and its mode (e.g. 0o755).
+    A tuple, so ``text, mode = f`` reads it as the release records always did."""
+
+    text: str
+    mode: int
+
+
+# host -> file name (in the release directory) -> the file
+ReleaseFiles = dict[str, dict[str, ReleaseFile]]
+
+
+@dataclass(frozen=True)
+class PlaybookEntry:
+    """One entry of ``services:`` in ``playbooks/serve-<kind>.yaml``: a service
+    (or, for a system that expands it, several) on the nodes ``hosts`` names,
+    started after the services ``after`` names; ``started``: the probe that
+    says it started (the system reads it), ``restart``: its restart policy
+    (None: the system's own); ``stop_phase``: its place in the stop order
+    (the reverse of the start order), given by ``systems.build``."""
+
+    name: str
+    hosts: str = "all"
+    after: tuple[str, ...] = ()
+    restart: str | None = None
+    started: str | None = None
+    stop_phase: int = 0
+
+    @classmethod
+    def from_doc(cls, doc: object, where: str, stop_phase: int = 0) -> "PlaybookEntry":
+        """The entry ``doc`` read from ``where`` (a playbook's file and index);
+        an error names the field and ``where``."""
+        if not isinstance(doc, dict):
+            raise LlmdeployError(f"{where}: expected a mapping (name, hosts, after, restart, started), found {type(doc).__name__}")
+        unknown = sorted(set(doc) - {"name", "hosts", "after", "restart", "started"})
+        if unknown:
+            raise LlmdeployError(f"{where}: unknown field {', '.join(map(str, unknown))} (name, hosts, after, restart, started)")
+        for key in ("name", "hosts", "restart", "started"):
+            if key in doc and not isinstance(doc[key], str):
+                raise LlmdeployError(f"{where}.{key}: expected a string, found {doc[key]!r}")
+        if not doc.get("name"):
+            raise LlmdeployError(f"{where}.name: every service needs a name")
+        after = doc.get("after", [])
+        if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
+            raise LlmdeployError(f"{where}.after: expected a list of service names, found {after!r}")
+        return cls(name=doc["name"], hosts=doc.get("hosts", "all"), after=tuple(after), restart=doc.get("restart"),
+                   started=doc.get("started"), stop_phase=stop_phase)
+
+
+@dataclass(frozen=True)
+class PreparedNode:
+    """What prepare recorded on a node (its ``prepared.json``) that a plan
+    builder uses: the image its serving containers run (the pulled image with
+    the system's wheels) and the NUMA binding prepare decided."""
+
+    serving_ref: str | None = None
+    binding: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_record(cls, record: dict | None) -> "PreparedNode | None":
+        """The node's record as read (None: the node was not read, as in ``deploy --check``)."""
+        if record is None:
+            return None
+        image = record.get("image") if isinstance(record.get("image"), dict) else {}
+        binding = record.get("binding") if isinstance(record.get("binding"), dict) else {}
+        ref = image.get("serving_ref")
+        return cls(serving_ref=ref if isinstance(ref, str) and ref else None, binding=dict(binding))
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Every node's :class:`PreparedNode` (none for a node that was not read)."""
+
+    nodes: dict[str, PreparedNode] = field(default_factory=dict)
+
+    @classmethod
+    def from_records(cls, records: "dict[str, dict | None] | Prepared") -> "Prepared":
+        if isinstance(records, Prepared):
+            return records
+        out = {}
+        for host, rec in records.items():
+            node = PreparedNode.from_record(rec)
+            if node is not None:
+                out[host] = node
+        return cls(out)
+
+    def of(self, host: str) -> PreparedNode | None:
+        return self.nodes.get(host)
+
+
+# check(body, arg) -> the problem, or None when the body is right
+ProbeCheck = Callable[[bytes, str], "str | None"]
+
+
+# --- the interface ---------------------------------------------------------------------------------
+
+
 class ServingSystem(Protocol):
     """What ``systems`` calls in a system's package (``systems/<name>/__init__.py``).
 
+    Every hook gets the cluster and its profile, resolved once by the
+    registry (:meth:`System.profile`: the cluster's profile is this system's
+    ``PROFILE``), so no hook asks for it again.
+
     ``services`` builds the services of one entry of the system's playbook
-    (``playbooks/serve-<kind>.yaml``: name, hosts, after, restart, ...) on
-    ``nodes``; ``probe`` the readiness probes the playbook's ``ready`` names;
-    ``files`` every file of the release per host ({host: {name: (text, mode)}});
-    ``check_doc`` what ``deploy --check --json`` shows per node; ``metrics``
-    where its server says how loaded it is (the metrics page and the names
-    of its running, waiting, KV cache and generated-token samples: drain and
-    the live view read them); ``drain`` which services stop taking new work
-    on SIGTERM before a stop and, in words, what cannot be drained.
+    (:class:`PlaybookEntry`) on ``nodes``, with what prepare recorded
+    (:class:`Prepared`); ``probe`` the readiness probes one name of the
+    playbook's ``ready`` stands for (a list: one or several); ``files`` every
+    file of the release per host (:data:`ReleaseFiles`); ``check_doc`` what
+    ``deploy --check --json`` shows per node; ``metrics`` where its server
+    says how loaded it is (the metrics page and the names of its running,
+    waiting, KV cache and generated-token samples: drain and the live view
+    read them); ``drain`` which services stop taking new work on SIGTERM
+    before a stop and, in words, what cannot be drained.
 
     What it declares goes into every plan it builds (``systems.declared``):
     ``STOP_CLEANUP`` (``rm -f`` of absolute paths, run on every node after a
     stop; the flows refuse any other shape read back), ``SIGNATURES``,
     ``DRIFT_ENV_PREFIXES``, ``LABELS`` (the column each ``Unit.show`` key
-    gets in tables) and, optionally, ``ROLE_LABELS`` (how messages name a
-    unit of a role, e.g. {"node0": "node 0"}). A plan.json written by an
-    earlier version that lacks some of them gets them from these
-    declarations (``systems.read_plan``).
-
-    Optional: ``PROBE_CHECKS`` ({name: check(body, arg) -> problem or None},
-    readiness body checks its probes name, resolved by ``flows.probes``
-    after the generic ones) and ``old_release_plan(cluster, rid, metas)``,
-    the plan of a release this system wrote before plan.json existed, from
-    every node's release.json (None for a release it did not write)."""
+    gets in tables). A plan.json written by an earlier version that lacks
+    some of them gets them from these declarations (``systems.read_plan``).
+    What a system may leave out is :class:`OptionalHooks`."""
 
     KIND: str
     PROFILE: type[ServingProfile]
@@ -182,16 +285,136 @@ class ServingSystem(Protocol):
     DRIFT_ENV_PREFIXES: list[str]
     LABELS: dict[str, str]
 
-    def services(self, cluster: "Cluster", entry: dict, nodes: list, prepared: dict, rid: str) -> list["Service"]: ...
+    def services(self, cluster: "Cluster", profile: Any, entry: PlaybookEntry, nodes: "list[Node]", prepared: Prepared,
+                 rid: str) -> "list[Service]": ...
 
-    def entry_port(self, cluster: "Cluster") -> int: ...
+    def entry_port(self, cluster: "Cluster", profile: Any) -> int: ...
 
-    def probe(self, cluster: "Cluster", name: str) -> "Probe | list[Probe]": ...
+    def probe(self, cluster: "Cluster", profile: Any, name: str) -> "list[Probe]": ...
 
-    def files(self, cluster: "Cluster", plan: "ReleasePlan", prepared: dict, image_id: str | None) -> dict: ...
+    def files(self, cluster: "Cluster", profile: Any, plan: "ReleasePlan", prepared: Prepared, image_id: str | None) -> ReleaseFiles: ...
 
-    def check_doc(self, cluster: "Cluster", plan: "ReleasePlan", secrets: list[str]) -> dict: ...
+    def check_doc(self, cluster: "Cluster", profile: Any, plan: "ReleasePlan", secrets: list[str]) -> dict: ...
 
-    def metrics(self, cluster: "Cluster") -> "Metrics": ...
+    def metrics(self, cluster: "Cluster", profile: Any) -> "Metrics": ...
 
-    def drain(self, cluster: "Cluster") -> "Drain": ...
+    def drain(self, cluster: "Cluster", profile: Any) -> "Drain": ...
+
+
+class OptionalHooks(Protocol):
+    """What a system may declare besides :class:`ServingSystem` (checked the
+    same way when present; :class:`System` gives the default when absent):
+    ``PROBE_CHECKS`` ({name: check(body, arg) -> problem or None}, readiness
+    body checks its probes name, resolved by ``flows.probes`` after the
+    generic ones), ``ROLE_LABELS`` (how messages name a unit of a role, e.g.
+    {"node0": "node 0"}) and ``old_release_plan(cluster, rid, metas)``, the
+    plan of a release this system wrote before plan.json existed, from every
+    node's release.json (None for a release it did not write)."""
+
+    PROBE_CHECKS: dict[str, ProbeCheck]
+    ROLE_LABELS: dict[str, str]
+
+    def old_release_plan(self, cluster: "Cluster", rid: str, metas: dict[str, dict]) -> "ReleasePlan | None": ...
+
+
+def _members(proto: type) -> tuple[list[str], list[str]]:
+    """(values, hooks) a Protocol declares: its annotated names, its methods."""
+    values = list(proto.__annotations__)
+    hooks = [name for name, v in vars(proto).items() if inspect.isfunction(v) and not name.startswith("_")]
+    return values, hooks
+
+
+REQUIRED_VALUES, REQUIRED_HOOKS = _members(ServingSystem)
+OPTIONAL_VALUES, OPTIONAL_HOOKS = _members(OptionalHooks)
+# every name a system must have, from the Protocol itself
+REQUIRED = REQUIRED_VALUES + REQUIRED_HOOKS
+
+
+def _params(sig: inspect.Signature) -> list[tuple[str, str]]:
+    return [(p.name, p.kind.description) for p in sig.parameters.values()]
+
+
+def _shown(params: list[tuple[str, str]]) -> str:
+    return "(" + ", ".join(name if kind == "positional or keyword" else f"{name} [{kind}]" for name, kind in params) + ")"
+
+
+def _signature_problem(pkg: str, proto: type, name: str, fn: object) -> str | None:
+    """What is wrong with ``fn`` as the hook ``name`` of ``proto``, or None."""
+    if not callable(fn):
+        return f"{pkg}.{name} is a {type(fn).__name__}, expected a function {name}{_shown(_params(inspect.signature(getattr(proto, name)))[1:])}"
+    want = _params(inspect.signature(getattr(proto, name)))[1:]  # without self
+    try:
+        have = _params(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return f"{pkg}.{name}: its signature cannot be read, expected {name}{_shown(want)}"
+    if have != want:
+        return f"{pkg}.{name}{_shown(have)} does not match the interface: expected {name}{_shown(want)}"
+    return None
+
+
+def _value_problem(pkg: str, name: str, value: object, hint: object) -> str | None:
+    want = get_origin(hint) or hint
+    if not isinstance(value, want):
+        return f"{pkg}.{name} is a {type(value).__name__}, expected {getattr(hint, '__name__', None) or hint}"
+    if want is type and not (isinstance(value, type) and issubclass(value, ServingProfile)):
+        return f"{pkg}.{name} is {value!r}, expected a subclass of llmdeploy.serving.ServingProfile"
+    return None
+
+
+def interface_problems(pkg: ModuleType) -> list[str]:
+    """Everything in which ``pkg`` is not a :class:`ServingSystem` (empty: it is one)."""
+    name = pkg.__name__
+    missing = [n for n in REQUIRED if not hasattr(pkg, n)]
+    out = [f"{name} is no serving system: it lacks {', '.join(missing)} (llmdeploy.serving.ServingSystem)"] if missing else []
+    for proto, values, hooks, required in ((ServingSystem, REQUIRED_VALUES, REQUIRED_HOOKS, True),
+                                           (OptionalHooks, OPTIONAL_VALUES, OPTIONAL_HOOKS, False)):
+        hints = get_type_hints(proto)
+        for v in values:
+            if hasattr(pkg, v):
+                out += [p for p in [_value_problem(name, v, getattr(pkg, v), hints[v])] if p]
+        for h in hooks:
+            if hasattr(pkg, h):
+                out += [p for p in [_signature_problem(name, proto, h, getattr(pkg, h))] if p]
+    return out
+
+
+@dataclass(frozen=True)
+class System:
+    """A registered serving system: its package, checked against
+    :class:`ServingSystem`, with the optional hooks resolved (their defaults
+    where the package has none)."""
+
+    module: Any  # the package: a ServingSystem
+    probe_checks: dict[str, ProbeCheck]
+    role_labels: dict[str, str]
+    old_release_plan: Callable[..., "ReleasePlan | None"] | None
+
+    @property
+    def kind(self) -> str:
+        return self.module.KIND
+
+    @property
+    def name(self) -> str:
+        return self.module.__name__
+
+    def profile(self, cluster: "Cluster") -> ServingProfile:
+        """``cluster.profile`` when it is this system's, else an error naming both kinds."""
+        if not isinstance(cluster.profile, self.module.PROFILE):
+            raise LlmdeployError(f"{cluster.name}: the profile is {cluster.profile.kind}, not {self.kind}")
+        return cluster.profile
+
+
+def register(pkg: ModuleType, kind: str) -> System:
+    """``pkg`` as the serving system of ``kind``; TypeError naming the package,
+    each hook or value that is missing or wrong, and what was expected."""
+    problems = interface_problems(pkg)
+    if not problems:
+        claimed = pkg.PROFILE.model_fields["kind"].default
+        if claimed != pkg.KIND:
+            problems.append(f"{pkg.__name__}: KIND {pkg.KIND!r} is not its profile's kind {claimed!r}")
+        elif pkg.KIND != kind:
+            problems.append(f"{pkg.__name__}: KIND {pkg.KIND!r} is not the kind it is registered as, {kind!r} (systems.SYSTEMS)")
+    if problems:
+        raise TypeError("; ".join(problems))
+    return System(module=pkg, probe_checks=dict(getattr(pkg, "PROBE_CHECKS", {})), role_labels=dict(getattr(pkg, "ROLE_LABELS", {})),
+                  old_release_plan=getattr(pkg, "old_release_plan", None))

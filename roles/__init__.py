@@ -8,27 +8,43 @@ import re
 import shlex
 from collections import Counter
 from pathlib import Path
+from functools import cache
 from typing import Any, Callable, Hashable
-
-import jinja2
 
 from llmdeploy.inventory import Node
 from llmdeploy.runner import FAILED, PROGRESS_MARK, SKIPPED, HostResult, Progress
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-# the one Jinja2 environment over templates/ (roles and systems render through it)
-_jinja = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-_jinja.filters["q"] = shlex.quote
+
+
+@cache
+def _environment(extra: tuple[tuple[str, Callable], ...] = ()):
+    """A Jinja2 environment over templates/ with ``| q`` (shlex.quote) and the
+    ``extra`` filters; one per set of filters, made when first rendered with
+    (jinja2 is imported then, not when the tool starts)."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters["q"] = shlex.quote
+    env.filters.update(dict(extra))
+    return env
 
 
 def render(template: str, **values) -> str:
     """``templates/<template>`` rendered with ``values`` (``| q``: shlex.quote)."""
-    return _jinja.get_template(template).render(**values)
+    return _environment().get_template(template).render(**values)
 
 
-def add_filter(name: str, fn: Callable) -> None:
-    """A filter a role's templates use (e.g. a system's YAML scalars)."""
-    _jinja.filters[name] = fn
+def renderer(**filters: Callable) -> Callable[..., str]:
+    """``render`` for templates that use filters of their own (e.g. a system's
+    YAML scalars): the filters live in a private environment, never in the
+    one every other template renders through."""
+    extra = tuple(sorted(filters.items()))
+
+    def render_with(template: str, **values) -> str:
+        return _environment(extra).get_template(template).render(**values)
+
+    return render_with
 
 
 def node_facts(ctx, node: Node) -> dict | None:

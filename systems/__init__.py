@@ -2,60 +2,81 @@
 the interface ``llmdeploy.serving`` declares (its profile schema and catalogue,
 environment, ports, NUMA needs, wheels, plan builder, failure signatures,
 readiness probes, and how to read its releases written by earlier versions).
-Registering one is one line in ``SYSTEMS`` below.
+Registering one is one line in ``SYSTEMS`` below; its package is imported
+and checked against the interface only when its kind is first asked for.
 
 The start order of each is a playbook, ``playbooks/serve-<kind>.yaml``; its
 package builds the units and probes the playbook names. The flows call only
 the generic functions here (:func:`build`, :func:`check_doc`,
 :func:`read_plan`: a release's plan from its own files, old releases
-included, :func:`probe_checks`, ...); nothing outside ``systems/`` knows a
+included, :func:`probe_check`, ...); nothing outside ``systems/`` knows a
 system by name.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, Mapping
 
 from llmdeploy import playbook as playbooks
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan, Service, order_services
-from llmdeploy.serving import ServingSystem
+from llmdeploy.serving import PlaybookEntry, Prepared, System, register
 from systems.common import nic_reason, NIC_PATTERN
 
 
-def _registry(*names: str) -> dict:
-    out = {}
-    for name in names:
-        pkg = importlib.import_module(f"{__name__}.{name}")
-        missing = [name for name in ServingSystem.__annotations__ if not hasattr(pkg, name)]
-        missing += [name for name in ("services", "entry_port", "probe", "files", "check_doc", "metrics", "drain") if not hasattr(pkg, name)]
-        if missing:
-            raise TypeError(f"{pkg.__name__} is no serving system: it lacks {', '.join(missing)} (llmdeploy.serving.ServingSystem)")
-        claimed = pkg.PROFILE.model_fields["kind"].default
-        if claimed != pkg.KIND:
-            raise TypeError(f"{pkg.__name__}: KIND {pkg.KIND!r} is not its profile's kind {claimed!r}")
-        if pkg.KIND in out:
-            raise TypeError(f"{pkg.__name__}: kind {pkg.KIND!r} is registered already by {out[pkg.KIND].__name__}")
-        out[pkg.KIND] = pkg
-    return out
+class Registry(Mapping):
+    """kind -> :class:`llmdeploy.serving.System`. Listing the kinds imports
+    nothing; a system's package is imported, and checked against the
+    interface (``llmdeploy.serving.register``), when its kind is first asked for."""
+
+    def __init__(self, packages: dict[str, str]):
+        self._packages = dict(packages)
+        self._loaded: dict[str, System] = {}
+
+    def __getitem__(self, kind: str) -> System:
+        if kind not in self._loaded:
+            package = self._packages[kind]  # KeyError: no such kind
+            self._loaded[kind] = register(importlib.import_module(f"{__name__}.{package}"), kind)
+        return self._loaded[kind]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._packages)
+
+    def __len__(self) -> int:
+        return len(self._packages)
+
+
+def _registry(**packages: str) -> Registry:
+    """kind=package under ``systems/``; a package named twice is refused."""
+    seen: dict[str, str] = {}
+    for kind, package in packages.items():
+        if package in seen:
+            raise TypeError(f"systems.{package}: registered already, as {seen[package]!r}")
+        seen[package] = kind
+    return Registry(packages)
 
 
 # kind -> the system's package: one line per system
-SYSTEMS = _registry(
-    "vllm_ascend",
-    "trtllm",
-    "dynamo",
-    "sglang",
-)
+SYSTEMS = _registry(**{
+    "vllm-ascend": "vllm_ascend",
+    "trtllm-serve": "trtllm",
+    "dynamo": "dynamo",
+    "sglang": "sglang",
+})
+
+
+def system(kind: str) -> System:
+    """The registered system ``kind`` (its package loaded and checked)."""
+    if kind not in SYSTEMS:
+        raise LlmdeployError(f"deploy cannot start {kind} profiles yet (it starts: {', '.join(SYSTEMS)})")
+    return SYSTEMS[kind]
 
 
 def module_for(kind: str):
     """The package of the system ``kind``."""
-    mod = SYSTEMS.get(kind)
-    if mod is None:
-        raise LlmdeployError(f"deploy cannot start {kind} profiles yet (it starts: {', '.join(SYSTEMS)})")
-    return mod
+    return system(kind).module
 
 
 def playbook(kind: str) -> dict:
@@ -74,45 +95,49 @@ def hosts_of(cluster: Cluster, selection: str) -> list:
     return playbooks.select_nodes(cluster, None, selection)
 
 
-def build(cluster: Cluster, prepared: dict[str, dict], rid: str, image_id: str | None) -> ReleasePlan:
-    """The release plan of ``cluster``: the playbook's services, built by the system's module."""
+def build(cluster: Cluster, prepared: dict[str, dict | None] | Prepared, rid: str, image_id: str | None) -> ReleasePlan:
+    """The release plan of ``cluster``: the playbook's services, built by the system's module
+    (``prepared``: each node's prepare record as read, or none)."""
     kind = cluster.profile.kind
-    mod = module_for(kind)
+    sys_ = system(kind)
+    mod, prof = sys_.module, sys_.profile(cluster)
+    prepared = Prepared.from_records(prepared)
     pb = playbook(kind)
-    present = [(dict(e), hosts_of(cluster, e.get("hosts", "all"))) for e in pb["services"]]
-    absent = {e["name"] for e, nodes in present if not nodes}
+    where = f"{playbooks.PLAYBOOK_DIR}/serve-{kind}.yaml: services"
+    entries = [PlaybookEntry.from_doc(e, f"{where}[{i}]") for i, e in enumerate(pb["services"])]
+    present = [(e, hosts_of(cluster, e.hosts)) for e in entries]
+    absent = {e.name for e, nodes in present if not nodes}
     present = [(e, nodes) for e, nodes in present if nodes]
     services: list[Service] = []
     # a playbook entry may stand for several services (a Dynamo role: one MPI
     # group per replica) or none (a control plane the inventory says exists)
     expanded: dict[str, list[str]] = {name: [] for name in absent}
     for i, (entry, nodes) in enumerate(present):
-        name = entry["name"]
-        entry["stop_phase"] = len(present) - 1 - i  # the reverse of the start order
+        entry = PlaybookEntry(**{**entry.__dict__, "stop_phase": len(present) - 1 - i})  # the reverse of the start order
         after: list[str] = []
-        for a in entry.get("after", []):
+        for a in entry.after:
             after += expanded.get(a, [a])
-        made = mod.services(cluster, entry, nodes, prepared, rid)
+        made = mod.services(cluster, prof, entry, nodes, prepared, rid)
         for svc in made:
             svc.after = after + [a for a in svc.after if a not in after]
-            svc.restart = entry.get("restart", svc.restart)
-        expanded[name] = [s.name for s in made]
+            if entry.restart is not None:
+                svc.restart = entry.restart
+        expanded[entry.name] = [s.name for s in made]
         services += made
     try:
         order_services(services)
     except ValueError as exc:
         raise LlmdeployError(f"playbooks/serve-{kind}.yaml: {exc}") from None
     plan = ReleasePlan(system=kind, cluster=cluster.name, release=rid, services=services, entry_host=cluster.node0.name,
-                       entry_port=mod.entry_port(cluster))
+                       entry_port=mod.entry_port(cluster, prof))
     plan.ready = []
     for name in pb.get("ready", []):
-        p = mod.probe(cluster, name)
-        plan.ready += p if isinstance(p, list) else [p]
+        plan.ready += mod.probe(cluster, prof, name)
     for key, value in declared(kind, cluster).items():
         setattr(plan, key, value)
-    plan.metrics = mod.metrics(cluster)
-    plan.drain = mod.drain(cluster)
-    plan.files = mod.files(cluster, plan, prepared, image_id)
+    plan.metrics = mod.metrics(cluster, prof)
+    plan.drain = mod.drain(cluster, prof)
+    plan.files = mod.files(cluster, prof, plan, prepared, image_id)
     return plan
 
 
@@ -121,13 +146,14 @@ def declared(kind: str, cluster: Cluster) -> dict:
     fields ``releaseplan.DECLARED``): its clean-up after stop, the environment
     prefixes ``status --diff`` compares, its failure signatures, and the
     labels tables give its ``show`` keys and roles."""
-    mod = module_for(kind)
+    sys_ = system(kind)
+    mod = sys_.module
     return {
         "stop_cleanup": mod.STOP_CLEANUP,
         "drift_env_prefixes": list(mod.DRIFT_ENV_PREFIXES),
         "signatures": signatures(kind, cluster),
         "show_labels": dict(mod.LABELS),
-        "role_labels": dict(getattr(mod, "ROLE_LABELS", {})),
+        "role_labels": dict(sys_.role_labels),
     }
 
 
@@ -151,7 +177,7 @@ def read_plan(cluster: Cluster, rid: str, plan_text: str, metas: dict[str, dict]
                 setattr(plan, key, have[key])
         return plan
     for kind in SYSTEMS:
-        reader = getattr(module_for(kind), "old_release_plan", None)
+        reader = SYSTEMS[kind].old_release_plan
         plan = reader(cluster, rid, metas) if reader else None
         if plan is not None:
             for key, value in declared(plan.system, cluster).items():
@@ -161,22 +187,22 @@ def read_plan(cluster: Cluster, rid: str, plan_text: str, metas: dict[str, dict]
                          f"({', '.join(SYSTEMS)}) reads it from its release.json files")
 
 
-def probe_checks() -> dict:
-    """The readiness body checks the systems add to the generic ones
-    (``flows.probes``): each module's ``PROBE_CHECKS``, name -> check(body, arg)."""
-    out: dict = {}
+def probe_check(name: str):
+    """The readiness body check ``name`` a system adds to the generic ones
+    (``flows.probes``: its ``PROBE_CHECKS``), check(body, arg); None if no
+    system has one of that name."""
     for kind in SYSTEMS:
-        out.update(getattr(module_for(kind), "PROBE_CHECKS", {}))
-    return out
+        if name in SYSTEMS[kind].probe_checks:
+            return SYSTEMS[kind].probe_checks[name]
+    return None
 
 
 def signatures(kind: str, cluster: Cluster | None = None) -> list[tuple[str, str]]:
     """The system's failure signatures (the common ones are added by llmdeploy.logs);
     with ``cluster``, the NIC signature names every node's NIC."""
-    mod = SYSTEMS.get(kind)
-    if mod is None:
+    if kind not in SYSTEMS:
         return []
-    sigs = list(mod.SIGNATURES)
+    sigs = list(SYSTEMS[kind].module.SIGNATURES)
     if cluster is not None:
         sigs = [(p, nic_reason(cluster)) if p == NIC_PATTERN else (p, r) for p, r in sigs]
     return sigs
@@ -184,5 +210,5 @@ def signatures(kind: str, cluster: Cluster | None = None) -> list[tuple[str, str
 
 def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
     """What ``deploy --check --json`` shows: per node its main unit's commands, then every service."""
-    mod = module_for(plan.system)
-    return mod.check_doc(cluster, plan, secrets)
+    sys_ = system(plan.system)
+    return sys_.module.check_doc(cluster, sys_.profile(cluster), plan, secrets)

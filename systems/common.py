@@ -9,7 +9,8 @@ import json
 
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
-from llmdeploy.serving import ServingProfile
+from llmdeploy.releaseplan import Probe
+from llmdeploy.serving import Prepared, ReleaseFile, ServingProfile
 from roles import mpi
 from roles import render  # noqa: F401 (the systems render their files with it)
 from roles.mpi import nics  # noqa: F401 (the systems' OpenMPI *_if_include lists)
@@ -40,27 +41,43 @@ class NcclEnvironment:
         return {**self.node_env(cluster, node), **self.env}
 
 
-def container_files(cluster: Cluster, release: str, node: Node, show: dict, what: str, meta: dict) -> dict[str, tuple[str, int]]:
+def container_files(cluster: Cluster, release: str, node: Node, show: dict, what: str, meta: dict) -> dict[str, ReleaseFile]:
     """The files of a node that runs one serving container: its environment
     file, ``serve.sh`` (the server's command, for people), ``run.sh`` (what
     starts the container) and ``release.json`` (``meta``)."""
     from roles import commenv
 
     return {
-        "env": (commenv.render(cluster, node), commenv.env_mode(cluster)),
-        "serve.sh": (render("serve.sh.j2", command=show["serve_command"]), 0o755),
-        "run.sh": (render("run.sh.j2", what=what, release=release, host=node.name, command=show["container_command"]), 0o755),
-        "release.json": (json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644),
+        "env": ReleaseFile(commenv.render(cluster, node), commenv.env_mode(cluster)),
+        "serve.sh": ReleaseFile(render("serve.sh.j2", command=show["serve_command"]), 0o755),
+        "run.sh": ReleaseFile(render("run.sh.j2", what=what, release=release, host=node.name, command=show["container_command"]), 0o755),
+        "release.json": ReleaseFile(json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644),
     }
 
 
-def serving_image(cluster: Cluster, node, prepared: dict[str, dict]) -> str:
+def serving_image(cluster: Cluster, node, prepared: Prepared) -> str:
     """The image a node's serving containers run: what prepare recorded (the
     image with its wheels, if any), else what the inventory implies."""
     from roles import wheels
 
-    rec = prepared.get(node.name) or {}
-    return (rec.get("image") or {}).get("serving_ref") or wheels.serving_ref(cluster)
+    rec = prepared.of(node.name)
+    return (rec.serving_ref if rec else None) or wheels.serving_ref(cluster)
+
+
+def openai_probe(kind: str, host: str, port: int, name: str, served: str, chat_body: dict, chat_check: str) -> Probe:
+    """The readiness probe ``name`` of an OpenAI-compatible server on ``host:port``
+    that serves the model as ``served``: ``health`` (``/health`` 200), ``models``
+    (``/v1/models`` lists ``served``) or ``chat`` (``chat_body`` answers and
+    passes the body check ``chat_check``). Any other name is an error naming
+    the system's playbook."""
+    if name == "health":
+        return Probe(name="/health 200", kind="http", host=host, port=port, path="/health")
+    if name == "models":
+        return Probe(name="/v1/models", kind="http", host=host, port=port, path="/v1/models", check="models", arg=served)
+    if name == "chat":
+        return Probe(name="chat check", kind="http", host=host, port=port, method="POST", path="/v1/chat/completions",
+                     body=chat_body, check=chat_check)
+    raise LlmdeployError(f"playbooks/serve-{kind}.yaml: {kind} has no readiness probe {name!r} (health, models, chat)")
 
 
 # A rank whose NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME names no interface of its node: NCCL's

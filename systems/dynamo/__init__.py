@@ -44,6 +44,7 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
+from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
 from systems import common
@@ -101,16 +102,16 @@ def container(cluster: Cluster, rid: str, service: str) -> str:
 
 
 
-def membind(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> list[str]:
+def membind(cluster: Cluster, node: Node, prepared: Prepared) -> list[str]:
     """``numactl -m 0,1`` where prepare found that layout (its record) or the
     inventory demands it, else nothing (numa.membind)."""
-    return numa.membind(cluster, node, prepared.get(node.name))[0] or []
+    return numa.membind(cluster, node, prepared.of(node.name))[0] or []
 
 
-def membind_shown(cluster: Cluster, node: Node, prepared: dict[str, dict]) -> tuple[str, dict]:
+def membind_shown(cluster: Cluster, node: Node, prepared: Prepared) -> tuple[str, dict]:
     """What ``deploy --check`` shows before ``trtllm-llmapi-launch``: the prefix
     when it is known, else which recorded fact decides it; and the same as data."""
-    prefix, why = numa.membind(cluster, node, prepared.get(node.name))
+    prefix, why = numa.membind(cluster, node, prepared.of(node.name))
     data = {"prefix": shlex.join(prefix) if prefix is not None else None, "decided_by": why}
     return ("" if prefix is not None else f"[numactl -m 0,1 or nothing: {why}] "), data
 
@@ -160,7 +161,7 @@ def nats_args(cluster: Cluster, rid: str, stop_phase: int) -> list[str]:
             "nats-server", "-js", "-p", str(prof.nats_port), "-m", str(prof.nats_monitor_port), "-sd", f"{rd}/{NATS_DATA}"]
 
 
-def mpirun_args(cluster: Cluster, rid: str, w: dynamo.Worker, prepared: dict) -> tuple[list[str], str]:
+def mpirun_args(cluster: Cluster, rid: str, w: dynamo.Worker, prepared: Prepared) -> tuple[list[str], str]:
     """(mpirun and its options, the command after the profile's -x list)."""
     rd = release_dir(cluster, rid)
     args = ["mpirun", "--allow-run-as-root", "-np", str(w.ranks), "--bind-to", "none"]
@@ -219,9 +220,10 @@ def env_text(cluster: Cluster, node: Node, env: dict[str, str], what: str) -> st
 
 
 # --- the plan ------------------------------------------------------------------------------------
-def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, rid: str) -> list[Service]:
-    prof = profile_of(cluster)
-    name, phase = entry["name"], entry["stop_phase"]
+def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared,
+             rid: str) -> list[Service]:
+    prof = profile
+    name, phase = entry.name, entry.stop_phase
     n0 = cluster.node0
     rd = release_dir(cluster, rid)
     if name == "etcd":
@@ -277,28 +279,27 @@ def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, r
     raise LlmdeployError(f"playbooks/serve-dynamo.yaml: dynamo has no service {name!r} (etcd, nats, frontend, prefill, decode)")
 
 
-def entry_port(cluster: Cluster) -> int:
-    return profile_of(cluster).frontend_port
+def entry_port(cluster: Cluster, profile: DynamoProfile) -> int:
+    return profile.frontend_port
 
 
-def metrics(cluster: Cluster) -> Metrics:
+def metrics(cluster: Cluster, profile: DynamoProfile) -> Metrics:
     """The frontend's /metrics (Dynamo docs, "Metrics"): requests in flight
     and queued (awaiting their first token), output tokens counted."""
-    prof = profile_of(cluster)
-    return Metrics(probe=Probe(name="frontend /metrics", kind="http", host=cluster.node0.name, port=prof.frontend_port, path="/metrics"),
+    return Metrics(probe=Probe(name="frontend /metrics", kind="http", host=cluster.node0.name, port=profile.frontend_port, path="/metrics"),
                    running=["dynamo_frontend_inflight_requests"], waiting=["dynamo_frontend_queued_requests"],
                    generated_tokens=["dynamo_frontend_output_tokens_total"])
 
 
-def drain(cluster: Cluster) -> Drain:
+def drain(cluster: Cluster, profile: DynamoProfile) -> Drain:
     """The frontend first: on SIGTERM it stops taking requests and finishes
     those in flight (graceful shutdown); the workers stop after it."""
     return Drain(refuse_first=["frontend"])
 
 
-def chat_request(cluster: Cluster) -> dict:
+def chat_request(prof: DynamoProfile) -> dict:
     """The seed's request through Dynamo."""
-    return {"model": profile_of(cluster).served_model_name, "messages": [{"role": "user", "content": CHAT_PROMPT}], "max_tokens": 256}
+    return {"model": prof.served_model_name, "messages": [{"role": "user", "content": CHAT_PROMPT}], "max_tokens": 256}
 
 
 # Why readiness does not wait for trtllm_kv_cache_utilization. The seed checks
@@ -324,29 +325,30 @@ def chat_request(cluster: Cluster) -> dict:
 # text (the seed's curl --fail).
 
 
-def probe(cluster: Cluster, name: str) -> Probe | list[Probe]:
-    prof = profile_of(cluster)
+def probe(cluster: Cluster, profile: DynamoProfile, name: str) -> list[Probe]:
+    prof = profile
     n0 = cluster.node0.name
     workers = dynamo.placement(cluster)
     if name == "frontend_health":
         want = [{"name": w.name, "role": w.role, "host": w.rank0_node, "port": w.system_port} for w in workers]
-        return Probe(name="frontend /health lists every worker", kind="http", host=n0, port=prof.frontend_port, path="/health",
-                     check="dynamo_health", arg=json.dumps(want))
+        return [Probe(name="frontend /health lists every worker", kind="http", host=n0, port=prof.frontend_port, path="/health",
+                      check="dynamo_health", arg=json.dumps(want))]
     if name == "worker_health":
         return [Probe(name=f"{w.name} /health", kind="http", host=w.rank0_node, port=w.system_port, path="/health", check="json", arg="status=ready")
                 for w in workers]
     if name == "models":
-        return Probe(name="/v1/models", kind="http", host=n0, port=prof.frontend_port, path="/v1/models", check="models", arg=prof.served_model_name)
+        return [Probe(name="/v1/models", kind="http", host=n0, port=prof.frontend_port, path="/v1/models", check="models", arg=prof.served_model_name)]
     if name == "chat":
         # the seed's request, once: whichever prefill and decode worker the router picks for it
-        return Probe(name="chat check", kind="http", host=n0, port=prof.frontend_port, method="POST", path="/v1/chat/completions",
-                     body=chat_request(cluster), headers={"x-dynamo-session-id": SESSION_ID}, check="answer")
+        return [Probe(name="chat check", kind="http", host=n0, port=prof.frontend_port, method="POST", path="/v1/chat/completions",
+                      body=chat_request(prof), headers={"x-dynamo-session-id": SESSION_ID}, check="answer")]
     if name == "worker_metrics":
         # the seed's `curl --fail` of every worker's /metrics; not its trtllm_kv_cache_utilization
         # sample, which shows only after that worker's engine ran (and sampled) iterations (see above)
         return [Probe(name=f"{w.name} /metrics", kind="http", host=w.rank0_node, port=w.system_port, path="/metrics", check="prometheus")
                 for w in workers]
-    raise KeyError(f"dynamo has no readiness probe {name!r}")
+    raise LlmdeployError(f"playbooks/serve-{KIND}.yaml: {KIND} has no readiness probe {name!r} "
+                         "(frontend_health, worker_health, models, chat, worker_metrics)")
 
 
 def frontend_health(body: bytes, arg: str) -> str | None:
@@ -375,45 +377,45 @@ def frontend_health(body: bytes, arg: str) -> str | None:
 PROBE_CHECKS = {"dynamo_health": frontend_health}
 
 
-def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | None) -> dict[str, dict[str, tuple[str, int]]]:
-    prof = profile_of(cluster)
+def files(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, prepared: Prepared, image_id: str | None) -> ReleaseFiles:
+    prof = profile
     rd = release_dir(cluster, plan.release)
     def setup(exports: dict[str, str], unsets: list[tuple[str, str]] = ()) -> str:
         return render("dynamo/setup.sh.j2", profile_env=PROFILE_ENV, recipes_mount=prof.recipes_mount, exports=exports, unsets=list(unsets))
 
-    out: dict[str, dict[str, tuple[str, int]]] = {}
+    out: ReleaseFiles = {}
     for n in cluster.nodes:
         units = plan.units(n.name)
-        f: dict[str, tuple[str, int]] = {"env": (commenv.render(cluster, n), commenv.env_mode(cluster))}
+        f: dict[str, ReleaseFile] = {"env": ReleaseFile(commenv.render(cluster, n), commenv.env_mode(cluster))}
         for u in units:
             svc = plan.service_of(u)
             # a worker's holder merges its config first: the group's mpirun may enter as soon as run.sh returns
             holder = u.role in ("prefill", "decode") and u.order == 0 and len(svc.units) > 1
-            f[u.run_file] = (render("run.sh.j2", what=f"{u.container} ({svc.name})", release=plan.release, host=n.name,
+            f[u.run_file] = ReleaseFile(render("run.sh.j2", what=f"{u.container} ({svc.name})", release=plan.release, host=n.name,
                                     command=u.show["container_command"], container=shlex.quote(u.container),
                                     wait_for_file=shlex.quote(f"{rd}/{svc.name}.config.yaml") if holder else ""), 0o755)
         if any(u.container == container(cluster, plan.release, "frontend") for u in units):
-            f["frontend.env"] = (env_text(cluster, n, env_of(cluster, n, frontend=True), "the frontend"), commenv.env_mode(cluster))
-            f["frontend.sh"] = (render("dynamo/frontend.sh.j2", release=plan.release, cluster=cluster.name, setup=setup(dynamo.frontend_env(cluster)),
+            f["frontend.env"] = ReleaseFile(env_text(cluster, n, env_of(cluster, n, frontend=True), "the frontend"), commenv.env_mode(cluster))
+            f["frontend.sh"] = ReleaseFile(render("dynamo/frontend.sh.j2", release=plan.release, cluster=cluster.name, setup=setup(dynamo.frontend_env(cluster)),
                                        port=prof.frontend_port), 0o755)
         workers_here = [w for w in dynamo.placement(cluster) if n.name in w.node_names]
         if workers_here:
-            f[trtllm.MERGE_SCRIPT_NAME] = (trtllm.merge_script(), 0o644)
+            f[trtllm.MERGE_SCRIPT_NAME] = ReleaseFile(trtllm.merge_script(), 0o644)
         for w in workers_here:
             launcher = w.rank0_node == n.name
-            f[f"{w.name}.env"] = (env_text(cluster, n, env_of(cluster, n, w), w.name), commenv.env_mode(cluster))
-            f[f"{w.name}.overrides.yaml"] = (dynamo.role_yaml(cluster, w), 0o644)
+            f[f"{w.name}.env"] = ReleaseFile(env_text(cluster, n, env_of(cluster, n, w), w.name), commenv.env_mode(cluster))
+            f[f"{w.name}.overrides.yaml"] = ReleaseFile(dynamo.role_yaml(cluster, w), 0o644)
             mpirun, tail = mpirun_args(cluster, plan.release, w, prepared)
-            f[f"{w.name}.{'serve' if launcher else 'hold'}.sh"] = (render(
+            f[f"{w.name}.{'serve' if launcher else 'hold'}.sh"] = ReleaseFile(render(
                 "dynamo/worker.sh.j2", worker=w.name, role=w.role, profile=w.profile, ranks=w.ranks, release=plan.release, cluster=cluster.name,
                 launcher=launcher, setup=setup(dynamo.worker_env(cluster, w, n.name), dynamo.worker_unsets(cluster)), merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(cluster, w),
                 overrides=shlex.quote(f"{rd}/{w.name}.overrides.yaml"), config=shlex.quote(f"{rd}/{w.name}.config.yaml"),
                 profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=tail), 0o755)
             if len(w.nodes) > 1:
-                f[f"{w.name}.mpi-agent.sh"] = (launch_agent(cluster, plan.release, container(cluster, plan.release, w.name), w.node_names,
+                f[f"{w.name}.mpi-agent.sh"] = ReleaseFile(launch_agent(cluster, plan.release, container(cluster, plan.release, w.name), w.node_names,
                                                             prof.launch_ssh_config), 0o755)
                 if launcher:
-                    f[f"{w.name}.hostfile"] = (hostfile(cluster, plan.release, [(host, len(gpus)) for host, gpus in w.nodes]), 0o644)
+                    f[f"{w.name}.hostfile"] = ReleaseFile(hostfile(cluster, plan.release, [(host, len(gpus)) for host, gpus in w.nodes]), 0o644)
         main = units[0] if units else None
         meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "system": plan.system, "topology": prof.topology,
                 # the image prepare pulled (its ID is image_id) and the one the containers run (with the wheels)
@@ -421,12 +423,12 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
                 "units": [{"service": plan.service_of(u).name, "container": u.container, "role": u.role} for u in units],
                 "container": main.container if main else None, "role": main.role if main else None,
                 "command": shlex.split(main.show["container_command"])[-2:] if main else []}
-        f["release.json"] = (json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644)
+        f["release.json"] = ReleaseFile(json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644)
         out[n.name] = f
     return out
 
 
-def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
+def check_doc(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, secrets: list[str]) -> dict:
     from llmdeploy.report import mask, mask_env
 
     nodes = []
@@ -440,5 +442,5 @@ def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
                "files": {name: mask(text, secrets) for name, (text, _) in sorted(plan.files[n.name].items())
                          if name.endswith((".sh", ".yaml", ".env", "hostfile")) and not name.endswith("run.sh") and name != trtllm.MERGE_SCRIPT_NAME}}
         nodes.append(doc)
-    return {"nodes": nodes, "topology": profile_of(cluster).topology,
+    return {"nodes": nodes, "topology": profile.topology,
             "workers": [w.as_dict() for w in dynamo.placement(cluster)]}

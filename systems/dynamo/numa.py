@@ -9,6 +9,7 @@ import shlex
 
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
+from llmdeploy.serving import PreparedNode
 from roles.record import prepared_path
 
 from .profile import DynamoProfile
@@ -34,10 +35,10 @@ def plan(prof: DynamoProfile, node: Node, facts: dict) -> tuple[dict, list[str]]
     return {"kind": "numactl", "prefix": f"numactl -m {prof.numa_membind}", "cpu_nodes": cpu_nodes, "gpu_memory_nodes": gpu_mem_nodes}, []
 
 
-def membind(cluster: Cluster, node: Node, record: dict | None) -> tuple[list[str] | None, str]:
+def membind(cluster: Cluster, node: Node, record: PreparedNode | None) -> tuple[list[str] | None, str]:
     """The ``numactl -m`` prefix before ``trtllm-llmapi-launch`` of a Dynamo
     worker whose launcher runs on ``node``, and what decides it. ``record`` is
-    the node's prepare record (``prepared.json``), None when no node was read
+    what the node's prepare record (``prepared.json``) says, None when no node was read
     (``deploy --check``). With a record: its ``binding``, what prepare found.
     Without one, what the inventory alone decides: ``numa_membind`` "off" (no
     prefix) or a list (``numactl -m <list>``: prepare refuses a node that
@@ -45,7 +46,7 @@ def membind(cluster: Cluster, node: Node, record: dict | None) -> tuple[list[str
     node, and the second value says which recorded fact decides it and where."""
     prof = cluster.profile
     if record is not None:
-        binding = record.get("binding") or {}
+        binding = record.binding
         if binding.get("kind") == "numactl" and binding.get("prefix"):
             words = shlex.split(binding["prefix"]) if isinstance(binding["prefix"], str) else []
             # the record is read from the node: only a numactl memory binding goes in front of the launch

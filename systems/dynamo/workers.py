@@ -34,8 +34,7 @@ import posixpath
 import yaml
 
 from llmdeploy.inventory import Cluster, Node
-from roles import add_filter
-from roles import render as render_template
+from roles import renderer
 from systems import common
 
 from .profile import (
@@ -58,7 +57,8 @@ def _yaml_value(value) -> str:
     return text.removesuffix("\n").removesuffix("\n...").strip()
 
 
-add_filter("y", _yaml_value)
+# the role files' templates write YAML scalars with ``| y``: their own environment, not the shared one
+render_template = renderer(y=_yaml_value)
 
 # --- data (seed 000, "Select Another Topology") ---------------------------------------
 PREFILL_PROFILES: dict[str, DynamoPrefillProfile] = DYNAMO_PREFILL_PROFILES

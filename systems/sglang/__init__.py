@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import shlex
 
-from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
+from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFiles
 from roles import containers
 from systems import common
-from systems.common import container_check_node, container_files, container_meta, nic_signature, serving_image
+from systems.common import container_check_node, container_files, container_meta, nic_signature, openai_probe, serving_image
 
 from .profile import KIND, SglangProfile
 
@@ -111,7 +111,7 @@ def docker_run_args(cluster: Cluster, node: Node, rid: str, image: str, stop_pha
     return args + server_args(cluster, node)
 
 
-def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, rid: str) -> list[Service]:
+def services(cluster: Cluster, profile: SglangProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared, rid: str) -> list[Service]:
     """One world over ``nodes``: node 0's container first (it hosts the store), then the others."""
     units = []
     for n in nodes:
@@ -119,28 +119,27 @@ def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, r
         units.append(Unit(host=n.name, container=container_name(cluster, rid), role=cluster.role_of(n),
                           order=0 if n is cluster.node0 else 1,
                           show={"node_rank": cluster.nodes.index(n), "image": image,
-                                "container_command": shlex.join(docker_run_args(cluster, n, rid, image, entry["stop_phase"])),
+                                "container_command": shlex.join(docker_run_args(cluster, n, rid, image, entry.stop_phase)),
                                 "serve_command": shlex.join(server_args(cluster, n))}))
-    return [Service(name=entry["name"], units=units, restart="group")]
+    return [Service(name=entry.name, units=units, restart="group")]
 
 
-def entry_port(cluster: Cluster) -> int:
-    return profile_of(cluster).port
+def entry_port(cluster: Cluster, profile: SglangProfile) -> int:
+    return profile.port
 
 
-def metrics(cluster: Cluster) -> Metrics:
+def metrics(cluster: Cluster, profile: SglangProfile) -> Metrics:
     """Node rank 0's /metrics with --enable-metrics (SGLang docs, "Production
     Metrics"; sglang/srt/metrics/collector.py)."""
-    prof = profile_of(cluster)
-    return Metrics(probe=Probe(name="SGLang /metrics", kind="http", host=cluster.node0.name, port=prof.port, path="/metrics"),
+    return Metrics(probe=Probe(name="SGLang /metrics", kind="http", host=cluster.node0.name, port=profile.port, path="/metrics"),
                    running=["sglang:num_running_reqs"], waiting=["sglang:num_queue_reqs"], kv_cache=["sglang:token_usage"],
                    generated_tokens=["sglang:generation_tokens_total"])
 
 
-def drain(cluster: Cluster) -> Drain:
+def drain(cluster: Cluster, profile: SglangProfile) -> Drain:
     """SGLang has no call that stops admission: the wait counts new requests too."""
     note = "SGLang cannot refuse new requests while it drains; clients still reaching it are counted and cut at the end of the wait"
-    if not profile_of(cluster).enable_metrics:
+    if not profile.enable_metrics:
         note += "; enable_metrics is off, so /metrics is not served and nothing is waited for"
     return Drain(note=note)
 
@@ -151,20 +150,13 @@ def chat_request(model: str) -> dict:
             "chat_template_kwargs": {"enable_thinking": True}}
 
 
-def probe(cluster: Cluster, name: str) -> Probe:
-    prof = profile_of(cluster)
-    host = cluster.node0.name
-    if name == "health":
-        return Probe(name="/health 200", kind="http", host=host, port=prof.port, path="/health")
-    if name == "models":
-        return Probe(name="/v1/models", kind="http", host=host, port=prof.port, path="/v1/models", check="models", arg=prof.served_model_name)
-    if name == "chat":
-        return Probe(name="chat check", kind="http", host=host, port=prof.port, method="POST", path="/v1/chat/completions",
-                     body=chat_request(prof.served_model_name), check="reasoning" if prof.reasoning_parser else "think")
-    raise LlmdeployError(f"playbooks/serve-{KIND}.yaml: {KIND} has no readiness probe {name!r} (health, models, chat)")
+def probe(cluster: Cluster, profile: SglangProfile, name: str) -> list[Probe]:
+    served = profile.served_model_name
+    return [openai_probe(KIND, cluster.node0.name, profile.port, name, served, chat_request(served),
+                         "reasoning" if profile.reasoning_parser else "think")]
 
 
-def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | None) -> dict[str, dict[str, tuple[str, int]]]:
+def files(cluster: Cluster, profile: SglangProfile, plan: ReleasePlan, prepared: Prepared, image_id: str | None) -> ReleaseFiles:
     """Per host: env, serve.sh (the server's command, for people), run.sh, release.json."""
     out = {}
     for n in cluster.nodes:
@@ -174,6 +166,6 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
     return out
 
 
-def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
+def check_doc(cluster: Cluster, profile: SglangProfile, plan: ReleasePlan, secrets: list[str]) -> dict:
     units = [(n, plan.units(n.name)[0]) for n in cluster.nodes]
     return {"nodes": [container_check_node(cluster, n, u, secrets, {"node_rank": u.show["node_rank"]}) for n, u in units]}

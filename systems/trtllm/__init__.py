@@ -28,10 +28,11 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
+from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
 from systems import common
-from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
+from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, openai_probe, render, serving_image
 
 from . import config as trtllm
 from . import eplb
@@ -162,7 +163,7 @@ def docker_run_args(cluster: Cluster, node: Node, rid: str, image: str, launcher
     return args
 
 
-def units(cluster: Cluster, service: str, nodes: list[Node], prepared: dict, rid: str, entry: dict):
+def units(cluster: Cluster, service: str, nodes: list[Node], prepared: Prepared, rid: str, entry: PlaybookEntry):
     if service != "world":
         raise LlmdeployError(f"playbooks/serve-trtllm-serve.yaml: trtllm-serve has one service, 'world', not {service!r}")
     rd = release_dir(cluster, rid)
@@ -176,7 +177,7 @@ def units(cluster: Cluster, service: str, nodes: list[Node], prepared: dict, rid
             "ranks": _ranks_text(ranks),
             "slots": slots,
             "image": image,
-            "container_command": shlex.join(docker_run_args(cluster, node, rid, image, launcher, entry["stop_phase"], ranks)),
+            "container_command": shlex.join(docker_run_args(cluster, node, rid, image, launcher, entry.stop_phase, ranks)),
         }
         if launcher:
             show["serve_command"] = shlex.join(mpirun_args(cluster, rid))
@@ -186,24 +187,24 @@ def units(cluster: Cluster, service: str, nodes: list[Node], prepared: dict, rid
     return out, None
 
 
-def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, rid: str) -> list[Service]:
-    made, started = units(cluster, entry["name"], nodes, prepared, rid, entry)
-    return [Service(name=entry["name"], units=made, started=started)]
+def services(cluster: Cluster, profile: TrtllmProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared,
+             rid: str) -> list[Service]:
+    made, started = units(cluster, entry.name, nodes, prepared, rid, entry)
+    return [Service(name=entry.name, units=made, started=started)]
 
 
-def entry_port(cluster: Cluster) -> int:
-    return profile_of(cluster).port
+def entry_port(cluster: Cluster, profile: TrtllmProfile) -> int:
+    return profile.port
 
 
-def metrics(cluster: Cluster) -> Metrics:
+def metrics(cluster: Cluster, profile: TrtllmProfile) -> Metrics:
     """trtllm-serve's /metrics: the executor's iteration statistics as JSON
     (numActiveRequests, numQueuedRequests, kvCacheStats; trtllm-serve docs, "Metrics")."""
-    prof = profile_of(cluster)
-    return Metrics(probe=Probe(name="trtllm-serve /metrics", kind="http", host=cluster.node0.name, port=prof.port, path="/metrics"),
+    return Metrics(probe=Probe(name="trtllm-serve /metrics", kind="http", host=cluster.node0.name, port=profile.port, path="/metrics"),
                    running=["numActiveRequests"], waiting=["numQueuedRequests"])
 
 
-def drain(cluster: Cluster) -> Drain:
+def drain(cluster: Cluster, profile: TrtllmProfile) -> Drain:
     """trtllm-serve has no call that stops admission: the wait counts new requests too."""
     return Drain(note="trtllm-serve cannot refuse new requests while it drains; clients still reaching it are counted and cut at the end of the wait")
 
@@ -219,23 +220,13 @@ def chat_request(model: str) -> dict:
     }
 
 
-def probe(cluster: Cluster, name: str) -> Probe:
-    prof = profile_of(cluster)
-    host = cluster.node0.name
+def probe(cluster: Cluster, profile: TrtllmProfile, name: str) -> list[Probe]:
     model = cluster.model.path  # trtllm-serve serves the model under its argument
-    if name == "health":
-        return Probe(name="/health 200", kind="http", host=host, port=prof.port, path="/health")
-    if name == "models":
-        return Probe(name="/v1/models", kind="http", host=host, port=prof.port, path="/v1/models", check="models", arg=model)
-    if name == "chat":
-        return Probe(name="chat check", kind="http", host=host, port=prof.port, method="POST", path="/v1/chat/completions",
-                     body=chat_request(model), check="reasoning")
-    raise KeyError(f"trtllm-serve has no readiness probe {name!r}")
+    return [openai_probe(KIND, cluster.node0.name, profile.port, name, model, chat_request(model), "reasoning")]
 
 
-def eplb_map(cluster: Cluster) -> eplb.EplbMap | None:
+def eplb_map(prof: TrtllmProfile) -> eplb.EplbMap | None:
     """The inventory's static EPLB map, checked; LlmdeployError naming what is wrong."""
-    prof = profile_of(cluster)
     path = prof.eplb_map_file()
     if path is None:
         return None
@@ -245,10 +236,10 @@ def eplb_map(cluster: Cluster) -> eplb.EplbMap | None:
         raise LlmdeployError(f"profile.eplb_map: {exc}") from None
 
 
-def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | None) -> dict[str, dict[str, tuple[str, int]]]:
-    prof = profile_of(cluster)
+def files(cluster: Cluster, profile: TrtllmProfile, plan: ReleasePlan, prepared: Prepared, image_id: str | None) -> ReleaseFiles:
+    prof = profile
     rd = release_dir(cluster, plan.release)
-    emap = eplb_map(cluster)
+    emap = eplb_map(prof)
     out = {}
     for n in cluster.nodes:
         us = plan.units(n.name)
@@ -256,18 +247,18 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
             continue
         u = us[0]
         config = f"{rd}/{SERVE_FILES['config']}"
-        files: dict[str, tuple[str, int]] = {
-            "env": (commenv.render(cluster, n), commenv.env_mode(cluster)),
-            "run.sh": (render("run.sh.j2", what="this node's trtllm-serve container", release=plan.release, host=n.name,
+        files: dict[str, ReleaseFile] = {
+            "env": ReleaseFile(commenv.render(cluster, n), commenv.env_mode(cluster)),
+            "run.sh": ReleaseFile(render("run.sh.j2", what="this node's trtllm-serve container", release=plan.release, host=n.name,
                               command=u.show["container_command"], wait_for_file="" if u.role == "launcher" else shlex.quote(config),
                               container=shlex.quote(u.container)), 0o755),
         }
         # every node merges the same config (the curated file is inside the image)
         eplb_path = f"{rd}/{EPLB_NAME}" if emap else None
-        files[trtllm.OVERRIDES_NAME] = (trtllm.overrides_yaml(cluster, eplb_path), 0o644)
-        files[trtllm.MERGE_SCRIPT_NAME] = (trtllm.merge_script(), 0o644)
+        files[trtllm.OVERRIDES_NAME] = ReleaseFile(trtllm.overrides_yaml(cluster, eplb_path), 0o644)
+        files[trtllm.MERGE_SCRIPT_NAME] = ReleaseFile(trtllm.merge_script(), 0o644)
         if emap:
-            files[EPLB_NAME] = (emap.text, 0o644)
+            files[EPLB_NAME] = ReleaseFile(emap.text, 0o644)
         merge = dict(release=plan.release, cluster=cluster.name, merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"),
                      curated=shlex.quote(trtllm.curated_path(prof)), overrides=shlex.quote(f"{rd}/{trtllm.OVERRIDES_NAME}"),
                      config=shlex.quote(config))
@@ -275,23 +266,23 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
                 "container": u.container, "image": u.show["image"], "image_id": image_id, "system": plan.system,
                 "command": shlex.split(u.show["container_command"])[shlex.split(u.show["container_command"]).index(u.show["image"]) + 1:]}
         if len(placement(cluster)) > 1:
-            files[SERVE_FILES["agent"]] = (launch_agent(cluster, plan.release, u.container, [node.name for node, _, _ in placement(cluster)],
+            files[SERVE_FILES["agent"]] = ReleaseFile(launch_agent(cluster, plan.release, u.container, [node.name for node, _, _ in placement(cluster)],
                                                         prof.launch_ssh_config), 0o755)
         if emap:
             meta["eplb_map"] = {"source": str(emap.path), "sha256": emap.sha256, "num_slots": emap.num_slots, "layers": emap.layers}
         if u.role != "launcher":
-            files[SERVE_FILES["hold"]] = (render("trtllm/hold.sh.j2", **merge), 0o755)
+            files[SERVE_FILES["hold"]] = ReleaseFile(render("trtllm/hold.sh.j2", **merge), 0o755)
         else:
-            files[SERVE_FILES["hostfile"]] = (hostfile(cluster, plan.release, [(node.name, slots) for node, slots, _ in placement(cluster)]), 0o644)
-            files[SERVE_FILES["serve"]] = (render("trtllm/serve.sh.j2", command=u.show["serve_command"],
+            files[SERVE_FILES["hostfile"]] = ReleaseFile(hostfile(cluster, plan.release, [(node.name, slots) for node, slots, _ in placement(cluster)]), 0o644)
+            files[SERVE_FILES["serve"]] = ReleaseFile(render("trtllm/serve.sh.j2", command=u.show["serve_command"],
                                                   per_node=" ".join(world_envs(cluster)[1]), **merge), 0o755)
         meta["curated"] = trtllm.curated_path(prof)
-        files["release.json"] = (json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644)
+        files["release.json"] = ReleaseFile(json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644)
         out[n.name] = files
     return out
 
 
-def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
+def check_doc(cluster: Cluster, profile: TrtllmProfile, plan: ReleasePlan, secrets: list[str]) -> dict:
     from llmdeploy.report import mask, mask_env
 
     nodes = []
@@ -310,7 +301,7 @@ def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
             doc["files"] = {name: mask(text, secrets) for name, (text, _) in sorted(plan.files[n.name].items())
                             if name in (trtllm.OVERRIDES_NAME, SERVE_FILES["hostfile"], SERVE_FILES["agent"], SERVE_FILES["serve"])}
         nodes.append(doc)
-    prof = profile_of(cluster)
+    prof = profile
     return {"nodes": nodes, "launch": {"host": cluster.node0.name, "mpirun": nodes[0].get("serve_command"),
                                        "exported_env": world_envs(cluster)[0], "per_node_env": world_envs(cluster)[1],
                                        "curated": trtllm.curated_path(prof), "config": f"{release_dir(cluster, plan.release)}/{SERVE_FILES['config']}",

@@ -16,7 +16,8 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
-from systems.common import container_check_node, container_files, container_meta, serving_image
+from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFiles
+from systems.common import container_check_node, container_files, container_meta, openai_probe, serving_image
 
 from . import serve
 from .profile import KIND, VllmAscendProfile
@@ -52,8 +53,7 @@ def env_file(cluster: Cluster, rid: str) -> str:
     return f"{release_dir(cluster, rid)}/env"
 
 
-def units(cluster: Cluster, service: str, nodes: list[Node], prepared: dict, rid: str, entry: dict):
-    prof = serve.profile_of(cluster)
+def units(cluster: Cluster, prof: VllmAscendProfile, service: str, nodes: list[Node], prepared: Prepared, rid: str, entry: PlaybookEntry):
     out = []
     for n in nodes:
         image = serving_image(cluster, n, prepared)
@@ -63,36 +63,37 @@ def units(cluster: Cluster, service: str, nodes: list[Node], prepared: dict, rid
             role=cluster.role_of(n),
             show={
                 "start_rank": n.start_rank,
-                "container_command": serve.container_command(cluster, n, rid, env_file(cluster, rid), image, service, entry["stop_phase"]),
+                "container_command": serve.container_command(cluster, n, rid, env_file(cluster, rid), image, service, entry.stop_phase),
                 "serve_command": serve.serve_command(cluster, n),
                 "image": image,
             },
         ))
     started = None
-    if entry.get("started") == "rpc_port":
+    if entry.started == "rpc_port":
         started = Probe(name="the DP RPC port", kind="port", host=cluster.node0.name, ip=str(cluster.node0.ip), port=prof.rpc_port)
     return out, started
 
 
-def services(cluster: Cluster, entry: dict, nodes: list[Node], prepared: dict, rid: str) -> list[Service]:
-    made, started = units(cluster, entry["name"], nodes, prepared, rid, entry)
-    return [Service(name=entry["name"], units=made, started=started)]
+def services(cluster: Cluster, profile: VllmAscendProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared,
+             rid: str) -> list[Service]:
+    made, started = units(cluster, profile, entry.name, nodes, prepared, rid, entry)
+    return [Service(name=entry.name, units=made, started=started)]
 
 
-def entry_port(cluster: Cluster) -> int:
-    return serve.profile_of(cluster).port
+def entry_port(cluster: Cluster, profile: VllmAscendProfile) -> int:
+    return profile.port
 
 
-def metrics(cluster: Cluster) -> Metrics:
+def metrics(cluster: Cluster, profile: VllmAscendProfile) -> Metrics:
     """The API server's /metrics on node 0 (vLLM docs, "Production Metrics";
     summed over its engines' labels)."""
-    port = serve.profile_of(cluster).port
+    port = profile.port
     return Metrics(probe=Probe(name="vLLM /metrics", kind="http", host=cluster.node0.name, port=port, path="/metrics"),
                    running=["vllm:num_requests_running"], waiting=["vllm:num_requests_waiting"],
                    kv_cache=["vllm:kv_cache_usage_perc"], generated_tokens=["vllm:generation_tokens_total"])
 
 
-def drain(cluster: Cluster) -> Drain:
+def drain(cluster: Cluster, profile: VllmAscendProfile) -> Drain:
     """vLLM has no call that stops admission while it keeps serving: requests
     that arrive during the wait are counted too."""
     return Drain(note="vLLM cannot refuse new requests while it drains; clients still reaching it are counted and cut at the end of the wait")
@@ -110,20 +111,11 @@ def chat_request(served: str) -> dict:
     }
 
 
-def probe(cluster: Cluster, name: str) -> Probe:
-    prof = serve.profile_of(cluster)
-    host = cluster.node0.name
-    if name == "health":
-        return Probe(name="/health 200", kind="http", host=host, port=prof.port, path="/health")
-    if name == "models":
-        return Probe(name="/v1/models", kind="http", host=host, port=prof.port, path="/v1/models", check="models", arg=prof.served_model_name)
-    if name == "chat":
-        return Probe(name="chat check", kind="http", host=host, port=prof.port, method="POST", path="/v1/chat/completions",
-                     body=chat_request(prof.served_model_name), check="think")
-    raise KeyError(f"vllm-ascend has no readiness probe {name!r}")
+def probe(cluster: Cluster, profile: VllmAscendProfile, name: str) -> list[Probe]:
+    return [openai_probe(KIND, cluster.node0.name, profile.port, name, profile.served_model_name, chat_request(profile.served_model_name), "think")]
 
 
-def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | None) -> dict[str, dict[str, tuple[str, int]]]:
+def files(cluster: Cluster, profile: VllmAscendProfile, plan: ReleasePlan, prepared: Prepared, image_id: str | None) -> ReleaseFiles:
     """Per host: env, serve.sh, run.sh, release.json (and plan.json, added by the flow)."""
     out = {}
     for n in cluster.nodes:
@@ -133,7 +125,7 @@ def files(cluster: Cluster, plan: ReleasePlan, prepared: dict, image_id: str | N
     return out
 
 
-def check_doc(cluster: Cluster, plan: ReleasePlan, secrets: list[str]) -> dict:
+def check_doc(cluster: Cluster, profile: VllmAscendProfile, plan: ReleasePlan, secrets: list[str]) -> dict:
     return {"nodes": [container_check_node(cluster, n, plan.units(n.name)[0], secrets, {"start_rank": n.start_rank}) for n in cluster.nodes]}
 
 
@@ -159,8 +151,5 @@ def old_release_plan(cluster: Cluster, rid: str, metas: dict[str, dict]) -> Rele
         services.append(Service(name="workers", units=[unit(n, "worker") for n in cluster.nodes[1:]], after=["node0"], restart="each"))
     port, served = getattr(prof, "port", 8000), getattr(prof, "served_model_name", "")
     plan = ReleasePlan(system=KIND, cluster=cluster.name, release=rid, services=services, entry_host=node0.name, entry_port=port)
-    plan.ready = [Probe(name="/health 200", kind="http", host=node0.name, port=port, path="/health"),
-                  Probe(name="/v1/models", kind="http", host=node0.name, port=port, path="/v1/models", check="models", arg=served),
-                  Probe(name="chat check", kind="http", host=node0.name, port=port, method="POST", path="/v1/chat/completions",
-                        body=chat_request(served), check="think")]
+    plan.ready = [openai_probe(KIND, node0.name, port, name, served, chat_request(served), "think") for name in ("health", "models", "chat")]
     return plan

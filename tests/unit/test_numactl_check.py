@@ -16,6 +16,7 @@ import pytest
 from flows import deploy as dep
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import load_cluster
+from llmdeploy.serving import PreparedNode
 from systems.dynamo import numa
 from tests.conftest import run_invoke
 
@@ -63,8 +64,8 @@ def test_the_pure_decision(cluster_with):
     prefix, why = numa.membind(c, n, None)
     assert prefix is None
     assert f"the binding prepare records in {RECORD} on t-numa-1 decides" in why and "Grace-Blackwell" in why
-    assert numa.membind(c, n, {"binding": {"kind": "numactl", "prefix": "numactl -m 0,1"}})[0] == ["numactl", "-m", "0,1"]
-    assert numa.membind(c, n, {"binding": {"kind": "none", "reason": "not the Grace-Blackwell layout"}}) == (
+    assert numa.membind(c, n, PreparedNode.from_record({"binding": {"kind": "numactl", "prefix": "numactl -m 0,1"}}))[0] == ["numactl", "-m", "0,1"]
+    assert numa.membind(c, n, PreparedNode.from_record({"binding": {"kind": "none", "reason": "not the Grace-Blackwell layout"}})) == (
         [], "the prepare record of t-numa-1 (binding: not the Grace-Blackwell layout)")
     c, _ = cluster_with("0,1")
     assert numa.membind(c, n, None)[0] == ["numactl", "-m", "0,1"]
@@ -77,8 +78,8 @@ def test_a_record_whose_prefix_is_not_a_membind_is_refused(cluster_with, prefix)
     # the record comes from the node: nothing but numactl -m <NUMA nodes> goes in front of the launch
     c, _ = cluster_with("auto")
     with pytest.raises(LlmdeployError, match=r"t-numa-1: .*prepared.json: binding.prefix .* is not 'numactl -m <NUMA nodes>'"):
-        numa.membind(c, c.nodes[1], {"binding": {"kind": "numactl", "prefix": prefix}})
-    assert numa.membind(c, c.nodes[1], {"binding": {"kind": "numactl", "prefix": "numactl -m 0-1,4"}})[0] == ["numactl", "-m", "0-1,4"]
+        numa.membind(c, c.nodes[1], PreparedNode.from_record({"binding": {"kind": "numactl", "prefix": prefix}}))
+    assert numa.membind(c, c.nodes[1], PreparedNode.from_record({"binding": {"kind": "numactl", "prefix": "numactl -m 0-1,4"}}))[0] == ["numactl", "-m", "0-1,4"]
 
 
 def test_check_shows_numactl_when_the_inventory_decides(cluster_with):
