@@ -15,6 +15,7 @@ import time
 import shlex
 
 from llmdeploy.inventory import Cluster
+from llmdeploy.platform import vendor_of
 from llmdeploy.release import current_link, root
 from roles.commenv import parse_env_file
 from roles.containers import LABEL
@@ -131,13 +132,12 @@ def follow_command(container: str, opts: list[str]) -> str:
 # --- the live view (invoke top): everything about one node in one round trip ------------------------
 TOP_FORMAT = (f'{{{{.Name}}}}|{{{{.State.Status}}}}|{{{{.State.StartedAt}}}}|{{{{index .Config.Labels "{LABEL}.service"}}}}|'
               f'{{{{index .Config.Labels "{LABEL}.release"}}}}')
-GPU_QUERY = "index,utilization.gpu,memory.used,memory.total"
 
 
 def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None = None) -> str:
     """One node's units (state, start time, service, release), the current
     release's attempt numbers, its accelerators' use and memory
-    (``nvidia-smi --query-gpu`` or ``npu-smi info``) and, with ``metrics``
+    (the platform's ``TOP_QUERY``: ``nvidia-smi --query-gpu``, ``npu-smi info``) and, with ``metrics``
     (ip, port, path), the server's metrics page read on the node itself
     (bash's /dev/tcp: no other tool needed). Sections release, units,
     attempts, accel, metrics."""
@@ -149,8 +149,8 @@ def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None = None) ->
         section("release", 'echo "$rel"'),
         section("units", f'ids=$({ids}); [ -z "$ids" ] || docker inspect --format {q(TOP_FORMAT)} $ids'),
         section("attempts", f'[ -n "$rel" ] && for f in {rel}/logs/*.attempt; do [ -f "$f" ] && printf "%s %s\\n" "${{f##*/}}" "$(head -c 12 "$f")"; done; true'),
-        section("accel", f"if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits; "
-                         "elif command -v npu-smi >/dev/null; then npu-smi info; fi"),
+        # the platform's query of its devices' use and memory (nvidia-smi --query-gpu, npu-smi info)
+        section("accel", vendor_of(cluster).TOP_QUERY),
     ]
     if metrics:
         ip, port, path = metrics
@@ -161,34 +161,7 @@ def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None = None) ->
     return "\n".join(parts) + "\n"
 
 
-def _gpus(text: str) -> list[dict]:
-    out = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) == 4 and cells[0].isdigit():
-            def num(v):
-                try:
-                    return float(v)
-                except ValueError:  # [N/A], [Not Supported]
-                    return None
-            out.append({"id": int(cells[0]), "util_pct": num(cells[1]), "mem_used_mib": num(cells[2]), "mem_total_mib": num(cells[3])})
-    return out
-
-
-# npu-smi info: the second line of each NPU's block, "| chip phy-id | bus-id | AICore(%) Memory-Usage(MB) HBM-Usage(MB) |"
-_NPU_LINE = re.compile(r"^\|\s*(\d+)\s+(\d+)\s*\|\s*[0-9A-Fa-f:.]+\s*\|\s*(\d+(?:\.\d+)?)\s+\d+\s*/\s*\d+\s+(\d+)\s*/\s*(\d+)\s*\|")
-
-
-def _npus(text: str) -> list[dict]:
-    out = []
-    for line in text.splitlines():
-        m = _NPU_LINE.match(line)
-        if m:
-            out.append({"id": int(m.group(2)), "util_pct": float(m.group(3)), "mem_used_mib": float(m.group(4)), "mem_total_mib": float(m.group(5))})
-    return out
-
-
-def parse_top(out: str) -> dict:
+def parse_top(out: str, cluster: Cluster) -> dict:
     """``top_script``'s output: {"release", "units": [{name, state, started,
     service, release}], "attempts": {container: n}, "accel": [{id, util_pct,
     mem_used_mib, mem_total_mib}], "metrics": the page's body (None unless
@@ -219,7 +192,7 @@ def parse_top(out: str) -> dict:
         status = int(code[0]) if sep and code and code[0].isdigit() else None
         metrics = body if status == 200 else None
     return {"release": text("release").strip() or None, "units": units, "attempts": attempts,
-            "accel": _gpus(accel) or _npus(accel), "metrics": metrics, "metrics_status": status}
+            "accel": vendor_of(cluster).parse_top(accel), "metrics": metrics, "metrics_status": status}
 
 
 def started_at(started: str) -> float | None:
