@@ -17,7 +17,7 @@ from llmdeploy.platform import vendor_of
 from llmdeploy.runner import FAILED, OK, HostResult, Step
 from llmdeploy.sections import MARK, MAX_CPUS, excerpt, number, parse_topo_affinity, section, split_sections  # noqa: F401 (the roles read sections here)
 from llmdeploy.sections import cpulist as _cpulist  # noqa: F401
-from roles import in_one_piece, keep_progress_fd, progress_line
+from roles import from_facts, in_one_piece, keep_progress_fd, progress_line
 
 def build(cluster: Cluster, node: Node) -> str:
     """The facts script for one node (POSIX sh, read-only)."""
@@ -44,6 +44,11 @@ def build(cluster: Cluster, node: Node) -> str:
     parts += vendor.facts_lines(cluster, node)
     if vendor.IB_PORTS:
         parts.append(section("ibstat", "ibstat"))
+    wanted = vendor.container_devices(cluster, node)
+    if wanted:
+        # the device files a serving container is given: the absent ones are listed
+        files = " ".join(shlex.quote(f) for f in wanted)
+        parts.append(section("device_files", f'for f in {files}; do [ -e "$f" ] || echo "$f"; done'))
     return "\n".join(parts) + "\n"
 
 
@@ -167,7 +172,10 @@ def parse(cluster: Cluster, node: Node, stdout: str) -> dict:
     facts["devices"] = accel
     facts["devices_healthy"] = sum(1 for d in accel if d.get("health") == "OK")
     facts["devices_expected"] = node.devices
-    facts["problems"] = _problems(cluster, node, facts)
+    mismatch = platform_mismatch(cluster, node, facts, s)
+    if mismatch:
+        facts["platform_mismatch"] = mismatch
+    facts["problems"] = mismatch + _problems(cluster, node, facts)
     return facts
 
 
@@ -266,6 +274,40 @@ def nic_problems(node: Node, facts: dict) -> list[str]:
     return out
 
 
+def platform_mismatch(cluster: Cluster, node: Node, facts: dict, s: dict[str, tuple[str, int | None]]) -> list[str]:
+    """Where the node is not what its platform declares (``llmdeploy.platform``):
+    fewer accelerators than it should serve with, or more than the platform has
+    (another machine type); one its tool names another model; one that is not
+    healthy; a device file a serving container is given that is absent. Each
+    names the node and both sides: "sim-a3-2 reports 8 NPUs, platform a3
+    declares 16". prepare and deploy refuse the whole cluster on any of them."""
+    plat = cluster.platform_info
+    word = facts["accelerator"].upper()
+    seen = len(facts["devices"])
+    want = node.devices or plat.devices
+    out = []
+    if seen < want or seen > plat.devices:
+        if want == plat.devices or seen > plat.devices:
+            out.append(f"{node.name} reports {seen} {word}s, platform {cluster.platform} declares {plat.devices}")
+        else:
+            out.append(f"{node.name} reports {seen} {word}s, its inventory entry declares {want} (devices; platform {cluster.platform}: {plat.devices})")
+    models: dict[str, list[str]] = {}
+    for d in facts["devices"]:
+        if not plat.model_matches(str(d.get("name", ""))):
+            models.setdefault(str(d.get("name", "")), []).append(str(d["id"]))
+    for name, ids in models.items():
+        out.append(f"{node.name} reports {word} {','.join(ids)} as {name!r}, platform {cluster.platform} declares {plat.name} "
+                   f"({word}s named {plat.model!r})")
+    bad = [d for d in facts["devices"] if d.get("health") != "OK"]
+    if bad:
+        said = "; ".join(f"{word} {d['id']}: {d.get('health')}" for d in bad)
+        out.append(f"{node.name} reports {len(bad)} of its {word}s not healthy ({said}), platform {cluster.platform} declares {plat.devices} healthy")
+    absent = s.get("device_files")
+    if absent and absent[1] == 0 and absent[0].split():
+        out.append(f"{node.name} lacks {', '.join(absent[0].split())}: platform {cluster.platform} gives each serving container these device files")
+    return out
+
+
 def _problems(cluster: Cluster, node: Node, facts: dict) -> list[str]:
     """What the facts say is wrong for serving; the facts task reports them."""
     out = []
@@ -331,8 +373,31 @@ def gather_step(cluster: Cluster, refs: list[str] | None = None) -> Step:
     return Step(name="facts", build=lambda node: in_one_piece(build(cluster, node)), parse=_parse)
 
 
+def platform_check(node: Node, facts: dict) -> HostResult:
+    """The node is what its platform declares (:func:`platform_mismatch`); a
+    playbook runs this in a play of its own that stops every node on a failure."""
+    mismatch = facts.get("platform_mismatch") or []
+    if mismatch:
+        return HostResult(node.name, FAILED, msg="; ".join(mismatch), data={"mismatch": mismatch})
+    return HostResult(node.name, OK, msg=f"{len(facts['devices'])} {facts['accelerator'].upper()}s, as its platform declares")
+
+
+def platform_step(ctx) -> Step:
+    return Step(name="platform", local=from_facts(platform_check, ctx))
+
+
+def refusal(cluster: Cluster, results: dict[str, HostResult]) -> str | None:
+    """Why a run must not start anything (every node's mismatch from its facts), or None."""
+    said = [m for r in results.values() if not r.failed for m in ((r.data or {}).get("platform_mismatch") or [])]
+    if not said:
+        return None
+    return f"{cluster.name}: {'; '.join(said)}; nothing was started or changed on any node"
+
+
 STEPS = {
     "gather": lambda ctx: gather_step(ctx.cluster),
+    # every node is what its platform declares (after gather or inspect)
+    "platform": platform_step,
     # gather, plus the probes of the playbook's later steps (prepare)
     "inspect": lambda ctx: gather_step(ctx.cluster, list(ctx.options.get("steps", []))),
 }
