@@ -35,24 +35,44 @@ def current_script(cluster: Cluster) -> str:
     ]) + "\n"
 
 
+# the inspect section's last line when ``docker ps`` could not list the containers; docker's words come before it
+DOCKER_FAILED = "@@llmdeploy-docker-ps-failed@@"
+# what the docker client says when no daemon answers on its socket (a stopped or dead dockerd)
+_DAEMON_DOWN = re.compile(r"Cannot connect to the Docker daemon|Is the docker daemon running\?", re.IGNORECASE)
+
+
 def status_script(cluster: Cluster) -> str:
     """``current_script`` with the release's env file and every container of
     the cluster on this node as docker inspect JSON lines (sections env,
-    inspect): one round trip."""
+    inspect): one round trip. When ``docker ps`` fails (a daemon that does
+    not answer), the inspect section says so (docker's words, then
+    :data:`DOCKER_FAILED`) and fails, instead of listing no container."""
     q = shlex.quote
     rel = f'{q(root(cluster))}/releases/"$rel"'
+    ps = f"docker ps -a --filter label={LABEL}.cluster={q(cluster.name)} --format '{{{{.Names}}}}'"
     return current_script(cluster) + "\n".join([
         section("env", f'[ -n "$rel" ] && cat {rel}/env'),
-        section("inspect", f"for c in $(docker ps -a --filter label={LABEL}.cluster={q(cluster.name)} --format '{{{{.Names}}}}'); do "
-                           "docker inspect --format '{{json .}}' \"$c\"; done"),
+        section("inspect", f"if names=$({ps}); then for c in $names; do docker inspect --format '{{{{json .}}}}' \"$c\"; done; "
+                           f"else echo '{DOCKER_FAILED}'; false; fi"),
     ]) + "\n"
+
+
+def docker_problem(host: str, said: str) -> tuple[str, str]:
+    """(state, reason) of a node whose ``docker ps`` failed, from what docker
+    said: a daemon that does not answer is named as such."""
+    words = " ".join(said.split()) or "no output"
+    if _DAEMON_DOWN.search(said):
+        return "docker down", f"the Docker daemon on {host} does not answer ({words}): its containers' state is unknown"
+    return "docker failed", f"docker ps failed on {host} ({words}): its containers' state is unknown"
 
 
 def parse_status(out: str) -> dict:
     """{"release": id or None, "meta": release.json or None, "env": the env
     file's variables, "plan": plan.json text, "containers": {name: docker
-    inspect}} from ``status_script``'s (or ``current_script``'s) output;
-    a section that failed or is not JSON reads as absent."""
+    inspect}, "docker_error": what docker said when ``docker ps`` failed (None:
+    it listed the containers)} from ``status_script``'s (or
+    ``current_script``'s) output; a section that failed or is not JSON reads
+    as absent."""
     s = split_sections(out)
 
     def text(name: str) -> str:
@@ -74,8 +94,11 @@ def parse_status(out: str) -> dict:
         if isinstance(c, dict) and isinstance(c.get("Name"), str):
             containers[c["Name"].lstrip("/")] = c
     meta = load("meta")
+    lines = (s.get("inspect") or ("", 0))[0].splitlines()
+    failed = [i for i, line in enumerate(lines) if line.strip() == DOCKER_FAILED]
+    docker_error = ("\n".join(lines[: failed[0]]).strip() or "no output") if failed else None
     return {"release": text("release").strip() or None, "meta": meta if isinstance(meta, dict) else None,
-            "env": parse_env_file(text("env")), "plan": text("plan"), "containers": containers}
+            "env": parse_env_file(text("env")), "plan": text("plan"), "containers": containers, "docker_error": docker_error}
 
 
 UNIT_MARK = "@@llmdeploy-unit@@"
