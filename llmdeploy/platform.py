@@ -115,7 +115,6 @@ class Vendor(Protocol):
     def parse_top(self, text: str) -> list[dict]: ...
 
 
-
 # the attributes every vendor's package must have (checked when it loads), and those of its verify-comm method
 REQUIRED = tuple(Vendor.__annotations__) + ("facts_lines", "devices", "container_devices", "parse_top")
 REQUIRED_BY_METHOD = {
