@@ -226,6 +226,14 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
             return status
 
 
+def platform_refusal(runner: Runner, cluster: Cluster) -> str | None:
+    """Every node's facts, one round trip each: why nothing may start (a node
+    that is not what its platform declares, roles.facts.platform_mismatch), or None."""
+    from roles import facts
+
+    return facts.refusal(cluster, runner.run(facts.gather_step(cluster)))
+
+
 def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: bool, skip_prepare: bool, secrets: list[str], force: bool,
                    prepare_fn, where: dict) -> tuple[int, str | None]:
     """The deploy under the lock; ``where["phase"]`` says how far it got (for an interruption or a failure)."""
@@ -236,7 +244,12 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
         raise LlmdeployError(f"deploy refused: {said}")
     con.print(f"[yellow]{escape(said)}[/]" if "not verified" in said or "--force" in said else escape(said))
 
-    if not skip_prepare:
+    if skip_prepare:
+        # prepare refuses a node that is not what its platform declares; without prepare, deploy reads the facts itself
+        refused = platform_refusal(runner, cluster)
+        if refused:
+            raise LlmdeployError(f"deploy refused: {refused}")
+    else:
         status = prepare_fn(cluster.name, json_out)
         if status:
             if not json_out:

@@ -19,7 +19,7 @@ from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan, Unit
 from llmdeploy.runner import Runner, Step
 from roles.containers import LABEL
-from roles.status import parse_status, started_at, status_script
+from roles.status import docker_problem, parse_status, started_at, status_script
 
 
 def drift(plan: ReleasePlan, st: dict, c: dict | None, main: bool, secret_keys: set[str] = frozenset()) -> list[str]:
@@ -161,9 +161,13 @@ def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, 
         return [row], {"release": st["release"], "state": "missing", "drift": [], "units": {}, "reason": why}, bad
     doc = {"release": st["release"], "state": "running", "image_id": None, "uptime": "-", "drift": [], "units": {}, "reason": None}
     rows, whys, bad = [], [], False
+    # docker could not list the containers (its daemon does not answer): say so, not "missing"
+    docker_state, docker_why = docker_problem(name, st["docker_error"]) if st.get("docker_error") else (None, None)
+    if docker_why:
+        whys.append(docker_why)
     for i, u in enumerate(units):
         c = st["containers"].get(u.container)
-        state, role = _state_in_job(cluster, _state(c), u, job, job_problem), u.role or plan.service_of(u).name
+        state, role = _state_in_job(cluster, docker_state or _state(c), u, job, job_problem), u.role or plan.service_of(u).name
         drifts = drift(plan, st, c, u.prefix == "", set(cluster.secret_env)) if show_diff else []
         bad = bad or state != "running" or bool(drifts)
         if state != "running" and doc["state"] == "running":
@@ -173,7 +177,7 @@ def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, 
         doc["units"][u.container] = {"service": plan.service_of(u).name, "state": state, "uptime": _uptime(c)}
         if job is not None:
             doc["units"][u.container]["slurm_step"] = job.step_named(u.container, cluster.slurm_name(cluster.node(u.host)))
-        whys += ([f"{role} container {u.container} {state}"] if state != "running" else []) + drifts
+        whys += ([f"{role} container {u.container} {state}"] if state != "running" and not docker_state else []) + drifts
         doc["drift"] += drifts
         if i == 0:
             doc["image_id"], doc["uptime"] = (c or {}).get("Image"), _uptime(c)

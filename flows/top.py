@@ -41,12 +41,12 @@ from llmdeploy.runner import HostResult, Runner, Step
 from roles.status import parse_top, started_at, top_script
 
 
-def node_doc(host: str, r: HostResult | None, now: float) -> dict:
+def node_doc(cluster: Cluster, host: str, r: HostResult | None, now: float) -> dict:
     """One host's part of a snapshot, from its ``top_script`` result."""
     if r is None or r.failed or r.status == "skipped":
         why = (r.msg if r is not None else "no answer") or "no answer"
         return {"host": host, "reachable": False, "error": why, "release": None, "units": [], "accelerators": []}
-    got = parse_top(r.stdout)
+    got = parse_top(r.stdout, cluster)
     units = []
     for u in got["units"]:
         t = started_at(u["started"])
@@ -80,7 +80,7 @@ def server_doc(plan: ReleasePlan | None, nodes: list[dict]) -> dict | None:
 
 
 def snapshot_doc(cluster: Cluster, plan: ReleasePlan | None, results: dict[str, HostResult | None], now: float) -> dict:
-    nodes = [node_doc(n.name, results.get(n.name), now) for n in cluster.nodes]
+    nodes = [node_doc(cluster, n.name, results.get(n.name), now) for n in cluster.nodes]
     server = server_doc(plan, nodes)
     for n in nodes:
         n.pop("metrics_page", None)

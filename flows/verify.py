@@ -47,6 +47,7 @@ from rich.padding import Padding
 
 from llmdeploy import report
 from llmdeploy.inventory import Cluster
+from llmdeploy.platform import vendor_of
 from llmdeploy.release import root
 from llmdeploy.runner import Runner, Step
 
@@ -67,11 +68,12 @@ def _cell(items: list[tuple[int, bool, str]], total: int) -> tuple[bool, str, li
 LINK_KEYS = ("npu", "to", "to_npu", "ip", "loss", "ok", "reason", "from")
 
 
-def ascend(cluster: Cluster, runner: Runner, full: bool, detail: dict | None = None) -> dict:
-    """hccn_tool's checks per NPU, the TLS switch across NPUs, the NPU ping
+def device_pings(cluster: Cluster, runner: Runner, full: bool, detail: dict | None = None) -> dict:
+    """The ``device_pings`` method (Ascend): the platform's NIC tool's checks
+    per device (hccn_tool), the TLS switch across devices, the device ping
     matrix (full or sampled) and the host network between the nodes.
     ``detail``: gets every planned ping and host pair, for the picture."""
-    nodes, ips, tls_values = _hccn_checks(cluster, runner)
+    nodes, ips, tls_values = _link_checks(cluster, runner)
     _tls_agreement(nodes, tls_values)
     mode, links = _npu_pings(cluster, runner, nodes, ips, full)
     if detail is not None:
@@ -81,11 +83,12 @@ def ascend(cluster: Cluster, runner: Runner, full: bool, detail: dict | None = N
     return {"nodes": nodes, "plan": mode, "links": {"planned": len(links), "failed": failed}, "host_links": host_links}
 
 
-def _hccn_checks(cluster: Cluster, runner: Runner) -> tuple[dict[str, dict], dict[str, dict[int, str]], dict[tuple[str, int], str]]:
-    """Per node its hccn_tool checks, its NPUs' IPs and their TLS switch values, in one round trip each."""
+def _link_checks(cluster: Cluster, runner: Runner) -> tuple[dict[str, dict], dict[str, dict[int, str]], dict[tuple[str, int], str]]:
+    """Per node its NIC tool's checks (hccn_tool), its devices' IPs and their TLS switch values, in one round trip each."""
     from roles import comm
 
-    res = runner.run(Step(name="hccn_tool checks", build=lambda n: comm.ascend_script(cluster, n), timeout=max(120.0, cluster.ssh.command_timeout)))
+    tool = comm.link_step_name(cluster)
+    res = runner.run(Step(name=tool, build=lambda n: comm.link_script(cluster, n), timeout=max(120.0, cluster.ssh.command_timeout)))
     nodes: dict[str, dict] = {}
     ips: dict[str, dict[int, str]] = {}
     tls_values: dict[tuple[str, int], str] = {}
@@ -94,19 +97,20 @@ def _hccn_checks(cluster: Cluster, runner: Runner) -> tuple[dict[str, dict], dic
         if r.failed:
             nodes[n.name] = {"reachable": False, "error": r.msg, "checks": {}}
             continue
-        parsed = comm.parse_ascend(cluster, n, r.stdout)
+        parsed = comm.parse_links(cluster, n, r.stdout)
         ips[n.name] = parsed["ips"]
         checks = {}
-        total = len(parsed["npus"])
-        for check in comm.CHECKS:
-            items = [(d, v[check][0], v[check][1]) for d, v in parsed["npus"].items()]
+        total = len(parsed["devices"])
+        for check in comm.link_checks(cluster):
+            items = [(d, v[check][0], v[check][1]) for d, v in parsed["devices"].items()]
             ok, text, reasons = _cell(items, total)
             checks[check] = {"ok": ok, "summary": text, "failures": reasons}
-        for d, v in parsed["npus"].items():
+        for d, v in parsed["devices"].items():
             if v["tls"][0]:
                 tls_values[(n.name, d)] = v["tls"][1]
-        checks["hccn.conf"] = {"ok": parsed["hccn_conf"] is not None, "summary": "read" if parsed["hccn_conf"] is not None else "missing",
-                               "failures": [] if parsed["hccn_conf"] is not None else ["/etc/hccn.conf could not be read"]}
+        conf = parsed["conf"]
+        checks[parsed["conf_name"]] = {"ok": conf is not None, "summary": "read" if conf is not None else "missing",
+                                       "failures": [] if conf is not None else [f"{parsed['conf_path']} could not be read"]}
         nodes[n.name] = {"reachable": True, "checks": checks}
     return nodes, ips, tls_values
 
@@ -203,10 +207,11 @@ def host_network(cluster: Cluster, runner: Runner, nodes: dict[str, dict], detai
     return {"planned": len(pairs), "failed": [x for x in pairs if not x["ok"]]}
 
 
-def nvidia(cluster: Cluster, runner: Runner, detail: dict | None = None) -> dict:
-    """The GPUs, topology, ibstat and NCCL interface of every node, the host
-    network, then all_reduce_perf; ``detail`` gets the host pairs and
-    all_reduce_perf's table, for the picture."""
+def collective(cluster: Cluster, runner: Runner, detail: dict | None = None) -> dict:
+    """The ``collective`` method (NVIDIA): the devices and topology of every
+    node (the platform's checks of its facts), ibstat, the NCCL interface,
+    the host network, then all_reduce_perf; ``detail`` gets the host pairs
+    and all_reduce_perf's table, for the picture."""
     from roles import facts, nic
 
     res = runner.run(facts.gather_step(cluster))
@@ -217,15 +222,7 @@ def nvidia(cluster: Cluster, runner: Runner, detail: dict | None = None) -> dict
             nodes[n.name] = {"reachable": False, "error": r.msg, "checks": {}}
             continue
         f = r.data
-        want = n.devices or cluster.platform_info.devices
-        gpus = f["devices"]
-        unhealthy = [f"gpu{g['id']}: {g['health']}" for g in gpus if g.get("health") != "OK"]
-        checks = {
-            "gpus": {"ok": len(gpus) == want and not unhealthy, "summary": f"{len(gpus) - len(unhealthy)}/{want}",
-                     "failures": unhealthy + ([f"{len(gpus)} of {want} GPUs visible"] if len(gpus) != want else [])},
-            "topology": {"ok": all(g.get("cpu_affinity") for g in gpus) and bool(gpus), "summary": "read" if gpus else "-",
-                         "failures": [f"gpu{g['id']}: no CPU affinity in nvidia-smi topo -m" for g in gpus if not g.get("cpu_affinity")]},
-        }
+        checks = vendor_of(cluster).comm_device_checks(cluster, n, f)
         ib = nic.ib_problems(cluster, f)
         checks["ib"] = {"ok": not ib, "summary": f"{len(f.get('ib_ports') or [])} ports" if not ib else "FAILED", "failures": ib}
         nicp = facts.nic_problems(n, f)
@@ -318,17 +315,18 @@ def collect(cluster: Cluster, runner: Runner, full: bool, started: float) -> tup
     """(the verification document, its detail for the picture): every check
     of the platform, judged."""
     info = cluster.platform_info
-    detail: dict = {"vendor": info.vendor, "platform": info.name, "device": "npu" if info.vendor == "ascend" else "gpu",
+    vendor = vendor_of(cluster)
+    detail: dict = {"vendor": info.vendor, "platform": info.name, "device": vendor.DEVICE,
                     "devices": {n.name: n.devices or info.devices for n in cluster.nodes}}
-    if info.vendor == "ascend":
-        result = ascend(cluster, runner, full, detail)
+    if vendor.COMM_METHOD == "device_pings":
+        result = device_pings(cluster, runner, full, detail)
     else:
-        result = nvidia(cluster, runner, detail)
+        result = collective(cluster, runner, detail)
     ok = all(v.get("reachable") and all(c["ok"] for c in v["checks"].values()) for v in result["nodes"].values())
     if result.get("all_reduce") is not None:
         ok = ok and result["all_reduce"]["ok"]
-    elif info.vendor == "nvidia":
-        ok = False
+    elif vendor.COMM_METHOD == "collective":
+        ok = False  # the collective did not run
     doc = {"cluster": cluster.name, "ok": ok, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
            "epoch": int(started), "duration_s": round(time.time() - started, 1), **result}
     return doc, detail

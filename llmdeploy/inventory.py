@@ -42,25 +42,8 @@ from .schema import (  # noqa: F401 (the names every schema module has always im
 from .serving import INVENTORY_FIELDS, PROFILE_KINDS, ServingProfile
 
 # --- platforms ----------------------------------------------------------------
-class Platform(Strict):
-    name: str
-    vendor: Literal["ascend", "nvidia"]
-    devices: int
-    # How an NPU's own address is read: A2 ``-ip -g``, A3 ``-vnic -g``.
-    npu_ip_query: Literal["ip", "vnic", ""] = ""
-
-
-PLATFORMS: dict[str, Platform] = {
-    "a3": Platform(name="Atlas 800 A3", vendor="ascend", devices=16, npu_ip_query="vnic"),
-    "a2": Platform(name="Atlas 800 A2", vendor="ascend", devices=8, npu_ip_query="ip"),
-    "b200": Platform(name="B200", vendor="nvidia", devices=8),
-    "b300": Platform(name="B300", vendor="nvidia", devices=8),
-    "gb200": Platform(name="GB200", vendor="nvidia", devices=4),
-    "gb300": Platform(name="GB300", vendor="nvidia", devices=4),
-    # Hopper: named by the TensorRT-LLM guide (seed 000) and SGLang's multi-node docs
-    "h200": Platform(name="H200", vendor="nvidia", devices=8),
-}
-PlatformName = Literal["a3", "a2", "b200", "b300", "gb200", "gb300", "h200"]
+# (each vendor's rows live in its package, platforms/<vendor>/; the registry loads it when a cluster names one)
+from .platform import PLATFORMS, Platform, platform as _platform_row, platform_names  # noqa: E402,F401
 
 
 # --- SSH ----------------------------------------------------------------------
@@ -313,7 +296,8 @@ class Slurm(Strict):
 # --- the cluster ------------------------------------------------------------------
 class Cluster(Strict):
     name: str = Field(pattern=CLUSTER_RE.pattern)
-    platform: PlatformName
+    # one of the registered platforms (platforms/__init__.py)
+    platform: str
     # Default serving NIC for nodes that do not name their own.
     nic: str | None = Field(default=None, pattern=NIC_RE.pattern)
     ssh: Ssh = Field(default_factory=Ssh)
@@ -371,7 +355,16 @@ class Cluster(Strict):
 
     @property
     def platform_info(self) -> Platform:
-        return PLATFORMS[self.platform]
+        return _platform_row(self.platform)
+
+    @field_validator("platform")
+    @classmethod
+    def _registered_platform(cls, v: str) -> str:
+        names = platform_names()
+        if v not in names:
+            listed = ", ".join(repr(n) for n in names[:-1]) + f" or {names[-1]!r}" if len(names) > 1 else repr(names[0])
+            raise ValueError(f"Input should be {listed}")
+        return v
 
     @property
     def node0(self) -> Node:

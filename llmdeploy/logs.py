@@ -15,6 +15,7 @@ import tarfile
 from pathlib import Path
 
 from .inventory import Cluster, Node
+from .platform import vendor_of
 
 # (pattern, reason), most specific first. Each serving system has its own
 # (``systems.<system>.SIGNATURES``); these apply to every system.
@@ -56,10 +57,8 @@ def bundle_script(cluster: Cluster, node: Node, release_dir: str, containers: li
         ("kernel.log", "dmesg 2>&1 | tail -n 200"),
         ("node.txt", "hostname; uptime; free -g 2>&1; df -h 2>&1 | head -20"),
     ]
-    if cluster.platform_info.vendor == "ascend":
-        sections.append(("npu-smi.txt", "npu-smi info 2>&1"))
-    else:
-        sections.append(("nvidia-smi.txt", "nvidia-smi 2>&1"))
+    # the platform's own view of its devices (npu-smi, nvidia-smi, ...)
+    sections += list(vendor_of(cluster).LOG_FILES.items())
     out = []
     for name, cmd in sections:
         out.append(f"echo '{MARK} {name}'; {{ {cmd} ; }} 2>&1")

@@ -1,9 +1,10 @@
 """Multi-node communication checks (shared/DOMAIN.md), as builders and parsers.
 
-Ascend, per node and NPU: ``hccn_tool -i N`` link, net_health, netdetect,
-gateway, lldp, tls, optical, and the NPU's own IP (A2 ``-ip``, A3 ``-vnic``),
-plus ``/etc/hccn.conf``; across nodes, NPU pings (A2 ``-ping``, A3
-``-hccs_ping``) run in parallel on every node.
+A platform whose verify-comm method is ``device_pings`` (Ascend), per node
+and device: its NIC tool's checks (``link_script``/``parse_links``: on
+Ascend ``hccn_tool -i N`` link, net_health, ..., platforms/ascend/comm.py);
+across nodes, device pings (the platform's ``ping_job``) run in parallel on
+every node.
 
 The ping plan: NPU ``d`` of a node pings NPU ``d`` of every other node (the
 cross-node links HCCL's rings use). That full matrix is
@@ -13,8 +14,9 @@ every node pair, and every NPU index on every node once there are at least
 as many peers as NPUs; indices a node would miss are added with one ping to
 the next peer. ``--full`` forces the full matrix.
 
-NVIDIA: the facts script's GPU, topology and ibstat sections, the NCCL
-interface, and an ``all_reduce_perf`` run under ``mpirun`` from node 0.
+A platform whose method is ``collective`` (NVIDIA): the facts script's
+device, topology and ibstat sections, the NCCL interface, and an
+``all_reduce_perf`` run under ``mpirun`` from node 0.
 
 Every platform, the host network HCCL/Gloo/NCCL bootstrap over
 (``HCCL_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``, the
@@ -36,80 +38,33 @@ import shlex
 from collections import Counter
 
 from llmdeploy.inventory import NIC_RE, Cluster, Node
+from llmdeploy.platform import vendor_of
 from roles import in_one_piece, mpi
 from roles.facts import excerpt, number, section, split_sections
 
-CHECKS = ["link", "health", "netdetect", "gateway", "lldp", "optical", "tls", "npu_ip"]
 PING_MARK = "@@llmdeploy-ping@@"
 
 
-def hccn(cluster: Cluster) -> str:
-    return "HCCN=$(command -v hccn_tool || echo /usr/local/Ascend/driver/tools/hccn_tool)"
+def link_checks(cluster: Cluster) -> list[str]:
+    """The per-device checks of the platform's ``device_pings`` method, in the table's order."""
+    return list(vendor_of(cluster).LINK_CHECKS)
 
 
-def ascend_script(cluster: Cluster, node: Node) -> str:
-    """Every per-NPU query of one node, one round trip."""
-    query = "-vnic" if cluster.platform_info.npu_ip_query == "vnic" else "-ip"
-    items = [("link", "-link"), ("health", "-net_health"), ("netdetect", "-netdetect"), ("gateway", "-gateway"),
-             ("lldp", "-lldp"), ("tls", "-tls"), ("optical", "-optical"), ("npu_ip", query)]
-    parts = [hccn(cluster), section("hccn.conf", "cat /etc/hccn.conf")]
-    for d in range(node.devices or cluster.platform_info.devices):
-        for name, flag in items:
-            parts.append(section(f"{name} {d}", f'"$HCCN" -i {d} {flag} -g'))
-    return "\n".join(parts) + "\n"
+def link_step_name(cluster: Cluster) -> str:
+    """How the runner names the per-device checks' step (``hccn_tool checks``)."""
+    return f"{vendor_of(cluster).LINK_TOOL} checks"
 
 
-def _unread(t: str, known: str | None = None, unset: str = "") -> str:
-    """The detail of a check whose answer did not match: ``unset`` when hccn_tool
-    said so in its own words (``known``), else what it printed (or "no answer")."""
-    if known and re.search(known, t, re.IGNORECASE):
-        return unset
-    return f"unreadable: {excerpt(t)}" if t else "no answer"
+def link_script(cluster: Cluster, node: Node) -> str:
+    """Every per-device query of one node (the platform's NIC tool), one round trip."""
+    return vendor_of(cluster).link_script(cluster, node)
 
 
-def parse_ascend(cluster: Cluster, node: Node, out: str) -> dict:
-    """{npu: {check: (ok, detail)}}, the NPU IPs, and hccn.conf. A detail that
-    is not one of hccn_tool's answers shows what it printed."""
-    s = split_sections(out)
-    npus: dict[int, dict[str, tuple[bool, str]]] = {}
-    ips: dict[int, str] = {}
-    for d in range(node.devices or cluster.platform_info.devices):
-        r: dict[str, tuple[bool, str]] = {}
-
-        def text(name):
-            v = s.get(f"{name} {d}")
-            return (v[0].strip(), v[1]) if v else ("", None)
-
-        t, _ = text("link")
-        m = re.search(r"link status:\s*(\S+)", t)
-        r["link"] = (bool(m and m.group(1) == "UP"), m.group(1) if m else (t or "no answer"))
-        t, _ = text("health")
-        m = re.search(r"net health status:\s*(.+)", t)
-        val = m.group(1).strip() if m else (t or "no answer")
-        r["health"] = (val == "Success", val)
-        t, _ = text("netdetect")
-        m = re.search(r"netdetect address:\s*(\S+)", t)
-        r["netdetect"] = (bool(m), m.group(1) if m else _unread(t, r"netdetect address\s*:", "not set"))
-        t, _ = text("gateway")
-        m = re.search(r"default gateway:\s*([0-9.]+)", t)
-        r["gateway"] = (bool(m), m.group(1) if m else _unread(t, r"default gateway\s*:", "not set"))
-        t, _ = text("lldp")
-        m = re.search(r"Ifname:\s*(\S+)", t)
-        r["lldp"] = (bool(m), m.group(1) if m else _unread(t, r"lldp", "no switch port (LLDP)"))
-        t, _ = text("optical")
-        m = re.search(r"present\s*:\s*(.+)", t)
-        r["optical"] = (bool(m and m.group(1).strip() == "present"), m.group(1).strip() if m else _unread(t))
-        t, _ = text("tls")
-        m = re.search(r"tls switch\[([0-9]+)\]", t)
-        r["tls"] = (bool(m), m.group(1) if m else _unread(t))
-        t, code = text("npu_ip")
-        m = re.search(r"ipaddr:\s*(\S+)", t)
-        if m:
-            ips[d] = m.group(1)
-        r["npu_ip"] = (bool(m), m.group(1) if m else (t.splitlines()[0] if t else "no answer"))
-        npus[d] = r
-    conf = s.get("hccn.conf")
-    return {"npus": npus, "ips": ips, "hccn_conf": conf[0] if conf and conf[1] == 0 else None}
+def parse_links(cluster: Cluster, node: Node, out: str) -> dict:
+    """``link_script``'s output: {"devices": {device: {check: (ok, detail)}},
+    "ips": {device: its IP}, "conf": the node's device network configuration
+    file (None: unreadable), "conf_name", "conf_path"}."""
+    return vendor_of(cluster).parse_links(cluster, node, out)
 
 
 def ping_plan(cluster: Cluster, ips: dict[str, dict[int, str]], full: bool, full_max: int) -> tuple[str, dict[str, list[tuple[int, str, int, str]]]]:
@@ -188,9 +143,9 @@ def ping_script(cluster: Cluster, pings: list[tuple[int, str, int, str]], lanes:
     late replies read as loss."""
     if not pings:
         return None
-    flag = "-hccs_ping" if cluster.platform == "a3" else "-ping"
-    jobs = [(d, f'"$HCCN" -i {d} {flag} -g address {shlex.quote(ip)}') for d, _, _, ip in pings]
-    return lanes_script([hccn(cluster)], jobs, lanes)
+    vendor = vendor_of(cluster)
+    jobs = [(d, vendor.ping_job(cluster, d, ip)) for d, _, _, ip in pings]
+    return lanes_script(list(vendor.PING_PRELUDE), jobs, lanes)
 
 
 # hccn_tool's reply lines: ``recv seq=0,time=0.054000ms``

@@ -42,6 +42,8 @@ import io
 import math
 import re
 
+from llmdeploy import platform
+
 # the PNG's size in pixels, whatever the cluster: a 128 x 128 matrix (16 A2
 # nodes x 8 NPUs) and a 512 x 512 one (64 nodes, sampled) alike
 PNG_WIDTH, PNG_HEIGHT, DPI = 1600, 1000, 100
@@ -64,7 +66,7 @@ def device_word(record: dict) -> str:
     d = detail(record)
     if d.get("device"):
         return d["device"]
-    return "npu" if d.get("vendor", "ascend") == "ascend" else "gpu"
+    return platform.device_word(d.get("vendor"))
 
 
 def label(record: dict, host: str, device: int) -> str:
@@ -221,7 +223,7 @@ def render_png(record: dict) -> bytes:
     words = fig.add_subplot(grid[1, 1])
     fig.suptitle(f"{title(record)}  —  {record.get('time', '')}", fontsize=14, fontweight="bold",
                  color=OK_GREEN if record.get("ok") else LOST)
-    if detail(record).get("vendor", "ascend") == "ascend" or detail(record).get("pings") is not None:
+    if platform.comm_method(detail(record).get("vendor")) == "device_pings" or detail(record).get("pings") is not None:
         # the heatmap, under it the colour scale of the round trips and the legend
         left = grid[:, 0].subgridspec(2, 2, height_ratios=[30, 1], width_ratios=[1, 1.7])
         _heatmap(fig, fig.add_subplot(left[0, :]), fig.add_subplot(left[1, 0]), fig.add_subplot(left[1, 1]), record)

@@ -13,16 +13,11 @@ import shlex
 from typing import Callable
 
 from llmdeploy.inventory import Cluster, Node
+from llmdeploy.platform import vendor_of
 from llmdeploy.runner import FAILED, OK, HostResult, Step
-from roles import in_one_piece, keep_progress_fd, progress_line
-
-MARK = "@@llmdeploy@@"
-
-
-def section(name: str, command: str) -> str:
-    # every section ends with its exit status, so a missing tool is a fact too
-    return f"echo '{MARK} {name}'; {{ {command} ; }} 2>&1; echo \"{MARK}rc $?\""
-
+from llmdeploy.sections import MARK, MAX_CPUS, excerpt, number, parse_topo_affinity, section, split_sections  # noqa: F401 (the roles read sections here)
+from llmdeploy.sections import cpulist as _cpulist  # noqa: F401
+from roles import from_facts, in_one_piece, keep_progress_fd, progress_line
 
 def build(cluster: Cluster, node: Node) -> str:
     """The facts script for one node (POSIX sh, read-only)."""
@@ -45,83 +40,16 @@ def build(cluster: Cluster, node: Node) -> str:
         section("listen", "ss -Htln"),
         section("ours", f"docker ps --filter label=llmdeploy.cluster={shlex.quote(cluster.name)} --format '{{{{.Names}}}}'"),
     ]
-    plat = cluster.platform_info
-    if plat.vendor == "ascend":
-        parts += [
-            section("npusmi", "npu-smi info"),
-            section("npusmi_topo", "npu-smi info -t topo"),
-        ]
-        hccn = "HCCN=$(command -v hccn_tool || echo /usr/local/Ascend/driver/tools/hccn_tool)"
-        query = "-vnic" if plat.npu_ip_query == "vnic" else "-ip"
-        devices = node.devices or plat.devices
-        parts.append(hccn)
-        for i in range(devices):
-            parts.append(section(f"npu_ip {i}", f'"$HCCN" -i {i} {query} -g'))
-    else:
-        parts += [
-            section(
-                "nvsmi",
-                "nvidia-smi --query-gpu=index,name,uuid,memory.total,pci.bus_id,"
-                "ecc.errors.uncorrected.volatile.total --format=csv,noheader,nounits",
-            ),
-            section("nvtopo", "nvidia-smi topo -m"),
-            section("ibstat", "ibstat"),
-        ]
+    vendor = vendor_of(cluster)
+    parts += vendor.facts_lines(cluster, node)
+    if vendor.IB_PORTS:
+        parts.append(section("ibstat", "ibstat"))
+    wanted = vendor.container_devices(cluster, node)
+    if wanted:
+        # the device files a serving container is given: the absent ones are listed
+        files = " ".join(shlex.quote(f) for f in wanted)
+        parts.append(section("device_files", f'for f in {files}; do [ -e "$f" ] || echo "$f"; done'))
     return "\n".join(parts) + "\n"
-
-
-def split_sections(stdout: str) -> dict[str, tuple[str, int | None]]:
-    """{section: (its text, its exit status)}; the status is None when its
-    line is unreadable (output cut short or garbled): never a success."""
-    sections: dict[str, tuple[str, int | None]] = {}
-    name, buf = None, []
-    for line in stdout.splitlines():
-        head, mark, rest = line.partition(MARK + "rc ")
-        if mark:
-            if name is not None:
-                if head:  # the last line of an output without a final newline (a file's last line, say)
-                    buf.append(head)
-                m = re.fullmatch(r"[0-9]{1,3}", rest.strip())
-                sections[name] = ("\n".join(buf), int(m.group()) if m else None)
-            name, buf = None, []
-        elif line.startswith(MARK + " "):
-            name, buf = line[len(MARK) + 1 :], []
-        elif name is not None:
-            buf.append(line)
-    return sections
-
-
-def number(text: str) -> int | None:
-    """``text`` as a non-negative integer if it is ASCII digits only, else None
-    (``str.isdigit`` is also true for '²', which ``int`` refuses)."""
-    text = text.strip()
-    return int(text) if text.isascii() and text.isdigit() else None
-
-
-def excerpt(text: str, limit: int = 240) -> str:
-    """What a node printed, for a message: stripped, its beginning and its end
-    when longer than ``limit``, quoted (control characters escaped)."""
-    text = text.strip()
-    if len(text) > limit:
-        text = f"{text[: limit // 2]} ... {text[-(limit // 2):]}"
-    return repr(text)
-
-
-# no machine has more CPUs than this; a larger range in a CPU list is garbage
-MAX_CPUS = 65536
-
-
-def _cpulist(text: str) -> list[int]:
-    cpus: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        a, b = number(lo), number(hi) if sep else number(lo)
-        if a is not None and b is not None and a <= b < MAX_CPUS:
-            cpus.extend(range(a, b + 1))
-    return cpus
 
 
 def parse_lscpu(text: str) -> dict[int, int]:
@@ -155,80 +83,6 @@ def parse_meminfo(text: str) -> dict[str, int]:
         if m:
             out[m.group(1)] = int(m.group(2))
     return out
-
-
-def parse_npu_smi(text: str) -> list[dict]:
-    """``npu-smi info`` device table → one entry per logical device (chip).
-
-    Each device takes two rows: ``| NPU Name | Health | ...`` and
-    ``| Chip [Phy-ID] | Bus-Id | ...``.
-    """
-    devices: list[dict] = []
-    rows = [ln for ln in text.splitlines() if ln.startswith("|")]
-    i = 0
-    while i < len(rows) - 1:
-        a = [c.strip() for c in rows[i].strip("|").split("|")]
-        b = [c.strip() for c in rows[i + 1].strip("|").split("|")]
-        ma, mb = re.match(r"^([0-9]+)\s+(\S.*)$", a[0]), re.match(r"^([0-9]+)", b[0])
-        if len(a) >= 2 and len(b) >= 2 and ma and mb and re.match(r"^[0-9A-Fa-f]{4}:", b[1]):
-            name = ma.group(2)
-            devices.append(
-                {
-                    "id": len(devices),
-                    "npu": int(ma.group(1)),
-                    "chip": int(mb.group(1)),
-                    "name": name.strip(),
-                    "health": a[1],
-                    "bus_id": b[1],
-                }
-            )
-            i += 2
-        else:
-            i += 1
-    return devices
-
-
-def parse_topo_affinity(text: str, prefix: str) -> dict[int, list[int]]:
-    """``npu-smi info -t topo`` / ``nvidia-smi topo -m`` → {device: [cpus]}."""
-    lines = text.splitlines()
-    header = next((ln for ln in lines if "CPU Affinity" in ln), None)
-    if header is None:
-        return {}
-    out: dict[int, list[int]] = {}
-    for ln in lines:
-        m = re.match(rf"^{prefix}([0-9]+)\s", ln)
-        if not m:
-            continue
-        cells = ln.split()
-        cpu = next((c for c in cells[1:] if re.match(r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$", c)), None)
-        if cpu is not None and _cpulist(cpu):
-            out[int(m.group(1))] = _cpulist(cpu)
-    return out
-
-
-def parse_nvsmi(text: str) -> list[dict]:
-    gpus = []
-    for line in text.splitlines():
-        f = [x.strip() for x in line.split(",")]
-        if len(f) >= 6 and number(f[0]) is not None:
-            ecc = f[5]
-            if ecc in ("0", "[N/A]", "N/A"):
-                health = "OK"
-            elif number(ecc) is not None or re.fullmatch(r"\[[^\]]+\]", ecc):  # a count, or nvidia-smi's [Not Supported]
-                health = f"ECC errors: {ecc}"
-            else:  # cut short or garbled: show the line
-                health = f"unreadable nvidia-smi line: {excerpt(line)}"
-            gpus.append(
-                {
-                    "id": number(f[0]),
-                    "name": f[1],
-                    "uuid": f[2],
-                    "mem_mib": number(f[3]),
-                    "bus_id": f[4],
-                    "health": health,
-                }
-            )
-    return gpus
 
 
 def parse_addrs(addr_text: str, link_text: str) -> list[dict]:
@@ -303,12 +157,10 @@ def parse(cluster: Cluster, node: Node, stdout: str) -> dict:
     cpu_nodes = parse_lscpu(_ok_text(s, "lscpu") or "")
     facts: dict = {"host": node.name, "ip": str(node.ip), "nic_configured": node.nic}
     facts.update(_host_facts(s, node, cpu_nodes))
-    if cluster.platform_info.vendor == "ascend":
-        accel = _npu_devices(s, cpu_nodes)
-        facts["accelerator"] = "npu"
-    else:
-        accel = _gpu_devices(s, cpu_nodes)
-        facts["accelerator"] = "gpu"
+    vendor = vendor_of(cluster)
+    accel = vendor.devices(s, cpu_nodes)
+    facts["accelerator"] = vendor.DEVICE
+    if vendor.IB_PORTS:
         facts["ib_ports"] = parse_ibstat(_ok_text(s, "ibstat") or "") if _ok_text(s, "ibstat") is not None else None
     unreadable = _unreadable(cluster, node, s, accel, facts)
     if unreadable:
@@ -320,7 +172,10 @@ def parse(cluster: Cluster, node: Node, stdout: str) -> dict:
     facts["devices"] = accel
     facts["devices_healthy"] = sum(1 for d in accel if d.get("health") == "OK")
     facts["devices_expected"] = node.devices
-    facts["problems"] = _problems(cluster, node, facts)
+    mismatch = platform_mismatch(cluster, node, facts, s)
+    if mismatch:
+        facts["platform_mismatch"] = mismatch
+    facts["problems"] = mismatch + _problems(cluster, node, facts)
     return facts
 
 
@@ -366,33 +221,10 @@ def _host_facts(s: dict[str, tuple[str, int | None]], node: Node, cpu_nodes: dic
     return facts
 
 
-def _npu_devices(s: dict[str, tuple[str, int | None]], cpu_nodes: dict[int, int]) -> list[dict]:
-    """The NPUs from ``npu-smi info``, each with its CPU affinity, NUMA node and ``hccn_tool`` IP."""
-    accel = parse_npu_smi(_ok_text(s, "npusmi") or "")
-    affinity = parse_topo_affinity(_ok_text(s, "npusmi_topo") or "", "NPU")
-    for d in accel:
-        d["cpu_affinity"] = affinity.get(d["id"])
-        d["numa"] = _numa_of(d["cpu_affinity"], cpu_nodes)
-        ip_out = s.get(f"npu_ip {d['id']}")
-        m = re.search(r"ipaddr:\s*(\S+)", ip_out[0]) if ip_out and ip_out[1] == 0 else None
-        d["ip"] = m.group(1) if m else None
-    return accel
-
-
-def _gpu_devices(s: dict[str, tuple[str, int | None]], cpu_nodes: dict[int, int]) -> list[dict]:
-    """The GPUs from ``nvidia-smi``, each with its CPU affinity and NUMA node."""
-    accel = parse_nvsmi(_ok_text(s, "nvsmi") or "")
-    affinity = parse_topo_affinity(_ok_text(s, "nvtopo") or "", "GPU")
-    for d in accel:
-        d["cpu_affinity"] = affinity.get(d["id"])
-        d["numa"] = _numa_of(d["cpu_affinity"], cpu_nodes)
-    return accel
-
-
 def _unreadable(cluster: Cluster, node: Node, s: dict[str, tuple[str, int | None]], accel: list[dict], facts: dict) -> dict[str, str]:
     """What a device table or ibstat printed when it could not be read (or not all of it)."""
     unreadable: dict[str, str] = {}
-    table, tool = ("npusmi", "npu-smi info") if cluster.platform_info.vendor == "ascend" else ("nvsmi", "nvidia-smi")
+    table, tool = vendor_of(cluster).DEVICE_TOOL
     if node.devices and len(accel) < node.devices:
         unreadable[tool] = _printed(s, table)
     if "ib_ports" in facts and not facts["ib_ports"]:
@@ -408,13 +240,6 @@ def _printed(s: dict[str, tuple[str, int | None]], name: str) -> str:
     if rc == 0:
         return f"printed {excerpt(text)}"
     return f"failed (exit {rc if rc is not None else 'unreadable'}): {excerpt(text)}"
-
-
-def _numa_of(cpus: list[int] | None, cpu_nodes: dict[int, int]) -> int | None:
-    if not cpus:
-        return None
-    nodes = {cpu_nodes.get(c) for c in cpus} - {None}
-    return nodes.pop() if len(nodes) == 1 else None
 
 
 def _compact(cpus: list[int]) -> str:
@@ -446,6 +271,40 @@ def nic_problems(node: Node, facts: dict) -> list[str]:
         owner = next((n["name"] for n in facts["nics"] if any(a.split("/")[0] == str(node.ip) for a in n["ipv4"])), None)
         where = f"{node.ip} is on {owner}" if owner else f"no interface has {node.ip}"
         out.append(f"NIC {node.nic} does not own {node.ip} ({where}; it has {', '.join(nic['ipv4']) or 'no IPv4 address'})")
+    return out
+
+
+def platform_mismatch(cluster: Cluster, node: Node, facts: dict, s: dict[str, tuple[str, int | None]]) -> list[str]:
+    """Where the node is not what its platform declares (``llmdeploy.platform``):
+    fewer accelerators than it should serve with, or more than the platform has
+    (another machine type); one its tool names another model; one that is not
+    healthy; a device file a serving container is given that is absent. Each
+    names the node and both sides: "sim-a3-2 reports 8 NPUs, platform a3
+    declares 16". prepare and deploy refuse the whole cluster on any of them."""
+    plat = cluster.platform_info
+    word = facts["accelerator"].upper()
+    seen = len(facts["devices"])
+    want = node.devices or plat.devices
+    out = []
+    if seen < want or seen > plat.devices:
+        if want == plat.devices or seen > plat.devices:
+            out.append(f"{node.name} reports {seen} {word}s, platform {cluster.platform} declares {plat.devices}")
+        else:
+            out.append(f"{node.name} reports {seen} {word}s, its inventory entry declares {want} (devices; platform {cluster.platform}: {plat.devices})")
+    models: dict[str, list[str]] = {}
+    for d in facts["devices"]:
+        if not plat.model_matches(str(d.get("name", ""))):
+            models.setdefault(str(d.get("name", "")), []).append(str(d["id"]))
+    for name, ids in models.items():
+        out.append(f"{node.name} reports {word} {','.join(ids)} as {name!r}, platform {cluster.platform} declares {plat.name} "
+                   f"({word}s named {plat.model!r})")
+    bad = [d for d in facts["devices"] if d.get("health") != "OK"]
+    if bad:
+        said = "; ".join(f"{word} {d['id']}: {d.get('health')}" for d in bad)
+        out.append(f"{node.name} reports {len(bad)} of its {word}s not healthy ({said}), platform {cluster.platform} declares {plat.devices} healthy")
+    absent = s.get("device_files")
+    if absent and absent[1] == 0 and absent[0].split():
+        out.append(f"{node.name} lacks {', '.join(absent[0].split())}: platform {cluster.platform} gives each serving container these device files")
     return out
 
 
@@ -514,8 +373,31 @@ def gather_step(cluster: Cluster, refs: list[str] | None = None) -> Step:
     return Step(name="facts", build=lambda node: in_one_piece(build(cluster, node)), parse=_parse)
 
 
+def platform_check(node: Node, facts: dict) -> HostResult:
+    """The node is what its platform declares (:func:`platform_mismatch`); a
+    playbook runs this in a play of its own that stops every node on a failure."""
+    mismatch = facts.get("platform_mismatch") or []
+    if mismatch:
+        return HostResult(node.name, FAILED, msg="; ".join(mismatch), data={"mismatch": mismatch})
+    return HostResult(node.name, OK, msg=f"{len(facts['devices'])} {facts['accelerator'].upper()}s, as its platform declares")
+
+
+def platform_step(ctx) -> Step:
+    return Step(name="platform", local=from_facts(platform_check, ctx))
+
+
+def refusal(cluster: Cluster, results: dict[str, HostResult]) -> str | None:
+    """Why a run must not start anything (every node's mismatch from its facts), or None."""
+    said = [m for r in results.values() if not r.failed for m in ((r.data or {}).get("platform_mismatch") or [])]
+    if not said:
+        return None
+    return f"{cluster.name}: {'; '.join(said)}; nothing was started or changed on any node"
+
+
 STEPS = {
     "gather": lambda ctx: gather_step(ctx.cluster),
+    # every node is what its platform declares (after gather or inspect)
+    "platform": platform_step,
     # gather, plus the probes of the playbook's later steps (prepare)
     "inspect": lambda ctx: gather_step(ctx.cluster, list(ctx.options.get("steps", []))),
 }

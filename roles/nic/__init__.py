@@ -1,17 +1,19 @@
 """NIC checks from the facts (no round trip of their own): the serving NIC
-exists, is up and owns the node's IP; its MTU agrees across nodes; on NVIDIA,
-every InfiniBand port is Active/LinkUp at the expected rate."""
+exists, is up and owns the node's IP; its MTU agrees across nodes; where the
+platform reads InfiniBand ports (NVIDIA), every one is Active/LinkUp at the
+expected rate."""
 
 from __future__ import annotations
 
 from llmdeploy.inventory import Cluster, Node
+from llmdeploy.platform import vendor_of
 from llmdeploy.runner import FAILED, OK, HostResult, Step
 from roles import fail_odd_ones, from_facts, hosts_text
 from roles.facts import nic_problems
 
 
 def ib_problems(cluster: Cluster, facts: dict) -> list[str]:
-    if cluster.platform_info.vendor != "nvidia" or cluster.ib_rate is None:
+    if not vendor_of(cluster).IB_PORTS or cluster.ib_rate is None:
         return []
     ports = facts.get("ib_ports")
     # what ibstat printed, when it failed or listed no port (roles.facts keeps it)

@@ -15,6 +15,7 @@ import time
 import shlex
 
 from llmdeploy.inventory import Cluster
+from llmdeploy.platform import vendor_of
 from llmdeploy.release import current_link, root
 from roles.commenv import parse_env_file
 from roles.containers import LABEL
@@ -34,24 +35,44 @@ def current_script(cluster: Cluster) -> str:
     ]) + "\n"
 
 
+# the inspect section's last line when ``docker ps`` could not list the containers; docker's words come before it
+DOCKER_FAILED = "@@llmdeploy-docker-ps-failed@@"
+# what the docker client says when no daemon answers on its socket (a stopped or dead dockerd)
+_DAEMON_DOWN = re.compile(r"Cannot connect to the Docker daemon|Is the docker daemon running\?", re.IGNORECASE)
+
+
 def status_script(cluster: Cluster) -> str:
     """``current_script`` with the release's env file and every container of
     the cluster on this node as docker inspect JSON lines (sections env,
-    inspect): one round trip."""
+    inspect): one round trip. When ``docker ps`` fails (a daemon that does
+    not answer), the inspect section says so (docker's words, then
+    :data:`DOCKER_FAILED`) and fails, instead of listing no container."""
     q = shlex.quote
     rel = f'{q(root(cluster))}/releases/"$rel"'
+    ps = f"docker ps -a --filter label={LABEL}.cluster={q(cluster.name)} --format '{{{{.Names}}}}'"
     return current_script(cluster) + "\n".join([
         section("env", f'[ -n "$rel" ] && cat {rel}/env'),
-        section("inspect", f"for c in $(docker ps -a --filter label={LABEL}.cluster={q(cluster.name)} --format '{{{{.Names}}}}'); do "
-                           "docker inspect --format '{{json .}}' \"$c\"; done"),
+        section("inspect", f"if names=$({ps}); then for c in $names; do docker inspect --format '{{{{json .}}}}' \"$c\"; done; "
+                           f"else echo '{DOCKER_FAILED}'; false; fi"),
     ]) + "\n"
+
+
+def docker_problem(host: str, said: str) -> tuple[str, str]:
+    """(state, reason) of a node whose ``docker ps`` failed, from what docker
+    said: a daemon that does not answer is named as such."""
+    words = " ".join(said.split()) or "no output"
+    if _DAEMON_DOWN.search(said):
+        return "docker down", f"the Docker daemon on {host} does not answer ({words}): its containers' state is unknown"
+    return "docker failed", f"docker ps failed on {host} ({words}): its containers' state is unknown"
 
 
 def parse_status(out: str) -> dict:
     """{"release": id or None, "meta": release.json or None, "env": the env
     file's variables, "plan": plan.json text, "containers": {name: docker
-    inspect}} from ``status_script``'s (or ``current_script``'s) output;
-    a section that failed or is not JSON reads as absent."""
+    inspect}, "docker_error": what docker said when ``docker ps`` failed (None:
+    it listed the containers)} from ``status_script``'s (or
+    ``current_script``'s) output; a section that failed or is not JSON reads
+    as absent."""
     s = split_sections(out)
 
     def text(name: str) -> str:
@@ -73,8 +94,11 @@ def parse_status(out: str) -> dict:
         if isinstance(c, dict) and isinstance(c.get("Name"), str):
             containers[c["Name"].lstrip("/")] = c
     meta = load("meta")
+    lines = (s.get("inspect") or ("", 0))[0].splitlines()
+    failed = [i for i, line in enumerate(lines) if line.strip() == DOCKER_FAILED]
+    docker_error = ("\n".join(lines[: failed[0]]).strip() or "no output") if failed else None
     return {"release": text("release").strip() or None, "meta": meta if isinstance(meta, dict) else None,
-            "env": parse_env_file(text("env")), "plan": text("plan"), "containers": containers}
+            "env": parse_env_file(text("env")), "plan": text("plan"), "containers": containers, "docker_error": docker_error}
 
 
 UNIT_MARK = "@@llmdeploy-unit@@"
@@ -131,13 +155,12 @@ def follow_command(container: str, opts: list[str]) -> str:
 # --- the live view (invoke top): everything about one node in one round trip ------------------------
 TOP_FORMAT = (f'{{{{.Name}}}}|{{{{.State.Status}}}}|{{{{.State.StartedAt}}}}|{{{{index .Config.Labels "{LABEL}.service"}}}}|'
               f'{{{{index .Config.Labels "{LABEL}.release"}}}}')
-GPU_QUERY = "index,utilization.gpu,memory.used,memory.total"
 
 
 def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None = None) -> str:
     """One node's units (state, start time, service, release), the current
     release's attempt numbers, its accelerators' use and memory
-    (``nvidia-smi --query-gpu`` or ``npu-smi info``) and, with ``metrics``
+    (the platform's ``TOP_QUERY``: ``nvidia-smi --query-gpu``, ``npu-smi info``) and, with ``metrics``
     (ip, port, path), the server's metrics page read on the node itself
     (bash's /dev/tcp: no other tool needed). Sections release, units,
     attempts, accel, metrics."""
@@ -149,8 +172,8 @@ def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None = None) ->
         section("release", 'echo "$rel"'),
         section("units", f'ids=$({ids}); [ -z "$ids" ] || docker inspect --format {q(TOP_FORMAT)} $ids'),
         section("attempts", f'[ -n "$rel" ] && for f in {rel}/logs/*.attempt; do [ -f "$f" ] && printf "%s %s\\n" "${{f##*/}}" "$(head -c 12 "$f")"; done; true'),
-        section("accel", f"if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits; "
-                         "elif command -v npu-smi >/dev/null; then npu-smi info; fi"),
+        # the platform's query of its devices' use and memory (nvidia-smi --query-gpu, npu-smi info)
+        section("accel", vendor_of(cluster).TOP_QUERY),
     ]
     if metrics:
         ip, port, path = metrics
@@ -161,34 +184,7 @@ def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None = None) ->
     return "\n".join(parts) + "\n"
 
 
-def _gpus(text: str) -> list[dict]:
-    out = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) == 4 and cells[0].isdigit():
-            def num(v):
-                try:
-                    return float(v)
-                except ValueError:  # [N/A], [Not Supported]
-                    return None
-            out.append({"id": int(cells[0]), "util_pct": num(cells[1]), "mem_used_mib": num(cells[2]), "mem_total_mib": num(cells[3])})
-    return out
-
-
-# npu-smi info: the second line of each NPU's block, "| chip phy-id | bus-id | AICore(%) Memory-Usage(MB) HBM-Usage(MB) |"
-_NPU_LINE = re.compile(r"^\|\s*(\d+)\s+(\d+)\s*\|\s*[0-9A-Fa-f:.]+\s*\|\s*(\d+(?:\.\d+)?)\s+\d+\s*/\s*\d+\s+(\d+)\s*/\s*(\d+)\s*\|")
-
-
-def _npus(text: str) -> list[dict]:
-    out = []
-    for line in text.splitlines():
-        m = _NPU_LINE.match(line)
-        if m:
-            out.append({"id": int(m.group(2)), "util_pct": float(m.group(3)), "mem_used_mib": float(m.group(4)), "mem_total_mib": float(m.group(5))})
-    return out
-
-
-def parse_top(out: str) -> dict:
+def parse_top(out: str, cluster: Cluster) -> dict:
     """``top_script``'s output: {"release", "units": [{name, state, started,
     service, release}], "attempts": {container: n}, "accel": [{id, util_pct,
     mem_used_mib, mem_total_mib}], "metrics": the page's body (None unless
@@ -219,7 +215,7 @@ def parse_top(out: str) -> dict:
         status = int(code[0]) if sep and code and code[0].isdigit() else None
         metrics = body if status == 200 else None
     return {"release": text("release").strip() or None, "units": units, "attempts": attempts,
-            "accel": _gpus(accel) or _npus(accel), "metrics": metrics, "metrics_status": status}
+            "accel": vendor_of(cluster).parse_top(accel), "metrics": metrics, "metrics_status": status}
 
 
 def started_at(started: str) -> float | None:

@@ -72,7 +72,7 @@ def calls(hw: dict) -> list[tuple[str, list[str]]]:
     if hw.get("gpus") or hw.get("platform") in ("b200", "b300", "gb200", "gb300", "h100", "h200"):
         out += [
             ("nvidia-smi", [NVSMI_QUERY, "--format=csv,noheader,nounits"]),
-            # invoke top's query (roles.status.GPU_QUERY)
+            # invoke top's query (platforms.nvidia.GPU_QUERY)
             ("nvidia-smi", ["--query-gpu=index,utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits"]),
             ("nvidia-smi", ["topo", "-m"]),
             ("nvidia-smi", ["-L"]),

@@ -10,13 +10,13 @@ import json
 import shlex
 
 from llmdeploy.inventory import Cluster, Node
+from llmdeploy.platform import vendor_of
 from roles import containers
 from systems import common
 
 from .profile import VllmAscendProfile
 
-# seed 001, "Docker Image Installation": every node gets these
-ASCEND_CONTROL_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
+# seed 001, "Docker Image Installation": every node gets these (its devices: platforms/ascend)
 ASCEND_MOUNTS = [
     "/usr/local/dcmi:/usr/local/dcmi",
     "/usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool",
@@ -106,9 +106,8 @@ def docker_run_args(cluster: Cluster, node: Node, release: str, env_file: str, i
         "--net=host",
         "--shm-size=1g",
     ]
-    for d in range(node.devices or cluster.platform_info.devices):
-        args += ["--device", f"/dev/davinci{d}"]
-    for dev in ASCEND_CONTROL_DEVICES:
+    # every NPU of the node and the control devices (seed 001): what the platform gives a container
+    for dev in vendor_of(cluster).container_devices(cluster, node):
         args += ["--device", dev]
     for m in ASCEND_MOUNTS:
         args += ["-v", m]

@@ -62,5 +62,8 @@ def test_a_sick_npu_is_a_problem_of_that_node_only(sim_cluster):
         hw["npus"] = saved
         hardware.save(state, hw)
     problems = {h: doc["hosts"][h]["facts"]["problems"] for h in doc["hosts"]}
-    assert problems["sim-a3-2"] == ["NPU 7 not healthy"]
+    # named with its node against its platform (prepare and deploy refuse on it), then as before
+    assert problems["sim-a3-2"] == ["sim-a3-2 reports 1 of its NPUs not healthy (NPU 7: Critical), platform a3 declares 16 healthy",
+                                    "NPU 7 not healthy"]
+    assert doc["hosts"]["sim-a3-2"]["facts"]["platform_mismatch"] == problems["sim-a3-2"][:1]
     assert all(p == [] for h, p in problems.items() if h != "sim-a3-2")

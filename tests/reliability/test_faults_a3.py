@@ -385,3 +385,36 @@ def test_a_torn_or_edited_ledger_line_is_named_and_skipped(healthy):
         assert "ledger problem" in table
     finally:
         path.write_text(original)
+
+
+# --- the container engine ----------------------------------------------------------------------
+def test_a_dead_docker_daemon_is_named_by_status_not_its_containers_missing(healthy):
+    """sim-a3-1's Docker socket moved away (its daemon and containers go on):
+    the docker client says what it says of a dead daemon, and status names
+    that for the node instead of calling its container missing."""
+    from sim import dockerd
+
+    node = "sim-a3-1"
+    pid = str(hostview._host_pid(SIM_CLUSTER, node))
+    sock = dockerd.DOCKER_SOCK
+
+    def move(src, dst):
+        subprocess.run(["nsenter", "-t", pid, "-m", "mv", src, dst], check=True, timeout=30)
+
+    move(sock, sock + ".away")
+    try:
+        res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
+        assert res.returncode == 1, res.stdout + res.stderr
+        doc = json.loads(res.stdout)
+        mine = doc["nodes"][node]
+        assert mine["state"] == "docker down", mine
+        assert mine["reason"].startswith(f"the Docker daemon on {node} does not answer (Cannot connect to the Docker daemon at "
+                                          f"unix://{sock}. Is the docker daemon running?)"), mine["reason"]
+        assert mine["units"] and all(u["state"] == "docker down" for u in mine["units"].values()), mine["units"]
+        assert all(doc["nodes"][n]["state"] == "running" for n in NODES if n != node)
+        table = run_invoke("status", "--cluster", SIM_CLUSTER, env={"COLUMNS": "250"})
+        assert f"not serving {node}: the Docker daemon on {node} does not answer" in table.stdout
+        assert "missing" not in table.stdout
+    finally:
+        move(sock + ".away", sock)
+    assert run_invoke("status", "--cluster", SIM_CLUSTER).returncode == 0

@@ -32,6 +32,7 @@ from flows import probes
 from llmdeploy.inventory import load_cluster
 from llmdeploy.releaseplan import Probe
 from llmdeploy.runner import CHANGED, FAILED, OK
+from platforms import ascend, nvidia
 from roles import comm, containers, image, model, nic, wheels
 from sim import hardware
 
@@ -195,7 +196,7 @@ def test_an_excerpt_keeps_the_beginning_and_is_one_line(text):
 
 # --- facts -------------------------------------------------------------------------------------------
 SECTION_PARSERS = [
-    facts.parse_lscpu, facts.parse_numactl, facts.parse_meminfo, facts.parse_npu_smi, facts.parse_nvsmi,
+    facts.parse_lscpu, facts.parse_numactl, facts.parse_meminfo, ascend.parse_npu_smi, nvidia.parse_nvsmi,
     facts.parse_df, facts.parse_listen, facts.parse_ibstat, facts.split_sections,
     lambda t: facts.parse_topo_affinity(t, "NPU"), lambda t: facts.parse_topo_affinity(t, "GPU"), lambda t: facts.parse_addrs(t, t),
     lambda t: facts._cpulist(t),
@@ -220,8 +221,8 @@ def test_what_used_to_crash_the_facts_parsers():
     assert facts.split_sections(f"{MARK} hostname\nh\n{MARK}rc garbage\n") == {"hostname": ("h", None)}
     assert facts.parse_lscpu("CPU NODE\n  ²   0\n  1 ²\n") == {1: 0}
     assert facts.parse_numactl("node 0 cpus: 0 1\nnode 0 size:\nnode 0 free: x MB\n") == [{"id": 0, "cpus": 2, "size_mb": 0, "free_mb": 0}]
-    assert [d["chip"] for d in facts.parse_npu_smi("| 0 910 | OK | x |\n| 0² 0 | 0000:C1:00.0 | y |\n")] == [0]
-    assert facts.parse_nvsmi("0², B200, GPU-1, 1, 0000:18:00.0, 0\n0, B200, GPU-1, 1²,0000:18:00.0, 0\n")[0]["mem_mib"] is None
+    assert [d["chip"] for d in ascend.parse_npu_smi("| 0 910 | OK | x |\n| 0² 0 | 0000:C1:00.0 | y |\n")] == [0]
+    assert nvidia.parse_nvsmi("0², B200, GPU-1, 1, 0000:18:00.0, 0\n0, B200, GPU-1, 1²,0000:18:00.0, 0\n")[0]["mem_mib"] is None
     assert facts.parse_df("Filesystem\n/dev/x 1\n") == (None, None) and facts.parse_df("F\n/dev/x 1 2 x 4 /\n") == (None, None)
     assert facts.parse_listen("LISTEN 0 1 0.0.0.0:²² x\n") == []
     assert facts.parse_ibstat("CA 'a'\n\tPort 1:\n\t\tRate: 4²\n")[0]["rate"] == "4²"
@@ -239,10 +240,10 @@ def test_npu_smi_cut_short_at_every_position():
     """A truncated ``npu-smi info`` table: never an exception, never an invented
     device; fewer devices than the node has is a problem that shows the table."""
     full = good()["sim-a3"]["npusmi"]
-    want = facts.parse_npu_smi(full)
+    want = ascend.parse_npu_smi(full)
     assert len(want) == 16
     for cut in cuts(full):
-        got = facts.parse_npu_smi(cut)
+        got = ascend.parse_npu_smi(cut)
         assert len(got) <= 16
         for g, w in zip(got, want):
             assert (g["npu"], g["chip"], g["name"], g["health"]) == (w["npu"], w["chip"], w["name"], w["health"])
@@ -377,19 +378,19 @@ def two_npu_node():
 
 def test_hccn_tool_answers_are_read():
     c, n = two_npu_node()
-    p = comm.parse_ascend(c, n, ascend_output(2))
-    assert all(ok for d in p["npus"].values() for ok, _ in d.values()), p["npus"]
-    assert p["ips"] == {0: "198.19.128.10", 1: "198.19.128.10"} and p["hccn_conf"]
+    p = comm.parse_links(c, n, ascend_output(2))
+    assert all(ok for d in p["devices"].values() for ok, _ in d.values()), p["devices"]
+    assert p["ips"] == {0: "198.19.128.10", 1: "198.19.128.10"} and p["conf"]
 
 
 @FAST
 @given(garbage.filter(lambda t: ":" not in t and "[" not in t and "lldp" not in t.lower() and t.strip() != "Success"))
 def test_garbage_from_hccn_tool_fails_each_check_showing_it(text):
     c, n = two_npu_node()
-    p = comm.parse_ascend(c, n, ascend_output(2, {k: (text, 0) for k in ITEMS}))
+    p = comm.parse_links(c, n, ascend_output(2, {k: (text, 0) for k in ITEMS}))
     t = held(text).strip()
     for d in (0, 1):
-        for check, (ok, detail) in p["npus"][d].items():
+        for check, (ok, detail) in p["devices"][d].items():
             assert not ok, (check, detail)
             if not t:
                 assert detail == "no answer", (check, detail)
@@ -404,11 +405,11 @@ def test_garbage_from_hccn_tool_fails_each_check_showing_it(text):
 
 def test_hccn_tool_in_its_own_words_keeps_its_details():
     c, n = two_npu_node()
-    p = comm.parse_ascend(c, n, ascend_output(2, {
+    p = comm.parse_links(c, n, ascend_output(2, {
         "netdetect": ("netdetect address:", 0), "gateway": ("default gateway:, Iface:", 0), "lldp": ("Get lldp information failed", 1),
         "optical": ("present: not present", 0), "tls": ("dev_id:0, tls switch[1](0:disable, 1:enable)", 0),
     }))
-    d = p["npus"][0]
+    d = p["devices"][0]
     assert d["netdetect"] == (False, "not set") and d["gateway"] == (False, "not set") and d["lldp"] == (False, "no switch port (LLDP)")
     assert d["optical"] == (False, "not present") and d["tls"] == (True, "1")
 
@@ -418,12 +419,12 @@ def test_hccn_tool_output_cut_short_at_every_position():
     answer", never a value cut short (an NPU IP of 198.19.1 is worse than none)."""
     c, n = two_npu_node()
     full = ascend_output(2)
-    want = comm.parse_ascend(c, n, full)
+    want = comm.parse_links(c, n, full)
     for cut in cuts(full):
-        got = comm.parse_ascend(c, n, cut)
+        got = comm.parse_links(c, n, cut)
         for d in (0, 1):
-            for check, value in got["npus"][d].items():
-                assert value in (want["npus"][d][check], (False, "no answer")), (check, value, cut[-80:])
+            for check, value in got["devices"][d].items():
+                assert value in (want["devices"][d][check], (False, "no answer")), (check, value, cut[-80:])
         assert set(got["ips"].items()) <= set(want["ips"].items())
 
 
@@ -462,7 +463,7 @@ def test_garbage_host_ping_output_is_never_fatal(text):
 
 # --- all_reduce_perf (verify-comm, NVIDIA) ----------------------------------------------------------------
 def passes(perf: dict) -> bool:
-    """What flows.verify.nvidia accepts (without a busbw floor)."""
+    """What flows.verify.collective accepts (without a busbw floor)."""
     return perf["max_busbw"] is not None and perf["oob_ok"] and not perf["wrong_ranks"]
 
 

@@ -58,11 +58,12 @@ def test_parse_hccn_tool_answers():
             sec(f"optical {d}", "present: present"),
             sec(f"npu_ip {d}", "Get ipconf failed, because no ip was preset there!" if d == 7 else f"ipaddr:10.0.{d}.1\nnetmask:255.255.255.0", 1 if d == 7 else 0),
         ]
-    p = comm.parse_ascend(c, n, "\n".join(parts))
-    assert p["npus"][3]["link"] == (False, "DOWN") and p["npus"][5]["health"] == (False, "Fault")
-    assert p["npus"][6]["tls"] == (True, "1") and p["npus"][0]["tls"] == (True, "0")
-    assert p["npus"][7]["npu_ip"] == (False, "Get ipconf failed, because no ip was preset there!")
-    assert p["ips"] == {d: f"10.0.{d}.1" for d in range(7)} and p["hccn_conf"] == "address_0=10.0.0.1"
+    p = comm.parse_links(c, n, "\n".join(parts))
+    assert p["devices"][3]["link"] == (False, "DOWN") and p["devices"][5]["health"] == (False, "Fault")
+    assert p["devices"][6]["tls"] == (True, "1") and p["devices"][0]["tls"] == (True, "0")
+    assert p["devices"][7]["npu_ip"] == (False, "Get ipconf failed, because no ip was preset there!")
+    assert p["ips"] == {d: f"10.0.{d}.1" for d in range(7)} and p["conf"] == "address_0=10.0.0.1"
+    assert (p["conf_name"], p["conf_path"]) == ("hccn.conf", "/etc/hccn.conf")
 
 
 def test_parse_pings():

@@ -9,6 +9,8 @@ import sys
 import pytest
 
 import roles.facts as facts
+from llmdeploy.sections import numa_of
+from platforms import ascend, nvidia
 from llmdeploy.inventory import load_cluster
 from sim import hardware
 
@@ -76,7 +78,7 @@ def test_nvidia_script_queries_gpus_not_npus():
 
 def test_npu_smi_parser_reads_all_16_a3_devices(a3_host):
     _, _, d = a3_host
-    devs = facts.parse_npu_smi(standin(d, "npu-smi", "info").stdout)
+    devs = ascend.parse_npu_smi(standin(d, "npu-smi", "info").stdout)
     assert len(devs) == 16
     assert [x["npu"] for x in devs[:4]] == [0, 0, 1, 1] and [x["chip"] for x in devs[:4]] == [0, 1, 0, 1]
     assert all(x["health"] == "OK" for x in devs)
@@ -87,7 +89,7 @@ def test_npu_smi_parser_sees_a_sick_device(a3_host):
     hw = hardware.load(d)
     hw["npus"][5]["health"] = "Critical"
     hardware.save(d, hw)
-    devs = facts.parse_npu_smi(standin(d, "npu-smi", "info").stdout)
+    devs = ascend.parse_npu_smi(standin(d, "npu-smi", "info").stdout)
     assert [x["id"] for x in devs if x["health"] != "OK"] == [5]
 
 
@@ -96,7 +98,7 @@ def test_topology_gives_numa_affinity(a3_host):
     aff = facts.parse_topo_affinity(standin(d, "npu-smi", "info", "-t", "topo").stdout, "NPU")
     cpu_nodes = facts.parse_lscpu(standin(d, "lscpu", "-e=CPU,NODE").stdout)
     assert len(cpu_nodes) == 320
-    assert facts._numa_of(aff[0], cpu_nodes) == 0 and facts._numa_of(aff[15], cpu_nodes) == 3
+    assert numa_of(aff[0], cpu_nodes) == 0 and numa_of(aff[15], cpu_nodes) == 3
 
 
 def test_numactl_parser(a3_host):
@@ -116,7 +118,7 @@ def test_nvidia_parsers(tmp_path):
     c = load_cluster("sim-b200")
     hardware.save(tmp_path, hardware.node_hardware(c, 0, c.nodes[0]))
     q = standin(tmp_path, "nvidia-smi", "--query-gpu=index,name,uuid,memory.total,pci.bus_id,ecc.errors.uncorrected.volatile.total", "--format=csv,noheader,nounits")
-    gpus = facts.parse_nvsmi(q.stdout)
+    gpus = nvidia.parse_nvsmi(q.stdout)
     assert len(gpus) == 8 and gpus[0]["name"] == "NVIDIA B200" and all(g["health"] == "OK" for g in gpus)
     aff = facts.parse_topo_affinity(standin(tmp_path, "nvidia-smi", "topo", "-m").stdout, "GPU")
     assert aff[0] == list(range(0, 112)) and aff[7] == list(range(112, 224))

@@ -9,6 +9,10 @@
    included). Docstrings and comments may name systems: they explain, they do
    not decide. A system's name belongs in systems/<name>/ (and templates/,
    playbooks/, inventory/, sim/, tests/).
+3. Nor is a hardware vendor (issue 32): ``ascend``, ``nvidia`` and every
+   vendor package platforms/ registers. A vendor's name belongs in
+   platforms/<vendor>/ (and systems/: a serving system may be made for one
+   vendor).
 
 The checker is tested on small snippets first, so it cannot pass by seeing
 nothing.
@@ -40,6 +44,10 @@ GENERIC = ("llmdeploy", "roles", "flows")
 # None of them is part of an ordinary English or Python word ("dynamo" is not
 # in "dynamic"; "tensorrt" is not in "tensor").
 FIXED_NAMES = ("vllm", "vllm-ascend", "vllm_ascend", "trtllm", "trtllm-serve", "tensorrt", "dynamo", "sglang")
+
+# Always checked as hardware vendors, whatever platforms/ holds today ("nvidia"
+# also catches nvidia-smi; "ascend" the driver's /usr/local/Ascend paths).
+FIXED_VENDORS = ("ascend", "nvidia")
 
 # Folders under systems/ that are not a serving system (shared helpers, if the
 # restructuring makes any); a folder listed here is not a name to look for.
@@ -147,6 +155,30 @@ def spellings(names: set[str] | tuple[str, ...]) -> set[str]:
 
 def system_names(repo: Path = REPO) -> set[str]:
     return spellings(set(FIXED_NAMES) | derived_system_names(repo / "systems"))
+
+
+def derived_vendor_names(platforms_dir: Path) -> set[str]:
+    """The vendors that platforms/ declares: every package folder under it
+    (a vendor is ``platforms/<name>/``) but private ones, and the keys of its
+    registry in platforms/__init__.py (a module-level dict whose keys are
+    strings, each naming one of its folders: ``VENDORS``)."""
+    if not platforms_dir.is_dir():
+        return set()
+    folders = {p.name for p in platforms_dir.iterdir() if (p / "__init__.py").is_file()}
+    names = {f for f in folders if not f.startswith("_")}
+    init = platforms_dir / "__init__.py"
+    if init.is_file():
+        for stmt in ast.parse(init.read_text(), str(init)).body:
+            value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(value, ast.Dict) and value.keys:
+                keys = [k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+                if len(keys) == len(value.keys) and all(k in folders for k in keys):
+                    names |= set(keys)
+    return names
+
+
+def vendor_names(repo: Path = REPO) -> set[str]:
+    return spellings(set(FIXED_VENDORS) | derived_vendor_names(repo / "platforms"))
 
 
 # --- where the code names them -------------------------------------------------------------------
@@ -260,8 +292,8 @@ def module_name(path: Path, repo: Path = REPO) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def generic_code_hits(repo: Path = REPO) -> list[Hit]:
-    names = system_names(repo)
+def generic_code_hits(repo: Path = REPO, names: set[str] | None = None) -> list[Hit]:
+    names = system_names(repo) if names is None else names
     hits: list[Hit] = []
     for path in generic_sources(repo):
         hits += find_system_names(path.read_text(), names, str(path.relative_to(repo)), module_name(path, repo))
@@ -298,6 +330,21 @@ def test_no_serving_system_named_in_generic_code():
             f"{len(hits)} places in {len(per_file)} files of {', '.join(f'{d}/' for d in GENERIC)} name a serving system in code "
             f"(looked for: {', '.join(sorted(system_names()))}); move them into the system's folder under systems/ "
             "and ask the system through its declared interface.\n"
+            + "".join(f"  {n:4d}  {f}\n" for f, n in sorted(per_file.items()))
+            + "\n".join(str(h) for h in hits),
+            pytrace=False,
+        )
+
+
+def test_no_vendor_named_in_generic_code():
+    names = vendor_names()
+    hits = generic_code_hits(names=names)
+    if hits:
+        per_file = Counter(h.path for h in hits)
+        pytest.fail(
+            f"{len(hits)} places in {len(per_file)} files of {', '.join(f'{d}/' for d in GENERIC)} name a hardware vendor in code "
+            f"(looked for: {', '.join(sorted(names))}); move them into the vendor's package under platforms/ "
+            "and ask it through llmdeploy.platform (the Vendor interface).\n"
             + "".join(f"  {n:4d}  {f}\n" for f, n in sorted(per_file.items()))
             + "\n".join(str(h) for h in hits),
             pytrace=False,
@@ -405,6 +452,42 @@ def test_system_names_come_from_the_registry(tmp_path):
     names = derived_system_names(systems)
     assert names == {"sglang", "sglang-mn", "tgi", "tgi-serve", "text-generation-inference", "lmdeploy"}
     assert {"tgi_serve", "tgiserve", "vllm", "dynamo"} <= system_names(tmp_path)
+
+
+VENDOR_NAMES = spellings(FIXED_VENDORS)
+
+
+def test_vendor_names_in_code_fail_and_their_tools_words_pass():
+    src = textwrap.dedent('''
+        """Reads npu-smi on Ascend and nvidia-smi on NVIDIA."""
+        def ascend_script(node):  # Ascend: hccn_tool
+            return "nvidia-smi topo -m"
+        HCCN = "HCCN=$(command -v hccn_tool || echo /usr/local/Ascend/driver/tools/hccn_tool)"
+        if plat.vendor == "ascend":
+            tool = "npu-smi info"
+        ''')
+    got = [(h.line, h.what, h.text) for h in find_system_names(src, VENDOR_NAMES)]
+    assert (3, "def", "ascend_script") in got
+    assert (4, "string", "nvidia-smi topo -m") in got
+    assert (5, "string", "HCCN=$(command -v hccn_tool || echo /usr/local/Ascend/driver/tools/hccn_tool)") in got
+    assert (6, "string", "ascend") in got
+    assert not any("npu-smi info" == text for _, _, text in got)  # a tool's name that is no vendor's passes
+    assert not any(line == 2 for line, _, _ in got)  # the docstring
+
+
+def test_vendor_names_come_from_the_registry(tmp_path):
+    plat = tmp_path / "platforms"
+    for name in ("amd", "_shared", "intel"):
+        (plat / name).mkdir(parents=True)
+        (plat / name / "__init__.py").write_text("")
+    (plat / "__init__.py").write_text("VENDORS = {'amd': ('mi355',), 'intel': ('gaudi3',)}\nOTHER = {'x': 1}\n")
+    assert derived_vendor_names(plat) == {"amd", "intel"}
+    assert {"amd", "intel", "ascend", "nvidia"} <= vendor_names(tmp_path)
+
+
+def test_this_tree_declares_vendors():
+    """The derivation reads today's platforms/ (else a new vendor would be checked against the fixed list only)."""
+    assert derived_vendor_names(REPO / "platforms") >= {"ascend", "nvidia"}, f"no vendor found in {REPO / 'platforms'}"
 
 
 def test_this_tree_declares_systems():

@@ -43,7 +43,10 @@ def run_sections(**texts) -> str:
 def test_the_script_reads_everything_in_one_round_trip_and_the_metrics_only_where_asked():
     c = load_cluster("sim-a3")
     plain = top_script(c)
-    assert "docker inspect --format" in plain and "nvidia-smi --query-gpu=index,utilization.gpu" in plain and "npu-smi info" in plain
+    # the platform's own query: npu-smi on Ascend, nvidia-smi on NVIDIA
+    assert "docker inspect --format" in plain and "npu-smi info" in plain and "nvidia-smi" not in plain
+    gpu = top_script(load_cluster("sim-b200"))
+    assert "nvidia-smi --query-gpu=index,utilization.gpu" in gpu and "npu-smi" not in gpu
     assert "/dev/tcp" not in plain
     with_metrics = top_script(c, ("127.0.0.1", 8000, "/metrics"))
     assert "/dev/tcp/127.0.0.1/8000" in with_metrics and "GET /metrics HTTP/1.0" in with_metrics
@@ -59,17 +62,18 @@ def test_parse_top_reads_units_attempts_gpus_npus_and_the_page():
         accel=GPU_CSV,
         metrics="HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n" + VLLM_PAGE,
     )
-    got = parse_top(out)
+    b200, a3 = load_cluster("sim-b200"), load_cluster("sim-a3")
+    got = parse_top(out, b200)
     assert got["release"] == "20261204T100000Z-abcdef12"
     assert got["units"] == [{"name": "sim-a3-r", "state": "running", "started": "2026-12-04T10:00:00.123456789Z", "service": "node0",
                              "release": "20261204T100000Z-abcdef12"}]
     assert got["attempts"] == {"sim-a3-r": 3}
     assert got["accel"][1] == {"id": 1, "util_pct": 91.0, "mem_used_mib": 121000.0, "mem_total_mib": 183359.0}
     assert got["metrics_status"] == 200 and got["metrics"].startswith("# HELP")
-    npus = parse_top(run_sections(accel=NPU_INFO))["accel"]
+    npus = parse_top(run_sections(accel=NPU_INFO), a3)["accel"]
     assert npus == [{"id": 0, "util_pct": 55.0, "mem_used_mib": 52000.0, "mem_total_mib": 65536.0},
                     {"id": 1, "util_pct": 45.0, "mem_used_mib": 50000.0, "mem_total_mib": 65536.0}]
-    missing = parse_top(run_sections(metrics="HTTP/1.1 404 Not Found\r\n\r\n{}"))
+    missing = parse_top(run_sections(metrics="HTTP/1.1 404 Not Found\r\n\r\n{}"), b200)
     assert missing["metrics"] is None and missing["metrics_status"] == 404
 
 

@@ -1,0 +1,221 @@
+"""The platform interface: the one place that says what a hardware vendor
+gives the rest of the tool. The generic code (the core, the roles, the flows)
+asks a cluster's vendor through what is declared here and never names one.
+
+A vendor is a package ``platforms/<vendor>/`` (``platforms/ascend``,
+``platforms/nvidia``) registered with one line in ``platforms/__init__.py``
+(``VENDORS``: the vendor's package -> the platform names it declares). The
+package declares:
+
+1. **Its platforms** (``PLATFORMS``): one :class:`Platform` row per machine
+   type an inventory may name (``cluster.platform``): its name, its
+   accelerators per node and what their tool calls them. A vendor may
+   subclass the row for what only its tools need (the NPU address query of
+   an Ascend platform, say).
+2. **Its behaviour** (:class:`Vendor`, module attributes): the facts
+   commands that list the devices and how to read them, the device files a
+   container needs, the live view's query, the files a log bundle adds, the
+   check verify-comm runs, the labels of its pictures.
+
+The core's inventory validation asks :func:`platform` for a cluster's row;
+the registry loads a vendor's package only when a cluster names one of its
+platforms (:func:`vendor` imports ``platforms.<vendor>`` on first use), so a
+start-up loads none of the plug-ins it does not need.
+
+Core: imports nothing above ``llmdeploy`` (the plug-in root is found by
+name, :data:`PLUGINS`, like the serving systems' ``systems.module_for``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from pydantic import Field
+
+from .errors import LlmdeployError
+from .schema import Strict
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from .inventory import Cluster, Node
+
+# the package that holds the vendors and their registry (``VENDORS``)
+PLUGINS = "platforms"
+
+# the verify-comm methods a vendor's tools offer (flows.verify runs them):
+# "device_pings": per device, the vendor's NIC tool's link checks and
+#   device-to-device pings across nodes (roles.comm's ping plan);
+# "collective": the device table read by the facts, then one all_reduce over
+#   every device of every node (roles.comm's all_reduce_perf under mpirun).
+COMM_METHODS = ("device_pings", "collective")
+
+
+class Platform(Strict):
+    """One platform: a machine type with a fixed number of accelerators."""
+
+    # what people call it (tables, messages): "Atlas 800 A3", "B200"
+    name: str
+    # the package under platforms/ that declares it
+    vendor: str
+    # accelerators per node: a node reporting another number is not this platform
+    devices: int = Field(ge=1, le=64)
+    # what the device tool calls one of them (a regular expression the whole
+    # name must match): "NVIDIA B200", "Ascend910"
+    model: str
+
+    def model_matches(self, name: str) -> bool:
+        return re.fullmatch(self.model, name.strip()) is not None
+
+
+class Vendor(Protocol):
+    """What the generic code calls in a vendor's package (``platforms/<vendor>/__init__.py``).
+
+    Declarations: ``VENDOR`` (the package's name), ``PLATFORMS`` (name ->
+    :class:`Platform`), ``DEVICE`` (how one accelerator is named in facts,
+    messages and pictures: ``npu``, ``gpu``), ``DEVICE_TOOL`` (the facts
+    section whose table lists the devices, and the command people know it
+    by: ("npusmi", "npu-smi info")), ``IB_PORTS`` (the facts read the
+    InfiniBand ports with ``ibstat`` and ``cluster.ib_rate`` applies),
+    ``COMM_METHOD`` (one of :data:`COMM_METHODS`), ``LOG_FILES`` (file in a
+    log bundle -> the command that fills it), ``TOP_QUERY`` (the live
+    view's command for the accelerators' use and memory).
+
+    Builders and parsers (pure; the runner runs what they build):
+    ``facts_lines(cluster, node)`` the facts script's device lines (sections
+    built with ``llmdeploy.sections.section``), ``devices(sections,
+    cpu_nodes)`` the device list read from them (one dict per device: ``id``,
+    ``name``, ``health`` ("OK" or what is wrong), ``cpu_affinity``, ``numa``
+    and the vendor's own keys), ``container_devices(cluster, node)`` the
+    device files a serving container needs on ``node`` (``--device``; the
+    facts check that each exists), ``parse_top(text)`` the live view's
+    accelerators (``id``, ``util_pct``, ``mem_used_mib``, ``mem_total_mib``),
+    ``comm_device_checks(cluster, node, facts)`` verify-comm's checks of a
+    node's devices from its facts (check -> {ok, summary, failures}; the
+    ``collective`` method), and, for the ``device_pings`` method,
+    ``link_script``/``parse_links``/``LINK_CHECKS``/``LINK_TOOL``/``PING_PRELUDE``/``ping_job``
+    (``platforms.ascend.comm``)."""
+
+    VENDOR: str
+    PLATFORMS: dict[str, Platform]
+    DEVICE: str
+    DEVICE_TOOL: tuple[str, str]
+    IB_PORTS: bool
+    COMM_METHOD: Literal["device_pings", "collective"]
+    LOG_FILES: dict[str, str]
+    TOP_QUERY: str
+
+    def facts_lines(self, cluster: "Cluster", node: "Node") -> list[str]: ...
+
+    def devices(self, sections: dict[str, tuple[str, int | None]], cpu_nodes: dict[int, int]) -> list[dict]: ...
+
+    def container_devices(self, cluster: "Cluster", node: "Node") -> list[str]: ...
+
+    def parse_top(self, text: str) -> list[dict]: ...
+
+
+# the attributes every vendor's package must have (checked when it loads), and those of its verify-comm method
+REQUIRED = tuple(Vendor.__annotations__) + ("facts_lines", "devices", "container_devices", "parse_top")
+REQUIRED_BY_METHOD = {
+    "collective": ("comm_device_checks",),
+    "device_pings": ("LINK_CHECKS", "LINK_TOOL", "PING_PRELUDE", "link_script", "parse_links", "ping_job"),
+}
+
+
+def _registry():
+    """The plug-in root's registry (``platforms/__init__.py``: ``VENDORS``)."""
+    return importlib.import_module(PLUGINS)
+
+
+def platform_names() -> tuple[str, ...]:
+    """Every platform name an inventory may give, in the registry's order
+    (no vendor package is loaded to answer)."""
+    return tuple(name for names in _registry().VENDORS.values() for name in names)
+
+
+def vendor_name(platform_name: str) -> str:
+    """The vendor package that declares ``platform_name``; LlmdeployError when none does."""
+    for vendor, names in _registry().VENDORS.items():
+        if platform_name in names:
+            return vendor
+    raise LlmdeployError(f"platform {platform_name!r}: no vendor under {PLUGINS}/ declares it (known: {', '.join(platform_names())})")
+
+
+_LOADED: dict[str, object] = {}
+
+
+def vendor(name: str) -> Vendor:
+    """The package ``platforms/<name>/``, loaded on first use and checked
+    against the interface (:data:`REQUIRED`) and the registry's line."""
+    mod = _LOADED.get(name)
+    if mod is not None:
+        return mod  # type: ignore[return-value]
+    registered = _registry().VENDORS
+    if name not in registered:
+        raise LlmdeployError(f"no platform vendor {name!r} (registered: {', '.join(registered)})")
+    mod = importlib.import_module(f"{PLUGINS}.{name}")
+    missing = [a for a in REQUIRED if not hasattr(mod, a)]
+    if missing:
+        raise TypeError(f"{mod.__name__} is no platform vendor: it lacks {', '.join(missing)} (llmdeploy.platform.Vendor)")
+    if mod.VENDOR != name:
+        raise TypeError(f"{mod.__name__}: VENDOR {mod.VENDOR!r} is not its package's name {name!r}")
+    if mod.COMM_METHOD not in COMM_METHODS:
+        raise TypeError(f"{mod.__name__}: COMM_METHOD {mod.COMM_METHOD!r} is none of {', '.join(COMM_METHODS)}")
+    missing = [a for a in REQUIRED_BY_METHOD[mod.COMM_METHOD] if not hasattr(mod, a)]
+    if missing:
+        raise TypeError(f"{mod.__name__}: verify-comm's {mod.COMM_METHOD} method needs {', '.join(missing)} (llmdeploy.platform.Vendor)")
+    declared, listed = set(mod.PLATFORMS), set(registered[name])
+    if declared != listed:
+        raise TypeError(f"{mod.__name__} declares the platforms {', '.join(sorted(declared))}, but {PLUGINS}/__init__.py registers "
+                        f"{', '.join(sorted(listed))} for it")
+    wrong = [k for k, row in mod.PLATFORMS.items() if row.vendor != name]
+    if wrong:
+        raise TypeError(f"{mod.__name__}: the rows {', '.join(wrong)} name another vendor")
+    _LOADED[name] = mod
+    return mod  # type: ignore[return-value]
+
+
+def platform(platform_name: str) -> Platform:
+    """The row of ``platform_name`` (its vendor's package is loaded to give it)."""
+    return vendor(vendor_name(platform_name)).PLATFORMS[platform_name]
+
+
+def vendor_of(cluster: "Cluster") -> Vendor:
+    """The vendor of ``cluster``'s platform."""
+    return vendor(vendor_name(cluster.platform))
+
+
+def device_word(vendor_name_: str | None, default: str = "npu") -> str:
+    """How the vendor ``vendor_name_`` names one accelerator (``default`` for a
+    document that names no vendor, or one this tool does not have)."""
+    if not vendor_name_ or vendor_name_ not in _registry().VENDORS:
+        return default
+    return vendor(vendor_name_).DEVICE
+
+
+def comm_method(vendor_name_: str | None, default: str = "device_pings") -> str:
+    """The verify-comm method of the vendor ``vendor_name_`` (``default`` as for :func:`device_word`)."""
+    if not vendor_name_ or vendor_name_ not in _registry().VENDORS:
+        return default
+    return vendor(vendor_name_).COMM_METHOD
+
+
+
+class _Platforms(Mapping):
+    """Every registered platform by name, each row read from its vendor's
+    package when asked for (``PLATFORMS["gb300"]`` loads that vendor only)."""
+
+    def __getitem__(self, name: str) -> Platform:
+        if name not in platform_names():
+            raise KeyError(name)
+        return platform(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(platform_names())
+
+    def __len__(self) -> int:
+        return len(platform_names())
+
+
+PLATFORMS: Mapping[str, Platform] = _Platforms()
