@@ -58,8 +58,11 @@ def on_files(files, config):
 def inventory_models() -> list[type]:
     """Cluster and every model its fields hold, then each serving profile and
     the models its fields hold; in the order they are first met."""
-    import systems  # noqa: F401 (registers every system's profile)
+    import systems
     from llmdeploy.inventory import Cluster
+
+    for kind in systems.SYSTEMS:  # each system's profile registers itself when its package loads (lazily)
+        systems.system(kind)
     from llmdeploy.serving import PROFILE_KINDS
 
     order: list[type] = []

@@ -181,7 +181,9 @@ def test_what_the_readme_says_the_inventory_also_accepts():
     named = set(m.group(2).split(", "))
     bases = {_shape(load_cluster(sim))[0]: load_cluster(sim) for sim, deploys in integration_tests().values() if deploys}
     nvidia = {}
-    for platform in typing.get_args(Cluster.model_fields["platform"].annotation):
+    from llmdeploy.platform import platform_names
+
+    for platform in platform_names():
         doc = bases["sglang"].model_dump()
         doc.update(platform=platform, nodes=[{"name": "n0", "ip": "198.19.9.10"}])
         info = Cluster.model_construct(**doc).platform_info
