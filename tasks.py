@@ -158,6 +158,25 @@ def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None, ser
 
 @task(
     positional=[],
+    auto_shortflags=False,
+    help={
+        "cluster": "cluster name: a module in inventory/",
+        "from_": "the node that has the model (default: model.stage_from, else node 0), or 'source' for the stage.source host",
+        "check": "move nothing: print the plan (source, chain order, bytes per node, expected time at stage.link_mbit)",
+        "json": "print the plan (with --check) or the result as JSON on stdout",
+        **LOCK_HELP,
+    },
+)
+@_guard
+def stage(c, cluster, from_=None, check=False, json=False, message=None, lock_wait=0):
+    """Copy the model (and tokenizer) to every node's model.path: one pipelined broadcast over the data network, resumable, every file's sha256 verified."""
+    from flows import stage as stage_flow
+
+    return stage_flow.stage(cluster, frm=from_, check=check, json_out=json, message=message, lock_wait=float(lock_wait))
+
+
+@task(
+    positional=[],
     name="verify-comm",
     help={
         "cluster": "cluster name: a module in inventory/",
@@ -329,6 +348,22 @@ def sim_down(c, cluster=None):
     return 0
 
 
+@task(positional=[], help={"cluster": "a simulated cluster that is up", "mbit": "each host's link speed in Mbit/s (0: unshaped)"})
+@_guard
+def sim_shape(c, cluster, mbit):
+    """Give a simulated cluster's hosts and its registry physical links: tc token buckets on both ends of every veth."""
+    from sim import cluster as simc
+
+    try:
+        rate = float(mbit)
+    except ValueError:
+        rate = -1.0
+    if not rate >= 0:
+        raise LlmdeployError(f"--mbit {mbit}: a speed is 0 (unshaped) or more")
+    simc.shape(load_cluster(cluster), rate or None)
+    return 0
+
+
 @task(positional=[])
 @_guard
 def sim_status(c):
@@ -353,9 +388,10 @@ sim = Collection("sim")
 sim.add_task(sim_up, name="up")
 sim.add_task(sim_down, name="down")
 sim.add_task(sim_status, name="status")
+sim.add_task(sim_shape, name="shape")
 
 lock_ns = Collection("lock")
 lock_ns.add_task(lock_status, name="status")
 lock_ns.add_task(lock_break, name="break")
 
-ns = Collection(facts, prepare, check_nodes, verify_comm, deploy, bench, top, serving_logs, releases, rollback, status, stop, restart, audit, disconnect, demo, sim, lock_ns)
+ns = Collection(facts, prepare, check_nodes, stage, verify_comm, deploy, bench, top, serving_logs, releases, rollback, status, stop, restart, audit, disconnect, demo, sim, lock_ns)

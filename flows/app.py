@@ -80,6 +80,8 @@ def facts(cluster_name: str, json_out: bool = False, limit: str | None = None, w
                 },
                 "recap": recap,
                 "round_trips": trips,
+                **({"stage": stage} if stage is not None else {}),
+                **({"image_distribution": image} if image is not None else {}),
             }
         )
     else:
@@ -134,10 +136,46 @@ def prepare(
     mode = " (check mode: nothing is changed)" if check else ""
     if not json_out:
         con.print(f"[bold]prepare {cluster.name}[/]: {len(select_nodes(cluster, limit))} nodes{mode}")
+    staged = None
+    if cluster.model.stage_from:
+        # the weights first (invoke stage): what is missing, resumed and verified; then the model check passes
+        from flows import stage as stage_flow
+
+        staged = stage_flow.run(cluster, con, check=check, quiet=json_out, limit=limit)
+        if not json_out:
+            stage_flow.show(con, cluster, staged, False)
+        if not staged.ok and not check:
+            if json_out:
+                report.emit_json({"cluster": cluster.name, "check": check, "ok": False, "changed": 0, "steps": {}, "recap": {},
+                                  "round_trips": {}, "stage": staged.as_json(cluster.stage.link_mbit)})
+            else:
+                con.print("[bold red]FAILED[/]: staging the model did not finish; nothing else was prepared")
+            return 1
+    distributed = None
+    if cluster.image.distribute and not check:
+        # one pull (or load), then the image down the nodes' chain; the image step then compares IDs
+        from flows import stage as stage_flow
+
+        distributed = stage_flow.distribute_image(cluster, con, quiet=json_out, limit=limit)
+        if not json_out:
+            d = distributed
+            con.print(f"[bold]image {escape(cluster.image.ref)}[/]: " + (
+                f"{len(d.got)} node(s) got it from {escape(d.source)}" + (" (pulled there once)" if d.pulled else "") if d.source else
+                f"present on all {len(d.had)} node(s)"))
+        if distributed.failed:
+            why = "; ".join(f"{h}: {m}" for h, m in distributed.failed.items())
+            if json_out:
+                report.emit_json({"cluster": cluster.name, "check": check, "ok": False, "changed": 0, "steps": {}, "recap": {},
+                                  "round_trips": {}, "image_distribution": distributed.as_json()})
+            else:
+                con.print(f"[bold red]FAILED[/]: the image did not reach every node ({escape(why)}); nothing else was prepared")
+            return 1
     # --json: no host rows (the step bars on a terminal's stderr, as before)
     recap, results, trips = run_playbook(cluster, "prepare", limit, con, ctx=ctx, host_lines=not json_out)
     status = _exit_status(recap)
-    _prepare_report(con, cluster, check, diff, json_out, recap, results, trips, status)
+    _prepare_report(con, cluster, check, diff, json_out, recap, results, trips, status,
+                    stage=staged.as_json(cluster.stage.link_mbit) if staged else None,
+                    image=distributed.as_json() if distributed else None)
     if status == 0 and run_checks and not check:
         from flows import check as node_check
 
@@ -168,7 +206,8 @@ def _prepare_locked(cluster_name: str, diff: bool, limit: str | None, json_out: 
         return status
 
 
-def _prepare_report(con, cluster: Cluster, check: bool, diff: bool, json_out: bool, recap: dict, results: dict, trips, status: int) -> None:
+def _prepare_report(con, cluster: Cluster, check: bool, diff: bool, json_out: bool, recap: dict, results: dict, trips, status: int,
+                    stage: dict | None = None, image: dict | None = None) -> None:
     """prepare's recap: per step and host, the RECAP table and what changed; or the same as JSON."""
     changed = sum(c.get("changed", 0) for c in recap.values())
     if json_out:

@@ -145,6 +145,10 @@ class Model(Strict):
     checksum_files: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._*?+][A-Za-z0-9._*?+-]*$")]] = Field(
         default_factory=lambda: ["*.index.json", "config.json"]
     )
+    # Where ``prepare`` stages the weights from (``invoke stage``): a node's
+    # name, or "source" for the host declared in the cluster's ``stage.source``;
+    # None: the operator puts them there, prepare only checks.
+    stage_from: str | None = Field(default=None, pattern=NAME_RE.pattern)
 
     _check_path = field_validator("path", "tokenizer_path")(
         classmethod(lambda cls, v: v if v is None else safe_path(v))
@@ -163,6 +167,10 @@ class Image(Strict):
     # Load the image with ``docker load -i`` from this file on each node
     # instead of pulling it (clusters without registry access).
     tarball: SafePath | None = None
+    # prepare gets the image once (node 0 pulls it, or loads the tarball) and
+    # sends it down the nodes' chain (docker save -> docker load, as ``invoke
+    # stage`` sends weights): the registry serves one pull, not one per node
+    distribute: bool = False
 
     _check_tar = field_validator("tarball")(
         classmethod(lambda cls, v: v if v is None else safe_path(v))
@@ -293,6 +301,40 @@ class Slurm(Strict):
         return Node(name=name, ip="0.0.0.0", ssh_host=self.login, ssh_port=self.login_port)
 
 
+class StageSource(Strict):
+    """A host that holds the model and is not a node (an NFS server, a staging
+    box): ``invoke stage`` reads the checkpoint there and sends it down the chain."""
+
+    name: str = Field(pattern=NAME_RE.pattern)
+    # its address on the nodes' data network (it sends to the first node from there)
+    ip: ipaddress.IPv4Address
+    ssh_host: str | None = Field(default=None, pattern=r"^[A-Za-z0-9.:][A-Za-z0-9.:-]*$")
+    ssh_port: Port | None = None
+    # the model and tokenizer directories there (default: the nodes' paths)
+    path: SafePath | None = None
+    tokenizer_path: SafePath | None = None
+
+    _check_path = field_validator("path", "tokenizer_path")(
+        classmethod(lambda cls, v: v if v is None else safe_path(v))
+    )
+
+    def as_node(self) -> "Node":
+        return Node(name=self.name, ip=self.ip, ssh_host=self.ssh_host, ssh_port=self.ssh_port)
+
+
+class StageSettings(Strict):
+    """``invoke stage``: the broadcast of the checkpoint over the data network."""
+
+    # TCP port each node's receiver listens on, on its data address (``ip``)
+    port: Port = 29871
+    # the data links' speed (Mbit/s), for the expected time ``stage --check`` prints
+    link_mbit: float | None = Field(default=None, gt=0)
+    # how long a node waits for its sender to connect, and for the next byte
+    connect_timeout_s: float = Field(default=60, gt=0)
+    idle_timeout_s: float = Field(default=300, gt=0)
+    source: StageSource | None = None
+
+
 # --- the cluster ------------------------------------------------------------------
 class Cluster(Strict):
     name: str = Field(pattern=CLUSTER_RE.pattern)
@@ -323,6 +365,7 @@ class Cluster(Strict):
     log_dir: SafePath = "/var/log/llmdeploy"
     # the nodes belong to a Slurm controller (None: the tool reaches every node over SSH)
     slurm: Slurm | None = None
+    stage: StageSettings = Field(default_factory=StageSettings)
 
     _check_dirs = field_validator("base_dir", "etc_dir", "log_dir")(
         classmethod(lambda cls, v: safe_path(v))
@@ -401,11 +444,27 @@ class Cluster(Strict):
         """Each node gets what it leaves to the cluster (NIC, devices, first DP rank) and must have a NIC; node
         names, IPs and SSH endpoints are unique; the serving system's own checks pass (``profile.problems``);
         no two profile ports are the same; ``slurm`` does not contradict the nodes (one ``nodelist`` name
-        per node, no name twice, the login host not a node, ``container='docker'``: pyxis is planned)."""
-        problems = self._derive_nodes() + self._unique_nodes() + self.profile.problems(self) + self._unique_ports() + self._slurm_problems()
+        per node, no name twice, the login host not a node, ``container='docker'``: pyxis is planned);
+        ``model.stage_from`` names a node, or 'source' with a ``stage.source`` host that is not a node."""
+        problems = self._derive_nodes() + self._unique_nodes() + self.profile.problems(self) + self._unique_ports() + self._slurm_problems() + self._stage_problems()
         if problems:
             raise ClusterProblems(problems)
         return self
+
+    def _stage_problems(self) -> list[tuple[str, str]]:
+        frm = self.model.stage_from
+        names = [n.name for n in self.nodes]
+        src = self.stage.source
+        out = []
+        if src is not None and src.name in names:
+            out.append(("stage.source.name", f"{src.name!r} is a node; a source that is a node is named by model.stage_from alone"))
+        if frm is None or frm in names:
+            return out
+        if frm == "source":
+            if src is None:
+                out.append(("model.stage_from", "'source' needs the host declared in stage.source"))
+            return out
+        return out + [("model.stage_from", f"{frm!r} is neither a node ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}) nor 'source'")]
 
     def where(self, i: int, field: str) -> str:
         """How a problem names a node's field: ``nodes[2] (a3-node-2).nic``."""

@@ -11,10 +11,11 @@ cd "$(dirname "$0")/.."
 # docker-registry: the registry the simulated hosts pull from; debootstrap: builds the simulated images' base
 # munge, slurm-wlm (slurmctld, slurmd, slurm-client), libpmix-dev: the Slurm of simulated Slurm clusters
 # (sim/slurm.py runs its own munged, slurmctld and slurmd per simulated host; libpmix-dev: srun --mpi=pmix)
+# rsync: only for bench/stage.py, which measures invoke stage against rsync from node 0 to every node
 # chromium: only for the test suite, which looks at verify-comm's HTML report in a headless browser
 # (tests/unit/test_verify_report_browser.py); the tool itself never runs it
 DEBS=(openssh-server openssh-client iproute2 iputils-ping util-linux procps psmisc openmpi-bin etcd-server nats-server
-      docker.io docker-registry debootstrap munge slurm-wlm slurmctld slurmd slurm-client libpmix-dev chromium)
+      docker.io docker-registry debootstrap munge slurm-wlm slurmctld slurmd slurm-client libpmix-dev rsync chromium)
 # packages whose postinst may start a system daemon: package -> service and process name
 # (the Debian services run as the packages' own users: processes of other users are not theirs;
 # slurmctld and slurmd start as root, and start only once /etc/slurm/slurm.conf exists, which Debian does not ship)

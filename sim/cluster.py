@@ -28,6 +28,7 @@ from llmdeploy.errors import SimError
 from llmdeploy.inventory import Cluster
 
 from . import curated, dockerd, hardware, images, netns, slurm, sshd
+from . import links as links_
 from .standins import __main__ as standins
 from .standins import fast, slow
 from .paths import (
@@ -385,6 +386,8 @@ def _up(cluster: Cluster, echo) -> dict:
                 for j, other in enumerate(cluster.nodes) if j != i], ns)
 
         hw = hardware.node_hardware(cluster, i, node)
+        if hw["net"]["mbit"]:
+            links_.shape_host(cluster.name, node.name, node.nic, [mv, dv], hw["net"]["mbit"])
         if ascend:
             root_cmds, ns_cmds, fdb = [], [], []
             for npu in hw["npus"]:
@@ -651,6 +654,24 @@ def down(name: str, echo=print) -> bool:
     if removed:
         echo(f"sim {name}: removed")
     return removed
+
+
+def shape(cluster: Cluster, mbit: float | None, registry: bool = True) -> None:
+    """Give every host of a cluster that is up a link of ``mbit`` Mbit/s (None:
+    unshaped), on both ends of its management and data veths, and the same to
+    its registry and package index; kept in each node.json (``net.mbit``)."""
+    state_file = cluster_dir(cluster.name) / "state.json"
+    if not state_file.exists():
+        raise SimError(f"{cluster.name} is not up (invoke sim.up --cluster {cluster.name})")
+    links = _links(cluster.name)
+    for i, node in enumerate(cluster.nodes):
+        sdir = host_dir(cluster.name, node.name) / "root" / HOST_STATE_DIR.lstrip("/")
+        hw = hardware.load(sdir)
+        hw.setdefault("net", {})["mbit"] = mbit
+        hardware.save(sdir, hw)
+        links_.shape_host(cluster.name, node.name, node.nic, [f"{links['mgmt_bridge']}{i}", f"{links['data_bridge']}{i}"], mbit)
+    if registry:
+        links_.shape_bridge(links["mgmt_bridge"], mbit)
 
 
 def running() -> list[str]:

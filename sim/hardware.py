@@ -53,6 +53,8 @@ def node_hardware(cluster: Cluster, index: int, node: Node) -> dict:
         "latency": dict(SIM_LATENCY),
         # long steps made long (sim/standins/slow.py): a paced image pull or load, slower checksums; 0: none
         "slow": dict(SLOW_KNOBS),
+        # the host's links (sim/links.py): Mbit/s on its management and data veths; None: unshaped
+        "net": {"mbit": None},
     }
     if plat.vendor == "ascend":
         hw["devices"] = [f"/dev/davinci{d}" for d in range(plat.devices)] + ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]

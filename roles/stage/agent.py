@@ -1,0 +1,549 @@
+"""The stage agent: the program ``invoke stage`` runs on every node (and on a
+source host), as ``python3 -c <this file> MODE MARK``, with its orders as JSON
+on standard input. Standard library only, Python 3.6 and newer: it runs on the
+nodes' own Python, never in the project's virtualenv.
+
+Modes:
+
+``scan``  lists each directory (files, sizes, mtimes; the partial files an
+          interrupted stage left), the free bytes of its file system, and the
+          sha256 sums the node's cache still vouches for (same size and mtime).
+``hash``  computes the sha256 of the files named (a progress line per 64 MiB),
+          and keeps them in the cache.
+``pipe``  the same chain for a command's output of unknown length (``docker
+          save`` at the source, ``docker load`` at each node), in frames.
+``relay`` one link of the broadcast chain. The source reads each file from
+          its offset and sends it to the next node; every other node receives
+          the same byte stream, writes the files it needs while it forwards the
+          stream to the next node, and never reads back from disk what it
+          forwards. The stream carries no framing: every node is told the same
+          file list (names, sizes, offsets) and counts bytes. It starts with a
+          per-run token so a stray connection cannot feed a node.
+
+A file is written to ``.<name>.llmdeploy-partial`` beside its final name and
+renamed only after its sha256 matched the source's: a half-written file is
+never taken for a whole one, and the next stage resumes a partial file from
+its length (the bytes already there are read once to hash them, not sent
+again). The result is one JSON object on stdout; progress lines go to stderr.
+Exit status: 0 done, 1 this node failed, 3 the stream from upstream ended
+early (this node is not at fault).
+"""
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import stat
+import sys
+import time
+
+PARTIAL = ".llmdeploy-partial"
+PROGRESS = "@@llmdeploy-progress@@"
+CHUNK = 1 << 20
+MAX_DEPTH = 4
+EXIT_OK, EXIT_FAILED, EXIT_UPSTREAM = 0, 1, 3
+
+
+def partial_name(rel):
+    head, tail = os.path.split(rel)
+    return os.path.join(head, "." + tail + PARTIAL)
+
+
+class Progress:
+    """A progress line at most every half second (to stderr). A reader that
+    went away (the tool was killed) ends the agent: nobody waits for it."""
+
+    def __init__(self, total, label):
+        self.total, self.label, self.done, self.last = total, label, 0, 0.0
+
+    def add(self, n, force=False):
+        self.done += n
+        now = time.monotonic()
+        if force or now - self.last >= 0.5:
+            self.last = now
+            try:
+                sys.stderr.write("%s %d %s B %s\n" % (PROGRESS, self.done, self.total or "-", self.label))
+                sys.stderr.flush()
+            except (BrokenPipeError, OSError):
+                os._exit(EXIT_FAILED)
+
+
+# --- the sha256 cache -------------------------------------------------------
+def load_cache(path):
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def save_cache(path, cache):
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    tmp = path + ".tmp%d" % os.getpid()
+    with open(tmp, "w") as f:
+        json.dump(cache, f, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def cached_sum(cache, path, st):
+    entry = cache.get(path)
+    if isinstance(entry, list) and len(entry) == 3 and entry[0] == st.st_size and entry[1] == st.st_mtime_ns:
+        return entry[2]
+    return None
+
+
+# --- scan -------------------------------------------------------------------
+def free_bytes(path):
+    p = path
+    while not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    sv = os.statvfs(p)
+    return sv.f_bavail * sv.f_frsize, os.stat(p).st_dev
+
+
+def list_dir(root):
+    files, partials = {}, {}
+    base_depth = root.rstrip("/").count("/")
+    for here, dirs, names in os.walk(root):
+        if here.rstrip("/").count("/") - base_depth >= MAX_DEPTH - 1:
+            dirs[:] = []
+        dirs.sort()
+        for name in sorted(names):
+            full = os.path.join(here, name)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            rel = os.path.relpath(full, root)
+            if name.startswith(".") and name.endswith(PARTIAL):
+                final = os.path.join(os.path.dirname(rel), name[1 : -len(PARTIAL)])
+                partials[final] = st.st_size
+            elif not name.startswith("."):
+                files[rel] = [st.st_size, st.st_mtime_ns]
+    return files, partials
+
+
+def scan(order):
+    cache = load_cache(order["cache"])
+    out = {"dirs": {}, "sums": {}}
+    for d in order["dirs"]:
+        free, dev = free_bytes(d)
+        entry = {"exists": os.path.isdir(d), "files": {}, "partials": {}, "free": free, "dev": dev}
+        if entry["exists"]:
+            entry["files"], entry["partials"] = list_dir(d)
+            for rel, (size, mtime) in entry["files"].items():
+                full = os.path.join(d, rel)
+                st = os.stat(full)
+                s = cached_sum(cache, full, st)
+                if s:
+                    out["sums"][full] = s
+        out["dirs"][d] = entry
+    return EXIT_OK, out
+
+
+# --- hash -------------------------------------------------------------------
+def sha256_of(path, progress):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(CHUNK * 4)
+            if not b:
+                break
+            h.update(b)
+            progress.add(len(b))
+    return h.hexdigest()
+
+
+def hash_files(order):
+    cache = load_cache(order["cache"])
+    sizes = {}
+    for p in order["files"]:
+        try:
+            sizes[p] = os.stat(p).st_size
+        except OSError as exc:
+            return EXIT_FAILED, {"error": "%s: %s" % (p, exc.strerror)}
+    progress = Progress(sum(sizes.values()), "sha256")
+    sums = {}
+    for p in order["files"]:
+        st = os.stat(p)
+        try:
+            sums[p] = sha256_of(p, progress)
+        except OSError as exc:
+            return EXIT_FAILED, {"error": "%s: %s" % (p, exc.strerror)}
+        cache[p] = [st.st_size, st.st_mtime_ns, sums[p]]
+    progress.add(0, force=True)
+    save_cache(order["cache"], cache)
+    return EXIT_OK, {"sums": sums}
+
+
+# --- relay ------------------------------------------------------------------
+def kill_stale(pidfile, mark):
+    """An agent of an earlier, interrupted stage of this cluster still holding
+    the port: end it (only when its command line is a stage agent's)."""
+    try:
+        with open(pidfile) as f:
+            pid = int(f.read().strip())
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            cmd = f.read().split(b"\0")
+        if pid != os.getpid() and mark.encode() in cmd:
+            os.kill(pid, signal.SIGKILL)
+            for _ in range(50):
+                if not os.path.exists("/proc/%d" % pid):
+                    break
+                time.sleep(0.05)
+    except (OSError, ValueError):
+        pass
+    os.makedirs(os.path.dirname(pidfile), exist_ok=True)
+    with open(pidfile, "w") as f:
+        f.write(str(os.getpid()))
+
+
+def connect_next(addr, token, deadline, idle):
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            s = socket.create_connection((addr[0], addr[1]), timeout=5)
+            s.settimeout(idle)  # a next node that stops reading fails the send, not this node
+            s.sendall(token.encode() + b"\n")
+            return s, None
+        except OSError as exc:
+            last = exc
+            time.sleep(0.2)
+    return None, "cannot connect to %s:%d: %s" % (addr[0], addr[1], getattr(last, "strerror", None) or last)
+
+
+def accept_upstream(addr, token, deadline, idle):
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((addr[0], addr[1]))
+    srv.listen(4)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            srv.close()
+            return None, "no sender connected to %s:%d" % (addr[0], addr[1])
+        srv.settimeout(left)
+        try:
+            conn, peer = srv.accept()
+        except socket.timeout:
+            continue
+        conn.settimeout(idle)
+        line = b""
+        try:
+            while not line.endswith(b"\n") and len(line) < 256:
+                b = conn.recv(1)
+                if not b:
+                    break
+                line += b
+        except OSError:
+            line = b""
+        if line.strip() == token.encode():
+            srv.close()
+            return conn, None
+        conn.close()  # not this stage's sender
+
+
+def relay(order):
+    files = order["files"]
+    roots = order["roots"]
+    need = set(order["need"])
+    idle = float(order.get("idle_timeout", 120))
+    deadline = time.monotonic() + float(order.get("connect_timeout", 30))
+    kill_stale(order["pidfile"], order["mark"])
+    cache = load_cache(order["cache"])
+    source = order["listen"] is None
+    res = {"received": 0, "written": 0, "forwarded": 0, "verified": [], "failed": {}, "upstream": None, "downstream": None}
+    up = None
+    if not source:
+        up, err = accept_upstream(order["listen"], order["token"], deadline, idle)
+        if up is None:
+            res["upstream"] = err
+            return EXIT_UPSTREAM, res
+    down = None
+    if order["next"] is not None:
+        down, err = connect_next(order["next"], order["token"], deadline, idle)
+        if down is None:
+            res["downstream"] = err
+            if source:
+                return EXIT_FAILED, res
+    total = sum(f["size"] - f["offset"] for f in files)
+    progress = Progress(total, "stage")
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+
+    def forward(chunk):
+        nonlocal down
+        if down is None:
+            return
+        try:
+            down.sendall(chunk)
+            res["forwarded"] += len(chunk)
+        except OSError as exc:
+            res["downstream"] = "%s:%d went away after %d bytes: %s" % (order["next"][0], order["next"][1], res["forwarded"],
+                                                                       exc.strerror or exc)
+            down.close()
+            down = None
+
+    for f in files:
+        key = "%d/%s" % (f["dir"], f["name"])
+        root = roots[f["dir"]]
+        count = f["size"] - f["offset"]
+        out, h = None, None
+        if key in need and not source:
+            part = os.path.join(root, partial_name(f["name"]))
+            try:
+                os.makedirs(os.path.dirname(part), exist_ok=True)
+                out = open(part, "a+b")
+                out.seek(0, os.SEEK_END)
+                have = out.tell()
+                if have < f["offset"]:
+                    raise OSError(0, "partial file is %d bytes, the stream resumes at %d" % (have, f["offset"]))
+                out.truncate(f["offset"])
+                h = hashlib.sha256()
+                out.seek(0)
+                left = f["offset"]
+                while left:  # the bytes kept from an interrupted stage: hashed, not sent again
+                    b = out.read(min(CHUNK * 4, left))
+                    if not b:
+                        raise OSError(0, "partial file shrank while it was read")
+                    h.update(b)
+                    left -= len(b)
+                out.seek(f["offset"])
+            except OSError as exc:
+                res["failed"][key] = "cannot write %s: %s" % (part, exc.strerror or exc)
+                if out is not None:
+                    out.close()
+                out, h = None, None
+        if source:
+            path = os.path.join(root, f["name"])
+            try:
+                with open(path, "rb") as src:
+                    src.seek(f["offset"])
+                    left = count
+                    while left:
+                        n = src.readinto(view[: min(CHUNK, left)])
+                        if not n:
+                            raise OSError(0, "file shrank while it was sent (%d bytes short)" % left)
+                        forward(view[:n])
+                        left -= n
+                        progress.add(n)
+                        if down is None:
+                            break
+            except OSError as exc:
+                res["failed"][key] = "cannot read %s: %s" % (path, exc.strerror or exc)
+                return EXIT_FAILED, res
+            if down is None:
+                return (EXIT_OK if res["downstream"] is None else EXIT_FAILED), res
+            continue
+        left = count
+        while left:
+            try:
+                n = up.recv_into(view[: min(CHUNK, left)])
+            except OSError as exc:
+                n, why = 0, exc.strerror or str(exc)
+            else:
+                why = "connection closed"
+            if not n:
+                if out is not None:
+                    out.flush()
+                    out.close()
+                res["upstream"] = "the stream ended in %s with %d of %d bytes left (%s)" % (f["name"], left, count, why)
+                save_cache(order["cache"], cache)
+                return EXIT_UPSTREAM, res
+            chunk = view[:n]
+            forward(chunk)  # first: the next node never waits for this one's disk
+            if out is not None:
+                try:
+                    out.write(chunk)
+                    h.update(chunk)
+                    res["written"] += n
+                except OSError as exc:
+                    res["failed"][key] = "cannot write %s: %s" % (f["name"], exc.strerror or exc)
+                    out.close()
+                    os.unlink(os.path.join(root, partial_name(f["name"])))
+                    out, h = None, None
+            res["received"] += n
+            left -= n
+            progress.add(n)
+        if out is not None:
+            part = os.path.join(root, partial_name(f["name"]))
+            final = os.path.join(root, f["name"])
+            out.flush()
+            os.fsync(out.fileno())
+            out.close()
+            got = h.hexdigest()
+            if got != f["sha256"]:
+                os.unlink(part)
+                res["failed"][key] = "sha256 %s, the source's is %s" % (got[:16], f["sha256"][:16])
+            else:
+                os.replace(part, final)
+                st = os.stat(final)
+                cache[final] = [st.st_size, st.st_mtime_ns, got]
+                res["verified"].append(key)
+                save_cache(order["cache"], cache)  # a killed stage does not hash this file again
+    progress.add(0, force=True)
+    if down is not None:
+        down.close()
+    if up is not None:
+        up.close()
+    save_cache(order["cache"], cache)
+    return (EXIT_FAILED if res["failed"] else EXIT_OK), res
+
+
+# --- pipe: a command's output down the chain (docker save -> docker load) ---
+FRAME = 8  # a frame: its payload's length (8 bytes, big-endian), then the payload; length 0 ends the stream
+
+
+def recv_exact(sock, n):
+    out = bytearray()
+    while len(out) < n:
+        b = sock.recv(n - len(out))
+        if not b:
+            return None
+        out += b
+    return bytes(out)
+
+
+def pipe(order):
+    """The source runs ``order["command"]`` and sends its output, framed; a
+    node with ``order["sink"]`` feeds what it receives to that command's
+    standard input while it forwards the frames. The stream ends with the
+    sha256 of everything sent, which every node checks."""
+    import subprocess
+
+    idle = float(order.get("idle_timeout", 120))
+    deadline = time.monotonic() + float(order.get("connect_timeout", 30))
+    kill_stale(order["pidfile"], order["mark"])
+    source = order["listen"] is None
+    res = {"received": 0, "forwarded": 0, "upstream": None, "downstream": None, "sink": None}
+    up = None
+    if not source:
+        up, err = accept_upstream(order["listen"], order["token"], deadline, idle)
+        if up is None:
+            res["upstream"] = err
+            return EXIT_UPSTREAM, res
+    down = None
+    if order["next"] is not None:
+        down, err = connect_next(order["next"], order["token"], deadline, idle)
+        if down is None:
+            res["downstream"] = err
+            if source:
+                return EXIT_FAILED, res
+
+    def forward(b):
+        nonlocal down
+        if down is None:
+            return
+        try:
+            down.sendall(b)
+            res["forwarded"] += len(b)
+        except OSError as exc:
+            res["downstream"] = "%s:%d went away after %d bytes: %s" % (order["next"][0], order["next"][1], res["forwarded"],
+                                                                       exc.strerror or exc)
+            down.close()
+            down = None
+
+    progress = Progress(int(order.get("size_hint") or 0), "stream")
+    h = hashlib.sha256()
+    if source:
+        proc = subprocess.Popen(order["command"], stdout=subprocess.PIPE)
+        while True:
+            b = proc.stdout.read(CHUNK)
+            if not b:
+                break
+            h.update(b)
+            forward(len(b).to_bytes(FRAME, "big") + b)
+            progress.add(len(b))
+        code = proc.wait()
+        if code != 0:
+            res["sink"] = "%s exited %d" % (order["command"][0], code)
+            if down is not None:
+                down.close()
+            return EXIT_FAILED, res
+        forward((0).to_bytes(FRAME, "big") + h.digest())
+        progress.add(0, force=True)
+        if down is not None:
+            down.close()
+        return (EXIT_FAILED if res["downstream"] else EXIT_OK), res
+    sink = subprocess.Popen(order["sink"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) if order.get("sink") else None
+    sink_err = None
+    while True:
+        try:
+            head = recv_exact(up, FRAME)
+            n = int.from_bytes(head, "big") if head is not None else None
+            body = recv_exact(up, n if n else 32) if n is not None else None
+        except OSError as exc:
+            head, body, why = None, None, exc.strerror or str(exc)
+        else:
+            why = "connection closed"
+        if head is None or body is None:
+            if sink is not None:
+                sink.stdin.close()
+                sink.kill()
+                sink.wait()
+            res["upstream"] = "the stream ended after %d bytes (%s)" % (res["received"], why)
+            return EXIT_UPSTREAM, res
+        forward(head + body)
+        if n == 0:
+            digest = body
+            break
+        h.update(body)
+        res["received"] += n
+        progress.add(n)
+        if sink is not None and sink_err is None:
+            try:
+                sink.stdin.write(body)
+            except OSError as exc:
+                sink_err = "%s stopped reading: %s" % (order["sink"][0], exc.strerror or exc)
+    progress.add(0, force=True)
+    if down is not None:
+        down.close()
+    up.close()
+    if digest != h.digest():
+        res["sink"] = "the stream's sha256 is not the source's"
+    if sink is not None:
+        try:
+            sink.stdin.close()
+        except OSError:
+            pass
+        said = sink.stdout.read().decode(errors="replace").strip()
+        code = sink.wait()
+        if code != 0 or sink_err:
+            res["sink"] = sink_err or "%s exited %d: %s" % (order["sink"][0], code, said.splitlines()[-1] if said else "")
+        else:
+            res["said"] = said.splitlines()[-1] if said else ""
+    return (EXIT_FAILED if res["sink"] else EXIT_OK), res
+
+
+MODES = {"scan": scan, "hash": hash_files, "relay": relay, "pipe": pipe}
+
+
+def main(argv):
+    mode = argv[1] if len(argv) > 1 else ""
+    if mode not in MODES:
+        sys.stderr.write("stage agent: unknown mode %r (one of %s)\n" % (mode, ", ".join(MODES)))
+        return 2
+    try:
+        order = json.load(sys.stdin)
+    except ValueError as exc:
+        sys.stderr.write("stage agent: orders on stdin are not JSON: %s\n" % exc)
+        return 2
+    try:
+        code, out = MODES[mode](order)
+    except OSError as exc:
+        code, out = EXIT_FAILED, {"error": "%s%s" % (exc.strerror or exc, ": " + exc.filename if getattr(exc, "filename", None) else "")}
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

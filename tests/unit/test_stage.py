@@ -1,0 +1,371 @@
+"""invoke stage's pieces without a cluster: the plan (roles.stage.plan) and
+the agent (roles/stage/agent.py) run as real processes on loopback, one
+address per "node" (127.0.0.x, the same port), the way the nodes run it on
+their data addresses."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import roles.stage as st
+from roles import progress_line
+from llmdeploy.errors import InventoryError
+from llmdeploy.inventory import load_cluster_file
+
+MARK = "llmdeploy-stage-agent:test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def _checkpoint(root: Path, sizes: dict[str, int], seed: int = 0) -> dict[str, bytes]:
+    rnd = random.Random(seed)
+    out = {}
+    for name, size in sizes.items():
+        data = rnd.randbytes(size)
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+        out[name] = data
+    return out
+
+
+def _agent(mode: str, orders: dict) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", st.AGENT, mode, MARK], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdin.write(json.dumps(orders))
+    p.stdin.close()
+    return p
+
+
+def _finish(p: subprocess.Popen, timeout: float = 60) -> tuple[int, dict, str]:
+    out = p.stdout.read()
+    err = p.stderr.read()
+    code = p.wait(timeout=timeout)
+    return code, st.parse_answer(out) or {}, err
+
+
+def _files(data: dict[str, bytes], offsets: dict[str, int] | None = None) -> list[dict]:
+    offsets = offsets or {}
+    return [{"dir": 0, "name": n, "size": len(b), "sha256": _sha(b), "offset": offsets.get(n, 0)} for n, b in data.items()]
+
+
+def _chain(tmp_path: Path, files: list[dict], roots: list[Path], need: list[list[str]], port: int, token="t0k3n") -> list[subprocess.Popen]:
+    """Source roots[0], then one receiver per further root on 127.0.0.(i+1); the receivers start first."""
+    procs = []
+    n = len(roots)
+    for i in range(n - 1, -1, -1):
+        orders = {
+            "token": token,
+            "listen": None if i == 0 else [f"127.0.0.{i + 1}", port],
+            "next": [f"127.0.0.{i + 2}", port] if i + 1 < n else None,
+            "files": files,
+            "roots": [str(roots[i])],
+            "need": need[i],
+            "cache": str(tmp_path / f"cache{i}.json"),
+            "pidfile": str(tmp_path / f"agent{i}.pid"),
+            "mark": MARK,
+            "connect_timeout": 20,
+            "idle_timeout": 20,
+        }
+        procs.insert(0, _agent("relay", orders))
+    return procs
+
+
+def test_chain_writes_every_file_on_every_node_and_verifies_it(tmp_path):
+    src = tmp_path / "src"
+    data = _checkpoint(src, {"config.json": 300, "model-00001-of-00002.safetensors": 3 << 20, "sub/dir/tok.json": 5000})
+    roots = [src] + [tmp_path / f"n{i}" for i in range(1, 4)]
+    files = _files(data)
+    keys = [f"0/{f['name']}" for f in files]
+    procs = _chain(tmp_path, files, roots, [[], keys, keys, keys], _free_port())
+    results = [_finish(p) for p in procs]
+    assert [c for c, _, _ in results] == [0, 0, 0, 0], results
+    assert results[0][1]["forwarded"] == sum(len(b) for b in data.values())
+    for i, root in enumerate(roots[1:], 1):
+        assert sorted(results[i][1]["verified"]) == sorted(keys)
+        for name, b in data.items():
+            assert (root / name).read_bytes() == b
+        assert not list(root.rglob("*.llmdeploy-partial"))
+        # the agent's cache vouches for what it verified
+        cache = json.loads((tmp_path / f"cache{i}.json").read_text())
+        assert cache[str(root / "config.json")][2] == _sha(data["config.json"])
+    # the last node forwards nothing; the middle ones forward everything
+    assert results[3][1]["forwarded"] == 0 and results[2][1]["forwarded"] == results[0][1]["forwarded"]
+    # progress lines went to stderr, in the runner's format
+    read = [progress_line(line) for line in results[1][2].splitlines()]
+    assert read and read[-1] == (float(sum(len(b) for b in data.values())), float(sum(len(b) for b in data.values())), "B", "stage")
+
+
+def test_a_partial_file_resumes_from_the_stream_offset_and_only_the_rest_is_sent(tmp_path):
+    src = tmp_path / "src"
+    data = _checkpoint(src, {"w.safetensors": 2 << 20})
+    node = tmp_path / "n1"
+    node.mkdir()
+    done = 1_500_000
+    (node / ".w.safetensors.llmdeploy-partial").write_bytes(data["w.safetensors"][:done])
+    files = _files(data, {"w.safetensors": done})
+    procs = _chain(tmp_path, files, [src, node], [[], ["0/w.safetensors"]], _free_port())
+    (c0, a0, _), (c1, a1, _) = [_finish(p) for p in procs]
+    assert (c0, c1) == (0, 0), (a0, a1)
+    assert a0["forwarded"] == len(data["w.safetensors"]) - done
+    assert a1["written"] == len(data["w.safetensors"]) - done
+    assert (node / "w.safetensors").read_bytes() == data["w.safetensors"]
+
+
+def test_a_corrupt_partial_is_caught_by_its_sha256_and_removed_never_renamed(tmp_path):
+    src = tmp_path / "src"
+    data = _checkpoint(src, {"w.safetensors": 1 << 20})
+    node = tmp_path / "n1"
+    node.mkdir()
+    (node / ".w.safetensors.llmdeploy-partial").write_bytes(b"\0" * 1000)  # not the source's first bytes
+    files = _files(data, {"w.safetensors": 1000})
+    procs = _chain(tmp_path, files, [src, node], [[], ["0/w.safetensors"]], _free_port())
+    (c0, _, _), (c1, a1, _) = [_finish(p) for p in procs]
+    assert c0 == 0 and c1 == 1
+    assert "sha256" in a1["failed"]["0/w.safetensors"]
+    assert not (node / "w.safetensors").exists() and not (node / ".w.safetensors.llmdeploy-partial").exists()
+
+
+def test_a_node_that_has_a_file_forwards_it_without_writing(tmp_path):
+    src = tmp_path / "src"
+    data = _checkpoint(src, {"a.bin": 100_000, "b.bin": 200_000})
+    n1, n2 = tmp_path / "n1", tmp_path / "n2"
+    _checkpoint(n1, {"a.bin": 100_000})  # same seed: the same bytes
+    files = _files(data)
+    procs = _chain(tmp_path, files, [src, n1, n2], [[], ["0/b.bin"], ["0/a.bin", "0/b.bin"]], _free_port())
+    res = [_finish(p) for p in procs]
+    assert [c for c, _, _ in res] == [0, 0, 0]
+    assert res[1][1]["written"] == 200_000 and res[2][1]["written"] == 300_000
+    assert (n2 / "a.bin").read_bytes() == data["a.bin"]
+
+
+def test_a_node_killed_mid_stream_its_upstream_finishes_and_the_one_behind_says_upstream(tmp_path):
+    src = tmp_path / "src"
+    data = _checkpoint(src, {"w.safetensors": 64 << 20})
+    roots = [src, tmp_path / "n1", tmp_path / "n2", tmp_path / "n3"]
+    files = _files(data)
+    keys = ["0/w.safetensors"]
+    procs = _chain(tmp_path, files, roots, [[], keys, keys, keys], _free_port())
+    # n2 dies once bytes flow (its partial file grows)
+    part = roots[2] / ".w.safetensors.llmdeploy-partial"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (part.exists() and part.stat().st_size > 0):
+        time.sleep(0.01)
+    procs[2].send_signal(signal.SIGKILL)
+    res = [_finish(p) for p in procs]
+    assert res[2][0] == -signal.SIGKILL
+    assert res[1][0] == 0 and "went away" in res[1][1]["downstream"]
+    assert (roots[1] / "w.safetensors").read_bytes() == data["w.safetensors"]
+    assert res[3][0] == st.EXIT_UPSTREAM and "ended" in res[3][1]["upstream"]
+    # the node behind kept its partial file for the next pass
+    assert (roots[3] / ".w.safetensors.llmdeploy-partial").exists()
+
+
+def test_a_stray_connection_without_the_token_is_turned_away(tmp_path):
+    src = tmp_path / "src"
+    data = _checkpoint(src, {"a.bin": 10_000})
+    node = tmp_path / "n1"
+    port = _free_port()
+    files = _files(data)
+    common = {"files": files, "need": ["0/a.bin"], "mark": MARK, "connect_timeout": 20, "idle_timeout": 20, "token": "t0k3n"}
+    receiver = _agent("relay", {**common, "listen": ["127.0.0.2", port], "next": None, "roots": [str(node)],
+                                "cache": str(tmp_path / "c1.json"), "pidfile": str(tmp_path / "p1")})
+    deadline = time.monotonic() + 20
+    while True:  # a stranger, before the sender: its bytes must not land anywhere
+        try:
+            s = socket.create_connection(("127.0.0.2", port), timeout=5)
+            break
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "the receiver never listened"
+            time.sleep(0.02)
+    with s:
+        s.sendall(b"not-the-token\n" + b"x" * 10_000)
+        s.settimeout(10)
+        try:
+            closed = s.recv(1) == b""
+        except ConnectionResetError:
+            closed = True
+    assert closed
+    sender = _agent("relay", {**common, "listen": None, "next": ["127.0.0.2", port], "roots": [str(src)], "need": [],
+                              "cache": str(tmp_path / "c0.json"), "pidfile": str(tmp_path / "p0")})
+    res = [_finish(p) for p in (sender, receiver)]
+    assert [c for c, _, _ in res] == [0, 0], res
+    assert (node / "a.bin").read_bytes() == data["a.bin"]
+
+
+def test_scan_lists_files_partials_free_space_and_cached_sums(tmp_path):
+    root = tmp_path / "m"
+    data = _checkpoint(root, {"config.json": 10, "w.bin": 1000})
+    (root / ".w2.bin.llmdeploy-partial").write_bytes(b"x" * 7)
+    (root / ".hidden").write_text("x")
+    cache = tmp_path / "cache.json"
+    code, ans, _ = _finish(_agent("hash", {"files": [str(root / "w.bin")], "cache": str(cache)}))
+    assert code == 0 and ans["sums"][str(root / "w.bin")] == _sha(data["w.bin"])
+    code, ans, _ = _finish(_agent("scan", {"dirs": [str(root), str(tmp_path / "absent/x")], "cache": str(cache)}))
+    assert code == 0
+    d = ans["dirs"][str(root)]
+    assert set(d["files"]) == {"config.json", "w.bin"} and d["partials"] == {"w2.bin": 7} and d["free"] > 0
+    assert ans["dirs"][str(tmp_path / "absent/x")]["exists"] is False
+    assert ans["sums"] == {str(root / "w.bin"): _sha(data["w.bin"])}
+    # a changed file is no longer vouched for
+    (root / "w.bin").write_bytes(b"y" * 1000)
+    os.utime(root / "w.bin", ns=(1, 1))
+    code, ans, _ = _finish(_agent("scan", {"dirs": [str(root)], "cache": str(cache)}))
+    assert ans["sums"] == {}
+
+
+# --- the plan ---------------------------------------------------------------
+def _scan(files: dict[str, int], partials: dict[str, int] | None = None, free: int = 10**12, dev: int = 1, path="/m") -> dict:
+    return {"dirs": {path: {"exists": True, "files": {k: [v, 0] for k, v in files.items()}, "partials": partials or {},
+                            "free": free, "dev": dev}}, "sums": {}}
+
+
+DIRS = [("/m", "/m")]
+SRC = {"config.json": 10, "a.safetensors": 1000, "b.safetensors": 2000}
+SUMS = {f"/m/{k}": _sha(k.encode()) for k in SRC}
+
+
+def test_plan_skips_what_a_node_has_and_resumes_from_the_shortest_partial():
+    scans = {
+        "n1": _scan(SRC),  # everything, same sums
+        "n2": _scan({"config.json": 10}, partials={"a.safetensors": 400}),
+        "n3": _scan({}, partials={"a.safetensors": 700, "b.safetensors": 5000}),  # a partial longer than the file: from 0
+    }
+    sums = {"n1": dict(SUMS), "n2": {"/m/config.json": SUMS["/m/config.json"]}, "n3": {}}
+    p = st.plan(DIRS, "n0", _scan(SRC), SUMS, scans, sums, ["n1", "n2", "n3"])
+    assert p.order == ["n2", "n3"]
+    assert p.nodes["n1"].skip == 3 and not p.nodes["n1"].need
+    assert sorted(p.nodes["n2"].need) == ["0/a.safetensors", "0/b.safetensors"]
+    stream = {f["name"]: f for f in p.files}
+    assert list(stream) == ["config.json", "a.safetensors", "b.safetensors"]  # the source's order
+    assert stream["a.safetensors"]["offset"] == 400 and stream["b.safetensors"]["offset"] == 0
+    assert p.stream_bytes == 10 + 600 + 2000
+    assert p.nodes["n2"].write_bytes == 600 + 2000
+    assert p.nodes["n3"].write_bytes == 10 + 600 + 2000 and p.nodes["n3"].kept_bytes == 700
+    assert p.manifest["/m"]["a.safetensors"] == [1000, SUMS["/m/a.safetensors"]]
+    assert not p.problems()
+
+
+def test_plan_sends_again_a_file_of_the_same_size_and_another_sum():
+    scans = {"n1": _scan(SRC)}
+    sums = {"n1": {**SUMS, "/m/a.safetensors": "0" * 64}}
+    p = st.plan(DIRS, "n0", _scan(SRC), SUMS, scans, sums, ["n1"])
+    assert p.nodes["n1"].need == ["0/a.safetensors"] and p.nodes["n1"].skip == 2
+
+
+def test_plan_names_a_node_without_room_before_anything_moves():
+    scans = {"n1": _scan({}), "n2": _scan({}, free=1500)}
+    p = st.plan(DIRS, "n0", _scan(SRC), SUMS, scans, {}, ["n1", "n2"])
+    assert p.problems() == ["n2: needs 2.9 KiB under /m, 1.5 KiB free there"]
+
+
+def test_plan_names_extra_files_and_the_expected_time():
+    scans = {"n1": _scan({"old.bin": 5}), "n2": _scan({})}
+    p = st.plan(DIRS, "n0", _scan(SRC), SUMS, scans, {}, ["n1", "n2"])
+    assert p.nodes["n1"].extra == ["/m/old.bin"]
+    # S / B plus one chunk per hop after the first
+    assert p.expected_s(8.0) == pytest.approx((3010 + st.CHUNK) / 1e6)
+    assert p.expected_s(None) is None
+    doc = p.as_json(8.0)
+    assert doc["order"] == ["n0", "n1", "n2"] and doc["total_bytes"] == 3010
+
+
+def test_to_hash_asks_the_source_for_all_and_a_node_only_for_files_of_the_same_size():
+    src = _scan(SRC)
+    src["sums"] = {"/m/config.json": "x"}
+    sizes, problems = st.source_files(DIRS, src)
+    assert not problems
+    assert st.to_hash(DIRS, sizes, src, on_source=True) == ["/m/a.safetensors", "/m/b.safetensors"]
+    node = _scan({"config.json": 10, "a.safetensors": 999})
+    assert st.to_hash(DIRS, sizes, node, on_source=False) == ["/m/config.json"]
+
+
+def test_a_source_without_the_model_is_named():
+    _, problems = st.source_files(DIRS, {"dirs": {"/m": {"exists": False}}})
+    assert problems == ["/m does not exist"]
+
+
+# --- the inventory ----------------------------------------------------------
+def _inventory(tmp_path: Path, extra_model: str = "", extra_cluster: str = "") -> Path:
+    text = (Path(__file__).resolve().parents[2] / "inventory" / "sim_a3.py").read_text()
+    text = text.replace('tokenizer_path="/root/.cache/models/Qwen3.8-2.4T-A95B-w8a8",',
+                        f'tokenizer_path="/root/.cache/models/Qwen3.8-2.4T-A95B-w8a8",{extra_model}')
+    text = text.replace("    deploy=sim_deploy(),", f"    deploy=sim_deploy(),{extra_cluster}")
+    p = tmp_path / "sim_a3.py"
+    p.write_text(text)
+    return p
+
+
+def test_stage_from_must_name_a_node_or_the_declared_source(tmp_path):
+    c = load_cluster_file(_inventory(tmp_path, ' stage_from="sim-a3-0",'))
+    assert c.model.stage_from == "sim-a3-0"
+    with pytest.raises(InventoryError) as e:
+        load_cluster_file(_inventory(tmp_path, ' stage_from="sim-a3-9",'))
+    assert "model.stage_from" in str(e.value) and "sim-a3-9" in str(e.value)
+    with pytest.raises(InventoryError) as e:
+        load_cluster_file(_inventory(tmp_path, ' stage_from="source",'))
+    assert "stage.source" in str(e.value)
+
+
+def test_agent_command_quotes_the_program_and_sends_orders_on_stdin():
+    cmd = st.agent_command("relay", "llmdeploy-stage-agent:sim-a3")
+    assert cmd.startswith("python3 -c '") and cmd.endswith(" relay llmdeploy-stage-agent:sim-a3")
+    # the token never reaches a command line
+    assert "token" not in cmd.split("relay llmdeploy")[-1]
+
+
+# --- pipe: a command's output down the chain (the image) --------------------
+def _pipe_chain(tmp_path: Path, n: int, command: list[str], sinks: list[list[str] | None], port: int) -> list[subprocess.Popen]:
+    procs = []
+    for i in range(n - 1, -1, -1):
+        orders = {"token": "tok", "listen": None if i == 0 else [f"127.0.0.{i + 1}", port],
+                  "next": [f"127.0.0.{i + 2}", port] if i + 1 < n else None, "command": command if i == 0 else None,
+                  "sink": sinks[i], "size_hint": 0, "pidfile": str(tmp_path / f"pipe{i}.pid"), "mark": MARK,
+                  "connect_timeout": 20, "idle_timeout": 20}
+        procs.insert(0, _agent("pipe", orders))
+    return procs
+
+
+def test_pipe_feeds_the_source_commands_output_to_every_nodes_sink(tmp_path):
+    blob = random.Random(1).randbytes(3 << 20)
+    (tmp_path / "image.tar").write_bytes(blob)
+    sinks = [None] + [["sh", "-c", f"cat > {tmp_path}/got{i}.tar && echo Loaded image: x"] for i in (1, 2, 3)]
+    procs = _pipe_chain(tmp_path, 4, ["cat", str(tmp_path / "image.tar")], sinks, _free_port())
+    res = [_finish(p) for p in procs]
+    assert [c for c, _, _ in res] == [0, 0, 0, 0], res
+    for i in (1, 2, 3):
+        assert (tmp_path / f"got{i}.tar").read_bytes() == blob
+        assert res[i][1]["said"] == "Loaded image: x"
+    assert res[1][1]["received"] == len(blob)
+
+
+def test_pipe_names_a_sink_that_fails_and_the_source_that_fails(tmp_path):
+    (tmp_path / "image.tar").write_bytes(b"x" * 1000)
+    sinks = [None, ["sh", "-c", "cat >/dev/null; echo 'Error processing tar file(exit status 1): unexpected EOF'; exit 1"],
+             ["sh", "-c", "cat >/dev/null"]]
+    res = [_finish(p) for p in _pipe_chain(tmp_path, 3, ["cat", str(tmp_path / "image.tar")], sinks, _free_port())]
+    assert [c for c, _, _ in res] == [0, 1, 0]
+    assert "unexpected EOF" in res[1][1]["sink"]
+    # the source's command fails: every node behind it is told the stream ended early
+    res = [_finish(p) for p in _pipe_chain(tmp_path, 2, ["sh", "-c", "echo partial; exit 3"], [None, ["sh", "-c", "cat >/dev/null"]],
+                                           _free_port())]
+    assert res[0][0] == 1 and "exited 3" in res[0][1]["sink"]
+    assert res[1][0] == st.EXIT_UPSTREAM
