@@ -170,9 +170,7 @@ def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None, ser
 @_guard
 def stage(c, cluster, from_=None, check=False, json=False, message=None, lock_wait=0):
     """Copy the model (and tokenizer) to every node's model.path: one pipelined broadcast over the data network, resumable, every file's sha256 verified."""
-    from flows import stage as stage_flow
-
-    return stage_flow.stage(cluster, frm=from_, check=check, json_out=json, message=message, lock_wait=float(lock_wait))
+    return _flow("stage").stage(cluster, frm=from_, check=check, json_out=json, message=message, lock_wait=float(lock_wait))
 
 
 @task(
