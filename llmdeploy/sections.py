@@ -98,3 +98,21 @@ def numa_of(cpus: list[int] | None, cpu_nodes: dict[int, int]) -> int | None:
         return None
     nodes = {cpu_nodes.get(c) for c in cpus} - {None}
     return nodes.pop() if len(nodes) == 1 else None
+
+
+def answered(sections: dict[str, tuple[str, int | None]], name: str) -> str:
+    """A section's output when its command succeeded, else ""."""
+    v = sections.get(name)
+    return v[0] if v and v[1] == 0 else ""
+
+
+def placed(devices: list[dict], topo_text: str, prefix: str, cpu_nodes: dict[int, int]) -> list[dict]:
+    """``devices`` (each with its ``id``) given the CPU affinity the topology
+    matrix (``npu-smi info -t topo`` / ``nvidia-smi topo -m``) shows for its
+    ``prefix`` row, and the NUMA node those CPUs are on."""
+    affinity = parse_topo_affinity(topo_text, prefix)
+    for d in devices:
+        d["cpu_affinity"] = affinity.get(d["id"])
+        d["numa"] = numa_of(d["cpu_affinity"], cpu_nodes)
+    return devices
+

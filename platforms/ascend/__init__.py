@@ -18,7 +18,7 @@ from typing import Literal
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.platform import Platform
-from llmdeploy.sections import numa_of, parse_topo_affinity, section
+from llmdeploy.sections import answered, placed, section
 
 from .comm import HCCN, LINK_CHECKS, LINK_TOOL, PING_PRELUDE, link_script, parse_links, ping_job
 
@@ -98,16 +98,8 @@ def parse_npu_smi(text: str) -> list[dict]:
 
 def devices(sections: dict[str, tuple[str, int | None]], cpu_nodes: dict[int, int]) -> list[dict]:
     """The NPUs from ``npu-smi info``, each with its CPU affinity, NUMA node and ``hccn_tool`` IP."""
-
-    def ok(name: str) -> str:
-        v = sections.get(name)
-        return v[0] if v and v[1] == 0 else ""
-
-    accel = parse_npu_smi(ok("npusmi"))
-    affinity = parse_topo_affinity(ok("npusmi_topo"), "NPU")
+    accel = placed(parse_npu_smi(answered(sections, "npusmi")), answered(sections, "npusmi_topo"), "NPU", cpu_nodes)
     for d in accel:
-        d["cpu_affinity"] = affinity.get(d["id"])
-        d["numa"] = numa_of(d["cpu_affinity"], cpu_nodes)
         ip_out = sections.get(f"npu_ip {d['id']}")
         m = re.search(r"ipaddr:\s*(\S+)", ip_out[0]) if ip_out and ip_out[1] == 0 else None
         d["ip"] = m.group(1) if m else None

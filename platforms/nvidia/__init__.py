@@ -18,7 +18,7 @@ import re
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.platform import Platform
-from llmdeploy.sections import excerpt, number, numa_of, parse_topo_affinity, section
+from llmdeploy.sections import answered, excerpt, number, placed, section
 
 VENDOR = "nvidia"
 
@@ -80,16 +80,7 @@ def parse_nvsmi(text: str) -> list[dict]:
 def devices(sections: dict[str, tuple[str, int | None]], cpu_nodes: dict[int, int]) -> list[dict]:
     """The GPUs from ``nvidia-smi``, each with its CPU affinity and NUMA node."""
 
-    def ok(name: str) -> str:
-        v = sections.get(name)
-        return v[0] if v and v[1] == 0 else ""
-
-    accel = parse_nvsmi(ok("nvsmi"))
-    affinity = parse_topo_affinity(ok("nvtopo"), "GPU")
-    for d in accel:
-        d["cpu_affinity"] = affinity.get(d["id"])
-        d["numa"] = numa_of(d["cpu_affinity"], cpu_nodes)
-    return accel
+    return placed(parse_nvsmi(answered(sections, "nvsmi")), answered(sections, "nvtopo"), "GPU", cpu_nodes)
 
 
 def container_devices(cluster: Cluster, node: Node) -> list[str]:

@@ -251,46 +251,68 @@ def accept_upstream(addr, token, deadline, idle):
         conn.close()  # not this stage's sender
 
 
+class Link:
+    """This node's place in the chain: the connection from upstream (none at
+    the source) and to the next node (none at the tail). A next node that goes
+    away is noted in the result and no longer sent to; this node goes on."""
+
+    def __init__(self, order, res):
+        self.order, self.res = order, res
+        self.source = order["listen"] is None
+        self.idle = float(order.get("idle_timeout", 120))
+        self.up = self.down = None
+
+    def open(self):
+        """Connect both ways; an exit status when this node cannot go on, else None."""
+        order, res = self.order, self.res
+        deadline = time.monotonic() + float(order.get("connect_timeout", 30))
+        kill_stale(order["pidfile"], order["mark"])
+        if not self.source:
+            self.up, err = accept_upstream(order["listen"], order["token"], deadline, self.idle)
+            if self.up is None:
+                res["upstream"] = err
+                return EXIT_UPSTREAM
+        if order["next"] is not None:
+            self.down, err = connect_next(order["next"], order["token"], deadline, self.idle)
+            if self.down is None:
+                res["downstream"] = err
+                if self.source:
+                    return EXIT_FAILED
+        return None
+
+    def forward(self, chunk):
+        if self.down is None:
+            return
+        try:
+            self.down.sendall(chunk)
+            self.res["forwarded"] += len(chunk)
+        except OSError as exc:
+            nxt = self.order["next"]
+            self.res["downstream"] = "%s:%d went away after %d bytes: %s" % (nxt[0], nxt[1], self.res["forwarded"], exc.strerror or exc)
+            self.down.close()
+            self.down = None
+
+    def close(self):
+        for s in (self.down, self.up):
+            if s is not None:
+                s.close()
+
+
 def relay(order):
     files = order["files"]
     roots = order["roots"]
     need = set(order["need"])
-    idle = float(order.get("idle_timeout", 120))
-    deadline = time.monotonic() + float(order.get("connect_timeout", 30))
-    kill_stale(order["pidfile"], order["mark"])
-    cache = load_cache(order["cache"])
-    source = order["listen"] is None
     res = {"received": 0, "written": 0, "forwarded": 0, "verified": [], "failed": {}, "upstream": None, "downstream": None}
-    up = None
-    if not source:
-        up, err = accept_upstream(order["listen"], order["token"], deadline, idle)
-        if up is None:
-            res["upstream"] = err
-            return EXIT_UPSTREAM, res
-    down = None
-    if order["next"] is not None:
-        down, err = connect_next(order["next"], order["token"], deadline, idle)
-        if down is None:
-            res["downstream"] = err
-            if source:
-                return EXIT_FAILED, res
+    link = Link(order, res)
+    code = link.open()
+    if code is not None:
+        return code, res
+    cache = load_cache(order["cache"])
+    source, up, forward = link.source, link.up, link.forward
     total = sum(f["size"] - f["offset"] for f in files)
     progress = Progress(total, "stage")
     buf = bytearray(CHUNK)
     view = memoryview(buf)
-
-    def forward(chunk):
-        nonlocal down
-        if down is None:
-            return
-        try:
-            down.sendall(chunk)
-            res["forwarded"] += len(chunk)
-        except OSError as exc:
-            res["downstream"] = "%s:%d went away after %d bytes: %s" % (order["next"][0], order["next"][1], res["forwarded"],
-                                                                       exc.strerror or exc)
-            down.close()
-            down = None
 
     for f in files:
         key = "%d/%s" % (f["dir"], f["name"])
@@ -335,12 +357,12 @@ def relay(order):
                         forward(view[:n])
                         left -= n
                         progress.add(n)
-                        if down is None:
+                        if link.down is None:
                             break
             except OSError as exc:
                 res["failed"][key] = "cannot read %s: %s" % (path, exc.strerror or exc)
                 return EXIT_FAILED, res
-            if down is None:
+            if link.down is None:
                 return (EXIT_OK if res["downstream"] is None else EXIT_FAILED), res
             continue
         left = count
@@ -390,10 +412,7 @@ def relay(order):
                 res["verified"].append(key)
                 save_cache(order["cache"], cache)  # a killed stage does not hash this file again
     progress.add(0, force=True)
-    if down is not None:
-        down.close()
-    if up is not None:
-        up.close()
+    link.close()
     save_cache(order["cache"], cache)
     return (EXIT_FAILED if res["failed"] else EXIT_OK), res
 
@@ -419,38 +438,12 @@ def pipe(order):
     sha256 of everything sent, which every node checks."""
     import subprocess
 
-    idle = float(order.get("idle_timeout", 120))
-    deadline = time.monotonic() + float(order.get("connect_timeout", 30))
-    kill_stale(order["pidfile"], order["mark"])
-    source = order["listen"] is None
     res = {"received": 0, "forwarded": 0, "upstream": None, "downstream": None, "sink": None}
-    up = None
-    if not source:
-        up, err = accept_upstream(order["listen"], order["token"], deadline, idle)
-        if up is None:
-            res["upstream"] = err
-            return EXIT_UPSTREAM, res
-    down = None
-    if order["next"] is not None:
-        down, err = connect_next(order["next"], order["token"], deadline, idle)
-        if down is None:
-            res["downstream"] = err
-            if source:
-                return EXIT_FAILED, res
-
-    def forward(b):
-        nonlocal down
-        if down is None:
-            return
-        try:
-            down.sendall(b)
-            res["forwarded"] += len(b)
-        except OSError as exc:
-            res["downstream"] = "%s:%d went away after %d bytes: %s" % (order["next"][0], order["next"][1], res["forwarded"],
-                                                                       exc.strerror or exc)
-            down.close()
-            down = None
-
+    link = Link(order, res)
+    code = link.open()
+    if code is not None:
+        return code, res
+    source, up, forward = link.source, link.up, link.forward
     progress = Progress(int(order.get("size_hint") or 0), "stream")
     h = hashlib.sha256()
     if source:
@@ -465,13 +458,11 @@ def pipe(order):
         code = proc.wait()
         if code != 0:
             res["sink"] = "%s exited %d" % (order["command"][0], code)
-            if down is not None:
-                down.close()
+            link.close()
             return EXIT_FAILED, res
         forward((0).to_bytes(FRAME, "big") + h.digest())
         progress.add(0, force=True)
-        if down is not None:
-            down.close()
+        link.close()
         return (EXIT_FAILED if res["downstream"] else EXIT_OK), res
     sink = subprocess.Popen(order["sink"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) if order.get("sink") else None
     sink_err = None
@@ -504,9 +495,7 @@ def pipe(order):
             except OSError as exc:
                 sink_err = "%s stopped reading: %s" % (order["sink"][0], exc.strerror or exc)
     progress.add(0, force=True)
-    if down is not None:
-        down.close()
-    up.close()
+    link.close()
     if digest != h.digest():
         res["sink"] = "the stream's sha256 is not the source's"
     if sink is not None:
