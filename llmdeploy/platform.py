@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from pydantic import Field
 
 from .errors import LlmdeployError
+from .plugin import members, signature_problem
 from .schema import Strict
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -115,8 +116,10 @@ class Vendor(Protocol):
     def parse_top(self, text: str) -> list[dict]: ...
 
 
-# the attributes every vendor's package must have (checked when it loads), and those of its verify-comm method
-REQUIRED = tuple(Vendor.__annotations__) + ("facts_lines", "devices", "container_devices", "parse_top")
+# the attributes every vendor's package must have (checked when it loads: the hooks' parameters
+# too, as a serving system's, llmdeploy.plugin), and those of its verify-comm method
+VALUES, HOOKS = members(Vendor)
+REQUIRED = tuple(VALUES) + tuple(HOOKS)
 REQUIRED_BY_METHOD = {
     "collective": ("comm_device_checks",),
     "device_pings": ("LINK_CHECKS", "LINK_TOOL", "PING_PRELUDE", "link_script", "parse_links", "ping_job"),
@@ -158,6 +161,9 @@ def vendor(name: str) -> Vendor:
     missing = [a for a in REQUIRED if not hasattr(mod, a)]
     if missing:
         raise TypeError(f"{mod.__name__} is no platform vendor: it lacks {', '.join(missing)} (llmdeploy.platform.Vendor)")
+    wrong = [p for p in (signature_problem(mod.__name__, Vendor, h, getattr(mod, h)) for h in HOOKS) if p]
+    if wrong:
+        raise TypeError("; ".join(wrong))
     if mod.VENDOR != name:
         raise TypeError(f"{mod.__name__}: VENDOR {mod.VENDOR!r} is not its package's name {name!r}")
     if mod.COMM_METHOD not in COMM_METHODS:

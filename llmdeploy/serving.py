@@ -38,7 +38,6 @@ Core: imports nothing above ``llmdeploy``.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple, Protocol, get_origin, get_type_hints
@@ -46,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple, Protocol,
 from pydantic import Field
 
 from .errors import LlmdeployError
+from .plugin import members, signature_problem
 from .schema import Strict
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -317,39 +317,10 @@ class OptionalHooks(Protocol):
     def old_release_plan(self, cluster: "Cluster", rid: str, metas: dict[str, dict]) -> "ReleasePlan | None": ...
 
 
-def _members(proto: type) -> tuple[list[str], list[str]]:
-    """(values, hooks) a Protocol declares: its annotated names, its methods."""
-    values = list(proto.__annotations__)
-    hooks = [name for name, v in vars(proto).items() if inspect.isfunction(v) and not name.startswith("_")]
-    return values, hooks
-
-
-REQUIRED_VALUES, REQUIRED_HOOKS = _members(ServingSystem)
-OPTIONAL_VALUES, OPTIONAL_HOOKS = _members(OptionalHooks)
+REQUIRED_VALUES, REQUIRED_HOOKS = members(ServingSystem)
+OPTIONAL_VALUES, OPTIONAL_HOOKS = members(OptionalHooks)
 # every name a system must have, from the Protocol itself
 REQUIRED = REQUIRED_VALUES + REQUIRED_HOOKS
-
-
-def _params(sig: inspect.Signature) -> list[tuple[str, str]]:
-    return [(p.name, p.kind.description) for p in sig.parameters.values()]
-
-
-def _shown(params: list[tuple[str, str]]) -> str:
-    return "(" + ", ".join(name if kind == "positional or keyword" else f"{name} [{kind}]" for name, kind in params) + ")"
-
-
-def _signature_problem(pkg: str, proto: type, name: str, fn: object) -> str | None:
-    """What is wrong with ``fn`` as the hook ``name`` of ``proto``, or None."""
-    if not callable(fn):
-        return f"{pkg}.{name} is a {type(fn).__name__}, expected a function {name}{_shown(_params(inspect.signature(getattr(proto, name)))[1:])}"
-    want = _params(inspect.signature(getattr(proto, name)))[1:]  # without self
-    try:
-        have = _params(inspect.signature(fn))
-    except (TypeError, ValueError):
-        return f"{pkg}.{name}: its signature cannot be read, expected {name}{_shown(want)}"
-    if have != want:
-        return f"{pkg}.{name}{_shown(have)} does not match the interface: expected {name}{_shown(want)}"
-    return None
 
 
 def _value_problem(pkg: str, name: str, value: object, hint: object) -> str | None:
@@ -374,7 +345,7 @@ def interface_problems(pkg: ModuleType) -> list[str]:
                 out += [p for p in [_value_problem(name, v, getattr(pkg, v), hints[v])] if p]
         for h in hooks:
             if hasattr(pkg, h):
-                out += [p for p in [_signature_problem(name, proto, h, getattr(pkg, h))] if p]
+                out += [p for p in [signature_problem(name, proto, h, getattr(pkg, h))] if p]
     return out
 
 

@@ -106,6 +106,14 @@ def test_a_vendor_lacking_a_hook_is_refused_naming_it(fake_vendor):
         platform.vendor("fake")
 
 
+def test_a_vendor_hook_with_another_signature_is_refused_naming_both(fake_vendor):
+    fake_vendor(FAKE.replace("def devices(sections, cpu_nodes):", "def devices(sections):")
+                + "    def comm_device_checks(c, n, f): return {}\n")
+    with pytest.raises(TypeError) as e:
+        platform.vendor("fake")
+    assert str(e.value) == "platforms.fake.devices(sections) does not match the interface: expected devices(sections, cpu_nodes)"
+
+
 def test_a_vendor_whose_rows_differ_from_its_registry_line_is_refused(fake_vendor):
     fake_vendor(FAKE + "    def comm_device_checks(c, n, f): return {}\n    PLATFORMS['f2'] = PLATFORMS['f1']\n")
     with pytest.raises(TypeError, match="declares the platforms f1, f2, but platforms/__init__.py registers f1"):
