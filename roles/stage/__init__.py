@@ -274,9 +274,17 @@ def pipe_orders(cluster: Cluster, chain: list[Node], i: int, token: str, command
     })
 
 
+# docker save writes the layers uncompressed (about twice what a pull
+# moves); the stream compresses them again, as the registry's layers are:
+# zstd on all cores where the node has it, else gzip -1 (docker load reads both)
+SAVE_COMPRESSED = ('if command -v zstd >/dev/null 2>&1; then docker save "$1" | zstd -T0 -3 -q -c; '
+                   'else docker save "$1" | gzip -1 -c; fi')
+
+
 def image_commands(cluster: Cluster) -> tuple[list[str], list[str]]:
-    """What the source runs and what every other node feeds: the image as docker saves and loads it."""
-    return ["docker", "save", cluster.image.ref], ["docker", "load"]
+    """What the source runs and what every other node feeds: the image as
+    docker saves it (compressed, ``SAVE_COMPRESSED``) and as docker loads it."""
+    return ["bash", "-o", "pipefail", "-c", SAVE_COMPRESSED, "llmdeploy-image-save", cluster.image.ref], ["docker", "load"]
 
 
 def _size(n: float) -> str:

@@ -369,3 +369,21 @@ def test_pipe_names_a_sink_that_fails_and_the_source_that_fails(tmp_path):
                                            _free_port())]
     assert res[0][0] == 1 and "exited 3" in res[0][1]["sink"]
     assert res[1][0] == st.EXIT_UPSTREAM
+
+
+def test_the_image_stream_is_compressed_and_a_failed_save_fails_the_source(tmp_path):
+    from llmdeploy.inventory import load_cluster
+
+    cluster = load_cluster("sim-a3")
+    command, sink = st.image_commands(cluster)
+    assert sink == ["docker", "load"] and command[-1] == cluster.image.ref
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "docker").write_text('#!/bin/sh\n[ "$1" = save ] && [ "$2" = "$IMAGE" ] || exit 9\nhead -c 300000 /dev/zero\n')
+    (bindir / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "IMAGE": cluster.image.ref}
+    out = subprocess.run(command, capture_output=True, env=env, check=True).stdout
+    assert 0 < len(out) < 300000 // 10  # zeros compress: the stream is not the raw tar
+    (bindir / "docker").write_text("#!/bin/sh\necho 'Error response from daemon: reference does not exist' >&2; exit 1\n")
+    res = subprocess.run(command, capture_output=True, env=env)
+    assert res.returncode == 1 and b"reference does not exist" in res.stderr
