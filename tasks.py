@@ -7,6 +7,7 @@ imports it.
 
 import functools
 import importlib
+import inspect
 import signal
 import sys
 
@@ -43,13 +44,29 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt
 
 
+def _cluster_given(sig: inspect.Signature, c, args, kwargs) -> None:
+    """A task whose ``cluster`` has no default needs --cluster: Invoke runs
+    it without one, with None (a flag's parameter is never positional)."""
+    if sig.bind_partial(c, *args, **kwargs).arguments.get("cluster") is None:
+        from llmdeploy.inventory import list_clusters
+
+        raise LlmdeployError(f"--cluster is required (one of: {', '.join(list_clusters())})")
+
+
 def _guard(fn):
-    """Turn a LlmdeployError into its message on stderr and its exit status."""
+    """Turn a LlmdeployError into its message on stderr and its exit status;
+    a task whose ``cluster`` parameter has no default refuses to run without
+    --cluster, naming the inventories."""
+    sig = inspect.signature(fn)
+    cluster = sig.parameters.get("cluster")
+    needs_cluster = cluster is not None and cluster.default is inspect.Parameter.empty
 
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
         signal.signal(signal.SIGTERM, _sigterm)
         try:
+            if needs_cluster:
+                _cluster_given(sig, c, args, kwargs)
             code = fn(c, *args, **kwargs)
         except LlmdeployError as exc:
             print(f"error: {mask(str(exc))}", file=sys.stderr)

@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from flows import app, status, verify
 from flows import deploy as dep
-from flows.probes import chat_message, http_via_ssh, split_think
+from flows.probes import chat_message, fetch, split_think
 from flows.releases import current_plan
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, load_cluster
@@ -28,8 +28,10 @@ def _answer(cluster: Cluster, con: Console) -> None:
         chat = next((p for p in (plan.ready if plan else []) if p.method == "POST" and p.body and p.body.get("messages")), None)
         if chat is None:
             raise LlmdeployError(f"{cluster.name}: the current release has no chat readiness check to ask")
-        code, body = http_via_ssh(runner, cluster.node(chat.host), chat.port, "POST", chat.path, chat.body, cluster.deploy.request_timeout_s,
-                                  chat.headers, dest=chat.ip)
+        got = fetch(runner, cluster.node(chat.host), chat, cluster.deploy.request_timeout_s)
+    if not got.ok:
+        raise LlmdeployError(f"{cluster.name}: the model gave no answer: {got.problem}")
+    code, body = got.status, got.body
     reasoning, content = chat_message(body)
     reasoning, content = split_think(content) or (reasoning, content)
     question = chat.body["messages"][0]["content"]

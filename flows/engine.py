@@ -233,11 +233,11 @@ class Engine:
 
     def _inflight(self, m: Metrics) -> tuple[int | None, str]:
         p = m.probe
-        body, problem = fetch(self.r, self.node(p.host), p, min(10, self.d.request_timeout_s), shown=120)
-        if body is None:
-            return None, problem
+        got = fetch(self.r, self.node(p.host), p, min(10, self.d.request_timeout_s), shown=120)
+        if not got.ok:
+            return None, got.problem
         try:
-            return inflight(body, m.inflight)
+            return inflight(got.body, m.inflight)
         except UNREADABLE as exc:
             return None, f"{p.describe()}: {exc}"
 

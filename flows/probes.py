@@ -13,6 +13,7 @@ import http.client
 import io
 import json
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import systems
@@ -278,27 +279,47 @@ def body_problem(p: Probe, body: bytes) -> str | None:
         return f"unreadable answer ({type(exc).__name__}): {body[:200]!r}"
 
 
-def fetch(runner: Runner, node: Node, p: Probe, timeout: float, shown: int = 200) -> tuple[bytes | None, str | None]:
+@dataclass(frozen=True)
+class Fetched:
+    """What the one request of a probe got (:func:`fetch`): ``status``, the
+    HTTP status it answered (None: no answer), with ``body``; or ``error``,
+    what kept it from an answer (the SSH forward refused, the connection
+    lost, a timeout). ``problem`` is None when it answered the probe's
+    status, else what was seen, in words that name the probe."""
+
+    status: int | None
+    body: bytes = b""
+    error: Exception | None = None
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """It answered the probe's status (its body is not checked here)."""
+        return self.problem is None
+
+
+def fetch(runner: Runner, node: Node, p: Probe, timeout: float, shown: int = 200) -> Fetched:
     """The one request of ``p`` over ``node``'s SSH connection and its status
-    checked: (the body, None) when it answered ``p.status``, else (None, what
-    was seen: the error that kept it from an answer, or the status it
-    answered and the start of its body, ``shown`` bytes). Every "GET over
-    SSH and check the status" of the flows (readiness, drain's in-flight
-    count, status's endpoint health) is this."""
+    checked: what it answered, or the error that kept it from an answer; the
+    problem, when it did not answer ``p.status``, shows the start of the
+    body (``shown`` bytes) or the error. Every "request over SSH and check
+    the status" of the flows (readiness, drain's in-flight count, status's
+    endpoint health, the demo's question) is this."""
     try:
         status, body = http_via_ssh(runner, node, p.port, p.method, p.path, p.body, timeout, p.headers, dest=p.ip)
     except probe_errors() as exc:
-        return None, f"{p.describe()}: {type(exc).__name__}: {exc}"
+        return Fetched(status=None, error=exc, problem=f"{p.describe()}: {type(exc).__name__}: {exc}")
     if status != p.status:
-        return None, f"{p.describe()} answered {status}: {body[:shown]!r}"
-    return body, None
+        return Fetched(status=status, body=body, problem=f"{p.describe()} answered {status}: {body[:shown]!r}")
+    return Fetched(status=status, body=body)
 
 
 def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | None:
     """None when ``p`` passes, else what was seen."""
-    body, problem = fetch(runner, node, p, timeout)
-    if body is None:
-        return problem
+    got = fetch(runner, node, p, timeout)
+    if not got.ok:
+        return got.problem
+    body = got.body
     check = check_named(p.check)
     if check is None:
         return f"{p.describe()} {unknown_check(p.check)}"

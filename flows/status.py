@@ -12,7 +12,7 @@ import time
 from rich.console import Console
 from rich.markup import escape
 
-from flows.probes import body_problem, http_via_ssh
+from flows.probes import body_problem, fetch
 from flows.releases import current_plan
 from llmdeploy import report, slurm
 from llmdeploy.inventory import Cluster
@@ -100,15 +100,15 @@ def _state(c: dict | None) -> str:
 
 def endpoint_health(runner: Runner, cluster: Cluster, plan: ReleasePlan | None) -> tuple[object, str | None]:
     """(what the plan's first readiness probe answered: its status or
-    "unreachable (...)", the problem its body check names or None)."""
+    "unreachable (<the error's type>)", the problem its body check names or
+    None): one request, ``flows.probes.fetch``."""
     if plan is None or not plan.ready:
         return None, None
     p = plan.ready[0]
-    try:
-        code, body = http_via_ssh(runner, cluster.node(p.host), p.port, p.method, p.path, p.body, 10, p.headers, dest=p.ip)
-    except Exception as exc:  # any way the endpoint can be down
-        return f"unreachable ({type(exc).__name__})", None
-    return code, (body_problem(p, body) if code == p.status else None)
+    got = fetch(runner, cluster.node(p.host), p, 10)
+    if got.status is None:
+        return f"unreachable ({type(got.error).__name__})", None
+    return got.status, (body_problem(p, got.body) if got.ok else None)
 
 
 def _shown(plan: ReleasePlan, u: Unit, c: dict | None) -> list[str]:

@@ -257,7 +257,8 @@ class ServingSystem(Protocol):
 
     Every hook gets the cluster and its profile, resolved once by the
     registry (:meth:`System.profile`: the cluster's profile is this system's
-    ``PROFILE``), so no hook asks for it again.
+    ``PROFILE``, else an error naming both kinds), so no hook asks for it
+    again: the builders a hook calls take that profile as a parameter.
 
     ``services`` builds the services of one entry of the system's playbook
     (:class:`PlaybookEntry`) on ``nodes``, with what prepare recorded

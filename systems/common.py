@@ -1,7 +1,9 @@
 """What several serving systems share: the serving image prepare recorded,
 the NIC failure signature, which variables an MPI world exports, OpenMPI's
-hostfile and launch agent, and the one way to get a system's own profile.
-A system imports these; nothing here knows a system."""
+hostfile and launch agent, the readiness probes of an OpenAI-compatible
+server. A system imports these; nothing here knows a system. (A system's
+own profile is resolved once per call into it, by the registry:
+``llmdeploy.serving.System.profile``; every builder takes it as ``prof``.)"""
 
 from __future__ import annotations
 
@@ -10,18 +12,10 @@ import json
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.releaseplan import Probe
-from llmdeploy.serving import Prepared, ReleaseFile, ServingProfile
+from llmdeploy.serving import Prepared, ReleaseFile
 from roles import mpi
 from roles import render  # noqa: F401 (the systems render their files with it)
 from roles.mpi import nics  # noqa: F401 (the systems' OpenMPI *_if_include lists)
-
-
-def profile_of(cluster: Cluster, cls: type[ServingProfile]):
-    """``cluster.profile`` when it is ``cls``'s, else an error naming both kinds."""
-    if not isinstance(cluster.profile, cls):
-        want = cls.model_fields["kind"].default
-        raise LlmdeployError(f"{cluster.name}: the profile is {cluster.profile.kind}, not {want}")
-    return cluster.profile
 
 
 def nccl_node_env(node: Node) -> dict[str, str]:

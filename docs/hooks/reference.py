@@ -3,7 +3,8 @@ code at every build, so that neither can drift from it.
 
 - ``reference/inventory.md``: every model of the inventory schema
   (``llmdeploy.inventory.Cluster`` and the models its fields hold) and every
-  serving system's profile (``llmdeploy.serving.PROFILE_KINDS``): each
+  registered serving system's profile (each system of ``systems.SYSTEMS``
+  loaded: the registry imports a system only when asked for it): each
   field's type, default and description (its ``Field(description=...)``,
   else the comments above and beside it in the source), its constraints in
   words, and each validator's rule (its docstring, else the docstrings of
@@ -58,12 +59,7 @@ def on_files(files, config):
 def inventory_models() -> list[type]:
     """Cluster and every model its fields hold, then each serving profile and
     the models its fields hold; in the order they are first met."""
-    import systems
     from llmdeploy.inventory import Cluster
-
-    for kind in systems.SYSTEMS:  # each system's profile registers itself when its package loads (lazily)
-        systems.system(kind)
-    from llmdeploy.serving import PROFILE_KINDS
 
     order: list[type] = []
 
@@ -77,9 +73,19 @@ def inventory_models() -> list[type]:
                     walk(t)
 
     walk(Cluster)
-    for kind in sorted(PROFILE_KINDS):
-        walk(PROFILE_KINDS[kind])
+    for cls in profiles().values():
+        walk(cls)
     return order
+
+
+def profiles() -> dict[str, type]:
+    """kind -> profile class of every registered serving system, in kind
+    order. Each system is loaded here: the registry imports a system's
+    package only when its kind is asked for, so ``PROFILE_KINDS`` holds
+    just the systems something happened to load before."""
+    import systems
+
+    return {kind: systems.SYSTEMS[kind].module.PROFILE for kind in sorted(systems.SYSTEMS)}
 
 
 def _serving_profile() -> type:
@@ -333,7 +339,6 @@ def model_section(model: type) -> tuple[str, list[str]]:
 
 def inventory_markdown() -> tuple[str, list[str]]:
     from llmdeploy.inventory import PLATFORMS
-    from llmdeploy.serving import PROFILE_KINDS
 
     models = inventory_models()
     head = [
@@ -356,7 +361,7 @@ def inventory_markdown() -> tuple[str, list[str]]:
     head += ["", "## Serving profiles {#profiles}", "",
              "`Cluster.profile` is one system's profile, built with the system's catalogue "
              "(`systems/<name>/catalogue.py`); its `kind` names the system:", ""]
-    head += [f"- `{kind}`: [{cls.__name__}](#{anchor(cls)})" for kind, cls in sorted(PROFILE_KINDS.items())]
+    head += [f"- `{kind}`: [{cls.__name__}](#{anchor(cls)})" for kind, cls in profiles().items()]
     sections, missing = [], []
     for model in models:
         text, miss = model_section(model)

@@ -47,7 +47,6 @@ from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, U
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
-from systems import common
 from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
 # the workers are TensorRT-LLM engines: its configuration merge and launch mounts
 from systems.trtllm import config as trtllm
@@ -93,36 +92,32 @@ ETCD_DATA = "etcd"
 NATS_DATA = "nats"
 
 
-def profile_of(cluster: Cluster) -> DynamoProfile:
-    return common.profile_of(cluster, DynamoProfile)
-
-
 def container(cluster: Cluster, rid: str, service: str) -> str:
     return f"{cluster.name}-{rid}-{service}"
 
 
 
-def membind(cluster: Cluster, node: Node, prepared: Prepared) -> list[str]:
+def membind(cluster: Cluster, prof: DynamoProfile, node: Node, prepared: Prepared) -> list[str]:
     """``numactl -m 0,1`` where prepare found that layout (its record) or the
     inventory demands it, else nothing (numa.membind)."""
-    return numa.membind(cluster, node, prepared.of(node.name))[0] or []
+    return numa.membind(cluster, prof, node, prepared.of(node.name))[0] or []
 
 
-def membind_shown(cluster: Cluster, node: Node, prepared: Prepared) -> tuple[str, dict]:
+def membind_shown(cluster: Cluster, prof: DynamoProfile, node: Node, prepared: Prepared) -> tuple[str, dict]:
     """What ``deploy --check`` shows before ``trtllm-llmapi-launch``: the prefix
     when it is known, else which recorded fact decides it; and the same as data."""
-    prefix, why = numa.membind(cluster, node, prepared.of(node.name))
+    prefix, why = numa.membind(cluster, prof, node, prepared.of(node.name))
     data = {"prefix": shlex.join(prefix) if prefix is not None else None, "decided_by": why}
     return ("" if prefix is not None else f"[numactl -m 0,1 or nothing: {why}] "), data
 
 
 # --- command lines -------------------------------------------------------------------------------
-def trtllm_run_args(cluster: Cluster, rid: str, name: str, service: str, role: str, stop_phase: int, image: str,
+# ``prof`` in each builder: the cluster's profile, as the hook that builds the plan received it
+def trtllm_run_args(cluster: Cluster, prof: DynamoProfile, rid: str, name: str, service: str, role: str, stop_phase: int, image: str,
                     env_file: str, command: list[str], ssh: bool = False, **labels) -> list[str]:
     """The seed's ``docker run`` for the TensorRT-LLM container, detached and
     long-lived, named for the cluster, release and service; the release
     directory mounted at its own path (scripts, role settings, merged YAML)."""
-    prof = profile_of(cluster)
     rd = release_dir(cluster, rid)
     args = ["docker", "run", "-d", "--name", name,
             *containers.labels(cluster.name, rid, service, role, stop_phase, **labels),
@@ -137,8 +132,7 @@ def trtllm_run_args(cluster: Cluster, rid: str, name: str, service: str, role: s
     return args
 
 
-def etcd_args(cluster: Cluster, rid: str, stop_phase: int) -> list[str]:
-    prof = profile_of(cluster)
+def etcd_args(cluster: Cluster, prof: DynamoProfile, rid: str, stop_phase: int) -> list[str]:
     n0 = cluster.node0
     rd = release_dir(cluster, rid)
     peer = f"http://127.0.0.1:{prof.etcd_peer_port}"
@@ -152,8 +146,7 @@ def etcd_args(cluster: Cluster, rid: str, stop_phase: int) -> list[str]:
             "--initial-cluster", f"{cluster.name}-etcd={peer}"]
 
 
-def nats_args(cluster: Cluster, rid: str, stop_phase: int) -> list[str]:
-    prof = profile_of(cluster)
+def nats_args(cluster: Cluster, prof: DynamoProfile, rid: str, stop_phase: int) -> list[str]:
     rd = release_dir(cluster, rid)
     return ["docker", "run", "-d", "--name", container(cluster, rid, "nats"),
             *containers.labels(cluster.name, rid, "nats", "control-plane", stop_phase),
@@ -161,7 +154,7 @@ def nats_args(cluster: Cluster, rid: str, stop_phase: int) -> list[str]:
             "nats-server", "-js", "-p", str(prof.nats_port), "-m", str(prof.nats_monitor_port), "-sd", f"{rd}/{NATS_DATA}"]
 
 
-def mpirun_args(cluster: Cluster, rid: str, w: dynamo.Worker, prepared: Prepared) -> tuple[list[str], str]:
+def mpirun_args(cluster: Cluster, prof: DynamoProfile, rid: str, w: dynamo.Worker, prepared: Prepared) -> tuple[list[str], str]:
     """(mpirun and its options, the command after the profile's -x list)."""
     rd = release_dir(cluster, rid)
     args = ["mpirun", "--allow-run-as-root", "-np", str(w.ranks), "--bind-to", "none"]
@@ -174,18 +167,18 @@ def mpirun_args(cluster: Cluster, rid: str, w: dynamo.Worker, prepared: Prepared
     first = cluster.node(w.rank0_node)
     # every variable of the environment file but the per-node ones (the GPU mask, the NIC, any value that differs
     # between the group's nodes): each node's container has its own (systems.mpi_exports)
-    exported, _ = mpi_exports([env_of(cluster, cluster.node(h), w) for h in w.node_names],
+    exported, _ = mpi_exports([env_of(cluster, prof, cluster.node(h), w) for h in w.node_names],
                               commenv.node_specific(cluster) + ["CUDA_VISIBLE_DEVICES"])
     for name in exported:
         args += ["-x", name]
     # --model-path is the seed's spelling; ai-dynamo 1.6.1 still takes it, as
     # the obsolete alias of --model (dynamo/trtllm/backend_args.py), so the seed's line stays
-    tail = shlex.join(membind(cluster, first, prepared) + [
-        "trtllm-llmapi-launch", "python3", "-m", "dynamo.trtllm"]) + ' --model-path "$MODEL_PATH" ' + shlex.join(worker_args(cluster, rid, w))
+    tail = shlex.join(membind(cluster, prof, first, prepared) + [
+        "trtllm-llmapi-launch", "python3", "-m", "dynamo.trtllm"]) + ' --model-path "$MODEL_PATH" ' + shlex.join(worker_args(cluster, prof, rid, w))
     return args, tail
 
 
-def worker_args(cluster: Cluster, rid: str, w: dynamo.Worker) -> list[str]:
+def worker_args(cluster: Cluster, prof: DynamoProfile, rid: str, w: dynamo.Worker) -> list[str]:
     """``dynamo.trtllm``'s arguments after the seed's ``--model-path "$MODEL_PATH"``.
 
     ``--served-model-name`` is ours, not the seed's: without it a worker
@@ -195,20 +188,19 @@ def worker_args(cluster: Cluster, rid: str, w: dynamo.Worker) -> list[str]:
     the ``/v1/models`` readiness probe ask for the served name
     (nvidia/Qwen3.5-397B-A17B-NVFP4-V2). Every replica passes the same one
     ("Replicas share ... served model name")."""
-    prof = profile_of(cluster)
     return ["--served-model-name", prof.served_model_name, "--disaggregation-mode", w.role,
             "--extra-engine-args", f"{release_dir(cluster, rid)}/{w.name}.config.yaml", "--publish-metrics"]
 
 
-def env_of(cluster: Cluster, node: Node, w: dynamo.Worker | None = None, frontend: bool = False) -> dict[str, str]:
+def env_of(cluster: Cluster, prof: DynamoProfile, node: Node, w: dynamo.Worker | None = None, frontend: bool = False) -> dict[str, str]:
     """A container's environment file: the node's communication environment
     (NCCL/GLOO interface, the seed's setup block), then the frontend's or the
     worker's own variables (its GPU mask on this node first)."""
     env = commenv.env_vars(cluster, node)
     if frontend:
-        for k in dynamo.node_env(cluster, node):  # the workers' variables (weight loading), not the frontend's
+        for k in dynamo.node_env(cluster, prof, node):  # the workers' variables (weight loading), not the frontend's
             env.pop(k, None)
-        env.update(dynamo.frontend_env(cluster))
+        env.update(dynamo.frontend_env(prof))
     if w is not None:
         env.update(dynamo.worker_env(cluster, w, node.name))
     return env
@@ -232,7 +224,7 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
             return [Service(name="etcd", units=[], started=Probe(name="external etcd /health", kind="http", host=n0.name, ip=url.hostname,
                                                                  port=url.port or 2379, path="/health", check="json", arg="health=true"))]
         unit = Unit(host=n0.name, container=container(cluster, rid, "etcd"), prefix="etcd.", role="control-plane",
-                    show={"container_command": shlex.join(etcd_args(cluster, rid, phase)), "image": prof.etcd_image})
+                    show={"container_command": shlex.join(etcd_args(cluster, prof, rid, phase)), "image": prof.etcd_image})
         return [Service(name="etcd", units=[unit], started=Probe(name="etcd /health", kind="http", host=n0.name, port=prof.etcd_port,
                                                                  path="/health", check="json", arg="health=true"))]
     if name == "nats":
@@ -242,12 +234,12 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
             return [Service(name="nats", units=[], started=Probe(name="external NATS client port", kind="port", host=n0.name,
                                                                  ip=url.hostname, port=url.port or 4222))]
         unit = Unit(host=n0.name, container=container(cluster, rid, "nats"), prefix="nats.", role="control-plane",
-                    show={"container_command": shlex.join(nats_args(cluster, rid, phase)), "image": prof.nats_image})
+                    show={"container_command": shlex.join(nats_args(cluster, prof, rid, phase)), "image": prof.nats_image})
         return [Service(name="nats", units=[unit], started=Probe(name="NATS /healthz", kind="http", host=n0.name, port=prof.nats_monitor_port,
                                                                  path="/healthz", check="json", arg="status=ok"))]
     if name == "frontend":
         image = serving_image(cluster, n0, prepared)
-        cmd = trtllm_run_args(cluster, rid, container(cluster, rid, "frontend"), "frontend", "frontend", phase, image,
+        cmd = trtllm_run_args(cluster, prof, rid, container(cluster, rid, "frontend"), "frontend", "frontend", phase, image,
                               f"{rd}/frontend.env", ["sh", f"{rd}/frontend.sh"])
         unit = Unit(host=n0.name, container=container(cluster, rid, "frontend"), prefix="frontend.", role="frontend",
                     show={"container_command": shlex.join(cmd), "image": image,
@@ -255,22 +247,22 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
         return [Service(name="frontend", units=[unit])]
     if name in ("prefill", "decode"):
         out = []
-        for w in dynamo.placement(cluster):
+        for w in dynamo.placement(cluster, prof):
             if w.role != name:
                 continue
             units = []
-            mpirun, tail = mpirun_args(cluster, rid, w, prepared)
+            mpirun, tail = mpirun_args(cluster, prof, rid, w, prepared)
             for i, (host, gpus) in enumerate(w.nodes):
                 node = cluster.node(host)
                 image = serving_image(cluster, node, prepared)
                 launcher = i == 0
-                cmd = trtllm_run_args(cluster, rid, container(cluster, rid, w.name), w.name, w.role, phase, image,
+                cmd = trtllm_run_args(cluster, prof, rid, container(cluster, rid, w.name), w.name, w.role, phase, image,
                                       f"{rd}/{w.name}.env", ["sh", f"{rd}/{w.name}.{'serve' if launcher else 'hold'}.sh"],
                                       ssh=launcher and len(w.nodes) > 1, ranks=",".join(map(str, gpus)))
                 show = {"container_command": shlex.join(cmd), "image": image, "ranks": f"{w.ranks} ({len(gpus)} here)",
                         "cuda_visible_devices": w.cuda_visible_devices(host), "system_port": w.system_port}
                 if launcher:
-                    note, show["numactl"] = membind_shown(cluster, node, prepared)
+                    note, show["numactl"] = membind_shown(cluster, prof, node, prepared)
                     show["serve_command"] = f"{shlex.join(mpirun)} <-x every variable of {PROFILE_ENV}> {note}{tail}"
                 units.append(Unit(host=host, container=container(cluster, rid, w.name), prefix=f"{w.name}.", order=1 if launcher else 0,
                                   role=w.role, show=show))
@@ -328,7 +320,7 @@ def chat_request(prof: DynamoProfile) -> dict:
 def probe(cluster: Cluster, profile: DynamoProfile, name: str) -> list[Probe]:
     prof = profile
     n0 = cluster.node0.name
-    workers = dynamo.placement(cluster)
+    workers = dynamo.placement(cluster, prof)
     if name == "frontend_health":
         want = [{"name": w.name, "role": w.role, "host": w.rank0_node, "port": w.system_port} for w in workers]
         return [Probe(name="frontend /health lists every worker", kind="http", host=n0, port=prof.frontend_port, path="/health",
@@ -395,20 +387,20 @@ def files(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, prepared:
                                     command=u.show["container_command"], container=shlex.quote(u.container),
                                     wait_for_file=shlex.quote(f"{rd}/{svc.name}.config.yaml") if holder else ""), 0o755)
         if any(u.container == container(cluster, plan.release, "frontend") for u in units):
-            f["frontend.env"] = ReleaseFile(env_text(cluster, n, env_of(cluster, n, frontend=True), "the frontend"), commenv.env_mode(cluster))
-            f["frontend.sh"] = ReleaseFile(render("dynamo/frontend.sh.j2", release=plan.release, cluster=cluster.name, setup=setup(dynamo.frontend_env(cluster)),
+            f["frontend.env"] = ReleaseFile(env_text(cluster, n, env_of(cluster, prof, n, frontend=True), "the frontend"), commenv.env_mode(cluster))
+            f["frontend.sh"] = ReleaseFile(render("dynamo/frontend.sh.j2", release=plan.release, cluster=cluster.name, setup=setup(dynamo.frontend_env(prof)),
                                        port=prof.frontend_port), 0o755)
-        workers_here = [w for w in dynamo.placement(cluster) if n.name in w.node_names]
+        workers_here = [w for w in dynamo.placement(cluster, prof) if n.name in w.node_names]
         if workers_here:
             f[trtllm.MERGE_SCRIPT_NAME] = ReleaseFile(trtllm.merge_script(), 0o644)
         for w in workers_here:
             launcher = w.rank0_node == n.name
-            f[f"{w.name}.env"] = ReleaseFile(env_text(cluster, n, env_of(cluster, n, w), w.name), commenv.env_mode(cluster))
-            f[f"{w.name}.overrides.yaml"] = ReleaseFile(dynamo.role_yaml(cluster, w), 0o644)
-            mpirun, tail = mpirun_args(cluster, plan.release, w, prepared)
+            f[f"{w.name}.env"] = ReleaseFile(env_text(cluster, n, env_of(cluster, prof, n, w), w.name), commenv.env_mode(cluster))
+            f[f"{w.name}.overrides.yaml"] = ReleaseFile(dynamo.role_yaml(cluster, prof, w), 0o644)
+            mpirun, tail = mpirun_args(cluster, prof, plan.release, w, prepared)
             f[f"{w.name}.{'serve' if launcher else 'hold'}.sh"] = ReleaseFile(render(
                 "dynamo/worker.sh.j2", worker=w.name, role=w.role, profile=w.profile, ranks=w.ranks, release=plan.release, cluster=cluster.name,
-                launcher=launcher, setup=setup(dynamo.worker_env(cluster, w, n.name), dynamo.worker_unsets(cluster)), merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(cluster, w),
+                launcher=launcher, setup=setup(dynamo.worker_env(cluster, w, n.name), dynamo.worker_unsets(prof)), merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(prof, w),
                 overrides=shlex.quote(f"{rd}/{w.name}.overrides.yaml"), config=shlex.quote(f"{rd}/{w.name}.config.yaml"),
                 profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=tail), 0o755)
             if len(w.nodes) > 1:
@@ -443,4 +435,4 @@ def check_doc(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, secre
                          if name.endswith((".sh", ".yaml", ".env", "hostfile")) and not name.endswith("run.sh") and name != trtllm.MERGE_SCRIPT_NAME}}
         nodes.append(doc)
     return {"nodes": nodes, "topology": profile.topology,
-            "workers": [w.as_dict() for w in dynamo.placement(cluster)]}
+            "workers": [w.as_dict() for w in dynamo.placement(cluster, profile)]}

@@ -35,7 +35,7 @@ def plan(prof: DynamoProfile, node: Node, facts: dict) -> tuple[dict, list[str]]
     return {"kind": "numactl", "prefix": f"numactl -m {prof.numa_membind}", "cpu_nodes": cpu_nodes, "gpu_memory_nodes": gpu_mem_nodes}, []
 
 
-def membind(cluster: Cluster, node: Node, record: PreparedNode | None) -> tuple[list[str] | None, str]:
+def membind(cluster: Cluster, prof: DynamoProfile, node: Node, record: PreparedNode | None) -> tuple[list[str] | None, str]:
     """The ``numactl -m`` prefix before ``trtllm-llmapi-launch`` of a Dynamo
     worker whose launcher runs on ``node``, and what decides it. ``record`` is
     what the node's prepare record (``prepared.json``) says, None when no node was read
@@ -43,8 +43,8 @@ def membind(cluster: Cluster, node: Node, record: PreparedNode | None) -> tuple[
     Without one, what the inventory alone decides: ``numa_membind`` "off" (no
     prefix) or a list (``numactl -m <list>``: prepare refuses a node that
     cannot give it); for "auto" the prefix is None: not known without the
-    node, and the second value says which recorded fact decides it and where."""
-    prof = cluster.profile
+    node, and the second value says which recorded fact decides it and where.
+    ``prof``: the cluster's profile, as the hook that builds the plan received it."""
     if record is not None:
         binding = record.binding
         if binding.get("kind") == "numactl" and binding.get("prefix"):

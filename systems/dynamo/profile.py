@@ -423,7 +423,7 @@ class DynamoProfile(ServingProfile):
         # per-worker variables come from workers.worker_env
         from . import workers
 
-        return {**self.node_env(cluster, node), **workers.common_env(cluster, node), **workers.node_env(cluster, node)}
+        return {**self.node_env(cluster, node), **workers.common_env(cluster, self, node), **workers.node_env(cluster, self, node)}
 
     def numa(self, cluster: Cluster, node: Node, facts: dict) -> tuple[dict, list[str]]:
         from .numa import plan

@@ -35,7 +35,6 @@ import yaml
 
 from llmdeploy.inventory import Cluster, Node
 from roles import renderer
-from systems import common
 
 from .profile import (
     DYNAMO_DECODE_PROFILES,
@@ -107,60 +106,52 @@ UNSET_ENV = (DYNAMO_FORBIDDEN_ENV,)
 WEIGHT_LOADING_ENV = "TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL"
 
 
-def profile_of(cluster: Cluster) -> DynamoProfile:
-    return common.profile_of(cluster, DynamoProfile)
-
-
-def topology_of(cluster: Cluster) -> DynamoTopology:
-    return profile_of(cluster).topology_info
-
-
-def placement(cluster: Cluster) -> list[Worker]:
+def placement(cluster: Cluster, prof: DynamoProfile) -> list[Worker]:
     """Every worker of the topology, placed on the cluster's nodes, in start
-    order (prefill replicas, then decode replicas)."""
-    return profile_of(cluster).placement(cluster.nodes)
+    order (prefill replicas, then decode replicas). ``prof``, here and in
+    every function below that takes it: the cluster's profile, as the hook
+    that builds the plan (or the profile's own hook) received it."""
+    return prof.placement(cluster.nodes)
 
 
-def worker(cluster: Cluster, name: str) -> Worker:
-    for w in placement(cluster):
+def worker(cluster: Cluster, prof: DynamoProfile, name: str) -> Worker:
+    for w in placement(cluster, prof):
         if w.name == name:
             return w
     raise KeyError(name)
 
 
-def workers_on(cluster: Cluster, node: Node | str) -> list[Worker]:
+def workers_on(cluster: Cluster, prof: DynamoProfile, node: Node | str) -> list[Worker]:
     """The workers with at least one rank on ``node``."""
     name = node if isinstance(node, str) else node.name
-    return [w for w in placement(cluster) if name in w.node_names]
+    return [w for w in placement(cluster, prof) if name in w.node_names]
 
 
-def ranks_on(cluster: Cluster, node: Node | str) -> dict[str, int]:
+def ranks_on(cluster: Cluster, prof: DynamoProfile, node: Node | str) -> dict[str, int]:
     """{worker name: ranks on ``node``} for the workers with ranks there."""
     name = node if isinstance(node, str) else node.name
-    return {w.name: w.ranks_on(name) for w in workers_on(cluster, name)}
+    return {w.name: w.ranks_on(name) for w in workers_on(cluster, prof, name)}
 
 
 def role_profile(worker: Worker) -> DynamoPrefillProfile | DynamoDecodeProfile:
     return PREFILL_PROFILES[worker.profile] if worker.role == "prefill" else DECODE_PROFILES[worker.profile]
 
 
-def base_yaml_name(cluster: Cluster, worker: Worker) -> str:
-    prof = profile_of(cluster)
+def base_yaml_name(prof: DynamoProfile, worker: Worker) -> str:
     return prof.base_prefill_yaml if worker.role == "prefill" else prof.base_decode_yaml
 
 
-def base_yaml_path(cluster: Cluster, worker: Worker) -> str:
+def base_yaml_path(prof: DynamoProfile, worker: Worker) -> str:
     """The base role file inside the container, e.g.
     /opt/trtllm-recipes/examples/configs/curated/qwen3.5-gb300-agentic-prefill.yaml."""
-    return posixpath.join(profile_of(cluster).config_dir, base_yaml_name(cluster, worker))
+    return posixpath.join(prof.config_dir, base_yaml_name(prof, worker))
 
 
-def role_yaml(cluster: Cluster, worker: Worker) -> str:
+def role_yaml(cluster: Cluster, prof: DynamoProfile, worker: Worker) -> str:
     """The worker's role settings (templates/dynamo/<role>.yaml.j2): a header
     naming the base file it layers on, then the keys of the seed's tables;
     for topologies other than the colocated 1P1D a ``__delete__`` list that
     removes the base file's bounce-size override."""
-    prof = profile_of(cluster)
     topo = prof.topology_info
     retained = PREFILL_RETAINED if worker.role == "prefill" else DECODE_RETAINED
     return render_template(f"dynamo/{worker.role}.yaml.j2",
@@ -172,14 +163,14 @@ def role_yaml(cluster: Cluster, worker: Worker) -> str:
         c=BOTH_RETAINED,
         host_cache_size=prof.host_cache_bytes_per_rank,
         bounce_size_mb=BOUNCE_SIZE_MB,
-        base=base_yaml_path(cluster, worker),
+        base=base_yaml_path(prof, worker),
     )
 
 
-def role_overrides(cluster: Cluster, worker: Worker) -> dict:
+def role_overrides(cluster: Cluster, prof: DynamoProfile, worker: Worker) -> dict:
     """The role settings as data: exactly what ``role_yaml`` holds (including
     the ``__delete__`` list when there is one)."""
-    return yaml.safe_load(role_yaml(cluster, worker))
+    return yaml.safe_load(role_yaml(cluster, prof, worker))
 
 
 def role_yaml_name(worker: Worker) -> str:
@@ -187,12 +178,11 @@ def role_yaml_name(worker: Worker) -> str:
     return f"{worker.name}.yaml"
 
 
-def common_env(cluster: Cluster, node: Node) -> dict[str, str]:
+def common_env(cluster: Cluster, prof: DynamoProfile, node: Node) -> dict[str, str]:
     """The seed's per-shell setup block, for every process on ``node``
     (frontend and workers): the model and config directories inside the
     container, the control plane (node 0's serving IP, or the external
     endpoints), the namespace, etcd discovery and the TCP request plane."""
-    prof = profile_of(cluster)
     node0 = cluster.node0
     return {
         "MODEL_PATH": prof.model_mount,
@@ -205,29 +195,29 @@ def common_env(cluster: Cluster, node: Node) -> dict[str, str]:
     }
 
 
-def node_env(cluster: Cluster, node: Node) -> dict[str, str]:
+def node_env(cluster: Cluster, prof: DynamoProfile, node: Node) -> dict[str, str]:
     """Variables every worker on ``node`` shares beyond ``common_env``: the
     colocated 1P1D topologies' TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1 (both
     of its workers run there). Written into the node's environment file."""
-    if topology_of(cluster).colocated and workers_on(cluster, node):
+    if prof.topology_info.colocated and workers_on(cluster, prof, node):
         return {"TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL": "1"}
     return {}
 
 
-def worker_unsets(cluster: Cluster) -> list[tuple[str, str]]:
+def worker_unsets(prof: DynamoProfile) -> list[tuple[str, str]]:
     """What a worker's shell unsets after sourcing the profile environment,
     beyond the forced acceptance every shell unsets, each with why: for every
     topology but the colocated 1P1D the weight-loading variable, which the
     profile environment may set, so that the pinned runtime's default applies."""
-    if topology_of(cluster).colocated:
+    if prof.topology_info.colocated:
         return []
-    return [(WEIGHT_LOADING_ENV, f"topology {topology_of(cluster).name} is not the colocated 1P1D: "
+    return [(WEIGHT_LOADING_ENV, f"topology {prof.topology_info.name} is not the colocated 1P1D: "
              "the pinned runtime's default weight loading (seed 000, \"Select Another Topology\")")]
 
 
-def frontend_env(cluster: Cluster) -> dict[str, str]:
+def frontend_env(prof: DynamoProfile) -> dict[str, str]:
     """The frontend shell's variables (ETCD_LEASE_TTL, DYN_TOKENIZER_*), in the seed's order."""
-    return dict(profile_of(cluster).frontend_env)
+    return dict(prof.frontend_env)
 
 
 def worker_env(cluster: Cluster, worker: Worker, node: Node | str | None = None) -> dict[str, str]:

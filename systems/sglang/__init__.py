@@ -23,7 +23,6 @@ from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFiles
 from roles import containers
-from systems import common
 from systems.common import container_check_node, container_files, container_meta, nic_signature, openai_probe, serving_image
 
 from .profile import KIND, SglangProfile
@@ -56,10 +55,6 @@ SIGNATURES: list[tuple[str, str]] = [
 ]
 
 
-def profile_of(cluster: Cluster) -> SglangProfile:
-    return common.profile_of(cluster, SglangProfile)
-
-
 def container_name(cluster: Cluster, rid: str) -> str:
     return f"{cluster.name}-{rid}"
 
@@ -68,9 +63,10 @@ def env_file(cluster: Cluster, rid: str) -> str:
     return f"{release_dir(cluster, rid)}/env"
 
 
-def server_args(cluster: Cluster, node: Node) -> list[str]:
-    """``python3 -m sglang.launch_server`` and its flags for ``node`` (SGLang's multi-node docs)."""
-    prof = profile_of(cluster)
+def server_args(cluster: Cluster, prof: SglangProfile, node: Node) -> list[str]:
+    """``python3 -m sglang.launch_server`` and its flags for ``node`` (SGLang's
+    multi-node docs; ``prof``: the cluster's profile, as the hook that builds
+    the plan received it)."""
     rank = cluster.nodes.index(node)
     args = ["python3", "-m", "sglang.launch_server", "--model-path", cluster.model.path, "--served-model-name", prof.served_model_name,
             "--tp", str(prof.tp), "--dist-init-addr", f"{cluster.node0.ip}:{prof.dist_port}", "--nnodes", str(len(cluster.nodes)),
@@ -92,11 +88,10 @@ def server_args(cluster: Cluster, node: Node) -> list[str]:
     return args
 
 
-def docker_run_args(cluster: Cluster, node: Node, rid: str, image: str, stop_phase: int) -> list[str]:
+def docker_run_args(cluster: Cluster, prof: SglangProfile, node: Node, rid: str, image: str, stop_phase: int) -> list[str]:
     """SGLang's multi-node ``docker run`` (``--gpus all --network host --ipc=host
     --shm-size 32g -v ~/.cache/huggingface:...``), detached, named for the
     cluster and release, with the release's environment file; logs are kept."""
-    prof = profile_of(cluster)
     rank = cluster.nodes.index(node)
     args = ["docker", "run", "-d", "--name", container_name(cluster, rid),
             *containers.labels(cluster.name, rid, "world", cluster.role_of(node), stop_phase, node_rank=rank),
@@ -108,7 +103,7 @@ def docker_run_args(cluster: Cluster, node: Node, rid: str, image: str, stop_pha
         if not path.startswith("/root/.cache/"):
             args += ["-v", f"{path}:{path}:ro"]
     args += ["--env-file", env_file(cluster, rid), image]
-    return args + server_args(cluster, node)
+    return args + server_args(cluster, prof, node)
 
 
 def services(cluster: Cluster, profile: SglangProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared, rid: str) -> list[Service]:
@@ -119,8 +114,8 @@ def services(cluster: Cluster, profile: SglangProfile, entry: PlaybookEntry, nod
         units.append(Unit(host=n.name, container=container_name(cluster, rid), role=cluster.role_of(n),
                           order=0 if n is cluster.node0 else 1,
                           show={"node_rank": cluster.nodes.index(n), "image": image,
-                                "container_command": shlex.join(docker_run_args(cluster, n, rid, image, entry.stop_phase)),
-                                "serve_command": shlex.join(server_args(cluster, n))}))
+                                "container_command": shlex.join(docker_run_args(cluster, profile, n, rid, image, entry.stop_phase)),
+                                "serve_command": shlex.join(server_args(cluster, profile, n))}))
     return [Service(name=entry.name, units=units, restart="group")]
 
 

@@ -31,7 +31,6 @@ from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, U
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
-from systems import common
 from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, openai_probe, render, serving_image
 
 from . import config as trtllm
@@ -64,18 +63,14 @@ SERVE_FILES = {"hostfile": "hostfile", "agent": "mpi-agent.sh", "serve": "serve.
 EPLB_NAME = "eplb.yaml"
 
 
-def profile_of(cluster: Cluster) -> TrtllmProfile:
-    return common.profile_of(cluster, TrtllmProfile)
-
-
 def container_name(cluster: Cluster, rid: str) -> str:
     return f"{cluster.name}-{rid}"
 
 
 
-def placement(cluster: Cluster) -> list[tuple[Node, int, range]]:
-    """(node, slots, its global ranks) in rank order, node 0 first."""
-    prof = profile_of(cluster)
+def placement(cluster: Cluster, prof: TrtllmProfile) -> list[tuple[Node, int, range]]:
+    """(node, slots, its global ranks) in rank order, node 0 first (``prof``:
+    the cluster's profile, as the hook that builds the plan received it)."""
     out, first = [], 0
     for name, slots in prof.ranks(cluster.nodes):
         out.append((cluster.node(name), slots, range(first, first + slots)))
@@ -87,39 +82,34 @@ def _ranks_text(r: range) -> str:
     return f"{r.start}" if len(r) == 1 else f"{r.start}-{r.stop - 1}"
 
 
-def world_envs(cluster: Cluster) -> tuple[list[str], list[str]]:
+def world_envs(cluster: Cluster, prof: TrtllmProfile) -> tuple[list[str], list[str]]:
     """(the variables mpirun exports to every rank, those each node keeps from
     its own environment file): ``systems.mpi_exports`` over the environment
     files of the world's nodes, the node's NIC variables always per node."""
-    envs = [commenv.env_vars(cluster, node) for node, _, _ in placement(cluster)]
+    envs = [commenv.env_vars(cluster, node) for node, _, _ in placement(cluster, prof)]
     return mpi_exports(envs, commenv.node_specific(cluster))
 
 
-def world_env(cluster: Cluster) -> list[str]:
+def world_env(cluster: Cluster, prof: TrtllmProfile) -> list[str]:
     """The variables mpirun exports to every rank (``-x NAME``: the value
     comes from the launch container's environment file, so no value, secrets
     included, is on the command line); not the per-node ones (``world_envs``)."""
-    return world_envs(cluster)[0]
+    return world_envs(cluster, prof)[0]
 
 
-def mpirun_args(cluster: Cluster, rid: str) -> list[str]:
-    prof = profile_of(cluster)
+def mpirun_args(cluster: Cluster, prof: TrtllmProfile, rid: str) -> list[str]:
     rd = release_dir(cluster, rid)
     world = prof.tp * prof.pp
     args = ["mpirun", "--allow-run-as-root", "-np", str(world), "--hostfile", f"{rd}/{SERVE_FILES['hostfile']}"]
-    if len(placement(cluster)) > 1:
+    if len(placement(cluster, prof)) > 1:
         args += launch_agent_args(f"{rd}/{SERVE_FILES['agent']}")
     args += tcp_if_args(nics(cluster, [n.name for n in cluster.nodes]))
-    for name in world_env(cluster):
+    for name in world_env(cluster, prof):
         args += ["-x", name]
     args += ["trtllm-llmapi-launch", "trtllm-serve", cluster.model.path, "--host", "0.0.0.0", "--port", str(prof.port),
              "--reasoning_parser", prof.reasoning_parser, "--tool_parser", prof.tool_parser,
              "--config", f"{rd}/{SERVE_FILES['config']}"]
     return args
-
-
-def ssh_mounts(cluster: Cluster) -> list[str]:
-    return ssh_mounts_for(profile_of(cluster).launch_ssh_config)
 
 
 def ssh_mounts_for(launch_ssh_config: str | None) -> list[str]:
@@ -133,16 +123,15 @@ def ssh_mounts_for(launch_ssh_config: str | None) -> list[str]:
     return out
 
 
-def docker_run_args(cluster: Cluster, node: Node, rid: str, image: str, launcher: bool, stop_phase: int, ranks: range) -> list[str]:
+def docker_run_args(cluster: Cluster, prof: TrtllmProfile, node: Node, rid: str, image: str, launcher: bool, stop_phase: int, ranks: range) -> list[str]:
     """The seed's ``docker run`` (``--ipc=host --gpus all -p 8000:8000 -v
     ~/.cache:/root/.cache:rw``), detached and long-lived, named for the
     cluster and release. Across nodes it also gets the host network (MPI's
     and NCCL's connections between nodes; docker then ignores ``-p``) and
     the launch agent's SSH files; the release directory is mounted so the
     container reads its files and writes the merged config."""
-    prof = profile_of(cluster)
     rd = release_dir(cluster, rid)
-    multi = len(placement(cluster)) > 1
+    multi = len(placement(cluster, prof)) > 1
     args = ["docker", "run", "-d", "--name", container_name(cluster, rid),
             *containers.labels(cluster.name, rid, "world", "launcher" if launcher else "ranks", stop_phase, ranks=_ranks_text(ranks)),
             "--ipc=host", "--gpus", "all", "-p", f"{prof.port}:{prof.port}"]
@@ -156,19 +145,19 @@ def docker_run_args(cluster: Cluster, node: Node, rid: str, image: str, launcher
         args += ["-v", f"{cluster.model.path}:{cluster.model.path}:ro"]
     args += ["-v", f"{rd}:{rd}"]
     if multi and launcher:
-        for m in ssh_mounts(cluster):
+        for m in ssh_mounts_for(prof.launch_ssh_config):
             args += ["-v", m]
     args += ["--env-file", f"{rd}/env", image]
     args += ["sh", f"{rd}/{SERVE_FILES['serve' if launcher else 'hold']}"]
     return args
 
 
-def units(cluster: Cluster, service: str, nodes: list[Node], prepared: Prepared, rid: str, entry: PlaybookEntry):
+def units(cluster: Cluster, prof: TrtllmProfile, service: str, nodes: list[Node], prepared: Prepared, rid: str, entry: PlaybookEntry):
     if service != "world":
         raise LlmdeployError(f"playbooks/serve-trtllm-serve.yaml: trtllm-serve has one service, 'world', not {service!r}")
     rd = release_dir(cluster, rid)
     out = []
-    for node, slots, ranks in placement(cluster):
+    for node, slots, ranks in placement(cluster, prof):
         if node not in nodes:
             continue
         launcher = node is cluster.node0
@@ -177,10 +166,10 @@ def units(cluster: Cluster, service: str, nodes: list[Node], prepared: Prepared,
             "ranks": _ranks_text(ranks),
             "slots": slots,
             "image": image,
-            "container_command": shlex.join(docker_run_args(cluster, node, rid, image, launcher, entry.stop_phase, ranks)),
+            "container_command": shlex.join(docker_run_args(cluster, prof, node, rid, image, launcher, entry.stop_phase, ranks)),
         }
         if launcher:
-            show["serve_command"] = shlex.join(mpirun_args(cluster, rid))
+            show["serve_command"] = shlex.join(mpirun_args(cluster, prof, rid))
             show["config"] = f"{rd}/{SERVE_FILES['config']}"
         out.append(Unit(host=node.name, container=container_name(cluster, rid), order=1 if launcher else 0,
                         role="launcher" if launcher else "ranks", show=show))
@@ -189,7 +178,7 @@ def units(cluster: Cluster, service: str, nodes: list[Node], prepared: Prepared,
 
 def services(cluster: Cluster, profile: TrtllmProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared,
              rid: str) -> list[Service]:
-    made, started = units(cluster, entry.name, nodes, prepared, rid, entry)
+    made, started = units(cluster, profile, entry.name, nodes, prepared, rid, entry)
     return [Service(name=entry.name, units=made, started=started)]
 
 
@@ -255,7 +244,7 @@ def files(cluster: Cluster, profile: TrtllmProfile, plan: ReleasePlan, prepared:
         }
         # every node merges the same config (the curated file is inside the image)
         eplb_path = f"{rd}/{EPLB_NAME}" if emap else None
-        files[trtllm.OVERRIDES_NAME] = ReleaseFile(trtllm.overrides_yaml(cluster, eplb_path), 0o644)
+        files[trtllm.OVERRIDES_NAME] = ReleaseFile(trtllm.overrides_yaml(cluster, prof, eplb_path), 0o644)
         files[trtllm.MERGE_SCRIPT_NAME] = ReleaseFile(trtllm.merge_script(), 0o644)
         if emap:
             files[EPLB_NAME] = ReleaseFile(emap.text, 0o644)
@@ -265,17 +254,17 @@ def files(cluster: Cluster, profile: TrtllmProfile, plan: ReleasePlan, prepared:
         meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "role": u.role, "ranks": u.show["ranks"],
                 "container": u.container, "image": u.show["image"], "image_id": image_id, "system": plan.system,
                 "command": shlex.split(u.show["container_command"])[shlex.split(u.show["container_command"]).index(u.show["image"]) + 1:]}
-        if len(placement(cluster)) > 1:
-            files[SERVE_FILES["agent"]] = ReleaseFile(launch_agent(cluster, plan.release, u.container, [node.name for node, _, _ in placement(cluster)],
+        if len(placement(cluster, prof)) > 1:
+            files[SERVE_FILES["agent"]] = ReleaseFile(launch_agent(cluster, plan.release, u.container, [node.name for node, _, _ in placement(cluster, prof)],
                                                         prof.launch_ssh_config), 0o755)
         if emap:
             meta["eplb_map"] = {"source": str(emap.path), "sha256": emap.sha256, "num_slots": emap.num_slots, "layers": emap.layers}
         if u.role != "launcher":
             files[SERVE_FILES["hold"]] = ReleaseFile(render("trtllm/hold.sh.j2", **merge), 0o755)
         else:
-            files[SERVE_FILES["hostfile"]] = ReleaseFile(hostfile(cluster, plan.release, [(node.name, slots) for node, slots, _ in placement(cluster)]), 0o644)
+            files[SERVE_FILES["hostfile"]] = ReleaseFile(hostfile(cluster, plan.release, [(node.name, slots) for node, slots, _ in placement(cluster, prof)]), 0o644)
             files[SERVE_FILES["serve"]] = ReleaseFile(render("trtllm/serve.sh.j2", command=u.show["serve_command"],
-                                                  per_node=" ".join(world_envs(cluster)[1]), **merge), 0o755)
+                                                  per_node=" ".join(world_envs(cluster, prof)[1]), **merge), 0o755)
         meta["curated"] = trtllm.curated_path(prof)
         files["release.json"] = ReleaseFile(json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644)
         out[n.name] = files
@@ -301,8 +290,8 @@ def check_doc(cluster: Cluster, profile: TrtllmProfile, plan: ReleasePlan, secre
             doc["files"] = {name: mask(text, secrets) for name, (text, _) in sorted(plan.files[n.name].items())
                             if name in (trtllm.OVERRIDES_NAME, SERVE_FILES["hostfile"], SERVE_FILES["agent"], SERVE_FILES["serve"])}
         nodes.append(doc)
-    prof = profile
+    exported, per_node = world_envs(cluster, profile)
     return {"nodes": nodes, "launch": {"host": cluster.node0.name, "mpirun": nodes[0].get("serve_command"),
-                                       "exported_env": world_envs(cluster)[0], "per_node_env": world_envs(cluster)[1],
-                                       "curated": trtllm.curated_path(prof), "config": f"{release_dir(cluster, plan.release)}/{SERVE_FILES['config']}",
+                                       "exported_env": exported, "per_node_env": per_node,
+                                       "curated": trtllm.curated_path(profile), "config": f"{release_dir(cluster, plan.release)}/{SERVE_FILES['config']}",
                                        "overrides_yaml": plan.files[cluster.node0.name][trtllm.OVERRIDES_NAME][0]}}

@@ -19,16 +19,11 @@ import yaml
 
 from llmdeploy.inventory import Cluster, safe_path
 from roles import render as render_template
-from systems import common
 
 from .profile import TrtllmProfile, nest_overrides
 
 MERGE_SCRIPT_NAME = "merge-config.py"
 OVERRIDES_NAME = "trtllm-overrides.yaml"
-
-
-def profile_of(cluster: Cluster) -> TrtllmProfile:
-    return common.profile_of(cluster, TrtllmProfile)
 
 
 def curated_path(profile: TrtllmProfile) -> str:
@@ -47,15 +42,15 @@ def _deep_merge(base: dict, over: dict, prefix: str = "") -> None:
             base[key] = value
 
 
-def overrides_doc(cluster: Cluster, eplb_path_on_node: str | None = None) -> dict:
+def overrides_doc(cluster: Cluster, prof: TrtllmProfile, eplb_path_on_node: str | None = None) -> dict:
     """The nested overrides: ``tensor_parallel_size`` and
     ``pipeline_parallel_size`` from profile.tp/pp, ``moe_expert_parallel_size``
     from profile.ep (where the guide gives the profile's EP, or the inventory
     sets it), then ``profile.overrides``
     in their order, then ``moe_config.load_balancer: <eplb_path_on_node>``
     when the profile has an EPLB map (the path is where the caller puts the
-    map on the node; it must be given exactly when ``profile.eplb_map`` is)."""
-    prof = profile_of(cluster)
+    map on the node; it must be given exactly when ``profile.eplb_map`` is).
+    ``prof``: the cluster's profile, as the hook that builds the plan received it."""
     if prof.eplb_map is not None and not eplb_path_on_node:
         raise ValueError(f"{cluster.name}: profile.eplb_map is set: give the map's path on the node")
     if prof.eplb_map is None and eplb_path_on_node:
@@ -89,11 +84,10 @@ def dotted_keys(doc: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def overrides_yaml(cluster: Cluster, eplb_path_on_node: str | None = None) -> str:
+def overrides_yaml(cluster: Cluster, prof: TrtllmProfile, eplb_path_on_node: str | None = None) -> str:
     """The overrides file: a header naming the curated profile it layers on and
     where each value comes from, every key, then the YAML (given order)."""
-    prof = profile_of(cluster)
-    doc = overrides_doc(cluster, eplb_path_on_node)
+    doc = overrides_doc(cluster, prof, eplb_path_on_node)
     sources = [f"tensor_parallel_size {prof.tp}, pipeline_parallel_size {prof.pp}: profile.tp, profile.pp"]
     if prof.ep is not None:
         sources.append(f"moe_expert_parallel_size {prof.ep}: profile.ep (the guide's EP for {prof.config} unless set)")

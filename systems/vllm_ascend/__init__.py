@@ -63,8 +63,8 @@ def units(cluster: Cluster, prof: VllmAscendProfile, service: str, nodes: list[N
             role=cluster.role_of(n),
             show={
                 "start_rank": n.start_rank,
-                "container_command": serve.container_command(cluster, n, rid, env_file(cluster, rid), image, service, entry.stop_phase),
-                "serve_command": serve.serve_command(cluster, n),
+                "container_command": serve.container_command(cluster, prof, n, rid, env_file(cluster, rid), image, service, entry.stop_phase),
+                "serve_command": serve.serve_command(cluster, prof, n),
                 "image": image,
             },
         ))

@@ -12,8 +12,6 @@ import shlex
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.platform import vendor_of
 from roles import containers
-from systems import common
-
 from .profile import VllmAscendProfile
 
 # seed 001, "Docker Image Installation": every node gets these (its devices: platforms/ascend)
@@ -32,14 +30,9 @@ def _json_arg(value: dict) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def profile_of(cluster: Cluster) -> VllmAscendProfile:
-    """The cluster's profile, if it is this system's (else LlmdeployError)."""
-    return common.profile_of(cluster, VllmAscendProfile)
-
-
-def vllm_args(cluster: Cluster, node: Node) -> list[str]:
-    """``vllm serve`` and its flags, in the seed's order."""
-    prof = profile_of(cluster)
+def vllm_args(cluster: Cluster, prof: VllmAscendProfile, node: Node) -> list[str]:
+    """``vllm serve`` and its flags, in the seed's order (``prof``: the
+    cluster's profile, as the hook that builds the plan received it)."""
     worker = node.name != cluster.node0.name
     args = ["vllm", "serve", cluster.model.path]
     if worker:
@@ -81,8 +74,8 @@ def vllm_args(cluster: Cluster, node: Node) -> list[str]:
     return args
 
 
-def serve_command(cluster: Cluster, node: Node) -> str:
-    return shlex.join(vllm_args(cluster, node))
+def serve_command(cluster: Cluster, prof: VllmAscendProfile, node: Node) -> str:
+    return shlex.join(vllm_args(cluster, prof, node))
 
 
 def container_name(cluster: Cluster, release: str) -> str:
@@ -94,11 +87,10 @@ def cache_mount(cluster: Cluster) -> str:
     return "/root/.cache:/root/.cache"
 
 
-def docker_run_args(cluster: Cluster, node: Node, release: str, env_file: str, image: str, binding_args: list[str] | None = None,
+def docker_run_args(cluster: Cluster, prof: VllmAscendProfile, node: Node, release: str, env_file: str, image: str, binding_args: list[str] | None = None,
                     service: str = "serve", stop_phase: int = 0) -> list[str]:
     """The seed's ``docker run``, detached, named for the cluster and release,
     with the release's environment file. Logs are kept: no ``--rm``."""
-    profile_of(cluster)
     args = [
         "docker", "run", "-d",
         "--name", container_name(cluster, release),
@@ -118,8 +110,9 @@ def docker_run_args(cluster: Cluster, node: Node, release: str, env_file: str, i
     args += ["--env-file", env_file]
     args += list(binding_args or [])
     args.append(image)
-    return args + vllm_args(cluster, node)
+    return args + vllm_args(cluster, prof, node)
 
 
-def container_command(cluster: Cluster, node: Node, release: str, env_file: str, image: str, service: str = "serve", stop_phase: int = 0) -> str:
-    return shlex.join(docker_run_args(cluster, node, release, env_file, image, service=service, stop_phase=stop_phase))
+def container_command(cluster: Cluster, prof: VllmAscendProfile, node: Node, release: str, env_file: str, image: str,
+                      service: str = "serve", stop_phase: int = 0) -> str:
+    return shlex.join(docker_run_args(cluster, prof, node, release, env_file, image, service=service, stop_phase=stop_phase))

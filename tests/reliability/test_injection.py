@@ -1023,7 +1023,7 @@ def test_harness_sees_a_builder_that_drops_its_quoting(sandbox: Sandbox):
 
     ref = next(f for f in FIELDS if f.id == "a3:profile.quantization")
     baseline(ref.cluster)
-    with mock.patch.object(serve, "serve_command", lambda c, n: " ".join(serve.vllm_args(c, n))):
+    with mock.patch.object(serve, "serve_command", lambda c, p, n: " ".join(serve.vllm_args(c, p, n))):
         text = ""
         for tpl in (2, SPLIT_TPL):
             row = Row(ref, 7)

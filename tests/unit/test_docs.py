@@ -235,6 +235,31 @@ def anchors(page: Path) -> set[str]:
     return out
 
 
+def test_the_serving_system_page_names_the_interface_as_declared():
+    """docs/adding-a-serving-system.md shows every value and hook of
+    llmdeploy.serving's ServingSystem and OptionalHooks, each hook with the
+    parameters registration demands, and the shared openai_probe with its
+    own: the page changes with the code."""
+    import inspect
+
+    from llmdeploy import serving
+    from systems.common import openai_probe
+
+    flat = " ".join((DOCS / "adding-a-serving-system.md").read_text().split())
+
+    def shown(name: str, fn) -> str:
+        params = [p for p in inspect.signature(fn).parameters if p != "self"]
+        return f"`{name}({', '.join(params)})`"
+
+    for proto, values, hooks in ((serving.ServingSystem, serving.REQUIRED_VALUES, serving.REQUIRED_HOOKS),
+                                 (serving.OptionalHooks, serving.OPTIONAL_VALUES, serving.OPTIONAL_HOOKS)):
+        for name in values:
+            assert f"`{name}`" in flat, f"{proto.__name__}.{name} is not on the page"
+        for name in hooks:
+            assert shown(name, getattr(proto, name)) in flat, f"{proto.__name__}: {shown(name, getattr(proto, name))} is not on the page"
+    assert shown("systems.common.openai_probe", openai_probe) in flat
+
+
 def test_every_relative_link_of_the_readme_resolves():
     links = re.findall(r"\]\(([^)#]+)(?:#([^)]+))?\)", README.read_text())
     assert links

@@ -640,7 +640,7 @@ def test_every_worker_registers_the_name_that_readiness_and_the_seeds_chat_ask_f
             launches.append(fname.split(".")[0])
         else:
             assert "dynamo.trtllm" not in argv, (host, fname)
-    assert sorted(launches) == sorted(w.name for w in dynamo.placement(c))
+    assert sorted(launches) == sorted(w.name for w in dynamo.placement(c, c.profile))
     # what --check shows for each launcher is that line
     for u in plan.units():
         if "serve_command" in u.show and u.role in ("prefill", "decode"):
@@ -660,7 +660,7 @@ def differential(tmp: Path, role: str, profile_env: str):
     c = load_cluster(CLUSTER)
     _, _, plan = planned(c)
     files = plan.files[c.node0.name]
-    worker = None if role == "frontend" else next(w for w in dynamo.placement(c) if w.role == role)
+    worker = None if role == "frontend" else next(w for w in dynamo.placement(c, c.profile) if w.role == role)
     script = "frontend.sh" if worker is None else f"{worker.name}.serve.sh"
     seed_calls = run_script(tmp / "seed", "bash", seed_shell(role), {}, profile_env)
     env = {**_env_file(files[_env_file_of(script)][0]), "CONFIG_DIR": "@CONF@"}
@@ -684,7 +684,7 @@ def assert_same_end(seed: dict, ours: dict, c, plan, worker, tmp: Path) -> None:
         return
     rd = release_dir(c, plan.release)
     seed_yaml = _pairs(seed["argv"], "--extra-engine-args")[0]
-    assert seed_yaml == f"{tmp / 'seed' / 'conf'}/{dynamo.base_yaml_name(c, worker)}"
+    assert seed_yaml == f"{tmp / 'seed' / 'conf'}/{dynamo.base_yaml_name(c.profile, worker)}"
     want = with_served_name([f"{rd}/{worker.name}.config.yaml" if a == seed_yaml else a for a in seed["argv"]], c.profile.served_model_name)
     stripped, xs, added = _strip_ours(ours["argv"])
     assert stripped == want
@@ -779,7 +779,7 @@ def test_the_weight_loading_variable_is_unset_where_the_seed_says(name, temp_clu
             assert (WEIGHTS in xs) == colocated, (host, fname)
             # -x names only variables the launcher has (OpenMPI warns about the others and passes nothing)
             assert set(xs) <= set(call["env"]), (host, fname)
-    assert scripts == sum(len(w.nodes) for w in dynamo.placement(c))
+    assert scripts == sum(len(w.nodes) for w in dynamo.placement(c, c.profile))
 
 
 # --- the control plane, the order, the probes ------------------------------------------------------
@@ -925,7 +925,7 @@ def test_3p1d_in_process_no_rank_gets_a_gpu_mask_through_mpirun(temp_cluster):
             assert "CUDA_VISIBLE_DEVICES" not in xs and xs, (host, name)
     assert serves == 4
     # each node's container has its own mask (its GPUs), not the launcher's
-    for w in dynamo.placement(c):
+    for w in dynamo.placement(c, c.profile):
         for host, gpus in w.nodes:
             env = _env_file(plan.files[host][f"{w.name}.env"][0])
             assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, gpus))
@@ -1038,7 +1038,7 @@ def test_every_multi_node_topology_in_check_json(name, temp_cluster, inventory):
     c = temp_cluster(name)
     doc = check_json(name, inventory)
     rd = rdir(doc)
-    placed = {w.name: w for w in dynamo.placement(c)}
+    placed = {w.name: w for w in dynamo.placement(c, c.profile)}
     assert [w["name"] for w in doc["workers"]] == list(placed)
     ports = [w.system_port for w in placed.values()]
     assert ports == list(range(8081, 8081 + len(ports)))
@@ -1046,7 +1046,7 @@ def test_every_multi_node_topology_in_check_json(name, temp_cluster, inventory):
         first = w.nodes[0][0]
         files = node_doc(doc, first)["files"]
         overrides = yaml.safe_load(files[f"{w.name}.overrides.yaml"])
-        assert overrides == dynamo.role_overrides(c, w)
+        assert overrides == dynamo.role_overrides(c, c.profile, w)
         assert "cache_transceiver_config.kv_cache_bounce_size_mb" in overrides.get("__delete__", [])
         assert overrides["tensor_parallel_size"] == w.tp == w.ranks
         ours = _exec_line(files[f"{w.name}.serve.sh"])

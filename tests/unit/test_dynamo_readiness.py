@@ -39,7 +39,7 @@ class FakeDynamo:
 
     def __init__(self, c: Cluster, pick, registered=None):
         self.c, self.pick = c, pick
-        self.workers = dynamo.placement(c)
+        self.workers = dynamo.placement(c, c.profile)
         self.rank0 = {}
         self.instances = []
         served = c.profile.served_model_name
@@ -113,7 +113,7 @@ def watch(fake: FakeDynamo, monkeypatch, ready_timeout_s: float = 30) -> tuple[b
 
 
 def _picks(c: Cluster):
-    roles = [w.role for w in dynamo.placement(c)]
+    roles = [w.role for w in dynamo.placement(c, c.profile)]
     return list(itertools.product(range(roles.count("prefill")), range(roles.count("decode"))))
 
 
@@ -128,10 +128,10 @@ def test_readiness_passes_whichever_workers_the_router_picks(topology, monkeypat
         assert fake.chats, "the chat went through the router"
         # the workers the router did not pick have served nothing and show no KV-cache sample
         picked = set(fake.chats[0])
-        for w in dynamo.placement(c):
+        for w in dynamo.placement(c, c.profile):
             kv = probes.CHECKS["metric"](fake.rank0[w.name].metrics().encode(), "trtllm_kv_cache_utilization")
             assert (kv is None) == (w.name in picked), (topology, w.name, kv)
-        assert any(w.name not in picked for w in dynamo.placement(c)) == (len(dynamo.placement(c)) > 2)
+        assert any(w.name not in picked for w in dynamo.placement(c, c.profile)) == (len(dynamo.placement(c, c.profile)) > 2)
 
 
 @pytest.mark.parametrize("topology", ["3P2D", "1P1D-B8"])
@@ -140,8 +140,8 @@ def test_readiness_still_waits_for_every_worker(topology, monkeypatch):
     frontend lists one fewer of its role) keeps the release from being ready,
     whichever worker the router would pick."""
     c = cluster_of(topology)
-    missing = dynamo.placement(c)[-1].name
-    fake = FakeDynamo(c, lambda n, np_, nd: (0, 0), registered={w.name for w in dynamo.placement(c)} - {missing})
+    missing = dynamo.placement(c, c.profile)[-1].name
+    fake = FakeDynamo(c, lambda n, np_, nd: (0, 0), registered={w.name for w in dynamo.placement(c, c.profile)} - {missing})
     ok, out, _ = watch(fake, monkeypatch, ready_timeout_s=0.3)
     assert not ok
     assert out.reason.startswith("not ready within 0.3s (") and f"missing 1 of " in out.reason and missing in out.reason, out.reason
@@ -154,7 +154,7 @@ def test_the_plan_waits_for_no_traffic_dependent_metric():
         _, _, plan = dep.plan_release(c, {}, "sha256:x")
         assert not [p.name for p in plan.ready if p.check == "metric"], topology
         metrics = [p for p in plan.ready if p.path == "/metrics"]
-        assert sorted((p.host, p.port) for p in metrics) == sorted((w.rank0_node, w.system_port) for w in dynamo.placement(c))
+        assert sorted((p.host, p.port) for p in metrics) == sorted((w.rank0_node, w.system_port) for w in dynamo.placement(c, c.profile))
         assert all(p.check == "prometheus" for p in metrics)
         assert len([p for p in plan.ready if p.path == "/v1/chat/completions"]) == 1
 

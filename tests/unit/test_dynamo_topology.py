@@ -220,13 +220,13 @@ ALL = list(dynamo.TOPOLOGIES)
 def test_rendered_role_yamls_carry_every_seed_value(topology):
     c = gb300(topology)
     row = next(r for r in seed_topologies() if r["title"] == dynamo.TOPOLOGIES[topology].title)
-    workers = dynamo.placement(c)
+    workers = dynamo.placement(c, c.profile)
     assert [w.profile for w in workers] == [row["prefill"][1]] * row["prefill"][0] + [row["decode"][1]] * row["decode"][0]
     for w in workers:
-        text = dynamo.role_yaml(c, w)
+        text = dynamo.role_yaml(c, c.profile, w)
         doc = yaml.safe_load(text)
-        assert doc == dynamo.role_overrides(c, w)
-        base = dynamo.base_yaml_path(c, w)
+        assert doc == dynamo.role_overrides(c, c.profile, w)
+        base = dynamo.base_yaml_path(c.profile, w)
         assert base == f"/opt/trtllm-recipes/examples/configs/curated/qwen3.5-gb300-agentic-{w.role}.yaml"
         assert f"# Layers on the base file {base}\n" in text and text.startswith("# Dynamo ")
         flat = _dotted({k: v for k, v in doc.items() if k != "__delete__"})
@@ -269,18 +269,18 @@ def test_rendered_role_yamls_carry_every_seed_value(topology):
 def test_the_1p1d_worker_shells_are_the_seeds():
     c = load_cluster("gb300-agentic")
     node = c.nodes[0]
-    prefill, decode = dynamo.placement(c)
+    prefill, decode = dynamo.placement(c, c.profile)
     assert dynamo.worker_env(c, prefill, node) == seed_exports("In the prefill shell:")
     assert dynamo.worker_env(c, decode, node) == seed_exports("In the decode shell:")
     # in the seed's order
     assert list(dynamo.worker_env(c, prefill, node)) == list(seed_exports("In the prefill shell:"))
     assert list(dynamo.worker_env(c, decode, node)) == list(seed_exports("In the decode shell:"))
     assert "CUDA_VISIBLE_DEVICES" not in dynamo.worker_env(c, decode)  # per node only
-    assert dynamo.frontend_env(c) == seed_exports("In the frontend shell:")
+    assert dynamo.frontend_env(c.profile) == seed_exports("In the frontend shell:")
     # mpirun -np 1 / -np 2
     assert [w.ranks for w in (prefill, decode)] == [1, 2]
     setup = seed_exports("Open a shell in this container for each of the frontend, prefill, and decode commands below with docker exec -it qwen35-gb300 /bin/bash. Run this setup in each shell. Replace the service endpoints when they run on another host:")
-    common = dynamo.common_env(c, node)
+    common = dynamo.common_env(c, c.profile, node)
     assert list(common) == list(setup)
     # the endpoints point at node 0's serving IP instead of 127.0.0.1
     assert common == {**setup, "ETCD_ENDPOINTS": "http://198.51.100.70:2379", "NATS_SERVER": "nats://198.51.100.70:4222"}
@@ -304,7 +304,7 @@ def test_env_file_of_a_non_colocated_topology_has_no_weight_loading_variable():
 def test_placement_of_every_topology(topology, nodes):
     c = gb300(topology)
     assert len(c.nodes) == nodes
-    workers = dynamo.placement(c)
+    workers = dynamo.placement(c, c.profile)
     t = dynamo.TOPOLOGIES[topology]
     assert [w.name for w in workers] == [f"prefill{i}" for i in range(t.prefill_replicas)] + [f"decode{i}" for i in range(t.decode_replicas)]
     # every node of the inventory is used
@@ -341,30 +341,32 @@ def test_placement_of_every_topology(topology, nodes):
 
 def test_the_colocated_1p1d_is_the_seeds_and_1p2d_spans_five_nodes():
     c = load_cluster("gb300-agentic")
-    assert [(w.name, w.nodes, w.system_port) for w in dynamo.placement(c)] == [
+    assert [(w.name, w.nodes, w.system_port) for w in dynamo.placement(c, c.profile)] == [
         ("prefill0", [("gb300-node-0", [0])], 8081),
         ("decode0", [("gb300-node-0", [1, 2])], 8082),
     ]
     c = load_cluster("sim-gb300-1p2d")
     names = [n.name for n in c.nodes]
-    assert [(w.name, w.profile, w.node_names) for w in dynamo.placement(c)] == [
+    assert [(w.name, w.profile, w.node_names) for w in dynamo.placement(c, c.profile)] == [
         ("prefill0", "P4-TEP", names[0:1]),
         ("decode0", "D8-B4", names[1:3]),
         ("decode1", "D8-B4", names[3:5]),
     ]
     assert [str(n.ip) for n in c.nodes] == [f"198.19.31.{10 + i}" for i in range(5)]
     assert c.deploy.ready_timeout_s <= 120 and load_cluster("sim-gb300-agentic").deploy.ready_timeout_s <= 120
-    w = dynamo.worker(c, "decode1")
+    w = dynamo.worker(c, c.profile, "decode1")
     assert w.as_dict()["nodes"] == [[names[3], [0, 1, 2, 3]], [names[4], [0, 1, 2, 3]]]
-    assert dynamo.ranks_on(c, names[3]) == {"decode1": 4}
+    assert dynamo.ranks_on(c, c.profile, names[3]) == {"decode1": 4}
     with pytest.raises(KeyError):
         w.cuda_visible_devices(names[0])
 
 
 def test_3p1d_and_3p2d_layouts():
-    names = [w.node_names for w in dynamo.placement(gb300("3P1D"))]
+    c = gb300("3P1D")
+    names = [w.node_names for w in dynamo.placement(c, c.profile)]
     assert names == [["n0"], ["n1"], ["n2"], ["n3", "n4", "n5", "n6"]]
-    names = [w.node_names for w in dynamo.placement(gb300("3P2D"))]
+    c = gb300("3P2D")
+    names = [w.node_names for w in dynamo.placement(c, c.profile)]
     assert names == [["n0"], ["n1"], ["n2"], ["n3"], ["n4"]]
 
 
@@ -374,8 +376,8 @@ def test_the_simulated_3p2d_is_the_layout_its_integration_test_expects():
 
     c = load_cluster("sim-gb300-3p2d")
     assert c.profile.topology == "3P2D" and [n.name for n in c.nodes] == t.NODES
-    assert {w.name: (w.rank0_node, w.system_port) for w in dynamo.placement(c)} == t.WORKERS
-    assert all(len(w.nodes) == 1 and w.ranks == 4 for w in dynamo.placement(c))
+    assert {w.name: (w.rank0_node, w.system_port) for w in dynamo.placement(c, c.profile)} == t.WORKERS
+    assert all(len(w.nodes) == 1 and w.ranks == 4 for w in dynamo.placement(c, c.profile))
     assert c.profile.served_model_name == t.SERVED and not c.profile.topology_info.colocated
     # its own addresses: no other simulated cluster's node shares an IP with it
     mine = {str(n.ip) for n in c.nodes}
@@ -389,19 +391,19 @@ def test_explicit_workers_place_where_told():
         DynamoWorker(gpus={"n0": [3]}, system_port=9001, env={"EXTRA": "1"}),
         DynamoWorker(gpus={"n0": [0, 1]}, system_port=9002),
     ])
-    p, d = dynamo.placement(c)
+    p, d = dynamo.placement(c, c.profile)
     assert (p.nodes, p.system_port, p.env["EXTRA"]) == ([("n0", [3])], 9001, "1")
     assert d.cuda_visible_devices("n0") == "0,1" and d.env["DYN_SYSTEM_PORT"] == "9002"
     # only ports and env: the GPUs stay derived
     c = gb300("1P2D", workers=[DynamoWorker(env={"A": "1"}), DynamoWorker(), DynamoWorker(system_port=9100)])
-    assert [w.system_port for w in dynamo.placement(c)] == [8081, 8082, 9100]
+    assert [w.system_port for w in dynamo.placement(c, c.profile)] == [8081, 8082, 9100]
 
 
 def test_external_control_plane_is_not_bound_on_node_0():
     c = gb300("1P1D-B8", etcd_endpoints="http://192.0.2.5:2379,http://192.0.2.6:2379", nats_server="nats://192.0.2.7:4222")
     assert c.profile.ports() == {"frontend_port": 8000}
     assert set(budget.ports_for(c, c.nodes[0])) == {8000, 8081, 8082}
-    env = dynamo.common_env(c, c.nodes[0])
+    env = dynamo.common_env(c, c.profile, c.nodes[0])
     assert env["ETCD_ENDPOINTS"] == "http://192.0.2.5:2379,http://192.0.2.6:2379" and env["NATS_SERVER"] == "nats://192.0.2.7:4222"
     # etcd's ports are free to reuse when etcd runs elsewhere
     gb300("1P1D-B8", etcd_endpoints="http://192.0.2.5:2379", nats_port=2379)
@@ -642,7 +644,7 @@ def test_budget_uses_the_placement_per_node():
     # host_cache_bytes_per_rank drives both the YAML and the budget
     half = gb300("1P1D-B8", host_cache_bytes_per_rank=64 * GIB)
     assert budget.memory_need(half, half.nodes[0])["host KV cache (3 ranks x 64 GiB)"] == 192.0
-    assert dynamo.role_overrides(half, dynamo.placement(half)[0])["kv_cache_config"]["host_cache_size"] == 64 * GIB
+    assert dynamo.role_overrides(half, half.profile, dynamo.placement(half, half.profile)[0])["kv_cache_config"]["host_cache_size"] == 64 * GIB
 
 
 # --- merge-config.py: removal ---------------------------------------------------------------------
@@ -676,8 +678,8 @@ def run_merge(tmp_path, base_text, overrides_text):
 
 def test_merge_removes_the_bounce_size_for_a_non_colocated_topology(tmp_path):
     c = load_cluster("sim-gb300-1p2d")
-    w = dynamo.worker(c, "decode0")
-    res, out = run_merge(tmp_path, BASE_DECODE, dynamo.role_yaml(c, w))
+    w = dynamo.worker(c, c.profile, "decode0")
+    res, out = run_merge(tmp_path, BASE_DECODE, dynamo.role_yaml(c, c.profile, w))
     assert res.returncode == 0, res.stderr
     merged = yaml.safe_load(out.read_text())
     assert merged["cache_transceiver_config"] == {"backend": "NIXL"}
@@ -685,7 +687,7 @@ def test_merge_removes_the_bounce_size_for_a_non_colocated_topology(tmp_path):
     # the base's own keys stay, the role's keys are set
     assert merged["stream_interval"] == 20 and merged["kv_cache_config"]["dtype"] == "fp8"
     flat = _dotted(merged)
-    for key, value in _dotted({k: v for k, v in dynamo.role_overrides(c, w).items() if k != "__delete__"}).items():
+    for key, value in _dotted({k: v for k, v in dynamo.role_overrides(c, c.profile, w).items() if k != "__delete__"}).items():
         assert flat[key] == value, key
     assert "  removed cache_transceiver_config.kv_cache_bounce_size_mb: 2048" in res.stdout.splitlines()
     assert "set tensor_parallel_size: 2 -> 8" in res.stdout
@@ -693,8 +695,8 @@ def test_merge_removes_the_bounce_size_for_a_non_colocated_topology(tmp_path):
 
 def test_merge_keeps_the_bounce_size_for_the_colocated_1p1d(tmp_path):
     c = load_cluster("gb300-agentic")
-    w = dynamo.worker(c, "decode0")
-    res, out = run_merge(tmp_path, BASE_DECODE, dynamo.role_yaml(c, w))
+    w = dynamo.worker(c, c.profile, "decode0")
+    res, out = run_merge(tmp_path, BASE_DECODE, dynamo.role_yaml(c, c.profile, w))
     assert res.returncode == 0, res.stderr
     assert yaml.safe_load(out.read_text())["cache_transceiver_config"] == {"backend": "NIXL", "kv_cache_bounce_size_mb": 2048}
     assert "removed" not in res.stdout

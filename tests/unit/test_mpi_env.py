@@ -79,7 +79,7 @@ def test_trtllm_world_exports_no_per_node_variable_and_each_env_file_names_its_o
     assert exported == ["NCCL_IB_HCA", "NCCL_DEBUG"]
     for name in commenv.node_specific(c):
         assert name not in exported
-    assert trtllm_sys.world_envs(c) == (["NCCL_IB_HCA", "NCCL_DEBUG"], ["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"])
+    assert trtllm_sys.world_envs(c, c.profile) == (["NCCL_IB_HCA", "NCCL_DEBUG"], ["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"])
     # OpenMPI's own TCP on both names
     assert tokens[tokens.index("oob_tcp_if_include") + 1] == ",".join(NICS)
     # each node's environment file (its container's --env-file) names its own NIC
@@ -117,7 +117,7 @@ def gb300_1p2d_mixed_nics() -> Cluster:
 def test_dynamo_groups_across_nodes_export_no_per_node_variable():
     c = gb300_1p2d_mixed_nics()
     _, _, plan = dep.plan_release(c, {}, "sha256:x")
-    groups = [w for w in dynamo.placement(c) if len(w.nodes) > 1]
+    groups = [w for w in dynamo.placement(c, c.profile) if len(w.nodes) > 1]
     assert [w.name for w in groups] == ["decode0", "decode1"]
     for w in groups:
         launcher = w.rank0_node
@@ -137,7 +137,7 @@ def test_dynamo_groups_across_nodes_export_no_per_node_variable():
 def test_a_dynamo_group_on_one_node_still_leaves_its_nic_to_the_container():
     c = gb300_1p2d_mixed_nics()
     _, _, plan = dep.plan_release(c, {}, "sha256:x")
-    (w,) = [w for w in dynamo.placement(c) if w.name == "prefill0"]
+    (w,) = [w for w in dynamo.placement(c, c.profile) if w.name == "prefill0"]
     assert len(w.nodes) == 1
     exec_line = shlex.split(plan.files[w.rank0_node][f"{w.name}.serve.sh"][0].rstrip("\n").splitlines()[-1])
     assert "NCCL_SOCKET_IFNAME" not in _exports(exec_line) and "CUDA_VISIBLE_DEVICES" not in _exports(exec_line)

@@ -61,16 +61,16 @@ def _before_launch(tokens: list[str]) -> list[str]:
 def test_the_pure_decision(cluster_with):
     c, _ = cluster_with("auto")
     n = c.nodes[1]
-    prefix, why = numa.membind(c, n, None)
+    prefix, why = numa.membind(c, c.profile, n, None)
     assert prefix is None
     assert f"the binding prepare records in {RECORD} on t-numa-1 decides" in why and "Grace-Blackwell" in why
-    assert numa.membind(c, n, PreparedNode.from_record({"binding": {"kind": "numactl", "prefix": "numactl -m 0,1"}}))[0] == ["numactl", "-m", "0,1"]
-    assert numa.membind(c, n, PreparedNode.from_record({"binding": {"kind": "none", "reason": "not the Grace-Blackwell layout"}})) == (
+    assert numa.membind(c, c.profile, n, PreparedNode.from_record({"binding": {"kind": "numactl", "prefix": "numactl -m 0,1"}}))[0] == ["numactl", "-m", "0,1"]
+    assert numa.membind(c, c.profile, n, PreparedNode.from_record({"binding": {"kind": "none", "reason": "not the Grace-Blackwell layout"}})) == (
         [], "the prepare record of t-numa-1 (binding: not the Grace-Blackwell layout)")
     c, _ = cluster_with("0,1")
-    assert numa.membind(c, n, None)[0] == ["numactl", "-m", "0,1"]
+    assert numa.membind(c, c.profile, n, None)[0] == ["numactl", "-m", "0,1"]
     c, _ = cluster_with("off")
-    assert numa.membind(c, n, None) == ([], "profile.numa_membind is off")
+    assert numa.membind(c, c.profile, n, None) == ([], "profile.numa_membind is off")
 
 
 @pytest.mark.parametrize("prefix", ["rm -rf /tmp/x", "numactl -m 0,1 sh -c id", "numactl --interleave all", "numactl -m '0;id'", ["numactl"]])
@@ -78,8 +78,8 @@ def test_a_record_whose_prefix_is_not_a_membind_is_refused(cluster_with, prefix)
     # the record comes from the node: nothing but numactl -m <NUMA nodes> goes in front of the launch
     c, _ = cluster_with("auto")
     with pytest.raises(LlmdeployError, match=r"t-numa-1: .*prepared.json: binding.prefix .* is not 'numactl -m <NUMA nodes>'"):
-        numa.membind(c, c.nodes[1], PreparedNode.from_record({"binding": {"kind": "numactl", "prefix": prefix}}))
-    assert numa.membind(c, c.nodes[1], PreparedNode.from_record({"binding": {"kind": "numactl", "prefix": "numactl -m 0-1,4"}}))[0] == ["numactl", "-m", "0-1,4"]
+        numa.membind(c, c.profile, c.nodes[1], PreparedNode.from_record({"binding": {"kind": "numactl", "prefix": prefix}}))
+    assert numa.membind(c, c.profile, c.nodes[1], PreparedNode.from_record({"binding": {"kind": "numactl", "prefix": "numactl -m 0-1,4"}}))[0] == ["numactl", "-m", "0-1,4"]
 
 
 def test_check_shows_numactl_when_the_inventory_decides(cluster_with):

@@ -228,5 +228,74 @@ def test_a_system_check_resolves_by_the_name_plan_json_files_use():
         assert "names the readiness check 'nope'" in probes.http_probe(None, None, p, 1.0)
 
 
+# --- one request over SSH, its status checked (flows.probes.fetch) --------------------------------------
+def _answering(result):
+    """http_via_ssh that answers ``result`` (status, body), or raises it, and records what it was asked."""
+    asked = []
+
+    def http_via_ssh(runner, node, port, method, path, body, timeout, headers=None, dest="127.0.0.1"):
+        asked.append((node, port, method, path, body, timeout, headers, dest))
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    return http_via_ssh, asked
+
+
+HEALTH = Probe(name="frontend /health", kind="http", host="n0", port=8000, path="/health", check="json", arg="status=healthy")
+
+
+def test_fetch_gives_the_status_and_body_it_answered(monkeypatch):
+    fake, asked = _answering((200, b'{"status":"healthy"}'))
+    monkeypatch.setattr(probes, "http_via_ssh", fake)
+    got = probes.fetch("runner", "node", HEALTH, 7.0)
+    assert got == probes.Fetched(status=200, body=b'{"status":"healthy"}') and got.ok
+    assert asked == [("node", 8000, "GET", "/health", None, 7.0, {}, "127.0.0.1")]
+
+
+def test_fetch_keeps_another_status_and_its_body_and_names_the_probe(monkeypatch):
+    monkeypatch.setattr(probes, "http_via_ssh", _answering((503, b"x" * 300))[0])
+    got = probes.fetch("runner", "node", HEALTH, 7.0, shown=10)
+    assert (got.status, got.body, got.error, got.ok) == (503, b"x" * 300, None, False)
+    assert got.problem == "GET /health on n0:8000 answered 503: " + repr(b"x" * 10)
+
+
+def test_fetch_says_what_kept_it_from_an_answer(monkeypatch):
+    import paramiko
+
+    refused = paramiko.ChannelException(2, "Connect failed")
+    monkeypatch.setattr(probes, "http_via_ssh", _answering(refused)[0])
+    got = probes.fetch("runner", "node", HEALTH, 7.0)
+    assert (got.status, got.body, got.error, got.ok) == (None, b"", refused, False)
+    assert got.problem == "GET /health on n0:8000: ChannelException: ChannelException(2, 'Connect failed')"
+    # readiness reads a refused forward as "not yet"
+    from flows.engine import not_yet
+    assert not_yet(got.problem)
+
+
+def test_fetch_does_not_take_a_bug_for_a_failed_request(monkeypatch):
+    monkeypatch.setattr(probes, "http_via_ssh", _answering(KeyError("a bug"))[0])
+    with pytest.raises(KeyError):
+        probes.fetch("runner", "node", HEALTH, 7.0)
+
+
+@pytest.mark.parametrize("result, health", [
+    ((200, b'{"status":"healthy"}'), (200, None)),
+    ((200, b'{"status":"starting"}'), (200, "says status='starting' (expected healthy)")),
+    ((503, b'{"status":"starting"}'), (503, None)),  # status() says it answered 503, not 200
+    (OSError("Socket is closed"), ("unreachable (OSError)", None)),
+])
+def test_status_reads_the_endpoint_through_fetch(monkeypatch, result, health):
+    from flows import status
+
+    cluster = load_cluster("sim-a3")
+    fake, asked = _answering(result)
+    monkeypatch.setattr(probes, "http_via_ssh", fake)
+    plan = ReleasePlan(system="vllm-ascend", cluster=cluster.name, release="r", services=[], entry_host=cluster.node0.name,
+                       entry_port=8000, ready=[Probe(**{**HEALTH.__dict__, "host": cluster.node0.name})])
+    assert status.endpoint_health("runner", cluster, plan) == health
+    assert [(node.name, timeout) for node, _, _, _, _, timeout, _, _ in asked] == [(cluster.node0.name, 10)]
+
+
 def test_follow_command_quotes_the_container():
     assert shlex.split(st.follow_command("a b", ["--tail", "3"])) == ["docker", "logs", "--tail", "3", "-f", "a b", "2>&1"]

@@ -65,7 +65,7 @@ def test_the_plans_workers_register_what_readiness_asks_for(name):
     _, _, plan = dep.plan_release(c, {}, "sha256:x")
     (models,) = [p for p in plan.ready if p.path == "/v1/models"]
     seen = 0
-    for w in dynamo.placement(c):
+    for w in dynamo.placement(c, c.profile):
         text = plan.files[w.rank0_node][f"{w.name}.serve.sh"][0]
         env = commenv.parse_env_file(plan.files[w.rank0_node][f"{w.name}.env"][0])
         exec_line = text.rstrip("\n").splitlines()[-1]
@@ -75,7 +75,7 @@ def test_the_plans_workers_register_what_readiness_asks_for(name):
         at = argv.index("--served-model-name")
         assert _name(argv[:at] + argv[at + 2:]) == env["MODEL_PATH"] == "/models/qwen35"
         seen += 1
-    assert seen == len(dynamo.placement(c))
+    assert seen == len(dynamo.placement(c, c.profile))
 
 
 # --- the registration, for real: what the worker puts into etcd ----------------------------------

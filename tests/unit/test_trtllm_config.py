@@ -228,12 +228,12 @@ def test_high_throughput_at_the_minimum_tp16_on_16_gpus(tmp_path):
     c = nvidia_cluster(trtllm_qwen38_fp8(HT_MTP, overrides={"speculative_config.max_draft_len": 2}))
     assert (c.profile.tp, c.profile.ep) == (16, 16)
     assert c.profile.ranks(c.nodes) == [("n0", 8), ("n1", 8)]
-    doc = trtllm.overrides_doc(c)
+    doc = trtllm.overrides_doc(c, c.profile)
     assert (doc["tensor_parallel_size"], doc["moe_expert_parallel_size"]) == (16, 16)
     path = tmp_path / "qwen3.8-ep16-static544-mtp3.yaml"
     path.write_text(map_text(layers=93))
     c = nvidia_cluster(trtllm_qwen38_fp8(HT_MTP, eplb_map=str(path), overrides={"speculative_config.max_draft_len": 2}))
-    assert trtllm.overrides_doc(c, "/etc/llmdeploy/map.yaml")["moe_config"] == {"load_balancer": "/etc/llmdeploy/map.yaml"}
+    assert trtllm.overrides_doc(c, c.profile, "/etc/llmdeploy/map.yaml")["moe_config"] == {"load_balancer": "/etc/llmdeploy/map.yaml"}
 
 
 def test_an_ep32_placement_at_tp16_is_refused_naming_both_values(tmp_path):
@@ -247,7 +247,7 @@ def test_an_ep32_placement_at_tp16_is_refused_naming_both_values(tmp_path):
     assert "use a map for EP 16 or run TP32/EP32" in text
     # the same map at the guide's TP32/EP32 (32 GPUs) is fine
     c = nvidia_cluster(trtllm_qwen38_fp8(HT, tp=32, eplb_map=str(path)), nodes=make_nodes("n", 4, "192.0.2.10"))
-    assert (c.profile.ep, trtllm.overrides_doc(c, "/m.yaml")["moe_expert_parallel_size"]) == (32, 32)
+    assert (c.profile.ep, trtllm.overrides_doc(c, c.profile, "/m.yaml")["moe_expert_parallel_size"]) == (32, 32)
     # a map whose name says no EP: profile.eplb_map_ep says it, else refused
     plain = tmp_path / "placement.yaml"
     plain.write_text(map_text())
@@ -269,13 +269,14 @@ def test_every_guide_profile_writes_its_ep_and_qwen35_keeps_the_curated_one():
     for config, ep in (("qwen3.8-low-latency.yaml", 1), ("qwen3.8-low-latency-mtp3.yaml", 1),
                        (HT, 16), (HT_MTP, 16)):
         c = nvidia_cluster(trtllm_qwen38_fp8(config))
-        assert trtllm.overrides_doc(c)["moe_expert_parallel_size"] == ep, config
-        assert f"moe_expert_parallel_size {ep}: profile.ep" in trtllm.overrides_yaml(c)
+        assert trtllm.overrides_doc(c, c.profile)["moe_expert_parallel_size"] == ep, config
+        assert f"moe_expert_parallel_size {ep}: profile.ep" in trtllm.overrides_yaml(c, c.profile)
     # the guide gives Qwen3.5 no EP: the curated file's value stays unless the inventory sets one
     one = [Node(name="n0", ip="192.0.2.10", devices=4)]
     q = nvidia_cluster(trtllm_qwen35_nvfp4(), nodes=one)
-    assert q.profile.ep is None and "moe_expert_parallel_size" not in trtllm.overrides_doc(q)
-    assert trtllm.overrides_doc(nvidia_cluster(trtllm_qwen35_nvfp4(ep=2), nodes=one))["moe_expert_parallel_size"] == 2
+    assert q.profile.ep is None and "moe_expert_parallel_size" not in trtllm.overrides_doc(q, q.profile)
+    ep2 = nvidia_cluster(trtllm_qwen35_nvfp4(ep=2), nodes=one)
+    assert trtllm.overrides_doc(ep2, ep2.profile)["moe_expert_parallel_size"] == 2
     assert "profile.ep: EP 3 must divide TP 4" in problems_of(lambda: nvidia_cluster(trtllm_qwen35_nvfp4(ep=3), nodes=one))
 
 
@@ -339,14 +340,14 @@ def ht_cluster(tmp_path):
 
 def test_overrides_yaml_names_the_curated_file_and_every_key():
     c = mtp_cluster()
-    text = trtllm.overrides_yaml(c)
-    assert text == trtllm.overrides_yaml(c)  # deterministic
+    text = trtllm.overrides_yaml(c, c.profile)
+    assert text == trtllm.overrides_yaml(c, c.profile)  # deterministic
     assert "/app/tensorrt_llm/examples/configs/curated/qwen3.8-low-latency-mtp3.yaml" in text.splitlines()[1]
     for key in ("tensor_parallel_size", "pipeline_parallel_size", "moe_expert_parallel_size", "speculative_config.max_draft_len",
                 "kv_cache_config.free_gpu_memory_fraction", "max_batch_size"):
         assert f"#   {key}\n" in text
     doc = yaml.safe_load(text)
-    assert doc == trtllm.overrides_doc(c) == {
+    assert doc == trtllm.overrides_doc(c, c.profile) == {
         "tensor_parallel_size": 16,
         "pipeline_parallel_size": 1,
         "moe_expert_parallel_size": 1,  # the guide's low latency: TP16/EP1
@@ -359,23 +360,23 @@ def test_overrides_yaml_names_the_curated_file_and_every_key():
                          "speculative_config", "kv_cache_config", "max_batch_size"]
     # the inventory may turn the statistics off
     off = nvidia_cluster(trtllm_qwen38_fp8("qwen3.8-low-latency-mtp3.yaml", overrides={"enable_iter_perf_stats": False}))
-    assert trtllm.overrides_doc(off)["enable_iter_perf_stats"] is False
+    assert trtllm.overrides_doc(off, off.profile)["enable_iter_perf_stats"] is False
     assert trtllm.curated_path(c.profile) == "/app/tensorrt_llm/examples/configs/curated/qwen3.8-low-latency-mtp3.yaml"
 
 
 def test_overrides_with_the_eplb_map(tmp_path):
     c = ht_cluster(tmp_path)
-    doc = trtllm.overrides_doc(c, "/etc/llmdeploy/qwen3.8-ep32-static544.yaml")
+    doc = trtllm.overrides_doc(c, c.profile, "/etc/llmdeploy/qwen3.8-ep32-static544.yaml")
     assert doc["tensor_parallel_size"] == 32
     assert doc["moe_config"] == {"backend": "CUTLASS", "load_balancer": "/etc/llmdeploy/qwen3.8-ep32-static544.yaml"}
-    text = trtllm.overrides_yaml(c, "/etc/llmdeploy/qwen3.8-ep32-static544.yaml")
+    text = trtllm.overrides_yaml(c, c.profile, "/etc/llmdeploy/qwen3.8-ep32-static544.yaml")
     assert "#   moe_config.load_balancer\n" in text and "qwen3.8-ep32-static544.yaml)" in text
     with pytest.raises(ValueError, match="eplb_map is set"):
-        trtllm.overrides_doc(c)
+        trtllm.overrides_doc(c, c.profile)
     with pytest.raises(ValueError, match="no eplb_map"):
-        trtllm.overrides_doc(mtp_cluster(), "/etc/x.yaml")
+        trtllm.overrides_doc(mtp_cluster(), mtp_cluster().profile, "/etc/x.yaml")
     with pytest.raises(ValueError, match="safe absolute path"):
-        trtllm.overrides_doc(c, "/etc/$(x).yaml")
+        trtllm.overrides_doc(c, c.profile, "/etc/$(x).yaml")
 
 
 CURATED = """\
@@ -405,7 +406,8 @@ def run_merge(tmp_path, curated_text, overrides_text):
 
 
 def test_merge_script_layers_the_overrides_on_the_curated_file(tmp_path):
-    res, out = run_merge(tmp_path, CURATED, trtllm.overrides_yaml(mtp_cluster()))
+    mtp = mtp_cluster()
+    res, out = run_merge(tmp_path, CURATED, trtllm.overrides_yaml(mtp, mtp.profile))
     assert res.returncode == 0, res.stderr
     merged = yaml.safe_load(out.read_text())
     assert merged == {
@@ -427,7 +429,8 @@ def test_merge_script_layers_the_overrides_on_the_curated_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["curated.yaml", "merge-config.py", "out.yaml", "overrides.yaml"]
     # again: same output, written over the old one
     before = out.read_text()
-    res, out = run_merge(tmp_path, CURATED, trtllm.overrides_yaml(mtp_cluster()))
+    mtp = mtp_cluster()
+    res, out = run_merge(tmp_path, CURATED, trtllm.overrides_yaml(mtp, mtp.profile))
     assert res.returncode == 0 and out.read_text() == before
 
 
