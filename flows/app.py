@@ -160,7 +160,8 @@ def prepare(
         if not json_out:
             d = distributed
             con.print(f"[bold]image {escape(cluster.image.ref)}[/]: " + (
-                f"{len(d.got)} node(s) got it from {escape(d.source)}" + (" (pulled there once)" if d.pulled else "") if d.source else
+                f"{len(d.got)} node(s) got it from {escape(d.source)} ({escape(d.via or '')})"
+                + (f" after one docker pull there ({escape(d.fallback or '')})" if d.pulled else "") if d.source else
                 f"present on all {len(d.had)} node(s)"))
         if distributed.failed:
             why = "; ".join(f"{h}: {m}" for h, m in distributed.failed.items())

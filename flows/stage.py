@@ -365,28 +365,37 @@ class ImageOutcome:
     """``image.distribute``: who had the image, who got it down the chain, who failed."""
 
     source: str | None = None
+    via: str | None = None  # what the chain carried: "registry", "docker save", "tarball"
     had: list[str] = field(default_factory=list)
     got: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
-    pulled: bool = False  # the source pulled (or loaded) it first
+    pulled: bool = False  # the source pulled it with docker first (the registry could not be read directly)
+    fallback: str | None = None  # why it did
     sent: int = 0
     seconds: float = 0.0
 
     def as_json(self) -> dict:
-        return {"source": self.source, "had": self.had, "got": self.got, "failed": self.failed, "pulled": self.pulled,
-                "sent_bytes": self.sent, "seconds": round(self.seconds, 3)}
+        return {"source": self.source, "via": self.via, "had": self.had, "got": self.got, "failed": self.failed, "pulled": self.pulled,
+                "fallback": self.fallback, "sent_bytes": self.sent, "seconds": round(self.seconds, 3)}
 
 
 def distribute_image(cluster: Cluster, con: Console, quiet: bool = False, limit: str | None = None) -> ImageOutcome:
-    """The image onto every node that lacks it, from one that has it (node 0
-    first pulls it, or loads its tarball, when none has): ``docker save`` at
-    the source, down the chain, ``docker load`` at each node. prepare's image
-    step then finds it present everywhere and compares the image IDs."""
+    """The image onto every node that lacks it, in one chain:
+
+    - from a node that has it: ``docker save`` there, down the chain;
+    - else from the tarball (``image.tarball``) on node 0, as it is;
+    - else node 0 reads it from its registry (the agent's ``export``: the
+      layers as the registry keeps them, one pull's bytes) and loads it itself
+      while it sends it on; where the registry cannot be read as docker would
+      (a credential helper, say), node 0 pulls it with docker and saves it.
+
+    Every receiving node feeds ``docker load``; prepare's image step then
+    finds the image present everywhere and compares the image IDs."""
     from roles import image as image_role
 
     out = ImageOutcome()
     t0 = time.monotonic()
-    chosen = [n for n in select_nodes(cluster, limit)]
+    chosen = list(select_nodes(cluster, limit))
     with report.host_progress(con, len(chosen), enabled=not quiet) as cb, \
             Runner(cluster, nodes=chosen, progress=cb, lines=cb.line) as runner:
         probe = Step(name="image.distribute", build=lambda node: image_role.probe(cluster),
@@ -402,52 +411,81 @@ def distribute_image(cluster: Cluster, con: Console, quiet: bool = False, limit:
                 out.had.append(n.name)
             else:
                 lacking.append(n)
-        if out.failed:
-            return _done(out, t0)
-        if not lacking:
+        if out.failed or not lacking:
             return _done(out, t0)
         if out.had:
-            src = cluster.node(out.had[0])
-        else:  # nobody has it: one pull (or load), on node 0 or the first chosen node
+            src, source, loads = cluster.node(out.had[0]), st.save_source(cluster), False
+        else:  # nobody has it: node 0 (or the first chosen node) gets it once, and loads it while it sends it
             src = cluster.node0 if cluster.node0 in chosen else chosen[0]
+            source = st.tarball_source(cluster) if cluster.image.tarball else st.registry_source(cluster)
+            loads = True
+        while True:
+            code = _image_chain(cluster, runner, src, source, loads, [n for n in lacking if n.name != src.name], out)
+            if code != UNSUPPORTED:
+                break
+            # the registry cannot be read here as docker would: one docker pull on the source, then its saved image
             step = Step(name="image.pull", build=lambda node: image_role.build(cluster),
                         parse=lambda node, o, e, c: image_role.parse(cluster, node, o, e, c),
                         timeout=max(cluster.ssh.command_timeout, 3600.0), progress=progress_line)
             r = runner.run(step, [src])[src.name]
             if r.failed:
                 out.failed[src.name] = r.msg
-                return _done(out, t0)
-            out.pulled = True
-            lacking = [n for n in lacking if n.name != src.name]
-        out.source = src.name
-        command, sink = st.image_commands(cluster)
-        while lacking:
-            chain = [src, *lacking]
-            token = st.new_token()
-            orders = {n.name: st.pipe_orders(cluster, chain, i, token, command, sink) for i, n in enumerate(chain)}
-            res = runner.run(_agent_step(cluster, "image.stream", "pipe", orders, RELAY_TIMEOUT_S, upstream_ok=True), chain)
-            r = res[src.name]
-            doc = r.data if isinstance(r.data, dict) else {}
-            out.sent += int(doc.get("forwarded", 0) or 0)
-            if r.failed and not doc.get("downstream"):
-                out.failed[src.name] = r.msg
-                return _done(out, t0)
-            again = []
-            for n in lacking:
-                rn = res[n.name]
-                d = rn.data if isinstance(rn.data, dict) else {}
-                if rn.failed:
-                    out.failed[n.name] = f"docker load: {d['sink']}" if d.get("sink") else rn.msg
-                elif rn.exit_code == st.EXIT_UPSTREAM:
-                    again.append(n)
-                else:
-                    out.got.append(n.name)
-            if len(again) == len(lacking):  # nobody got further: the source's own link is down
-                for n in again:
-                    out.failed[n.name] = "the stream never reached it"
                 break
-            lacking = again
+            out.pulled = True
+            source, loads = st.save_source(cluster), False
     return _done(out, t0)
+
+
+UNSUPPORTED = "unsupported"
+
+
+def _image_chain(cluster: Cluster, runner: Runner, src: Node, source: st.ImageSource, loads: bool, lacking: list[Node],
+                 out: ImageOutcome) -> str | None:
+    """Send the image from ``src`` down the chain of ``lacking`` (again around
+    a node that fails, to the ones behind it); UNSUPPORTED when the source
+    cannot read the registry and nothing was sent."""
+    out.source, out.via = src.name, source.what
+    first = True
+    while lacking or (first and loads):
+        chain = [src, *lacking]
+        token = st.new_token()
+        orders = {n.name: st.pipe_orders(cluster, chain, i, token, source, st.LOAD, source_loads=loads and first)
+                  for i, n in enumerate(chain)}
+        res = runner.run(_agent_step(cluster, "image.stream", "pipe", orders, RELAY_TIMEOUT_S, upstream_ok=True), chain)
+        r = res[src.name]
+        doc = r.data if isinstance(r.data, dict) else {}
+        out.sent += int(doc.get("forwarded", 0) or 0)
+        if doc.get("unsupported"):
+            out.fallback = doc["unsupported"]
+            return UNSUPPORTED
+        if loads and first:
+            if doc.get("sink") and not doc.get("downstream"):
+                out.failed[src.name] = f"{source.what}: {doc['sink']}"
+                return None
+            out.got.append(src.name)
+        elif r.failed and not doc.get("downstream"):
+            out.failed[src.name] = r.msg
+            return None
+        first = False
+        again = []
+        for n in lacking:
+            rn = res[n.name]
+            d = rn.data if isinstance(rn.data, dict) else {}
+            if rn.failed:
+                out.failed[n.name] = f"docker load: {d['sink']}" if d.get("sink") else rn.msg
+            elif rn.exit_code == st.EXIT_UPSTREAM:
+                again.append(n)
+            else:
+                out.got.append(n.name)
+        if again and len(again) == len(lacking):  # nobody got further: the source's own link is down
+            for n in again:
+                out.failed[n.name] = "the stream never reached it"
+            return None
+        lacking = again
+        # a second pass: the head has the image now (it loaded it), so it saves what it has
+        if again and loads:
+            source, loads = st.save_source(cluster), False
+    return None
 
 
 def _done(out: ImageOutcome, t0: float) -> ImageOutcome:

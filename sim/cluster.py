@@ -413,6 +413,10 @@ def _up(cluster: Cluster, echo) -> dict:
         for d in PRIVATE_DIRS:
             (root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
         hardware.save(root / HOST_STATE_DIR.lstrip("/"), hw)
+        # the simulator's CA for each registry name, as a site gives docker a private registry's CA
+        ca = images.tls()["ca"].read_text()
+        for reg in images.REGISTRY_NAMES:
+            _write(root / "etc/docker/certs.d" / reg / "ca.crt", ca)
         fast.render(str(root / HOST_STATE_DIR.lstrip("/")), standins.TOOLS)
         _write(hdir / "meminfo", hardware.meminfo(hw))
         _write(hdir / "bashrc", "# ~/.bashrc of a simulated host (sim/cluster.py)\n")

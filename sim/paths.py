@@ -21,6 +21,8 @@ PRIVATE_DIRS = [
     # a TensorRT-LLM checkout for Dynamo, mounted at the same path in its
     # containers (a shell sources its profile .env there, as the seed does)
     "/opt/trtllm-recipes",
+    # the registries' CA where docker (and the stage agent reading a registry) looks for it
+    "/etc/docker/certs.d",
 ]
 # Inside a host, the stand-ins read their state here.
 HOST_STATE_DIR = "/etc/llmdeploy-sim"

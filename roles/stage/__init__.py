@@ -254,19 +254,22 @@ def relay_orders(cluster: Cluster, p: StagePlan, chain: list[Node], i: int, root
     return json.dumps(orders)
 
 
-def pipe_orders(cluster: Cluster, chain: list[Node], i: int, token: str, command: list[str], sink: list[str] | None,
-                size_hint: int = 0) -> str:
-    """Orders of link ``i`` of a chain that carries a command's output (``command``
-    at the source, ``sink`` fed with it at every other node)."""
+def pipe_orders(cluster: Cluster, chain: list[Node], i: int, token: str, source: ImageSource, sink: list[str] | None,
+                source_loads: bool = False) -> str:
+    """Orders of link ``i`` of a chain that carries an image (``source`` at
+    the chain's head, ``sink`` fed with it at every other node, and at the
+    head too when ``source_loads``: node 0 reading the registry loads what it sends)."""
     s = cluster.stage
     me = chain[i]
+    head = i == 0
     return json.dumps({
         "token": token,
-        "listen": None if i == 0 else [str(me.ip), s.port],
+        "listen": None if head else [str(me.ip), s.port],
         "next": [str(chain[i + 1].ip), s.port] if i + 1 < len(chain) else None,
-        "command": command if i == 0 else None,
-        "sink": None if i == 0 else sink,
-        "size_hint": size_hint,
+        "command": source.command if head else None,
+        "export": source.export if head else None,
+        "sink": sink if (not head or source_loads) else None,
+        "size_hint": 0,
         "pidfile": f"{state_dir(cluster)}/agent.pid",
         "mark": mark(cluster),
         "connect_timeout": s.connect_timeout_s,
@@ -274,17 +277,41 @@ def pipe_orders(cluster: Cluster, chain: list[Node], i: int, token: str, command
     })
 
 
-# docker save writes the layers uncompressed (about twice what a pull
-# moves); the stream compresses them again, as the registry's layers are:
-# zstd on all cores where the node has it, else gzip -1 (docker load reads both)
-SAVE_COMPRESSED = ('if command -v zstd >/dev/null 2>&1; then docker save "$1" | zstd -T0 -3 -q -c; '
-                   'else docker save "$1" | gzip -1 -c; fi')
+@dataclass
+class ImageSource:
+    """What the head of an image chain sends: a command's output, or the image read from its registry."""
+
+    what: str  # for people: "registry", "docker save", "tarball"
+    command: list[str] | None = None
+    export: dict | None = None
 
 
-def image_commands(cluster: Cluster) -> tuple[list[str], list[str]]:
-    """What the source runs and what every other node feeds: the image as
-    docker saves it (compressed, ``SAVE_COMPRESSED``) and as docker loads it."""
-    return ["bash", "-o", "pipefail", "-c", SAVE_COMPRESSED, "llmdeploy-image-save", cluster.image.ref], ["docker", "load"]
+def registry_source(cluster: Cluster) -> ImageSource:
+    """The image read from its registry by the agent (``export``): the layers
+    as the registry keeps them, one pull's bytes, straight into the chain."""
+    return ImageSource("registry", export={"ref": cluster.image.ref})
+
+
+def tarball_source(cluster: Cluster) -> ImageSource:
+    """The inventory's image tarball on the head node, as it is (docker load reads it)."""
+    return ImageSource("tarball", command=["cat", "--", cluster.image.tarball])
+
+
+# docker save writes the layers uncompressed (about 2.5 times what a pull
+# moves, measured on the simulated image); the stream compresses them again
+# with gzip, the one compression docker load reads (Docker 28 refuses a
+# zstd stream: "archive/tar: invalid tar header"): pigz on every core where
+# the node has it, else gzip -1
+SAVE_COMPRESSED = ('if command -v pigz >/dev/null 2>&1; then z="pigz -1 -c"; else z="gzip -1 -c"; fi; '
+                   'docker save "$1" | $z')
+
+
+def save_source(cluster: Cluster) -> ImageSource:
+    """The image as a node that has it saves it (gzip-compressed, ``SAVE_COMPRESSED``)."""
+    return ImageSource("docker save", command=["bash", "-o", "pipefail", "-c", SAVE_COMPRESSED, "llmdeploy-image-save", cluster.image.ref])
+
+
+LOAD = ["docker", "load"]
 
 
 def _size(n: float) -> str:

@@ -431,11 +431,76 @@ def recv_exact(sock, n):
     return bytes(out)
 
 
+EXIT_UNSUPPORTED = 4  # the registry cannot be read here as docker would: pull with docker instead
+
+
+class Sink:
+    """The command a node feeds the stream into (``docker load``), if any."""
+
+    def __init__(self, argv):
+        import subprocess
+
+        self.argv, self.err = argv, None
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) if argv else None
+
+    def write(self, b):
+        if self.p is None or self.err is not None:
+            return
+        try:
+            self.p.stdin.write(b)
+        except OSError as exc:
+            self.err = "%s stopped reading: %s" % (self.argv[0], exc.strerror or exc)
+
+    def abort(self):
+        if self.p is not None:
+            try:
+                self.p.stdin.close()
+            except OSError:
+                pass
+            self.p.kill()
+            self.p.wait()
+
+    def finish(self, res):
+        """Close its input and wait: its failure, or its last line, goes into ``res``."""
+        if self.p is None:
+            return
+        try:
+            self.p.stdin.close()
+        except OSError:
+            pass
+        said = self.p.stdout.read().decode(errors="replace").strip()
+        code = self.p.wait()
+        if code != 0 or self.err:
+            res["sink"] = self.err or "%s exited %d: %s" % (self.argv[0], code, said.splitlines()[-1] if said else "")
+        else:
+            res["said"] = said.splitlines()[-1] if said else ""
+
+
+class Feed:
+    """What the source produces: framed down the chain, into its own sink, hashed."""
+
+    def __init__(self, link, sink, progress):
+        self.link, self.sink, self.progress, self.h = link, sink, progress, hashlib.sha256()
+
+    def write(self, b):
+        b = bytes(b)
+        if b:
+            self.h.update(b)
+            self.link.forward(len(b).to_bytes(FRAME, "big") + b)
+            self.sink.write(b)
+            self.progress.add(len(b))
+        return len(b)
+
+    def end(self):
+        self.link.forward((0).to_bytes(FRAME, "big") + self.h.digest())
+
+
 def pipe(order):
-    """The source runs ``order["command"]`` and sends its output, framed; a
-    node with ``order["sink"]`` feeds what it receives to that command's
-    standard input while it forwards the frames. The stream ends with the
-    sha256 of everything sent, which every node checks."""
+    """The source runs ``order["command"]`` (or, with ``order["export"]``,
+    reads the image from its registry, :func:`export`) and sends the output,
+    framed; a node with ``order["sink"]`` (the source too) feeds the stream to
+    that command's standard input while it forwards the frames. The stream
+    ends with the sha256 of everything sent, which every node checks."""
     import subprocess
 
     res = {"received": 0, "forwarded": 0, "upstream": None, "downstream": None, "sink": None}
@@ -443,29 +508,43 @@ def pipe(order):
     code = link.open()
     if code is not None:
         return code, res
-    source, up, forward = link.source, link.up, link.forward
     progress = Progress(int(order.get("size_hint") or 0), "stream")
-    h = hashlib.sha256()
-    if source:
-        proc = subprocess.Popen(order["command"], stdout=subprocess.PIPE)
-        while True:
-            b = proc.stdout.read(CHUNK)
-            if not b:
-                break
-            h.update(b)
-            forward(len(b).to_bytes(FRAME, "big") + b)
-            progress.add(len(b))
-        code = proc.wait()
-        if code != 0:
-            res["sink"] = "%s exited %d" % (order["command"][0], code)
-            link.close()
-            return EXIT_FAILED, res
-        forward((0).to_bytes(FRAME, "big") + h.digest())
+    sink = Sink(order.get("sink"))
+    if link.source:
+        feed = Feed(link, sink, progress)
+        if order.get("export"):
+            try:
+                res["export"] = export(order["export"], feed)
+            except Unsupported as exc:
+                sink.abort()
+                link.close()
+                res["unsupported"] = str(exc)
+                return EXIT_UNSUPPORTED, res
+            except (OSError, ValueError, KeyError) as exc:
+                sink.abort()
+                link.close()
+                res["sink"] = "registry: %s" % (getattr(exc, "strerror", None) or exc)
+                return EXIT_FAILED, res
+        else:
+            proc = subprocess.Popen(order["command"], stdout=subprocess.PIPE)
+            while True:
+                b = proc.stdout.read(CHUNK)
+                if not b:
+                    break
+                feed.write(b)
+            code = proc.wait()
+            if code != 0:
+                sink.abort()
+                link.close()
+                res["sink"] = "%s exited %d" % (order["command"][0], code)
+                return EXIT_FAILED, res
+        feed.end()
         progress.add(0, force=True)
         link.close()
-        return (EXIT_FAILED if res["downstream"] else EXIT_OK), res
-    sink = subprocess.Popen(order["sink"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) if order.get("sink") else None
-    sink_err = None
+        sink.finish(res)
+        return (EXIT_FAILED if res["downstream"] or res["sink"] else EXIT_OK), res
+    h = hashlib.sha256()
+    up = link.up
     while True:
         try:
             head = recv_exact(up, FRAME)
@@ -476,40 +555,213 @@ def pipe(order):
         else:
             why = "connection closed"
         if head is None or body is None:
-            if sink is not None:
-                sink.stdin.close()
-                sink.kill()
-                sink.wait()
+            sink.abort()
             res["upstream"] = "the stream ended after %d bytes (%s)" % (res["received"], why)
             return EXIT_UPSTREAM, res
-        forward(head + body)
+        link.forward(head + body)
         if n == 0:
             digest = body
             break
         h.update(body)
         res["received"] += n
         progress.add(n)
-        if sink is not None and sink_err is None:
-            try:
-                sink.stdin.write(body)
-            except OSError as exc:
-                sink_err = "%s stopped reading: %s" % (order["sink"][0], exc.strerror or exc)
+        sink.write(body)
     progress.add(0, force=True)
     link.close()
     if digest != h.digest():
+        sink.abort()
         res["sink"] = "the stream's sha256 is not the source's"
-    if sink is not None:
-        try:
-            sink.stdin.close()
-        except OSError:
-            pass
-        said = sink.stdout.read().decode(errors="replace").strip()
-        code = sink.wait()
-        if code != 0 or sink_err:
-            res["sink"] = sink_err or "%s exited %d: %s" % (order["sink"][0], code, said.splitlines()[-1] if said else "")
-        else:
-            res["said"] = said.splitlines()[-1] if said else ""
+        return EXIT_FAILED, res
+    sink.finish(res)
     return (EXIT_FAILED if res["sink"] else EXIT_OK), res
+
+
+# --- export: an image from its registry, as docker load reads it ------------
+MANIFEST_TYPES = ", ".join([
+    "application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"])
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x"}
+
+
+class Unsupported(Exception):
+    """This image cannot be fetched here the way docker would (a credential
+    helper, an unknown manifest): the caller pulls it with docker instead."""
+
+
+def parse_ref(ref):
+    """(registry host, repository, tag or digest) as docker normalises a reference."""
+    name, digest = (ref.split("@", 1) + [None])[:2]
+    tag = None
+    last = name.rsplit("/", 1)[-1]
+    if digest is None and ":" in last:
+        name, tag = name.rsplit(":", 1)
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        host, repo = first, rest
+    else:
+        host, repo = "docker.io", name
+    if host == "docker.io":
+        host = "registry-1.docker.io"
+        if "/" not in repo:
+            repo = "library/" + repo
+    return host, repo, digest or tag or "latest"
+
+
+def tls_context(host):
+    """The system's roots, and the CAs docker is given for this registry (/etc/docker/certs.d/HOST/*.crt)."""
+    import ssl
+
+    ctx = ssl.create_default_context()
+    d = os.path.join("/etc/docker/certs.d", host)
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if name.endswith(".crt"):
+            ctx.load_verify_locations(os.path.join(d, name))
+    return ctx
+
+
+def docker_auth(host):
+    """The inline credentials docker keeps for ``host`` (base64 user:password), or None."""
+    path = os.path.join(os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker"), "config.json")
+    try:
+        with open(path) as f:
+            conf = json.load(f)
+    except (OSError, ValueError):
+        return None
+    keys = [host, "https://" + host, "https://index.docker.io/v1/"] if host == "registry-1.docker.io" else [host, "https://" + host]
+    for k in keys:
+        auth = (conf.get("auths") or {}).get(k, {}).get("auth")
+        if auth:
+            return auth
+    if (conf.get("credHelpers") or {}).get(host) or conf.get("credsStore"):
+        raise Unsupported("docker keeps the credentials of %s in a helper" % host)
+    return None
+
+
+class Registry:
+    def __init__(self, host, repo):
+        self.host, self.repo, self.token = host, repo, None
+        self.ctx = tls_context(host)
+
+    def _open(self, path, accept=None, retry=True):
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request("https://%s/v2/%s/%s" % (self.host, self.repo, path))
+        if accept:
+            req.add_header("Accept", accept)
+        if self.token:
+            req.add_unredirected_header("Authorization", self.token)  # not to a blob store it redirects to
+        try:
+            return urllib.request.urlopen(req, context=self.ctx, timeout=60)
+        except urllib.error.HTTPError as exc:
+            challenge = exc.headers.get("WWW-Authenticate", "")
+            if exc.code == 401 and retry and challenge:
+                self._authenticate(challenge)
+                return self._open(path, accept, retry=False)
+            raise Unsupported("%s: HTTP %d %s" % (req.full_url, exc.code, exc.reason))
+
+    def _authenticate(self, challenge):
+        import re
+        import urllib.parse
+        import urllib.request
+
+        scheme, _, params = challenge.partition(" ")
+        creds = docker_auth(self.host)
+        if scheme.lower() == "basic":
+            if not creds:
+                raise Unsupported("%s asks for a password docker has none of" % self.host)
+            self.token = "Basic " + creds
+            return
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
+        query = {k: v for k, v in fields.items() if k in ("service", "scope")}
+        req = urllib.request.Request(fields.get("realm", "") + "?" + urllib.parse.urlencode(query))
+        if creds:
+            req.add_header("Authorization", "Basic " + creds)
+        with urllib.request.urlopen(req, context=tls_context(urllib.parse.urlparse(req.full_url).hostname), timeout=60) as r:
+            doc = json.load(r)
+        tok = doc.get("token") or doc.get("access_token")
+        if not tok:
+            raise Unsupported("%s gave no token" % fields.get("realm"))
+        self.token = "Bearer " + tok
+
+    def manifest(self, reference):
+        """(media type, bytes, digest) of the image's manifest for this node's platform."""
+        with self._open("manifests/" + reference, MANIFEST_TYPES) as r:
+            body, mtype = r.read(), r.headers.get("Content-Type", "").split(";")[0]
+        doc = json.loads(body)
+        mtype = doc.get("mediaType") or mtype
+        if mtype in INDEX_TYPES:
+            arch = ARCH.get(os.uname().machine, os.uname().machine)
+            for m in doc.get("manifests", []):
+                plat = m.get("platform") or {}
+                if plat.get("os") == "linux" and plat.get("architecture") == arch:
+                    return self.manifest(m["digest"])
+            raise Unsupported("no linux/%s image in %s" % (arch, reference))
+        if mtype not in ("application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"):
+            raise Unsupported("manifest type %r" % mtype)
+        return mtype, body, "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+class Checked:
+    """A blob as it streams, its sha256 checked at its end."""
+
+    def __init__(self, resp, digest, progress):
+        self.resp, self.digest, self.progress, self.h = resp, digest, progress, hashlib.sha256()
+
+    def read(self, n=-1):
+        b = self.resp.read(n if n and n > 0 else CHUNK)
+        self.h.update(b)
+        self.progress.add(len(b))
+        return b
+
+    def check(self):
+        got = "sha256:" + self.h.hexdigest()
+        if got != self.digest:
+            raise OSError(0, "blob %s arrived as %s" % (self.digest, got))
+
+
+def export(order, out):
+    """Write ``order["ref"]`` to ``out`` as a docker-archive tar (manifest.json,
+    and the OCI layout docker save writes), the layers as the registry keeps
+    them (compressed): what one pull moves. Every blob's sha256 is checked."""
+    import tarfile
+
+    ref = order["ref"]
+    host, repo, reference = parse_ref(ref)
+    reg = Registry(host, repo)
+    mtype, mbody, mdigest = reg.manifest(reference)
+    man = json.loads(mbody)
+    blobs = [man["config"]] + list(man["layers"])
+    progress = Progress(sum(int(b["size"]) for b in blobs), "registry")
+    hexname = lambda d: "blobs/sha256/" + d.split(":", 1)[1]  # noqa: E731
+    tag = ref if "@" not in ref else None
+    tar = tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK)
+
+    def add(name, data):
+        import io
+
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+    add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+    add("index.json", json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {"mediaType": mtype, "digest": mdigest, "size": len(mbody),
+         "annotations": {"io.containerd.image.name": ref}}]}).encode())
+    add("manifest.json", json.dumps([{"Config": hexname(man["config"]["digest"]), "RepoTags": [tag] if tag else [],
+                                      "Layers": [hexname(b["digest"]) for b in man["layers"]]}]).encode())
+    add(hexname(mdigest), mbody)
+    for b in blobs:
+        info = tarfile.TarInfo(hexname(b["digest"]))
+        info.size = int(b["size"])
+        with reg._open("blobs/" + b["digest"]) as resp:
+            body = Checked(resp, b["digest"], progress)
+            tar.addfile(info, body)
+            body.check()
+    tar.close()
+    progress.add(0, force=True)
+    return {"ref": ref, "config": man["config"]["digest"], "bytes": progress.done}
 
 
 MODES = {"scan": scan, "hash": hash_files, "relay": relay, "pipe": pipe}

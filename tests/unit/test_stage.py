@@ -375,8 +375,8 @@ def test_the_image_stream_is_compressed_and_a_failed_save_fails_the_source(tmp_p
     from llmdeploy.inventory import load_cluster
 
     cluster = load_cluster("sim-a3")
-    command, sink = st.image_commands(cluster)
-    assert sink == ["docker", "load"] and command[-1] == cluster.image.ref
+    command = st.save_source(cluster).command
+    assert st.LOAD == ["docker", "load"] and command[-1] == cluster.image.ref
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "docker").write_text('#!/bin/sh\n[ "$1" = save ] && [ "$2" = "$IMAGE" ] || exit 9\nhead -c 300000 /dev/zero\n')
@@ -387,3 +387,156 @@ def test_the_image_stream_is_compressed_and_a_failed_save_fails_the_source(tmp_p
     (bindir / "docker").write_text("#!/bin/sh\necho 'Error response from daemon: reference does not exist' >&2; exit 1\n")
     res = subprocess.run(command, capture_output=True, env=env)
     assert res.returncode == 1 and b"reference does not exist" in res.stderr
+
+
+# --- export: the image read from its registry -------------------------------
+@pytest.mark.parametrize("ref, want", [
+    ("quay.io/ascend/vllm-ascend:v0.23.0", ("quay.io", "ascend/vllm-ascend", "v0.23.0")),
+    ("nvcr.io/nvidia/tensorrt-llm/release:1.2.1", ("nvcr.io", "nvidia/tensorrt-llm/release", "1.2.1")),
+    ("lmsysorg/sglang:v0.5.23", ("registry-1.docker.io", "lmsysorg/sglang", "v0.5.23")),
+    ("nginx", ("registry-1.docker.io", "library/nginx", "latest")),
+    ("localhost:5000/x/y@sha256:" + "a" * 64, ("localhost:5000", "x/y", "sha256:" + "a" * 64)),
+])
+def test_refs_are_read_as_docker_reads_them(ref, want):
+    assert _agent_module().parse_ref(ref) == want
+
+
+def _agent_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("stage_agent", Path(st.__file__).parent / "agent.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    """A registry on loopback over TLS (its CA in SSL_CERT_FILE, as the system's roots are read), one image
+    behind a Bearer-token challenge, as Docker Hub and quay.io answer; ``blobs`` may be spoiled by a test."""
+    import datetime
+    import http.server
+    import ssl
+    import threading
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key()).serial_number(1)
+            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    layer, config = random.Random(7).randbytes(300_000), b'{"architecture":"amd64","os":"linux","rootfs":{}}'
+    blobs = {"sha256:" + _sha(b): b for b in (layer, config)}
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                           "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config),
+                                      "digest": "sha256:" + _sha(config)},
+                           "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(layer),
+                                       "digest": "sha256:" + _sha(layer)}]}).encode()
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            seen.append(self.path)
+            if self.path.startswith("/token?"):
+                return self._send(200, json.dumps({"token": "t0"}).encode(), "application/json")
+            if self.headers.get("Authorization") != "Bearer t0":
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="https://localhost:{port}/token",service="test",scope="repository:a/b:pull"')
+                self.send_header("Content-Length", "0")
+                return self.end_headers()
+            if self.path == "/v2/a/b/manifests/v1":
+                return self._send(200, manifest, "application/vnd.docker.distribution.manifest.v2+json")
+            digest = self.path.rsplit("/", 1)[-1]
+            if self.path.startswith("/v2/a/b/blobs/") and digest in blobs:
+                return self._send(200, blobs[digest], "application/octet-stream")
+            self._send(404, b"{}", "application/json")
+
+        def _send(self, code, body, ctype):
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port = srv.server_address[1]
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "cert.pem"))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    yield {"ref": f"localhost:{port}/a/b:v1", "blobs": blobs, "layer": layer, "config": config, "seen": seen}
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_export_writes_what_docker_load_reads_with_the_registrys_own_layers(registry):
+    import io
+    import tarfile
+
+    agent = _agent_module()
+    buf = io.BytesIO()
+    info = agent.export({"ref": registry["ref"]}, buf)
+    assert info["config"] == "sha256:" + _sha(registry["config"])
+    assert info["bytes"] == len(registry["layer"]) + len(registry["config"])  # one pull's bytes, no more
+    buf.seek(0)
+    with tarfile.open(fileobj=buf) as t:
+        names = t.getnames()
+        manifest = json.loads(t.extractfile("manifest.json").read())
+        layer = t.extractfile("blobs/sha256/" + _sha(registry["layer"])).read()
+    assert {"oci-layout", "index.json", "manifest.json"} <= set(names)
+    assert manifest == [{"Config": "blobs/sha256/" + _sha(registry["config"]), "RepoTags": [registry["ref"]],
+                         "Layers": ["blobs/sha256/" + _sha(registry["layer"])]}]
+    assert layer == registry["layer"]  # as the registry keeps it (compressed), not unpacked
+    assert registry["seen"][0] == "/v2/a/b/manifests/v1" and any(p.startswith("/token?") for p in registry["seen"])
+
+
+def test_export_refuses_a_blob_that_is_not_its_digest(registry):
+    import io
+
+    agent = _agent_module()
+    d = "sha256:" + _sha(registry["layer"])
+    registry["blobs"][d] = b"x" * len(registry["layer"])
+    with pytest.raises(OSError, match="arrived as"):
+        agent.export({"ref": registry["ref"]}, io.BytesIO())
+
+
+def test_export_says_unsupported_when_docker_keeps_the_password_in_a_helper(registry, tmp_path):
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "config.json").write_text(json.dumps({"credsStore": "desktop"}))
+    agent = _agent_module()
+    import io
+
+    with pytest.raises(agent.Unsupported, match="helper"):
+        agent.export({"ref": registry["ref"]}, io.BytesIO())
+
+
+def test_the_registrys_image_goes_down_the_chain_and_into_the_head_nodes_own_load(registry, tmp_path):
+    port = _free_port()
+    procs = []
+    for i in (2, 1, 0):
+        orders = {"token": "tok", "listen": None if i == 0 else [f"127.0.0.{i + 1}", port],
+                  "next": [f"127.0.0.{i + 2}", port] if i < 2 else None, "command": None,
+                  "export": {"ref": registry["ref"]} if i == 0 else None,
+                  "sink": ["sh", "-c", f"cat > {tmp_path}/load{i}.tar && echo Loaded image: {registry['ref']}"],
+                  "size_hint": 0, "pidfile": str(tmp_path / f"x{i}.pid"), "mark": MARK, "connect_timeout": 20, "idle_timeout": 20}
+        procs.insert(0, _agent("pipe", orders))
+    res = [_finish(p) for p in procs]
+    assert [c for c, _, _ in res] == [0, 0, 0], res
+    assert res[0][1]["export"]["config"] == "sha256:" + _sha(registry["config"])
+    tars = {(tmp_path / f"load{i}.tar").read_bytes() for i in range(3)}
+    assert len(tars) == 1 and all(r[1]["said"] == f"Loaded image: {registry['ref']}" for r in res)
