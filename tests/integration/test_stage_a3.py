@@ -14,14 +14,13 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from sim import hostview, netns
-from sim.paths import cluster_dir, host_dir, netns_name
+from sim.paths import host_dir, netns_name
 from tests.conftest import INVOKE, REPO, run_invoke, tool_env
 
 SIM_CLUSTER = "sim-a3"
@@ -209,6 +208,19 @@ def test_prepare_stages_what_is_missing_then_its_model_check_passes(checkpoint, 
     assert doc["steps"]["model"][NODES[2]]["status"] == "ok"
     for n in NODES[1:]:
         assert _digest(_model(n)) == checkpoint
+
+
+def test_deploy_with_stage_from_stages_what_is_missing_and_serves(checkpoint, tmp_path):
+    shutil.rmtree(_model(NODES[1]))
+    env = _inventory(tmp_path, ' stage_from="sim-a3-0",')
+    try:
+        res = run_invoke("deploy", "--cluster", SIM_CLUSTER, "--no-gate", env=env, timeout=900)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert _digest(_model(NODES[1])) == checkpoint
+        res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json", env=env)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    finally:
+        run_invoke("stop", "--cluster", SIM_CLUSTER, env=env, timeout=300)
 
 
 def test_prepare_distributes_the_image_from_one_pull(checkpoint, tmp_path):
