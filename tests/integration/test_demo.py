@@ -16,6 +16,7 @@ def taken_down():
     run_invoke("sim.down", "--cluster", SIM_CLUSTER)
 
 
+@pytest.mark.slow
 def test_demo_runs_the_main_job(taken_down):
     res = run_invoke("demo", "--cluster", SIM_CLUSTER, env=SIM_ENV, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
