@@ -60,6 +60,8 @@ def _guard(fn):
     sig = inspect.signature(fn)
     cluster = sig.parameters.get("cluster")
     needs_cluster = cluster is not None and cluster.default is inspect.Parameter.empty
+    # every other flag without a default is required too (Invoke would pass None)
+    required = [n for n, p in list(sig.parameters.items())[1:] if n != "cluster" and p.default is inspect.Parameter.empty]
 
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
@@ -67,6 +69,10 @@ def _guard(fn):
         try:
             if needs_cluster:
                 _cluster_given(sig, c, args, kwargs)
+            given = sig.bind_partial(c, *args, **kwargs).arguments
+            for name in required:
+                if given.get(name) is None:
+                    raise LlmdeployError(f"--{name.rstrip('_').replace('_', '-')} is required")
             code = fn(c, *args, **kwargs)
         except LlmdeployError as exc:
             print(f"error: {mask(str(exc))}", file=sys.stderr)

@@ -5,6 +5,7 @@ model's answer with its <think> part and the status, and names the next steps.""
 import pytest
 
 from tests.conftest import run_invoke
+from tests.integration.conftest import SIM_ENV
 
 SIM_CLUSTER = "sim-a3"
 
@@ -15,8 +16,9 @@ def taken_down():
     run_invoke("sim.down", "--cluster", SIM_CLUSTER)
 
 
+@pytest.mark.slow
 def test_demo_runs_the_main_job(taken_down):
-    res = run_invoke("demo", "--cluster", SIM_CLUSTER, timeout=900)
+    res = run_invoke("demo", "--cluster", SIM_CLUSTER, env=SIM_ENV, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     out = res.stdout
     for step in ("invoke prepare", "invoke verify-comm", "invoke deploy", "the model's answer", "invoke status"):

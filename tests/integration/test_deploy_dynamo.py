@@ -50,6 +50,7 @@ def short_leases(sim_cluster):
     hardware.save(_state(), saved)
 
 
+@pytest.mark.slow
 def test_dynamo_end_to_end(short_leases, tmp_path):
     res = run_invoke("deploy", "--cluster", SIM_CLUSTER, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -4,6 +4,8 @@ MPI group across two nodes (the launch agent enters the second node's container)
 
 import json
 
+import pytest
+
 from llmdeploy.release import parse_ledger
 from sim.paths import host_dir
 from tests.integration.conftest import top_once
@@ -14,6 +16,7 @@ SIM_CLUSTER = "sim-gb300-1p2d"
 NODES = [f"sim-gb300-1p2d-{i}" for i in range(5)]
 
 
+@pytest.mark.slow
 def test_1p2d_decode_groups_span_two_nodes(sim_cluster):
     res = run_invoke("deploy", "--cluster", SIM_CLUSTER, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -17,6 +17,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from llmdeploy.release import parse_ledger
 from sim import hostview
 from sim.paths import host_dir, netns_name
@@ -91,6 +93,7 @@ def _kv_samples() -> dict[str, bool]:
     return out
 
 
+@pytest.mark.slow
 def test_3p2d_restarts_whole_after_a_decode_worker_died(sim_cluster):
     res = run_invoke("deploy", "--cluster", SIM_CLUSTER, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr

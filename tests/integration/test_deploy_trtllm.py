@@ -134,6 +134,7 @@ def test_killing_one_rank_makes_the_watcher_restart_the_world(faults):
     assert sorted(_ranks("sim-b200-1")) == list(range(8, 16))
 
 
+@pytest.mark.slow
 def test_a_rank_that_crashes_once_is_retried_and_one_that_always_crashes_fails_with_logs(faults, tmp_path):
     faults("sim-b200-1", crash_starts=1)
     res = _deploy()
@@ -154,6 +155,7 @@ def test_a_rank_that_crashes_once_is_retried_and_one_that_always_crashes_fails_w
     assert all(_containers(n) == {} for n in NODES)
 
 
+@pytest.mark.slow
 def test_restart_rollback_and_stop(faults, tmp_path):
     res = _deploy()
     assert res.returncode == 0, res.stdout + res.stderr

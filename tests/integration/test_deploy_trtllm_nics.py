@@ -11,6 +11,8 @@ as an operator would, so the test reads the same with any container runtime."""
 import re
 import subprocess
 
+import pytest
+
 from llmdeploy.release import parse_ledger
 from sim.paths import cluster_dir, host_dir
 from tests.conftest import REPO, run_invoke
@@ -71,6 +73,7 @@ def test_tp16_across_nodes_with_different_nic_names_is_healthy_and_every_rank_us
     assert doc.returncode == 0, doc.stdout + doc.stderr
 
 
+@pytest.mark.slow
 def test_a_rank_given_another_nodes_nic_fails_as_nccl_does_and_the_reason_names_the_nics(sim_cluster, tmp_path):
     """What the old ``-x NCCL_SOCKET_IFNAME`` did, forced through the profile's env: both nodes' environment
     files say ens1f0 (OpenMPI's own TCP still uses each node's NIC). Node 1's ranks find no such interface on

@@ -173,6 +173,7 @@ def test_sigint_mid_start_leaves_no_lock_and_intact_records(releases_ab):
     state = host_dir(SIM_CLUSTER, "sim-a3-0") / "root/etc/llmdeploy-sim"
     saved = hardware.load(state)
     hardware.save(state, dict(saved, vllm={"node0_delay_s": 30}))
+    p = None
     try:
         p = subprocess.Popen(INVOKE + ["deploy", "--cluster", SIM_CLUSTER, "--skip-prepare"], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL, env=tool_env())
@@ -183,6 +184,9 @@ def test_sigint_mid_start_leaves_no_lock_and_intact_records(releases_ab):
         p.communicate(timeout=120)
     finally:
         hardware.save(state, saved)
+        if p is not None and p.poll() is None:  # it did not end: not left holding the lock for the tests after this one
+            p.kill()
+            p.wait()
     assert p.returncode == 130
     assert run_invoke("lock.status", "--cluster", SIM_CLUSTER).returncode == 0  # free
     ledger, audit = _ledger(), _audit()  # every line parses

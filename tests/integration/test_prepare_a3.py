@@ -70,6 +70,7 @@ def test_check_mode_lists_every_change_and_writes_nothing(cluster):
     assert _snapshot(cluster) == before, "check mode changed a file on a node"
 
 
+@pytest.mark.slow
 def test_prepare_then_nothing_to_change(cluster):
     res = run_invoke("prepare", "--cluster", SIM_CLUSTER)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -158,6 +159,7 @@ def test_a_changed_file_is_written_again_where_it_changed_only(cluster):
     assert doc["round_trips"]["sim-a3-2"] == 2 and doc["round_trips"]["sim-a3-1"] == 1
 
 
+@pytest.mark.slow
 def test_check_names_host_and_test_after_a_hand_edit(cluster):
     env = host_dir(cluster.name, "sim-a3-1") / "root/etc/llmdeploy/sim-a3.env"
     original = env.read_text()

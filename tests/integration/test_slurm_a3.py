@@ -6,6 +6,8 @@ and stop leaving no job, step or serving process."""
 
 import json
 
+import pytest
+
 from llmdeploy import slurm
 from llmdeploy.release import parse_ledger
 from sim import hostview
@@ -25,6 +27,7 @@ def _ledger():
     return parse_ledger((host_dir(SIM_CLUSTER, NODES[0]) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}/ledger.jsonl").read_text())
 
 
+@pytest.mark.slow
 def test_prepare_verify_deploy_kill_a_step_and_stop(sim_cluster):
     res = run_invoke("prepare", "--cluster", SIM_CLUSTER, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr

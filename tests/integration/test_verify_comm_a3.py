@@ -5,6 +5,8 @@ else; deploy refuses the failed verification unless --force."""
 import json
 import subprocess
 
+import pytest
+
 from sim import hardware
 from sim.paths import host_dir, netns_name
 from tests.conftest import run_invoke
@@ -42,6 +44,7 @@ def test_healthy_cluster_passes_with_the_full_matrix(sim_cluster):
     assert _failures(doc) == {} and doc["time"].endswith("Z")
 
 
+@pytest.mark.slow
 def test_each_fault_is_named_exactly(sim_cluster):
     saved = {n: hardware.load(_state(n)) for n in ("sim-a3-0", "sim-a3-2", "sim-a3-3")}
     ns1, ns0 = netns_name(SIM_CLUSTER, "sim-a3-1"), netns_name(SIM_CLUSTER, "sim-a3-0")

@@ -174,6 +174,7 @@ def test_a_connection_killed_mid_step_fails_that_host_only_and_promptly(healthy)
     assert run_invoke("facts", "--cluster", SIM_CLUSTER, "--json").returncode == 0
 
 
+@pytest.mark.slow
 def test_a_hanging_command_meets_its_deadline_and_only_that_host_fails(healthy, tmp_path):
     inv = tmp_path / "inventory"
     inv.mkdir()

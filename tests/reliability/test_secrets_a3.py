@@ -85,6 +85,7 @@ def secret_inventory(tmp_path_factory):
     return inv
 
 
+@pytest.mark.slow
 def test_a_secret_never_leaks_and_its_files_are_0600(sim_cluster, secret_inventory, tmp_path):
     logs = tmp_path / "logs"
     env = {"LLMDEPLOY_INVENTORY": str(secret_inventory), VAR: SECRET, "LLMDEPLOY_LOG_DIR": str(logs)}
