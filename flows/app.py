@@ -80,8 +80,6 @@ def facts(cluster_name: str, json_out: bool = False, limit: str | None = None, w
                 },
                 "recap": recap,
                 "round_trips": trips,
-                **({"stage": stage} if stage is not None else {}),
-                **({"image_distribution": image} if image is not None else {}),
             }
         )
     else:
@@ -224,6 +222,8 @@ def _prepare_report(con, cluster: Cluster, check: bool, diff: bool, json_out: bo
                 },
                 "recap": recap,
                 "round_trips": trips,
+                **({"stage": stage} if stage is not None else {}),
+                **({"image_distribution": image} if image is not None else {}),
             }
         )
         return
