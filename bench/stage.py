@@ -134,7 +134,8 @@ def image_bench(cluster, name: str) -> dict:
     n_pulls = pull(cluster.nodes)
     rmi(cluster.nodes)
     code = ("import sys; from llmdeploy.inventory import load_cluster; from llmdeploy import report; from flows.stage import distribute_image; "
-            f"o = distribute_image(load_cluster({name!r}), report.console(True), quiet=True); sys.exit(1 if o.failed or len(o.got) != {len(cluster.nodes) - 1} else 0)")
+            f"o = distribute_image(load_cluster({name!r}), report.console(True), quiet=True); print(o.as_json(), file=sys.stderr); "
+            f"sys.exit(1 if o.failed or o.pulled or len(o.got) != {len(cluster.nodes)} else 0)")
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], cwd=simhosts.REPO, env=simhosts.env(), check=True)
     dist = time.perf_counter() - t0
