@@ -350,8 +350,8 @@ def show(con: Console, cluster: Cluster, out: Outcome, json_out: bool) -> int:
             t.add_row(escape(name), "", "", "", "", f"[red]failed: {escape(why)}[/]")
     con.print(t)
     if not out.check:
-        rate = out.sent / out.seconds if out.seconds else 0
-        con.print(f"sent {size(out.sent)} from {escape(out.source)} in {out.seconds:.1f}s ({size(rate)}/s), {out.passes} pass(es)")
+        rate = report.rate_text(out.sent / out.seconds if out.seconds else None, report.BYTES) or "no rate"
+        con.print(f"sent {size(out.sent)} from {escape(out.source)} in {out.seconds:.1f}s ({rate}), {out.passes} pass(es)")
     if p.problems():
         con.print("[bold red]nothing was moved[/]: " + escape("; ".join(p.problems())))
     elif out.failed:

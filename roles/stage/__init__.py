@@ -218,7 +218,7 @@ def plan(dirs: list[tuple[str, str]], source: str, src_scan: dict, src_sums: dic
         for dev, needed in need_dev.items():
             free, where = free_dev[dev]
             if needed > free:
-                np.problems.append(f"{name}: needs {_size(needed)} under {where}, {_size(free)} free there")
+                np.problems.append(f"{name}: needs {size_text(needed)} under {where}, {size_text(free)} free there")
     files = []
     # the stream's order: the source's (directories, then names), so every node counts the same bytes
     for i, (src, _) in enumerate(dirs):
@@ -314,12 +314,8 @@ def save_source(cluster: Cluster) -> ImageSource:
 LOAD = ["docker", "load"]
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
+def size_text(n: float) -> str:
+    """Bytes as the progress rows show them ("2.9 KiB", "1.2 TiB"): ``llmdeploy.report.amount_text``."""
+    from llmdeploy.report import BYTES, amount_text
 
-
-size_text = _size
+    return amount_text(n, None, BYTES)
