@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from flows.plan import select_nodes
-from llmdeploy import report
+from llmdeploy import launcher, report
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.sshfiles import known_hosts_files
 
@@ -44,9 +44,9 @@ def ssh_config_text(cluster: Cluster, nodes: list[Node], control_dir: str) -> st
     user_cfg = _user_ssh_config(cluster)
     ssh = cluster.ssh
     blocks = ["# written by llmdeploy check from the inventory; used with ssh -F"]
-    # a Slurm cluster: the nodes through its login host (where pam_slurm_adopt
-    # admits the owner of a job on the node: check holds an allocation meanwhile)
-    login = cluster.slurm.login_node() if cluster.slurm is not None else None
+    # the nodes through the host the cluster's launcher reaches them through, if any
+    # (a login host that admits the owner of a job on the node: check holds one meanwhile)
+    login = launcher.of(cluster).gateway(cluster)
     for node in ([login] if login is not None else []) + list(nodes):
         found = user_cfg.lookup(node.address)
         identities = [ssh.identity_file] if ssh.identity_file else list(found.get("identityfile", []))
@@ -120,14 +120,9 @@ def run(cluster: Cluster, limit: str | None = None, con: Console | None = None, 
     """Run the node tests; print pytest's summary per host; 0 only when all passed."""
     con = con or report.console()
     nodes = select_nodes(cluster, limit)
-    if cluster.slurm is not None:
-        from llmdeploy.runner import Runner
-
-        # the nodes in an allocation (the release's job, or one of this command's own) while the tests log in
-        with Runner(cluster, nodes=nodes) as runner:
-            runner.slurm.allocation(nodes)
-            return _run(cluster, nodes, con, quiet, select)
-    return _run(cluster, nodes, con, quiet, select)
+    # what the cluster's launcher holds while the tests log in (an allocation of the nodes, say)
+    with launcher.of(cluster).admitted(cluster, nodes):
+        return _run(cluster, nodes, con, quiet, select)
 
 
 def _run(cluster: Cluster, nodes: list[Node], con: Console, quiet: bool, select: str | None) -> int:
@@ -145,7 +140,8 @@ def _run(cluster: Cluster, nodes: list[Node], con: Console, quiet: bool, select:
             )
         finally:
             # close the shared master connections (ControlPersist) now
-            for n in nodes + ([cluster.slurm.login_node()] if cluster.slurm is not None else []):
+            gateway = launcher.of(cluster).gateway(cluster)
+            for n in nodes + ([gateway] if gateway is not None else []):
                 subprocess.run(["ssh", "-F", cfg, "-O", "exit", n.name], capture_output=True, stdin=subprocess.DEVNULL)
         if not os.path.exists(junit):
             con.print(f"[bold red]check failed to run[/] (pytest exit {proc.returncode}):\n{escape(proc.stdout[-2000:])}{escape(proc.stderr[-2000:])}")

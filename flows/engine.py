@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from flows.probes import UNREADABLE, fetch, http_probe, inflight
-from llmdeploy import logs, report
+from llmdeploy import launcher, logs, report
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir, releases_dir
 from llmdeploy.releaseplan import Metrics, Probe, ReleasePlan, Service, Unit
@@ -115,12 +115,8 @@ class Engine:
         self.quiet = quiet
         self.d = cluster.deploy
         self.signatures = signatures
-        # a Slurm cluster: the release is a job, its units are steps (flows/slurmjobs.py)
-        self.jobs = None
-        if getattr(runner, "slurm", None) is not None:
-            from flows.slurmjobs import SlurmJobs
-
-            self.jobs = SlurmJobs(self)
+        # how the units start, are held and end: the cluster's launcher (llmdeploy/launcher.py), picked once
+        self.launcher = launcher.of(cluster).launcher(cluster, runner, self.say)
 
     def say(self, msg: str) -> None:
         if not self.quiet:
@@ -156,8 +152,8 @@ class Engine:
             for h, r in self.r.run(Step(name=f"{name}: clean up", build=lambda n: cleanup), [n for n in nodes if n.name not in results]).items():
                 if r.failed:
                     results[h] = r
-        if self.jobs is not None and hosts is None:
-            for problem in self.jobs.end_jobs(keep_release):
+        if hosts is None:
+            for problem in self.launcher.end(keep_release):
                 self.say(f"  [yellow]{escape(problem)}[/]")
         for n in nodes:
             results.setdefault(n.name, HostResult(n.name))
@@ -267,24 +263,12 @@ class Engine:
         rd = release_dir(self.c, plan.release)
         for order in sorted({u.order for u in units}):
             group = [u for u in units if u.order == order]
-            by_host: dict[str, list[Unit]] = {}
             for u in group:
                 out.attempts[unit_key(u)] = out.attempts.get(unit_key(u), 0) + 1
-                by_host.setdefault(u.host, []).append(u)
-            if self.jobs is not None:
-                started = self.jobs.start_units(plan, group, out, lambda u: out.number(unit_key(u)))
-                failed = [u for u in group if started.get(unit_key(u))]
-                if failed:
-                    return self._fail(out, failed[0].host, "; ".join(f"{u.container} on {u.host} did not start as a job step: {started[unit_key(u)]}"
-                                                                     for u in failed))
-                continue
-            res = self.r.run(
-                Step(name="start", build=lambda n: "set -e\n" + "".join(ctr.start_script(rd, u.container, u.run_file, out.number(unit_key(u))) for u in by_host[n.name])),
-                [self.node(h) for h in by_host],
-            )
-            for h, r in res.items():
-                if r.failed or r.status == SKIPPED:  # skipped: the runner gave up on this host earlier
-                    return self._fail(out, h, f"{', '.join(u.container for u in by_host[h])} did not start: {r.msg}")
+            failed = self.launcher.start_units(plan, group, lambda u: ctr.start_script(rd, u.container, u.run_file, out.number(unit_key(u))),
+                                               lambda u: out.number(unit_key(u)))
+            if failed is not None:
+                return self._fail(out, *failed)
         return True
 
     def wait_started(self, plan: ReleasePlan, svc: Service, out: Outcome) -> bool:
@@ -324,16 +308,18 @@ class Engine:
         """Drain ``previous`` (the release serving now), stop what else runs,
         start ``plan`` in order, wait until it is ready."""
         t = time.monotonic()
-        if self.jobs is not None and not self.jobs.preflight(plan, out):
-            return False
+        failed = self.launcher.preflight(plan)
+        if failed is not None:
+            return self._fail(out, *failed)
         if previous is not None and previous.release != plan.release:
             self.drain(previous)
             out.phases["drain"] = time.monotonic() - t
             t = time.monotonic()
         self.stop(plan.release, "stop previous")
         out.phases["stop previous"] = time.monotonic() - t
-        if self.jobs is not None and not self.jobs.hold(plan, out):
-            return False
+        failed = self.launcher.hold(plan)
+        if failed is not None:
+            return self._fail(out, *failed)
         for svc in plan.services:
             t = time.monotonic()
             if not self.start_units(plan, svc.units, out):

@@ -98,8 +98,8 @@ class _ChannelSocket:
 def _http_over_ssh(runner: Runner, node: Node, port: int, dest: str, timeout: float) -> http.client.HTTPConnection:
     """An HTTP connection to ``dest:port`` as seen from ``node``: a direct-tcpip channel of its SSH connection."""
     transport = runner.connection(node).client.get_transport()
-    if getattr(runner, "slurm", None) is not None and dest.startswith("127."):
-        dest = str(node.ip)  # the forward leaves the login host: the node's own loopback is its serving address from there
+    # the forward may leave another host than the node (the transport's carrier): the address it asks for there
+    dest = runner.transport.forward_dest(node, dest)
     COUNTS.add(node.name, "forwards")
     chan = transport.open_channel("direct-tcpip", (dest, port), ("127.0.0.1", 0), timeout=timeout)
     chan.settimeout(timeout)

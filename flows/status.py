@@ -14,8 +14,9 @@ from rich.markup import escape
 
 from flows.probes import body_problem, fetch
 from flows.releases import current_plan
-from llmdeploy import report, slurm
+from llmdeploy import launcher, report
 from llmdeploy.inventory import Cluster
+from llmdeploy.launcher import ReleaseView
 from llmdeploy.releaseplan import ReleasePlan, Unit
 from llmdeploy.runner import Runner, Step
 from roles.containers import LABEL
@@ -117,37 +118,11 @@ def _shown(plan: ReleasePlan, u: Unit, c: dict | None) -> list[str]:
     return [escape(str(u.show[k]) if u.show.get(k) is not None else labels.get(f"{LABEL}.{k}", "")) for k in plan.show_labels]
 
 
-def slurm_job(runner: Runner, cluster: Cluster, plan: ReleasePlan | None) -> tuple["slurm.Job | None", str | None]:
-    """A Slurm cluster's job of the current release: (the job, None) or (None, why there is none)."""
-    if getattr(runner, "slurm", None) is None or plan is None:
-        return None, None
-    try:
-        jobs = runner.slurm.squeue()
-    except Exception as exc:  # the login host is down: the job cannot be read
-        return None, f"cannot read Slurm's queue: {exc}"
-    job = slurm.release_job(jobs, cluster.name, plan.release)
-    if job is None:
-        return None, (f"release {plan.release} has no Slurm job of yours ({slurm.release_job_name(cluster.name, plan.release)} is not in "
-                      f"squeue --me; a release another user deployed is theirs to run and stop in Slurm)")
-    if job.state != "RUNNING":
-        return job, f"Slurm job {job.id} of release {plan.release} is {job.state} ({job.reason})"
-    return job, None
-
-
-def _state_in_job(cluster: Cluster, state: str, u: Unit, job: "slurm.Job | None", job_problem: str | None) -> str:
-    """A unit's state on a Slurm cluster: a running container whose job step is gone is not serving as the job."""
-    if state != "running" or (job is None and job_problem is None):
-        return state
-    if job is None or job.state != "RUNNING":
-        return "running outside its Slurm job"
-    if job.step_named(u.container, cluster.slurm_name(cluster.node(u.host))) is None:
-        return f"running, its job step ({job.id}.*, {u.container}) is gone"
-    return state
-
-
 def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, show_diff: bool,
-               job: "slurm.Job | None" = None, job_problem: str | None = None) -> tuple[list[list[str]], dict, bool]:
-    """(table rows, JSON document, whether it keeps the cluster from serving) of one reachable node."""
+               held: ReleaseView | None = None) -> tuple[list[list[str]], dict, bool]:
+    """(table rows, JSON document, whether it keeps the cluster from serving) of one reachable node;
+    ``held``: what the cluster's launcher says of the release (a unit's state as it runs it)."""
+    held = held or ReleaseView()
     n_cols = len(plan.show_labels) if plan is not None else 0
     units = plan.units(name) if plan is not None and st["release"] == plan.release else []
     if not units:
@@ -167,16 +142,14 @@ def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, 
         whys.append(docker_why)
     for i, u in enumerate(units):
         c = st["containers"].get(u.container)
-        state, role = _state_in_job(cluster, docker_state or _state(c), u, job, job_problem), u.role or plan.service_of(u).name
+        state, role = held.unit_state(docker_state or _state(c), u), u.role or plan.service_of(u).name
         drifts = drift(plan, st, c, u.prefix == "", set(cluster.secret_env)) if show_diff else []
         bad = bad or state != "running" or bool(drifts)
         if state != "running" and doc["state"] == "running":
             doc["state"] = state
         rows.append([name, st["release"], role, *_shown(plan, u, c), state if state == "running" else f"[bold red]{state}[/]",
                      ((c or {}).get("Image") or "-")[:19], _uptime(c), "\n".join(f"[red]{escape(x)}[/]" for x in drifts) if show_diff else ""])
-        doc["units"][u.container] = {"service": plan.service_of(u).name, "state": state, "uptime": _uptime(c)}
-        if job is not None:
-            doc["units"][u.container]["slurm_step"] = job.step_named(u.container, cluster.slurm_name(cluster.node(u.host)))
+        doc["units"][u.container] = {"service": plan.service_of(u).name, "state": state, "uptime": _uptime(c), **held.unit_doc(u)}
         whys += ([f"{role} container {u.container} {state}"] if state != "running" and not docker_state else []) + drifts
         doc["drift"] += drifts
         if i == 0:
@@ -191,8 +164,9 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool, wide
         sts = {h: (parse_status(r.stdout) if not r.failed else None) for h, r in res.items()}
         plan = current_plan(cluster, sts)
         health, health_problem = endpoint_health(runner, cluster, plan)
-        job, job_problem = slurm_job(runner, cluster, plan)
-    rows, doc, bad = [], {}, plan is None or job_problem is not None
+        # what the cluster's launcher says of the release (its job, say)
+        held = launcher.of(cluster).launcher(cluster, runner, con.print).view(plan)
+    rows, doc, bad = [], {}, plan is None or held.problem is not None
     n_cols = len(plan.show_labels) if plan is not None else 0
     for n in cluster.nodes:
         st = sts[n.name]
@@ -201,7 +175,7 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool, wide
             rows.append([n.name, "-", "-", *["-"] * n_cols, f"[red]unreachable: {escape(msg)}[/]", "-", "-", ""])
             doc[n.name], bad = {"error": msg, "state": "unreachable", "reason": f"unreachable: {msg}"}, True
             continue
-        node_rows, doc[n.name], node_bad = _node_view(cluster, plan, n.name, st, show_diff, job, job_problem)
+        node_rows, doc[n.name], node_bad = _node_view(cluster, plan, n.name, st, show_diff, held)
         rows += node_rows
         bad = bad or node_bad
     if plan is not None and health_problem is None and plan.ready and health != plan.ready[0].status:
@@ -210,21 +184,12 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool, wide
         entry = doc[plan.entry_host]
         entry["reason"] = "; ".join(x for x in (entry.get("reason"), f"endpoint: {health_problem}") if x)
     healthy = bool(plan is not None and plan.ready and health == plan.ready[0].status and not health_problem)
-    jobdoc = None if getattr(runner, "slurm", None) is None else {
-        "job": job.id if job else None, "state": job.state if job else None, "problem": job_problem,
-        "time_limit": job.time_limit if job else None, "ends": job.end if job else None, "steps": dict(sorted(job.steps.items())) if job else {}}
     if json_out:
         report.emit_json({"cluster": cluster.name, "release": plan.release if plan else None, "system": plan.system if plan else None,
-                          "health": health, "health_problem": health_problem, "healthy": healthy and not bad, "nodes": doc,
-                          **({"slurm": jobdoc} if jobdoc else {})})
+                          "health": health, "health_problem": health_problem, "healthy": healthy and not bad, "nodes": doc, **held.doc})
     else:
         _print(cluster, con, plan, rows, doc, health, health_problem, healthy, show_diff, wide)
-        if jobdoc is not None:
-            if job:
-                ends = f", time limit {job.time_limit}" + (f" (ends {job.end})" if job.end not in ("", "N/A", "Unknown", "NONE") else "") if job.time_limit else ""
-                con.print(f"slurm: job {job.id} {job.state}, {len(job.steps)} steps{ends}")
-            if job_problem:
-                con.print(f"[bold red]not serving[/] slurm: {escape(job_problem)}", soft_wrap=True)
+        held.show(con)
     return 0 if healthy and not bad else 1
 
 

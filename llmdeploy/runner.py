@@ -5,7 +5,10 @@ executes: all selected hosts in parallel on a bounded pool, a deadline on
 every remote command and on the whole step, and one :class:`HostResult` per
 host. Host keys are checked against known_hosts with paramiko's RejectPolicy.
 The SSH side is ``llmdeploy/connect.py``; with ``ssh.persist_s`` the commands
-go through a connection holder instead (``llmdeploy/mux.py``).
+go through a connection holder instead (``llmdeploy/mux.py``). Which host a
+command goes to, and as what, is the cluster's transport's
+(``llmdeploy/launcher.py``): the node itself over SSH, or another
+launcher's way of reaching it (``llmdeploy/launchers/``).
 
 Every SSH failure reads as what happened, where and how to fix it (refused,
 no banner, unknown or changed host key, authentication, connection lost,
@@ -21,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from . import launcher
 from .errors import ConnectionLost, UnreachableError
 from .inventory import Cluster, Node
 from .sshfiles import check_ssh_config
@@ -172,14 +176,10 @@ class Runner:
         self.cluster = cluster
         self.reconnect_idle = reconnect_idle
         self.nodes = list(nodes if nodes is not None else cluster.nodes)
-        # a Slurm cluster: every command goes to the login host, as job steps (llmdeploy/slurmrun.py)
-        self.slurm = None
-        if cluster.slurm is not None:
-            from .slurmrun import SlurmSteps
-
-            self.slurm = SlurmSteps(self)
-            persist = False
-        ssh_hosts = [self.slurm.login] if self.slurm is not None else self.nodes
+        # how a command reaches a node: the cluster's launcher's transport (llmdeploy/launcher.py), picked once
+        self.transport = launcher.of(cluster).transport(self)
+        persist = persist and self.transport.holder
+        ssh_hosts = self.transport.hosts(self.nodes)
         self.forks = max(1, min(forks or cluster.ssh.forks, len(self.nodes) or 1))
         self.progress = progress
         self.lines = lines
@@ -237,8 +237,7 @@ class Runner:
         self.close()
 
     def close(self) -> None:
-        if self.slurm is not None:
-            self.slurm.close()  # this command's own allocation, if it made one
+        self.transport.close()  # what the transport holds for this command (an allocation of its own, say)
         self._pool.shutdown(wait=False, cancel_futures=True)
         for conn in (self._conns or {}).values():
             # a jump host's connection too: Fabric's close leaves it open
@@ -251,15 +250,13 @@ class Runner:
 
     # -- execution -------------------------------------------------------------
     def connection_name(self, node: Node) -> str:
-        """Whose SSH connection ``connection(node)`` is: the node's, or a Slurm cluster's login host's."""
-        return self.slurm.login.name if self.slurm is not None else node.name
+        """Whose SSH connection ``connection(node)`` is: the node's, or the host the transport reaches it through."""
+        return self.transport.carrier(node).name
 
     def connection(self, node: Node) -> Connection:
         """The open connection to ``node`` (for port forwarding); UnreachableError if it cannot be.
-        On a Slurm cluster: the login host's (it reaches the nodes' serving addresses)."""
-        if self.slurm is not None:
-            return self._open(self.slurm.login)
-        return self._open(node)
+        The transport's carrier's (a host the nodes are reached through reaches their serving addresses)."""
+        return self._open(self.transport.carrier(node))
 
     def _open(self, node: Node) -> Connection:
         conn = self.connections[node.name]
@@ -306,22 +303,23 @@ class Runner:
 
         A command past its deadline gets exit code 124 and "command timed out
         after Ns" in stderr; a connection that dies under it raises
-        :class:`ConnectionLost` (an UnreachableError)."""
-        if self.slurm is not None and node.name != self.slurm.login.name:
-            return self.slurm.exec(node, command, timeout, stdin)
-        out, err, code, _ = self._exec(node, command, timeout, stdin, on_line)
-        return out, err, code
+        :class:`ConnectionLost` (an UnreachableError). The transport carries it."""
+        return self.transport.exec(node, command, timeout, stdin, on_line)
 
     def stream(self, node: Node, command: str, name: str = "follow") -> int:
         """Run a command that prints until it is stopped (a log followed), its
         output straight to this terminal; its exit code."""
-        if self.slurm is not None:
-            command, node = self.slurm.one_step_command(node, command, name), self.slurm.login
+        node, command = self.transport.follow(node, command, name)
         return self._open(node).run(command, warn=True, pty=False, in_stream=False).exited
 
-    def exec_direct(self, node: Node, command: str, timeout: float | None = None, stdin: str | bytes | None = None) -> tuple[str, str, int]:
-        """``exec`` over ``node``'s own SSH connection (a Slurm cluster's login host)."""
-        out, err, code, _ = self._exec(node, command, timeout, stdin, None)
+    def exec_direct(
+        self, node: Node, command: str, timeout: float | None = None, stdin: str | bytes | None = None,
+        on_line: Callable[[str, str], None] | None = None,
+    ) -> tuple[str, str, int]:
+        """``exec`` over ``node``'s own SSH connection (directly or through the
+        connection holder): the SSH transport's, and how a transport reaches
+        the host it sends the nodes' commands through."""
+        out, err, code, _ = self._exec(node, command, timeout, stdin, on_line)
         return out, err, code
 
     def _exec(
@@ -543,8 +541,14 @@ class Runner:
         ``progress`` parser, what the parser reads goes to ``lines``.
         """
         targets = list(nodes if nodes is not None else self.nodes)
-        if self.slurm is not None:
-            return self._finish(step, targets, self._run_slurm(step, targets))
+        return self._finish(step, targets, self.transport.run(step, targets, deadline, on_line))
+
+    def run_each(
+        self, step: Step, targets: list[Node], deadline: float | None = None,
+        on_line: Callable[[str, str, str], None] | None = None,
+    ) -> dict[str, HostResult]:
+        """``step`` as one command per host, on the runner's pool (``run``
+        over SSH), before the hosts are compared and counted."""
         on_line = on_line or self._progress_lines(step)
         futures = {}
         for node in targets:
@@ -565,10 +569,12 @@ class Runner:
             fut.cancel()
             node = futures[fut]
             results[node.name] = HostResult(node.name, FAILED, msg=f"step '{step.name}' deadline of {budget:g}s passed (no answer from the host)")
-        return self._finish(step, targets, results)
+        return results
 
-    def _run_slurm(self, step: Step, targets: list[Node]) -> dict[str, HostResult]:
-        """The step as one srun over the hosts not left out earlier."""
+    def run_batched(self, step: Step, targets: list[Node], batch: Callable[[Step, list[Node]], dict[str, HostResult]]) -> dict[str, HostResult]:
+        """``step`` as one ``batch`` over the hosts not left out earlier (a
+        transport whose one command fans out to the nodes), before the hosts
+        are compared and counted."""
         results: dict[str, HostResult] = {}
         live = []
         for n in targets:
@@ -581,7 +587,7 @@ class Runner:
                 live.append(n)
         if live:
             try:
-                results.update(self.slurm.run(step, live))
+                results.update(batch(step, live))
             except Exception as exc:  # a bug must not hide the hosts
                 results.update({n.name: HostResult(n.name, FAILED, msg=f"{type(exc).__name__}: {exc}") for n in live if n.name not in results})
         return results

@@ -37,6 +37,7 @@ import re
 import shlex
 from collections import Counter
 
+from llmdeploy import launcher
 from llmdeploy.inventory import NIC_RE, Cluster, Node
 from llmdeploy.platform import vendor_of
 from roles import in_one_piece, mpi
@@ -426,12 +427,8 @@ def all_reduce_command(cluster: Cluster, args: str) -> str:
     program = ["all_reduce_perf", *shlex.split(args)]
     multi = len(ranks) > 1
     cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none"]
-    if cluster.slurm is not None:
-        # run as a Slurm job step, mpirun would take the step's allocation
-        # (ras/slurm) and start its daemons with srun (plm/slurm), a nested
-        # step that waits for the one it runs in: the daemons go over SSH
-        # from node 0 as on any cluster (OpenMPI 4.1 orte/mca/plm, orte/mca/ras)
-        cmd += ["--mca", "plm", "rsh", "--mca", "ras", "^slurm"]
+    # what mpirun needs when it runs through the cluster's launcher (inside a job step, say)
+    cmd += list(launcher.of(cluster).MPIRUN_ARGS)
     cmd += mpi.tcp_if_args(mpi.nics(cluster, [n.name for n in cluster.nodes]))
     for i, (n, k, _) in enumerate(ranks):
         if i:

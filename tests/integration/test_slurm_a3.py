@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from llmdeploy import slurm
+from llmdeploy.launchers.slurm import commands as slurm
 from llmdeploy.release import parse_ledger
 from sim import hostview
 from sim.paths import host_dir

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from llmdeploy import slurm
+from llmdeploy.launchers.slurm import commands as slurm
 from llmdeploy.release import parse_ledger
 from sim import hostview
 from sim.paths import cluster_dir, host_dir

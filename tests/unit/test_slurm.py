@@ -1,15 +1,15 @@
 """The Slurm launcher's text: inventory checks, the dispatch (run here by bash
 as each task of a step would run it), sinfo and squeue readers, the command
-lines (llmdeploy/slurm.py)."""
+lines (llmdeploy/launchers/slurm/commands.py)."""
 
 import shlex
 import subprocess
 
 import pytest
 
-from llmdeploy import slurm
 from llmdeploy.errors import InventoryError
 from llmdeploy.inventory import Cluster, load_cluster
+from llmdeploy.launchers.slurm import commands as slurm
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from .inventory import Cluster, Node
+from ...inventory import Cluster, Node
 
 q = shlex.quote
 

@@ -1,22 +1,22 @@
-"""The runner's Slurm side: a step over many nodes as one ``srun`` from the
-login host, in the cluster's release job or in an allocation of the
-command's own (llmdeploy/slurm.py builds the command lines and reads their
-output; this module runs them over the runner's one SSH connection, to the
-login host)."""
+"""The Slurm launcher's transport (``llmdeploy.launcher.Transport``): a step
+over many nodes as one ``srun`` from the login host, in the cluster's release
+job or in an allocation of the command's own (``commands.py`` builds the
+command lines and reads their output; this module runs them over the
+runner's one SSH connection, to the login host)."""
 
 from __future__ import annotations
 
 import secrets
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
-from . import slurm
-from .errors import UnreachableError
-from .inventory import Node
+from ...errors import UnreachableError
+from ...inventory import Node
+from . import commands as slurm
 
 if TYPE_CHECKING:
-    from .runner import HostResult, Runner, Step
+    from ...runner import HostResult, Runner, Step
 
 
 # the process's own allocation per cluster, shared by its runners (a command
@@ -27,6 +27,12 @@ TOKEN = secrets.token_hex(4)
 
 
 class SlurmSteps:
+    """The runner's commands as job steps: every one goes to the login host
+    over the runner's SSH connection to it (never through the connection
+    holder), and a node's command is a task of an srun there."""
+
+    holder = False
+
     def __init__(self, runner: "Runner"):
         self.r = runner
         self.c = runner.cluster
@@ -36,6 +42,33 @@ class SlurmSteps:
         self.checked: set[str] = set()  # nodes whose Slurm state was read
         self.states: dict[str, slurm.NodeState] = {}
         self._lock = threading.RLock()  # one allocation, also when threads (top's refresh, a probe) ask at once
+
+    # -- the transport (llmdeploy.launcher.Transport) ----------------------------------------
+    def hosts(self, nodes: list[Node]) -> list[Node]:
+        return [self.login]
+
+    def carrier(self, node: Node) -> Node:
+        """The login host reaches the nodes' serving addresses: every forward goes over its connection."""
+        return self.login
+
+    def exec(self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None,
+             on_line: Callable[[str, str], None] | None) -> tuple[str, str, int]:
+        """The login host's own command over its connection; a node's as a step."""
+        if node.name == self.login.name:
+            return self.r.exec_direct(node, command, timeout, stdin, on_line)
+        return self.step_exec(node, command, timeout, stdin)
+
+    def run(self, step: "Step", targets: list[Node], deadline: float | None,
+            on_line: Callable[[str, str, str], None] | None) -> dict[str, "HostResult"]:
+        """``step`` as one srun over the hosts not left out earlier (the srun's own deadlines bound it)."""
+        return self.r.run_batched(step, targets, self.srun_step)
+
+    def follow(self, node: Node, command: str, name: str) -> tuple[Node, str]:
+        return self.login, self.one_step_command(node, command, name)
+
+    def forward_dest(self, node: Node, dest: str) -> str:
+        """The forward leaves the login host: the node's own loopback is its serving address from there."""
+        return str(node.ip) if dest.startswith("127.") else dest
 
     # -- the login host ---------------------------------------------------------------
     def login_exec(self, command: str, timeout: float | None = None, stdin: bytes | None = None) -> tuple[str, str, int]:
@@ -190,8 +223,8 @@ class SlurmSteps:
                 res[n.name] = (o.stdout, o.stderr, 124 if o.code == 124 else o.code)
         return res
 
-    def exec(self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None) -> tuple[str, str, int]:
-        """One command on one node, as a step (Runner.exec's Slurm side)."""
+    def step_exec(self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None) -> tuple[str, str, int]:
+        """One command on one node, as a step."""
         self.refuse_unusable(node)
         data = stdin.encode() if isinstance(stdin, str) else stdin
         try:
@@ -207,9 +240,9 @@ class SlurmSteps:
         self.refuse_unusable(node)
         return slurm.srun_one_command(self.allocation([node]), self.c.slurm_name(node), step_name, command)
 
-    def run(self, step: "Step", targets: list[Node]) -> dict[str, "HostResult"]:
+    def srun_step(self, step: "Step", targets: list[Node]) -> dict[str, "HostResult"]:
         """``step`` on ``targets`` as one srun (local and decided hosts need none)."""
-        from .runner import FAILED, SKIPPED, UNREACHABLE, HostResult
+        from ...runner import FAILED, SKIPPED, UNREACHABLE, HostResult
 
         results: dict[str, HostResult] = {}
         t0 = time.monotonic()

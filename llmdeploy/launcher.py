@@ -1,0 +1,189 @@
+"""The launcher interface: the one place that says how a command reaches a
+node (a :class:`Transport`) and how a release's units start, are watched and
+stop (a :class:`Launcher`). The generic code (the runner, the engine, the
+flows, the roles) asks a cluster's launcher through what is declared here
+and never names one.
+
+A launcher is a module or package ``llmdeploy/launchers/<name>``
+(``llmdeploy/launchers/ssh.py``: SSH and Docker; ``llmdeploy/launchers/slurm/``:
+job steps from a login host, Docker on the nodes) registered with one line in
+``llmdeploy/launchers/__init__.py`` (``LAUNCHERS``: the launcher -> the
+inventory section that picks it, None for the default one). A cluster's
+launcher is picked once, from its inventory (:func:`name_of`), and its module
+is loaded on first use (:func:`plugin`) and checked against
+:class:`LauncherPlugin` (``llmdeploy.plugin``, as the serving systems and the
+hardware vendors are).
+
+Core: imports nothing above ``llmdeploy``; nothing outside
+``llmdeploy/launchers/`` imports a launcher (import-linter's ``launchers``
+contract).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
+
+from .errors import LlmdeployError
+from .plugin import members, signature_problem
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from rich.console import Console
+
+    from .inventory import Cluster, Node
+    from .releaseplan import ReleasePlan, Unit
+    from .runner import HostResult, Runner, Step
+
+# the package that holds the launchers and their registry (``LAUNCHERS``)
+PLUGINS = "llmdeploy.launchers"
+
+
+class Transport(Protocol):
+    """How the runner's commands reach a node (``Runner.transport``; one per runner).
+
+    ``hosts(nodes)``: the hosts the runner opens its SSH connections to for
+    ``nodes`` (the nodes themselves, or the one host they are reached
+    through). ``carrier(node)``: the host whose SSH connection carries
+    ``node``'s commands and port forwards. ``exec``: one command on one node
+    (``Runner.exec``). ``run(step, targets)``: a step on many nodes, one
+    :class:`~llmdeploy.runner.HostResult` per node (in parallel over SSH, or
+    as one command that fans out). ``follow(node, command, name)``: the host
+    and the command that print ``command``'s output on ``node`` as it comes
+    (``Runner.stream``). ``forward_dest(node, dest)``: the address a port
+    forward over ``carrier(node)``'s connection asks for to reach ``dest``
+    as ``node`` sees it. ``close()``: what the transport holds for this
+    runner is given back. ``holder``: whether commands may go through the
+    cluster's connection holder (``ssh.persist_s``, ``llmdeploy/mux.py``)."""
+
+    holder: bool
+
+    def hosts(self, nodes: "list[Node]") -> "list[Node]": ...
+
+    def carrier(self, node: "Node") -> "Node": ...
+
+    def exec(self, node: "Node", command: str, timeout: float | None, stdin: str | bytes | None,
+             on_line: Callable[[str, str], None] | None) -> tuple[str, str, int]: ...
+
+    def run(self, step: "Step", targets: "list[Node]", deadline: float | None,
+            on_line: Callable[[str, str, str], None] | None) -> "dict[str, HostResult]": ...
+
+    def follow(self, node: "Node", command: str, name: str) -> "tuple[Node, str]": ...
+
+    def forward_dest(self, node: "Node", dest: str) -> str: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class ReleaseView:
+    """What a launcher adds to ``status`` of a release: why the release is
+    not serving as the launcher runs it (``problem``), a unit's state as the
+    launcher sees it (``unit_state(state, unit)``) and the keys it adds to
+    the unit's entry (``unit_doc(unit)``), the keys it adds to the document
+    (``doc``), and what it prints after the table (``show(console)``)."""
+
+    problem: str | None = None
+    doc: dict = field(default_factory=dict)
+    unit_state: Callable[[str, "Unit"], str] = lambda state, unit: state
+    unit_doc: Callable[["Unit"], dict] = lambda unit: {}
+    show: Callable[["Console"], None] = lambda con: None
+
+
+class Launcher(Protocol):
+    """How the engine (``flows/engine.py``) starts, watches and stops a
+    release's units on a cluster (one per engine).
+
+    Each step that can fail returns None or ``(where, why)`` (a host, and the
+    reason the release failed there). ``preflight(plan)``: before anything
+    stops, whether the plan's nodes can be had. ``hold(plan)``: the
+    release's hold on its nodes, once the previous release stopped.
+    ``start_units(plan, units, script, number)``: ``units`` started at once,
+    each by ``script(unit)`` (the container's start, ``roles.containers``),
+    ``number(unit)`` its attempt. ``end(keep_release)``: after the engine
+    stopped the containers, what the launcher holds for every release but
+    ``keep_release`` is let go; its problems. ``view(plan)``: what
+    ``status`` adds (:class:`ReleaseView`)."""
+
+    def preflight(self, plan: "ReleasePlan") -> tuple[str, str] | None: ...
+
+    def hold(self, plan: "ReleasePlan") -> tuple[str, str] | None: ...
+
+    def start_units(self, plan: "ReleasePlan", units: "list[Unit]", script: Callable[["Unit"], str],
+                    number: Callable[["Unit"], int]) -> tuple[str, str] | None: ...
+
+    def end(self, keep_release: str | None) -> list[str]: ...
+
+    def view(self, plan: "ReleasePlan | None") -> ReleaseView: ...
+
+
+class LauncherPlugin(Protocol):
+    """What a launcher's module declares (``llmdeploy/launchers/<name>``).
+
+    ``NAME``: the registry's name of it. ``MPIRUN_ARGS``: the options an
+    ``mpirun`` needs when it runs through this transport (verify-comm's
+    all_reduce). ``transport(runner)`` and ``launcher(cluster, runner, say)``: the
+    runner's :class:`Transport` and the engine's :class:`Launcher` (``say``:
+    how the launcher tells the operator what it did). ``gateway(cluster)``:
+    the host an outside SSH client (``invoke check``'s testinfra) reaches the
+    nodes through, None when it reaches them directly. ``admitted(cluster,
+    nodes)``: a context in which an outside SSH client may log in to
+    ``nodes``."""
+
+    NAME: str
+    MPIRUN_ARGS: tuple[str, ...]
+
+    def transport(self, runner: "Runner") -> Transport: ...
+
+    def launcher(self, cluster: "Cluster", runner: "Runner", say: Callable[[str], None]) -> Launcher: ...
+
+    def gateway(self, cluster: "Cluster") -> "Node | None": ...
+
+    def admitted(self, cluster: "Cluster", nodes: "list[Node]") -> ContextManager[Any]: ...
+
+
+# the attributes every launcher's module must have (checked when it loads, with the hooks' parameters)
+VALUES, HOOKS = members(LauncherPlugin)
+
+
+def _registry():
+    """The registry (``llmdeploy/launchers/__init__.py``: ``LAUNCHERS``)."""
+    return importlib.import_module(PLUGINS)
+
+
+def name_of(cluster: "Cluster") -> str:
+    """The launcher of ``cluster``: the one whose inventory section it sets, else the default (no section)."""
+    registered = _registry().LAUNCHERS
+    for name, section in registered.items():
+        if section is not None and getattr(cluster, section, None) is not None:
+            return name
+    return next(name for name, section in registered.items() if section is None)
+
+
+_LOADED: dict[str, object] = {}
+
+
+def plugin(name: str) -> LauncherPlugin:
+    """The module ``llmdeploy/launchers/<name>``, loaded on first use and checked against :class:`LauncherPlugin`."""
+    mod = _LOADED.get(name)
+    if mod is not None:
+        return mod  # type: ignore[return-value]
+    registered = _registry().LAUNCHERS
+    if name not in registered:
+        raise LlmdeployError(f"no launcher {name!r} (registered: {', '.join(registered)})")
+    mod = importlib.import_module(f"{PLUGINS}.{name}")
+    missing = [a for a in (*VALUES, *HOOKS) if not hasattr(mod, a)]
+    if missing:
+        raise TypeError(f"{mod.__name__} is no launcher: it lacks {', '.join(missing)} (llmdeploy.launcher.LauncherPlugin)")
+    wrong = [p for p in (signature_problem(mod.__name__, LauncherPlugin, h, getattr(mod, h)) for h in HOOKS) if p]
+    if wrong:
+        raise TypeError("; ".join(wrong))
+    if mod.NAME != name:
+        raise TypeError(f"{mod.__name__}: NAME {mod.NAME!r} is not its registered name {name!r}")
+    _LOADED[name] = mod
+    return mod  # type: ignore[return-value]
+
+
+def of(cluster: "Cluster") -> LauncherPlugin:
+    """``cluster``'s launcher module."""
+    return plugin(name_of(cluster))

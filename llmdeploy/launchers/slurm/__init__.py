@@ -1,0 +1,55 @@
+"""The Slurm launcher: a cluster whose inventory has a ``slurm`` section.
+Commands reach its nodes as job steps from its login host, a release is a
+job that holds its nodes, and each unit is a step of it whose container
+Docker runs on the node.
+
+- ``commands.py``: the command lines (srun, sbatch, salloc, squeue, sinfo,
+  scancel) and the readers of their output; pure;
+- ``steps.py``: the transport (``SlurmSteps``): a step over many nodes as one
+  srun from the login host, the allocation, Slurm's node states;
+- ``jobs.py``: the launcher (``SlurmJobs``): the release's job, its units as
+  steps, stopping them last-started first, what status adds.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, ContextManager, Iterator
+
+from ...inventory import Cluster, Node
+from ...runner import Runner
+from .jobs import SlurmJobs
+from .steps import SlurmSteps
+
+NAME = "slurm"
+
+# run as a Slurm job step, mpirun would take the step's allocation
+# (ras/slurm) and start its daemons with srun (plm/slurm), a nested
+# step that waits for the one it runs in: the daemons go over SSH
+# from node 0 as on any cluster (OpenMPI 4.1 orte/mca/plm, orte/mca/ras)
+MPIRUN_ARGS: tuple[str, ...] = ("--mca", "plm", "rsh", "--mca", "ras", "^slurm")
+
+
+def transport(runner: Runner) -> SlurmSteps:
+    return SlurmSteps(runner)
+
+
+def launcher(cluster: Cluster, runner: Runner, say: Callable[[str], None]) -> SlurmJobs:
+    return SlurmJobs(cluster, runner, say)
+
+
+def gateway(cluster: Cluster) -> Node | None:
+    """The nodes through the login host (where pam_slurm_adopt admits the owner of a job on the node)."""
+    return cluster.slurm.login_node()
+
+
+@contextmanager
+def _in_allocation(cluster: Cluster, nodes: list[Node]) -> Iterator[None]:
+    with Runner(cluster, nodes=nodes) as runner:
+        runner.transport.allocation(nodes)
+        yield
+
+
+def admitted(cluster: Cluster, nodes: list[Node]) -> ContextManager[Any]:
+    """The nodes in an allocation (the release's job, or one of this command's own) while an outside client logs in."""
+    return _in_allocation(cluster, nodes)

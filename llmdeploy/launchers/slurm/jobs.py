@@ -1,0 +1,210 @@
+"""The Slurm launcher's engine side (``llmdeploy.launcher.Launcher``): a
+release is a job that holds its nodes, its units are the job's steps (started
+in the plan's order by the engine, as on SSH), and stopping a release cancels
+its steps in reverse order, then the job.
+
+The engine (flows/engine.py) stays the one for every launcher: it calls
+here where a launcher differs (holding the job, starting a unit, ending the
+jobs, what status adds); what runs on the nodes is the same containers and
+the same scripts, sent as job steps (``steps.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from rich.console import Console
+from rich.markup import escape
+
+from ...inventory import Cluster
+from ...launcher import ReleaseView
+from ...releaseplan import ReleasePlan, Unit
+from ...runner import Runner, UnreachableError
+from . import commands as slurm
+
+Failure = tuple[str, str] | None
+
+
+class SlurmJobs:
+    def __init__(self, cluster: Cluster, runner: Runner, say: Callable[[str], None]):
+        self.c = cluster
+        self.r = runner
+        self.s = runner.transport  # the runner's SlurmSteps (this launcher's transport)
+        self.say = say
+        self.held: str | None = None  # the release whose job the steps run in
+
+    def nodes_of(self, plan: ReleasePlan) -> list[str]:
+        """Slurm's names of the nodes the plan's units run on, in the inventory's order."""
+        hosts = {u.host for u in plan.units()}
+        return [self.c.slurm_name(n) for n in self.c.nodes if n.name in hosts]
+
+    def preflight(self, plan: ReleasePlan) -> Failure:
+        """Before anything stops: every node of the plan can be given to a new
+        job (Slurm's own state; a draining node runs its jobs but takes no new one)."""
+        try:
+            states = self.s.node_states(self.nodes_of(plan))
+        except UnreachableError as exc:
+            return self.c.slurm.login, f"cannot read Slurm's node states: {exc}"
+        bad = [st for st in states.values() if not st.schedulable]
+        if bad:
+            return bad[0].name, "; ".join(st.describe() for st in bad) + f": release {plan.release} cannot have its nodes (nothing was stopped)"
+        return None
+
+    def hold(self, plan: ReleasePlan) -> Failure:
+        """The release's job: the running one (a restart keeps it), else a new
+        batch job on the plan's nodes, waited for until it runs."""
+        try:
+            return self._hold(plan)
+        except UnreachableError as exc:
+            # cut off from the login host: a job of this release that was submitted goes by its name
+            try:
+                self.s.login_exec(slurm.scancel_name_command(slurm.release_job_name(self.c.name, plan.release)), 30)
+            except UnreachableError:
+                pass
+            return self.c.slurm.login, f"Slurm job of release {plan.release}: {exc}"
+
+    def _hold(self, plan: ReleasePlan) -> Failure:
+        try:
+            jobs = self.s.squeue()
+        except UnreachableError as exc:
+            return self.c.slurm.login, f"cannot read Slurm's queue: {exc}"
+        held = slurm.release_job([j for j in jobs if j.state == "RUNNING"], self.c.name, plan.release)
+        if held is not None:
+            self.s.use_job(held.id)
+            self.held = plan.release
+            return None
+        names = self.nodes_of(plan)
+        # the command's own allocation (its steps so far) would keep an exclusive job waiting
+        self.s.use_job(None)
+        o, e, code = self.s.login_exec(slurm.sbatch_command(self.c, names, plan.release), 60)
+        job = o.strip().split(";")[0] if code == 0 else ""
+        if not job.isdigit():
+            return self.c.slurm.login, f"sbatch refused release {plan.release}'s job: {(e or o).strip()[-300:]}"
+        limit = self.c.slurm.alloc_timeout_s
+        o, e, code = self.s.login_exec(slurm.wait_running_command(job, limit), limit + 30)
+        if code != 0:
+            self.s.login_exec(slurm.scancel_job_command(job, 30), 60)
+            others = [j for j in self.s.squeue() if j.id != job]
+            held = "; ".join(f"job {j.id} ({j.name}, {j.state}) holds {j.nodes}" for j in others if j.nodes)
+            return self.c.slurm.login, (f"Slurm job {job} of release {plan.release} did not start within {limit:g}s "
+                                        f"({o.strip() or e.strip()}); cancelled"
+                                        + (f"; the cluster's other jobs: {held} (a command of the tool's that still runs, "
+                                           f"or one that was killed: scancel it)" if held else ""))
+        self.s.use_job(job)
+        self.held = plan.release
+        self.say(f"slurm: job {job} ({slurm.release_job_name(self.c.name, plan.release)}) holds {', '.join(names)}")
+        return None
+
+    def start_units(self, plan: ReleasePlan, units: list[Unit], script: Callable[[Unit], str],
+                    number: Callable[[Unit], int]) -> Failure:
+        """Each unit as a step of the release's job (``script(unit)`` starts its
+        container in the step); the first unit that did not start, and why each did not."""
+        started = self._start_steps(plan, units, script, number)
+        failed = [u for u in units if started.get(f"{u.host}/{u.container}")]
+        if failed:
+            return failed[0].host, "; ".join(f"{u.container} on {u.host} did not start as a job step: {started[f'{u.host}/{u.container}']}"
+                                             for u in failed)
+        return None
+
+    def _start_steps(self, plan: ReleasePlan, units: list[Unit], script: Callable[[Unit], str], number: Callable[[Unit], int]) -> dict[str, str]:
+        """{"<host>/<container>": "" or why it did not start}."""
+        if self.held != plan.release:
+            failed = self.hold(plan)
+            if failed is not None:
+                return {f"{u.host}/{u.container}": failed[1] for u in units}
+        logdir = slurm.login_log_dir(self.c, plan.release)
+        steps = [
+            slurm.UnitStep(
+                node=self.c.slurm_name(self.c.node(u.host)),
+                name=u.container,
+                script=slurm.unit_step_body(script(u), u.container, self.c.deploy.stop_timeout_s),
+                log=f"{logdir}/{u.host}.{u.container}.attempt-{number(u)}.step.log",
+            )
+            for u in units
+        ]
+        wait = self.c.deploy.rpc_timeout_s
+        try:
+            o, e, code = self.s.login_exec(slurm.start_units_script(self.c, self.s.job, steps, wait), wait + 60)
+        except UnreachableError as exc:
+            return {f"{u.host}/{u.container}": f"login host unreachable while its step started: {exc}" for u in units}
+        got = slurm.parse_started(o)
+        return {f"{u.host}/{u.container}": got.get(f"{self.c.slurm_name(self.c.node(u.host))}/{u.container}",
+                                                   f"no answer from its step ({(e or o).strip()[-200:]})") for u in units}
+
+    def end(self, keep_release: str | None) -> list[str]:
+        """Cancel every release job of the cluster but ``keep_release``'s:
+        its steps in reverse order, then the job. Says what it did; returns problems."""
+        problems = []
+        try:
+            jobs = self.s.squeue()
+        except UnreachableError as exc:
+            return [f"cannot read Slurm's queue: {exc}"]
+        for job in jobs:
+            release = slurm.release_of_job(self.c.name, job.name)
+            if release is None or release == keep_release:
+                continue
+            steps = sorted(job.steps, key=lambda sid: int(sid.split(".", 1)[1]) if sid.split(".", 1)[1].isdigit() else -1, reverse=True)
+            try:
+                problems += self._end(job, release, steps)
+            except UnreachableError as exc:
+                problems.append(f"Slurm job {job.id} of release {release}: {exc}")
+        return problems
+
+    def _end(self, job: slurm.Job, release: str, steps: list[str]) -> list[str]:
+        if steps:
+            self.s.login_exec(slurm.scancel_steps_command(steps, self.c.deploy.stop_timeout_s + 5),
+                              60 + len(steps) * (self.c.deploy.stop_timeout_s + 5))
+        o, e, code = self.s.login_exec(slurm.scancel_job_command(job.id, 30), 60)
+        if self.s.job == job.id:
+            self.s.use_job(None)
+            self.held = None
+        if code != 0:
+            return [f"Slurm job {job.id}: {o.strip() or e.strip()}"]
+        self.say(f"slurm: job {job.id} of release {release} cancelled" + (f" ({len(steps)} steps, last started first)" if steps else ""))
+        return []
+
+    # -- status --------------------------------------------------------------------------
+    def release_job(self, plan: ReleasePlan | None) -> tuple[slurm.Job | None, str | None]:
+        """The job of the current release: (the job, None) or (None, why there is none)."""
+        if plan is None:
+            return None, None
+        try:
+            jobs = self.s.squeue()
+        except Exception as exc:  # the login host is down: the job cannot be read
+            return None, f"cannot read Slurm's queue: {exc}"
+        job = slurm.release_job(jobs, self.c.name, plan.release)
+        if job is None:
+            return None, (f"release {plan.release} has no Slurm job of yours ({slurm.release_job_name(self.c.name, plan.release)} is not in "
+                          f"squeue --me; a release another user deployed is theirs to run and stop in Slurm)")
+        if job.state != "RUNNING":
+            return job, f"Slurm job {job.id} of release {plan.release} is {job.state} ({job.reason})"
+        return job, None
+
+    def view(self, plan: ReleasePlan | None) -> ReleaseView:
+        """The release's job in status: a unit's container that runs while its
+        step is gone is not serving as the job; the job's state, time limit and steps."""
+        c = self.c
+        job, problem = self.release_job(plan)
+
+        def unit_state(state: str, u: Unit) -> str:
+            if state != "running" or (job is None and problem is None):
+                return state
+            if job is None or job.state != "RUNNING":
+                return "running outside its Slurm job"
+            if job.step_named(u.container, c.slurm_name(c.node(u.host))) is None:
+                return f"running, its job step ({job.id}.*, {u.container}) is gone"
+            return state
+
+        def unit_doc(u: Unit) -> dict:
+            return {"slurm_step": job.step_named(u.container, c.slurm_name(c.node(u.host)))} if job is not None else {}
+
+        def show(con: Console) -> None:
+            if job:
+                ends = f", time limit {job.time_limit}" + (f" (ends {job.end})" if job.end not in ("", "N/A", "Unknown", "NONE") else "") if job.time_limit else ""
+                con.print(f"slurm: job {job.id} {job.state}, {len(job.steps)} steps{ends}")
+            if problem:
+                con.print(f"[bold red]not serving[/] slurm: {escape(problem)}", soft_wrap=True)
+
+        doc = {"job": job.id if job else None, "state": job.state if job else None, "problem": problem,
+               "time_limit": job.time_limit if job else None, "ends": job.end if job else None, "steps": dict(sorted(job.steps.items())) if job else {}}
+        return ReleaseView(problem=problem, doc={"slurm": doc}, unit_state=unit_state, unit_doc=unit_doc, show=show)

@@ -1,0 +1,115 @@
+"""The default launcher: every node over SSH, each unit a Docker container.
+
+The transport is the runner's own SSH connections (``llmdeploy/connect.py``),
+one per node, or the cluster's connection holder (``ssh.persist_s``,
+``llmdeploy/mux.py``), which keeps them for the commands of many processes;
+a step runs as one command per node on the runner's pool. The launcher starts
+a release's units with one command per node (their containers'
+``docker run``, ``roles.containers``), holds nothing besides the containers,
+and lets ``status`` read the containers alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager
+
+from ..inventory import Cluster, Node
+from ..launcher import ReleaseView
+from ..releaseplan import ReleasePlan, Unit
+from ..runner import SKIPPED, HostResult, Runner, Step
+
+NAME = "ssh"
+
+# mpirun starts its daemons over SSH from the first node, as it does by default
+MPIRUN_ARGS: tuple[str, ...] = ()
+
+
+class SshTransport:
+    """Each node's commands over its own SSH connection (directly or through the holder)."""
+
+    holder = True
+
+    def __init__(self, runner: Runner):
+        self.r = runner
+
+    def hosts(self, nodes: list[Node]) -> list[Node]:
+        return nodes
+
+    def carrier(self, node: Node) -> Node:
+        return node
+
+    def exec(self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None,
+             on_line: Callable[[str, str], None] | None) -> tuple[str, str, int]:
+        return self.r.exec_direct(node, command, timeout, stdin, on_line)
+
+    def run(self, step: Step, targets: list[Node], deadline: float | None,
+            on_line: Callable[[str, str, str], None] | None) -> dict[str, HostResult]:
+        return self.r.run_each(step, targets, deadline, on_line)
+
+    def follow(self, node: Node, command: str, name: str) -> tuple[Node, str]:
+        return node, command
+
+    def forward_dest(self, node: Node, dest: str) -> str:
+        return dest
+
+    def close(self) -> None:
+        """The runner closes its own connections; the transport holds nothing else."""
+
+
+class DockerUnits:
+    """A release's units as Docker containers the nodes' dockerd runs."""
+
+    def __init__(self, cluster: Cluster, runner: Runner, say: Callable[[str], None]):
+        self.c = cluster
+        self.r = runner
+        self.say = say
+
+    def preflight(self, plan: ReleasePlan) -> tuple[str, str] | None:
+        """Nothing to ask before the previous release stops: a node that is down fails its first command."""
+        return None
+
+    def hold(self, plan: ReleasePlan) -> tuple[str, str] | None:
+        """The nodes are the cluster's: nothing holds them for a release."""
+        return None
+
+    def start_units(self, plan: ReleasePlan, units: list[Unit], script: Callable[[Unit], str],
+                    number: Callable[[Unit], int]) -> tuple[str, str] | None:
+        """One command per node starts its units, in order; the first node where one did not start."""
+        by_host: dict[str, list[Unit]] = {}
+        for u in units:
+            by_host.setdefault(u.host, []).append(u)
+        res = self.r.run(
+            Step(name="start", build=lambda n: "set -e\n" + "".join(script(u) for u in by_host[n.name])),
+            [self.c.node(h) for h in by_host],
+        )
+        for h, r in res.items():
+            if r.failed or r.status == SKIPPED:  # skipped: the runner gave up on this host earlier
+                return h, f"{', '.join(u.container for u in by_host[h])} did not start: {r.msg}"
+        return None
+
+    def end(self, keep_release: str | None) -> list[str]:
+        """The stopped containers were all a release held."""
+        return []
+
+    def view(self, plan: ReleasePlan | None) -> ReleaseView:
+        """The containers' states are the units' states."""
+        return ReleaseView()
+
+
+def transport(runner: Runner) -> SshTransport:
+    return SshTransport(runner)
+
+
+def launcher(cluster: Cluster, runner: Runner, say: Callable[[str], None]) -> DockerUnits:
+    return DockerUnits(cluster, runner, say)
+
+
+def gateway(cluster: Cluster) -> Node | None:
+    """An outside SSH client reaches each node directly (or through the inventory's jump host)."""
+    return None
+
+
+def admitted(cluster: Cluster, nodes: list[Node]) -> ContextManager[Any]:
+    """Logging in to a node needs nothing held."""
+    return contextlib.nullcontext()
