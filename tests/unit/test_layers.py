@@ -13,6 +13,13 @@
    vendor package platforms/ registers. A vendor's name belongs in
    platforms/<vendor>/ (and systems/: a serving system may be made for one
    vendor).
+4. Nor is a launcher (issue 29): ``slurm`` and its commands (``srun``,
+   ``squeue``, ``sbatch``, ``salloc``, ``scancel``, ``sinfo``), and every
+   launcher llmdeploy/launchers/ registers but the default one (SSH, the
+   transport every other one reaches its first host with), in the generic
+   packages and tasks.py. A launcher's name belongs in
+   llmdeploy/launchers/<name> (and in the inventory's schema,
+   llmdeploy/inventory.py, whose section picks it).
 
 The checker is tested on small snippets first, so it cannot pass by seeing
 nothing.
@@ -48,6 +55,14 @@ FIXED_NAMES = ("vllm", "vllm-ascend", "vllm_ascend", "trtllm", "trtllm-serve", "
 # Always checked as hardware vendors, whatever platforms/ holds today ("nvidia"
 # also catches nvidia-smi; "ascend" the driver's /usr/local/Ascend paths).
 FIXED_VENDORS = ("ascend", "nvidia")
+
+# Always checked as a launcher's words, whatever llmdeploy/launchers/ holds today:
+# the Slurm launcher's name and the commands only it runs
+FIXED_LAUNCHER_WORDS = ("slurm", "srun", "squeue", "sbatch", "salloc", "scancel", "sinfo")
+
+# where a launcher's name may appear: its own implementation, and the inventory's
+# schema, which declares the section that picks it (``Cluster.slurm``)
+LAUNCHER_PLACES = ("llmdeploy/launchers/", "llmdeploy/inventory.py")
 
 # Folders under systems/ that are not a serving system (shared helpers, if the
 # restructuring makes any); a folder listed here is not a name to look for.
@@ -181,6 +196,41 @@ def vendor_names(repo: Path = REPO) -> set[str]:
     return spellings(set(FIXED_VENDORS) | derived_vendor_names(repo / "platforms"))
 
 
+def launcher_registry(launchers_dir: Path) -> dict[str, str | None]:
+    """The registry in llmdeploy/launchers/__init__.py: a module-level dict
+    whose keys are strings and whose values are strings or None (``LAUNCHERS``:
+    launcher -> the inventory section that picks it, None for the default)."""
+    init = launchers_dir / "__init__.py"
+    if not init.is_file():
+        return {}
+    for stmt in ast.parse(init.read_text(), str(init)).body:
+        value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
+        if isinstance(value, ast.Dict) and value.keys:
+            keys = [k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+            vals = [v.value for v in value.values if isinstance(v, ast.Constant) and (v.value is None or isinstance(v.value, str))]
+            if len(keys) == len(vals) == len(value.keys):
+                return dict(zip(keys, vals))
+    return {}
+
+
+def derived_launcher_names(launchers_dir: Path) -> set[str]:
+    """The launchers llmdeploy/launchers/ declares, but the default one: every
+    module or package under it (but private ones), and the names and sections
+    of its registry."""
+    if not launchers_dir.is_dir():
+        return set()
+    registry = launcher_registry(launchers_dir)
+    default = {name for name, section in registry.items() if section is None}
+    found = {p.name for p in launchers_dir.iterdir() if (p / "__init__.py").is_file()}
+    found |= {p.stem for p in launchers_dir.glob("*.py") if p.stem != "__init__"}
+    names = {n for n in found if not n.startswith("_")} | set(registry) | {s for s in registry.values() if s}
+    return names - default
+
+
+def launcher_names(repo: Path = REPO) -> set[str]:
+    return spellings(set(FIXED_LAUNCHER_WORDS) | derived_launcher_names(repo / "llmdeploy" / "launchers"))
+
+
 # --- where the code names them -------------------------------------------------------------------
 
 
@@ -292,12 +342,18 @@ def module_name(path: Path, repo: Path = REPO) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def generic_code_hits(repo: Path = REPO, names: set[str] | None = None) -> list[Hit]:
+def generic_code_hits(repo: Path = REPO, names: set[str] | None = None, sources: list[Path] | None = None) -> list[Hit]:
     names = system_names(repo) if names is None else names
     hits: list[Hit] = []
-    for path in generic_sources(repo):
+    for path in generic_sources(repo) if sources is None else sources:
         hits += find_system_names(path.read_text(), names, str(path.relative_to(repo)), module_name(path, repo))
     return hits
+
+
+def launcher_generic_sources(repo: Path = REPO) -> list[Path]:
+    """The generic packages and tasks.py, but where a launcher's name belongs (``LAUNCHER_PLACES``)."""
+    paths = generic_sources(repo) + [repo / "tasks.py"]
+    return [p for p in paths if not str(p.relative_to(repo)).startswith(LAUNCHER_PLACES)]
 
 
 # --- the checks ----------------------------------------------------------------------------------
@@ -349,6 +405,37 @@ def test_no_vendor_named_in_generic_code():
             + "\n".join(str(h) for h in hits),
             pytrace=False,
         )
+
+
+def test_no_launcher_named_in_generic_code():
+    names = launcher_names()
+    sources = launcher_generic_sources()
+    assert any(str(p.relative_to(REPO)) == "flows/engine.py" for p in sources)
+    hits = generic_code_hits(names=names, sources=sources)
+    if hits:
+        per_file = Counter(h.path for h in hits)
+        pytest.fail(
+            f"{len(hits)} places in {len(per_file)} files of {', '.join(f'{d}/' for d in GENERIC)} and tasks.py name a launcher in code "
+            f"(looked for: {', '.join(sorted(names))}); move them into the launcher under llmdeploy/launchers/ "
+            "and ask it through llmdeploy.launcher (the Transport and Launcher interfaces).\n"
+            + "".join(f"  {n:4d}  {f}\n" for f, n in sorted(per_file.items()))
+            + "\n".join(str(h) for h in hits),
+            pytrace=False,
+        )
+
+
+def test_every_launcher_is_in_the_independence_contract():
+    """pyproject.toml's ``launchers-independent`` contract names every launcher the registry has (a new one is kept apart too)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: import-linter's own dependency reads pyproject.toml there
+        import tomli as tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (independent,) = [c for c in contracts if c["id"] == "launchers-independent"]
+    registered = launcher_registry(REPO / "llmdeploy" / "launchers")
+    assert len(registered) >= 2, registered
+    assert sorted(independent["modules"]) == sorted(f"llmdeploy.launchers.{name}" for name in registered)
 
 
 # --- the checker itself --------------------------------------------------------------------------
@@ -483,6 +570,39 @@ def test_vendor_names_come_from_the_registry(tmp_path):
     (plat / "__init__.py").write_text("VENDORS = {'amd': ('mi355',), 'intel': ('gaudi3',)}\nOTHER = {'x': 1}\n")
     assert derived_vendor_names(plat) == {"amd", "intel"}
     assert {"amd", "intel", "ascend", "nvidia"} <= vendor_names(tmp_path)
+
+
+def test_launcher_names_come_from_the_registry_but_the_default(tmp_path):
+    launchers = tmp_path / "llmdeploy" / "launchers"
+    (launchers / "kube").mkdir(parents=True)
+    (launchers / "kube" / "__init__.py").write_text("")
+    (launchers / "_common.py").write_text("")
+    (launchers / "ssh.py").write_text("")
+    (launchers / "__init__.py").write_text("LAUNCHERS = {'ssh': None, 'kube': 'kubernetes'}\nOTHER = {'x': 1}\n")
+    assert derived_launcher_names(launchers) == {"kube", "kubernetes"}
+    assert {"kube", "kubernetes", "slurm", "srun", "sbatch"} <= launcher_names(tmp_path)
+    assert "ssh" not in launcher_names(tmp_path)
+
+
+def test_launcher_words_in_code_fail_and_docstrings_pass():
+    src = textwrap.dedent('''
+        """Reaches a Slurm cluster's nodes with srun; squeue reads the jobs."""
+        if runner.slurm is not None:  # sbatch
+            cmd = ["scancel", job]
+        def sinfo_states(x):
+            return x
+        ''')
+    got = [(h.line, h.what, h.text) for h in find_system_names(src, spellings(FIXED_LAUNCHER_WORDS))]
+    assert (3, "attribute", "slurm") in got
+    assert (4, "string", "scancel") in got
+    assert (5, "def", "sinfo_states") in got
+    assert not any(line == 2 for line, _, _ in got)  # the docstring
+
+
+def test_this_tree_declares_launchers():
+    """The derivation reads today's llmdeploy/launchers/ (else a new launcher would be checked against the fixed words only)."""
+    assert "slurm" in derived_launcher_names(REPO / "llmdeploy" / "launchers")
+    assert "ssh" not in derived_launcher_names(REPO / "llmdeploy" / "launchers")
 
 
 def test_this_tree_declares_vendors():
