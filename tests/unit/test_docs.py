@@ -260,6 +260,24 @@ def test_the_serving_system_page_names_the_interface_as_declared():
     assert shown("systems.common.openai_probe", openai_probe) in flat
 
 
+def test_the_launchers_page_names_the_interface_as_declared():
+    """docs/launchers.md shows every value and hook of llmdeploy.launcher's
+    Transport, Launcher and LauncherPlugin, each hook with its parameters."""
+    import inspect
+
+    from llmdeploy import launcher
+    from llmdeploy.plugin import members
+
+    flat = " ".join((DOCS / "launchers.md").read_text().split())
+    for proto in (launcher.Transport, launcher.Launcher, launcher.LauncherPlugin):
+        values, hooks = members(proto)
+        for name in values:
+            assert f"`{name}`" in flat, f"{proto.__name__}.{name} is not on the page"
+        for name in hooks:
+            params = [p for p in inspect.signature(getattr(proto, name)).parameters if p != "self"]
+            assert f"`{name}({', '.join(params)})`" in flat, f"{proto.__name__}.{name}({', '.join(params)}) is not on the page"
+
+
 def test_every_relative_link_of_the_readme_resolves():
     links = re.findall(r"\]\(([^)#]+)(?:#([^)]+))?\)", README.read_text())
     assert links
