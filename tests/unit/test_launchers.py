@@ -1,0 +1,68 @@
+"""The launcher registry (llmdeploy/launcher.py, llmdeploy/launchers/): a
+cluster's launcher is picked by its inventory, every registered launcher
+loads and implements the interface, and a module that does not is refused
+with what it lacks."""
+
+import inspect
+import sys
+import types
+
+import pytest
+
+from llmdeploy import launcher
+from llmdeploy.inventory import load_cluster
+from llmdeploy.plugin import members
+
+
+def test_the_inventory_picks_the_launcher():
+    assert launcher.name_of(load_cluster("sim-b200-slurm")) == "slurm"
+    assert launcher.name_of(load_cluster("sim-a3-slurm")) == "slurm"
+    assert launcher.name_of(load_cluster("sim-b200")) == "ssh"
+    assert launcher.name_of(load_cluster("a3")) == "ssh"
+
+
+@pytest.mark.parametrize("name", sorted(launcher._registry().LAUNCHERS))
+def test_every_registered_launcher_implements_the_interface(name):
+    """The module loads (its hooks checked), and the classes its transport and
+    launcher hooks return (their return annotations) have every member of
+    Transport and Launcher, each method with the interface's parameters."""
+    mod = launcher.plugin(name)
+    assert mod.NAME == name
+    made = {launcher.Transport: inspect.get_annotations(mod.transport)["return"],
+            launcher.Launcher: inspect.get_annotations(mod.launcher)["return"]}
+    for proto, cls_name in made.items():
+        cls = getattr(mod, cls_name)
+        values, hooks = members(proto)
+        assert all(hasattr(cls, v) for v in values), f"{cls_name} lacks one of {values}"
+        for hook in hooks:
+            want = list(inspect.signature(getattr(proto, hook)).parameters)
+            have = list(inspect.signature(getattr(cls, hook)).parameters)
+            assert have == want, f"{cls_name}.{hook}{tuple(have)} is not the interface's {tuple(want)}"
+
+
+def test_a_module_that_lacks_a_hook_is_refused(monkeypatch):
+    mod = types.ModuleType("llmdeploy.launchers.half")
+    mod.NAME, mod.MPIRUN_ARGS = "half", ()
+    mod.transport = lambda runner: None
+    monkeypatch.setitem(sys.modules, "llmdeploy.launchers.half", mod)
+    monkeypatch.setitem(launcher._registry().LAUNCHERS, "half", "half")
+    with pytest.raises(TypeError, match=r"llmdeploy.launchers.half is no launcher: it lacks launcher, gateway, admitted"):
+        launcher.plugin("half")
+
+
+def test_a_hook_with_other_parameters_is_refused(monkeypatch):
+    mod = types.ModuleType("llmdeploy.launchers.odd")
+    mod.NAME, mod.MPIRUN_ARGS = "odd", ()
+    mod.transport = lambda runner: None
+    mod.launcher = lambda runner, say: None
+    mod.gateway = lambda cluster: None
+    mod.admitted = lambda cluster, nodes: None
+    monkeypatch.setitem(sys.modules, "llmdeploy.launchers.odd", mod)
+    monkeypatch.setitem(launcher._registry().LAUNCHERS, "odd", "odd")
+    with pytest.raises(TypeError, match=r"llmdeploy.launchers.odd.launcher\(runner, say\) does not match the interface: expected launcher\(cluster, runner, say\)"):
+        launcher.plugin("odd")
+
+
+def test_an_unregistered_launcher_is_named():
+    with pytest.raises(Exception, match=r"no launcher 'nomad' \(registered: ssh, slurm\)"):
+        launcher.plugin("nomad")
