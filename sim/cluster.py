@@ -27,7 +27,7 @@ from pathlib import Path
 from llmdeploy.errors import SimError
 from llmdeploy.inventory import Cluster
 
-from . import curated, dockerd, hardware, images, netns, slurm, sshd
+from . import curated, dockerd, hardware, images, model, netns, slurm, sshd
 from . import links as links_
 from .standins import __main__ as standins
 from .standins import fast, slow
@@ -109,19 +109,8 @@ def _standin_wrapper(tool: str) -> str:
 
 
 def write_model(model_dir: Path) -> None:
-    """A stand-in checkpoint: the files a real one has, tiny."""
-    shards = [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
-    files = {
-        "config.json": json.dumps({"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text"}) + "\n",
-        "generation_config.json": json.dumps({"do_sample": True, "temperature": 0.6}) + "\n",
-        "tokenizer.json": json.dumps({"version": "1.0", "model": {"type": "BPE"}}) + "\n",
-        "tokenizer_config.json": json.dumps({"chat_template": "{{ messages }}"}) + "\n",
-        "model.safetensors.index.json": json.dumps({"weight_map": {"lm_head.weight": shards[1], "embed.weight": shards[0]}}) + "\n",
-    }
-    for i, shard in enumerate(shards):
-        files[shard] = "\0" * (4096 * (i + 1))
-    for name, text in files.items():
-        _write(model_dir / name, text)
+    """A stand-in checkpoint: the files a real one has, tiny (sim/model.py)."""
+    model.write(model_dir, _write)
 
 
 DATA_NIC = 0xD0  # the data NIC's "device" byte in its MAC (NPUs are 0..15)
@@ -272,7 +261,8 @@ def _start_services(cluster: Cluster, cdir: Path, state: dict, registry: str) ->
                                      stdout=open(cdir / "registry.log", "w"), stderr=subprocess.STDOUT, start_new_session=True),
         "index": subprocess.Popen([sys.executable, "-m", "sim.pypi", "--bind", ips["index"], "--port", "443",
                                    "--pidfile", str(cdir / "index.pid"),
-                                   "--dir", str(images.wheels_dir()), "--cert", str(tls["cert"]), "--key", str(tls["key"])],
+                                   "--dir", str(images.wheels_dir()), "--cert", str(tls["cert"]), "--key", str(tls["key"]),
+                                   *[a for h in images.NVIDIA_INDEX_NAMES for a in ("--empty-host", h)]],
                                   cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
                                   stdout=open(cdir / "index.log", "w"), stderr=subprocess.STDOUT, start_new_session=True),
     }

@@ -15,8 +15,10 @@ Built once per machine and cached in ``$LLMDEPLOY_SIM_CACHE``
   sglang.launch_server``); pushed to a Docker registry (Debian's
   ``docker-registry``, the CNCF distribution registry) whose storage is the
   cache;
-- wheels of ``ai-dynamo`` and ``ai-dynamo-runtime`` (the Dynamo stand-ins as
-  the ``dynamo`` package), served as a PEP 503 index (``sim/pypi.py``).
+- NVIDIA's real ``ai-dynamo`` and ``ai-dynamo-runtime`` wheels of the pinned
+  version and their dependencies, downloaded once from PyPI, served as a PEP
+  503 index (``sim/pypi.py``); the TensorRT-LLM images carry the hook that
+  gives ``python3 -m dynamo.trtllm`` the simulated engine (``tensorrt_llm_package``).
 
 Each simulated cluster runs the registry (read-only, over the cache) and the
 index on addresses of its management bridge, with TLS from the simulator's
@@ -87,6 +89,11 @@ IMAGES: dict[str, dict] = {
 WHEELS = {"ai-dynamo": ["1.5.1", "1.6.0.dev20261010"], "ai-dynamo-runtime": ["1.5.1", "1.6.0.dev20261010"]}
 REGISTRY_NAMES = ["quay.io", "nvcr.io", "registry-1.docker.io", "docker.io", "index.docker.io"]
 INDEX_NAMES = ["pypi.org", "files.pythonhosted.org"]
+# NVIDIA's index (the seed's --extra-index-url): the same server answers it,
+# with 404 for every project, so pip looks there and moves on as it does when
+# NVIDIA's index has no such project (unresolvable, pip would retry every
+# request five times: nine minutes for ai-dynamo's 70 wheels, seen here)
+NVIDIA_INDEX_NAMES = ["pypi.nvidia.com"]
 SITE = "/usr/local/lib/python3.11/dist-packages"
 STANDIN_DIR = "/opt/llmdeploy-sim"
 # TensorRT-LLM's launcher (a shell script in the image): rank 0 runs the
@@ -123,6 +130,50 @@ def sglang_package(version: str) -> dict[str, str]:
     return {"sglang/__init__.py": f'__version__ = "{version}"\n', "sglang/launch_server.py": run}
 
 
+def tensorrt_llm_package(version: str) -> dict[str, str]:
+    """What the simulated TensorRT-LLM image has where the real one has TensorRT-LLM:
+
+    - a ``tensorrt_llm`` package with only what ai-dynamo's ``dynamo.trtllm``
+      argument parser reads (dynamo/trtllm/backend_args.py: ``BaseLlmArgs``'
+      field defaults, TensorRT-LLM's own: max_batch_size 2048, max_num_tokens
+      8192, max_seq_len None, max_beam_width 1; the ``BuildConfig`` that
+      TensorRT-LLM >= 1.3.0rc21 removed is absent, as there);
+    - a start-up hook (a ``.pth`` file, run by Python's site module at every
+      start) under which importing ``dynamo.trtllm.main`` -- the module of the
+      real wheel that builds the TensorRT-LLM engine on the GPUs -- gives
+      sim/standins/dynamo.py instead: the real parser parses the plan's command
+      line, and Dynamo's own engine simulator (``dynamo.mocker``) does the work.
+      Every other module of the wheel, the frontend's included, is NVIDIA's."""
+    hook = (
+        '"""llmdeploy\'s simulated TensorRT-LLM image: python3 -m dynamo.trtllm gets the simulated engine\n'
+        '(sim/standins/dynamo.py in the llmdeploy repository) where ai-dynamo builds the TensorRT-LLM one."""\n'
+        "import importlib.abc\nimport importlib.util\nimport sys\n\n\n"
+        "class _Loader(importlib.abc.Loader):\n"
+        "    def create_module(self, spec):\n        return None\n\n"
+        "    def exec_module(self, module):\n"
+        f"        if {STANDIN_DIR!r} not in sys.path:\n            sys.path.insert(0, {STANDIN_DIR!r})\n"
+        "        from sim.standins import dynamo as engine\n\n"
+        "        module.main = engine.main\n\n\n"
+        "class _Finder(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, fullname, path=None, target=None):\n"
+        "        if fullname == 'dynamo.trtllm.main':\n"
+        "            return importlib.util.spec_from_loader(fullname, _Loader())\n"
+        "        return None\n\n\n"
+        "sys.meta_path.insert(0, _Finder())\n")
+    args = ('"""TensorRT-LLM\'s LLM API arguments, as far as ai-dynamo\'s dynamo.trtllm parser reads them\n'
+            '(llmdeploy\'s simulated TensorRT-LLM image)."""\n\n\n'
+            "class _Field:\n    def __init__(self, default):\n        self.default = default\n\n\n"
+            "class BaseLlmArgs:\n    model_fields = {'max_batch_size': _Field(2048), 'max_num_tokens': _Field(8192),\n"
+            "                    'max_seq_len': _Field(None), 'max_beam_width': _Field(1)}\n")
+    return {
+        "tensorrt_llm/__init__.py": f'"""TensorRT-LLM of llmdeploy\'s simulated image (no engine: see sim/standins)."""\n__version__ = "{version}"\n',
+        "tensorrt_llm/llmapi/__init__.py": '"""The LLM API (simulated image): the argument defaults only."""\n',
+        "tensorrt_llm/llmapi/llm_args.py": args,
+        "llmdeploy_sim_trtllm_hook.py": hook,
+        "llmdeploy_sim_trtllm.pth": "import llmdeploy_sim_trtllm_hook\n",
+    }
+
+
 def cache() -> Path:
     return Path(os.environ.get("LLMDEPLOY_SIM_CACHE", "/var/tmp/llmdeploy-sim-cache"))
 
@@ -150,30 +201,43 @@ def split_ref(ref: str) -> tuple[str, str, str]:
 
 # --- the simulator's CA -------------------------------------------------------------------
 def tls() -> dict[str, Path]:
-    """The CA and one server certificate for the registry and index names (made once)."""
+    """The CA and one server certificate for the registry and index names.
+    The CA is made once (the base image trusts it); the server certificate
+    again whenever the names change, signed by the same CA."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
     d = cache() / "tls"
-    files = {"ca": d / "ca.pem", "cert": d / "server.pem", "key": d / "server.key"}
+    names = REGISTRY_NAMES + INDEX_NAMES + NVIDIA_INDEX_NAMES
+    files = {"ca": d / "ca.pem", "ca_key": d / "ca.key", "cert": d / "server.pem", "key": d / "server.key"}
     if all(p.exists() for p in files.values()):
-        return files
+        cert = x509.load_pem_x509_certificate(files["cert"].read_bytes())
+        have = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+        if sorted(have) == sorted(names):
+            return files
     d.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)
     until = now + datetime.timedelta(days=3650)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "llmdeploy simulated cluster CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(until)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                                       key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                       encipher_only=False, decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    if files["ca"].exists() and files["ca_key"].exists():
+        ca_key = serialization.load_pem_private_key(files["ca_key"].read_bytes(), password=None)
+    else:
+        # (a cache from before the CA's key was kept makes a new CA: the base image is built again)
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+              .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(until)
+              .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+              .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                           key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                           encipher_only=False, decipher_only=False), critical=True)
+              .sign(ca_key, hashes.SHA256()))
+        files["ca_key"].write_bytes(ca_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+        os.chmod(files["ca_key"], 0o600)
+        files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     key = ec.generate_private_key(ec.SECP256R1())
-    names = REGISTRY_NAMES + INDEX_NAMES
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])).issuer_name(ca_name)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
@@ -184,7 +248,6 @@ def tls() -> dict[str, Path]:
                                                serialization.NoEncryption()))
     os.chmod(files["key"], 0o600)
     files["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     return files
 
 
@@ -233,6 +296,8 @@ def _context(ref: str, spec: dict, base: str) -> dict[str, tuple[bytes, int]]:
         bins["trtllm-llmapi-launch"] = TRTLLM_LLMAPI_LAUNCH
         for name, text in curated.files().items():
             files[f"curated/{name}"] = (text.encode(), 0o644)
+        for path, text in tensorrt_llm_package(spec["packages"]["tensorrt-llm"]).items():
+            files[f"site/{path}"] = (text.encode(), 0o644)
     if spec["kind"] == "sglang":
         bins["numactl"] = _wrapper("numactl")
         for path, text in sglang_package(spec["packages"]["sglang"]).items():
@@ -307,24 +372,34 @@ def base_tarball() -> tuple[Path, str]:
 
 
 # --- wheels and the index -------------------------------------------------------------------
-def _wheel(name: str, version: str) -> tuple[str, bytes]:
-    """A real wheel (PEP 427) of the Dynamo stand-ins: ``ai-dynamo`` holds
-    the ``dynamo`` package whose ``frontend`` and ``trtllm`` modules run them."""
+# The index serves NVIDIA's real ai-dynamo and ai-dynamo-runtime wheels of the
+# version the catalogue pins (systems/dynamo/catalogue.py; a unit test holds the
+# two equal) and everything pip needs to install them, downloaded once from PyPI
+# into the image cache for the images' Python (Debian bookworm: CPython 3.11,
+# glibc 2.36, x86_64; bookworm's 3.11.2 is below 3.11.3, under which redis needs
+# async-timeout). ai-dynamo requires ``aisimulate``, which PyPI has only as
+# a stub sdist that downloads its wheel from a host no machine here reaches;
+# only Dynamo's planner and profiler import it, so the index serves a
+# placeholder wheel under that name (PLACEHOLDERS).
+DYNAMO_VERSION = "1.6.0.dev20261010"
+WHEELS = {"ai-dynamo": DYNAMO_VERSION, "ai-dynamo-runtime": DYNAMO_VERSION}
+PLACEHOLDERS = {"aisimulate": "0.13.0.dev2"}
+# pip download evaluates environment markers against the Python that runs it,
+# not --python-version (pypa/pip#5453): what the images' 3.11.2 needs and a
+# newer 3.11 does not (redis: async-timeout>=4.0.3; python_full_version < "3.11.3")
+MARKER_EXTRAS = ["async-timeout>=4.0.3"]
+IMAGE_PYTHON = {"python_version": "3.11.2", "implementation": "cp", "glibc": (2, 36), "arch": "x86_64"}
+
+
+def _wheel(name: str, version: str, files: dict[str, str]) -> tuple[str, bytes]:
+    """A wheel (PEP 427) of ``files`` (path -> text), with its METADATA, WHEEL and RECORD."""
+    import base64
+
     dist = name.replace("-", "_")
-    files: dict[str, str] = {}
-    if name == "ai-dynamo":
-        run = ("import sys\nsys.path.insert(0, {d!r})\nfrom sim.standins import dynamo\n"
-               "sys.exit(dynamo.main({mod!r}, sys.argv[1:]))\n")
-        files["dynamo/__init__.py"] = ""
-        for mod in ("frontend", "trtllm"):
-            files[f"dynamo/{mod}/__init__.py"] = ""
-            files[f"dynamo/{mod}/__main__.py"] = run.format(d=STANDIN_DIR, mod=f"dynamo.{mod}")
-    else:
-        files["dynamo_runtime_sim/__init__.py"] = ""
+    files = dict(files)
     info = f"{dist}-{version}.dist-info"
     files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
     files[f"{info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: llmdeploy-sim\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    import base64
 
     def rec(path, text):
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
@@ -341,23 +416,69 @@ def _wheel(name: str, version: str) -> tuple[str, bytes]:
     return f"{dist}-{version}-py3-none-any.whl", buf.getvalue()
 
 
+def placeholder_wheel(name: str, version: str) -> tuple[str, bytes]:
+    doc = (f'"""Placeholder for {name} {version} (llmdeploy\'s simulated package index): PyPI has it only as a\n'
+           "stub that downloads the real wheel from a host this machine cannot reach. Only Dynamo's planner and\n"
+           'profiler import it; the frontend, router and engines do not."""\n')
+    return _wheel(name, version, {f"{name.replace('-', '_')}/__init__.py": doc})
+
+
+def pip_platforms(glibc: tuple[int, int], arch: str) -> list[str]:
+    """The ``--platform`` tags pip accepts for a glibc ``glibc`` host (PEP 600
+    manylinux_2_N for N down to 5, and the legacy aliases): pip download does
+    not widen one tag by itself."""
+    major, minor = glibc
+    tags = [f"manylinux_{major}_{n}_{arch}" for n in range(minor, 4, -1)]
+    return tags + [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}", f"linux_{arch}"]
+
+
+def download_args(dest: Path, links: Path) -> list[str]:
+    """``pip download`` of the pinned wheels and their dependencies, as built
+    distributions for the images' Python, placeholders from ``links``."""
+    py = IMAGE_PYTHON
+    args = ["download", "--quiet", "--pre", "--only-binary=:all:", "--dest", str(dest), "--find-links", str(links),
+            "--python-version", py["python_version"], "--implementation", py["implementation"]]
+    for tag in pip_platforms(py["glibc"], py["arch"]):
+        args += ["--platform", tag]
+    return args + [f"{n}=={v}" for n, v in WHEELS.items()] + MARKER_EXTRAS
+
+
 def wheels_dir() -> Path:
-    d = cache() / "wheels"
-    d.mkdir(parents=True, exist_ok=True)
-    for name, versions in WHEELS.items():
-        for v in versions:
-            fname, data = _wheel(name, v)
-            p = d / fname
-            if not p.exists() or p.read_bytes() != data:
-                p.write_bytes(data)
+    """The index's directory: the pinned wheels' closure (downloaded once) and the placeholders."""
+    key = _key(WHEELS, PLACEHOLDERS, IMAGE_PYTHON, MARKER_EXTRAS)
+    d = cache() / f"wheels-{key}"
+    if (d / ".complete").exists():
+        return d
+    with _lock("wheels.lock"):
+        if (d / ".complete").exists():
+            return d
+        links = cache() / f"wheels-{key}.placeholders"
+        links.mkdir(parents=True, exist_ok=True)
+        for name, version in PLACEHOLDERS.items():
+            fname, data = placeholder_wheel(name, version)
+            (links / fname).write_bytes(data)
+        part = cache() / f"wheels-{key}.part"
+        part.mkdir(parents=True, exist_ok=True)
+        print(f"sim: downloading {', '.join(f'{n}=={v}' for n, v in WHEELS.items())} and their dependencies "
+              "for the simulated package index (once per machine)", file=sys.stderr)
+        _run([sys.executable, "-m", "pip", *download_args(part, links)], "downloading the Dynamo wheels from PyPI", timeout=1800)
+        for p in links.glob("*.whl"):
+            shutil.copy2(p, part / p.name)
+        (part / ".complete").write_text("\n".join(sorted(p.name for p in part.glob("*.whl"))) + "\n")
+        shutil.rmtree(d, ignore_errors=True)
+        part.replace(d)
+        shutil.rmtree(links, ignore_errors=True)
+        for old in cache().glob("wheels*"):
+            if old.is_dir() and old != d and not old.name.endswith((".part", ".placeholders")):
+                shutil.rmtree(old, ignore_errors=True)
     return d
 
 
 # --- the builder ------------------------------------------------------------------------------
 @contextmanager
-def _lock():
+def _lock(name: str = "build.lock"):
     cache().mkdir(parents=True, exist_ok=True)
-    with open(cache() / "build.lock", "w") as f:
+    with open(cache() / name, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
@@ -494,7 +615,7 @@ def _inside(tar: Path, base: str, key: str) -> dict:
 
 
 def hosts_lines(registry_ip: str, index_ip: str) -> list[str]:
-    return [f"{registry_ip} {' '.join(REGISTRY_NAMES)}", f"{index_ip} {' '.join(INDEX_NAMES)}"]
+    return [f"{registry_ip} {' '.join(REGISTRY_NAMES)}", f"{index_ip} {' '.join(INDEX_NAMES + NVIDIA_INDEX_NAMES)}"]
 
 
 if __name__ == "__main__":
@@ -503,3 +624,6 @@ if __name__ == "__main__":
         sys.exit(0)
     done = ensure()
     print(f"sim images: {len(done['images'])} images (build {done['key']}) in {done['registry']}")
+    wheels = wheels_dir()
+    print(f"sim index: {len(list(wheels.glob('*.whl')))} wheels ({', '.join(f'{n}=={v}' for n, v in WHEELS.items())} "
+          f"and their dependencies) in {wheels}")

@@ -1,5 +1,5 @@
 """The simulated cluster's package index: a PEP 503 "simple" repository over
-HTTPS, serving the wheels of ``sim/images.py`` (``pip install --index-url
+HTTPS, serving the wheels of ``sim/images.py`` (NVIDIA's ai-dynamo and their dependencies) (``pip install --index-url
 https://pypi.org/simple ai-dynamo==...`` on a simulated host reaches it: the
 hosts resolve pypi.org here and trust the simulator's CA).
 
@@ -22,20 +22,36 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def sha256_of(p: Path) -> str:
+    """A wheel's sha256, once per file version (the runtime wheel is 75 MB)."""
+    st = p.stat()
+    key = (str(p), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
 def project_page(directory: Path, project: str) -> str | None:
     """The simple page of ``project``: a link per file, with its sha256 (PEP 503)."""
     links = []
     for p in sorted(directory.glob("*.whl")):
         if normalize(p.name.split("-", 1)[0]) != project:
             continue
-        digest = hashlib.sha256(p.read_bytes()).hexdigest()
+        digest = sha256_of(p)
         links.append(f'<a href="/packages/{html.escape(p.name)}#sha256={digest}">{html.escape(p.name)}</a><br/>')
     if not links:
         return None
     return f"<!DOCTYPE html>\n<html><body>\n<h1>Links for {html.escape(project)}</h1>\n" + "\n".join(links) + "\n</body></html>\n"
 
 
-def handler(directory: Path):
+def handler(directory: Path, empty_hosts: frozenset[str] = frozenset()):
     class Index(BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -50,6 +66,8 @@ def handler(directory: Path):
 
         def do_GET(self):
             path = self.path.split("?", 1)[0].split("#", 1)[0]
+            if self.headers.get("Host", "").split(":", 1)[0] in empty_hosts:
+                return self._send(404, b"Not Found", "text/plain")
             m = re.fullmatch(r"/simple/([^/]+)/?", path)
             if m:
                 page = project_page(directory, normalize(m.group(1)))
@@ -74,12 +92,13 @@ def main() -> int:
     ap.add_argument("--cert", required=True)
     ap.add_argument("--key", required=True)
     ap.add_argument("--pidfile", help="write the process id here")
+    ap.add_argument("--empty-host", action="append", default=[], help="a host name this index answers 404 for every project")
     a = ap.parse_args()
     if a.pidfile:
         import os
 
         Path(a.pidfile).write_text(f"{os.getpid()}\n")
-    server = ThreadingHTTPServer((a.bind, a.port), handler(a.dir))
+    server = ThreadingHTTPServer((a.bind, a.port), handler(a.dir, frozenset(a.empty_host)))
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(a.cert, a.key)
     server.socket = ctx.wrap_socket(server.socket, server_side=True)

@@ -88,8 +88,15 @@ SIGNATURES: list[tuple[str, str]] = [
     (r"mpirun detected that one or more processes exited with non-zero status|Primary job +terminated normally, but 1 process returned",
      "a rank exited and mpirun ended the group"),
 ]
-ETCD_DATA = "etcd"
-NATS_DATA = "nats"
+# The control plane's state lives in its container, not in the release
+# directory: it is discovery state of the processes that run now. A release
+# started again (rollback, a whole-release restart) with its old etcd data
+# gets back every dead instance's key, and etcd restores their leases with a
+# full TTL: the frontend then routes to instances that are gone and, seen with
+# ai-dynamo 1.6, lists no model at all until those leases expire. Every
+# worker registers again when it starts, so nothing is lost.
+ETCD_DATA = "/etcd-data"
+NATS_DATA = "/nats-data"
 
 
 def container(cluster: Cluster, rid: str, service: str) -> str:
@@ -139,7 +146,7 @@ def etcd_args(cluster: Cluster, prof: DynamoProfile, rid: str, stop_phase: int) 
     return ["docker", "run", "-d", "--name", container(cluster, rid, "etcd"),
             *containers.labels(cluster.name, rid, "etcd", "control-plane", stop_phase),
             "--network", "host", "-v", f"{rd}:{rd}", prof.etcd_image,
-            "etcd", "--name", f"{cluster.name}-etcd", "--data-dir", f"{rd}/{ETCD_DATA}",
+            "etcd", "--name", f"{cluster.name}-etcd", "--data-dir", ETCD_DATA,
             "--listen-client-urls", f"http://0.0.0.0:{prof.etcd_port}",
             "--advertise-client-urls", f"http://{n0.ip}:{prof.etcd_port}",
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
@@ -151,7 +158,7 @@ def nats_args(cluster: Cluster, prof: DynamoProfile, rid: str, stop_phase: int) 
     return ["docker", "run", "-d", "--name", container(cluster, rid, "nats"),
             *containers.labels(cluster.name, rid, "nats", "control-plane", stop_phase),
             "--network", "host", "-v", f"{rd}:{rd}", prof.nats_image,
-            "nats-server", "-js", "-p", str(prof.nats_port), "-m", str(prof.nats_monitor_port), "-sd", f"{rd}/{NATS_DATA}"]
+            "nats-server", "-js", "-p", str(prof.nats_port), "-m", str(prof.nats_monitor_port), "-sd", NATS_DATA]
 
 
 def mpirun_args(cluster: Cluster, prof: DynamoProfile, rid: str, w: dynamo.Worker, prepared: Prepared) -> tuple[list[str], str]:
@@ -343,24 +350,36 @@ def probe(cluster: Cluster, profile: DynamoProfile, name: str) -> list[Probe]:
                          "(frontend_health, worker_health, models, chat, worker_metrics)")
 
 
+# The component each role's workers register under when the plan passes no
+# --endpoint: ai-dynamo dynamo/trtllm/args.py ``_default_endpoint``, "prefill"
+# for prefill workers and DEFAULT_ENDPOINT_COMPONENT "backend" for the others.
+ROLE_COMPONENT = {"prefill": "prefill", "decode": "backend"}
+
+
 def frontend_health(body: bytes, arg: str) -> str | None:
-    """The frontend answers 200 even when unhealthy: the body must say
-    healthy and list every expected worker. ``arg``: JSON list of the
-    expected instances, each {"name", "role", "host", "port"}."""
+    """The frontend answers 200 "healthy" even with no worker at all (seen
+    with ai-dynamo 1.6): the body must list, per role, as many ``generate``
+    instances as the plan has workers of that role. Its ``instances`` also
+    hold every worker's other endpoints (router-discovery, the KV query
+    source...): only ``generate`` counts. A SIGKILLed worker stays listed
+    until its etcd lease expires, so this passes during that window: the
+    worker's own /health (worker_health) and status's container check tell
+    it apart. ``arg``: JSON list of the expected workers, each {"name", "role",
+    "host", "port"}."""
     doc = json.loads(body)
     want = json.loads(arg) if arg else []
-    have = [i for i in (doc.get("instances") or []) if isinstance(i, dict)]
-    # instances name their component (prefill, decode, ...): count them per role
+    have = [i for i in (doc.get("instances") or []) if isinstance(i, dict) and i.get("endpoint", "generate") == "generate"]
     missing = []
     for role in sorted({w.get("role", "") for w in want} - {""}):
         expected = [w["name"] for w in want if w.get("role") == role]
-        found = sum(1 for i in have if role in str(i.get("component", "")))
+        component = ROLE_COMPONENT.get(role, role)
+        found = len({i.get("instance_id", id(i)) for i in have if i.get("component") == component})
         if found < len(expected):
             missing.append(f"{len(expected) - found} of {len(expected)} {role} ({', '.join(expected)})")
     gone = f"; missing {'; '.join(missing)}" if missing else ""
     if doc.get("status") != "healthy":
         return f"says {doc.get('status')!r}: {doc.get('message') or ''} ({len(have)} of {len(want)} workers registered{gone})"
-    if missing or len(have) < len(want):
+    if missing:
         return f"lists {len(have)} of {len(want)} workers{gone}"
     return None
 

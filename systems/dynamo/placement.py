@@ -44,6 +44,11 @@ def _derive_gpus(sizes: list[int], nodes: list[Node], spare_devices: int) -> lis
     return out
 
 
+# ai-dynamo 1.6 reads DYN_SYSTEM_PORT as an i16: 40000 ends a worker at start with
+# "invalid value unsigned int `40000`, expected i16 for key "SYSTEM_PORT"" (seen here)
+MAX_SYSTEM_PORT = 32767
+
+
 def dynamo_placement(profile: DynamoProfile, nodes: list[Node]) -> tuple[list[DynamoPlacedWorker], list[tuple[str, str]]]:
     """(workers, problems): the topology's workers placed on ``nodes`` (node 0
     first; it also runs the frontend, etcd and NATS), each its own MPI group of
@@ -154,10 +159,20 @@ def _gpu_problems(
     return problems
 
 
+# Without it a worker's system port /health stays 503 "notready" for good: the
+# runtime starts at DYN_SYSTEM_STARTING_HEALTH_STATUS (notready) and only the
+# endpoints named here turn it ready (Dynamo's Health Check Reference;
+# dynamo.trtllm never sets the status itself). Seen with ai-dynamo 1.6 on the
+# simulated hosts: {"status":"notready","endpoints":{"generate":"ready"}} until
+# this is set, then 200 {"status":"ready"} once generate is served. Dynamo's
+# Kubernetes operator sets the same for its workers' readiness probes.
+HEALTH_ENDPOINTS = '["generate"]'
+
+
 def _worker_env(profile: DynamoProfile, role: str, w: DynamoWorker, port: int) -> dict[str, str]:
     """A worker's environment: its DYN_SYSTEM_PORT, what its role and a
     colocated topology need, then the profile's worker_env and its own env."""
-    env: dict[str, str] = {"DYN_SYSTEM_PORT": str(port)}
+    env: dict[str, str] = {"DYN_SYSTEM_PORT": str(port), "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS": HEALTH_ENDPOINTS}
     if role == "prefill":
         env["CUDA_SCALE_LAUNCH_QUEUES"] = "4x"
         env["TRTLLM_SKIP_KV_CACHE_ESTIMATION"] = "1"
@@ -184,8 +199,8 @@ def _port_problems(profile: DynamoProfile, workers: list[DynamoPlacedWorker], pe
                  else f"profile.system_port_base (+{w.index})")
         what = f"{w.name}'s DYN_SYSTEM_PORT {w.system_port}"
         key = (w.rank0_node, w.system_port)
-        if w.system_port > 65535:
-            problems.append((field, f"{what} is above 65535"))
+        if w.system_port > MAX_SYSTEM_PORT:
+            problems.append((field, f"{what} is above {MAX_SYSTEM_PORT}: Dynamo's runtime reads it as a 16-bit signed integer"))
         elif w.system_port in seen_ports:
             problems.append((field, f"{what} is also {seen_ports[w.system_port]}'s: every worker needs its own DYN_SYSTEM_PORT"))
         elif key in used_ports:

@@ -61,8 +61,9 @@ def test_dynamo_end_to_end(short_leases, tmp_path):
     assert _containers() == {f"{SIM_CLUSTER}-{a}-{s}": "running" for s in services}
     # the real control plane, with its data in the release
     cmds = _cmds()
-    assert any(c.startswith("etcd ") and f"/releases/{a}/etcd" in c for c in cmds)
-    assert any(c.startswith("nats-server -js -p 4222 -m 8222") for c in cmds)
+    # (their state in the container: discovery state of the processes that run now)
+    assert any(c.startswith("etcd ") and "--data-dir /etcd-data" in c for c in cmds)
+    assert any(c.startswith("nats-server -js -p 4222 -m 8222 -sd /nats-data") for c in cmds)
     rel = _base() / "releases" / a
     decode = yaml.safe_load((rel / "decode0.config.yaml").read_text())
     assert decode["max_batch_size"] == 8 and decode["speculative_config"]["max_draft_len"] == 6

@@ -3,7 +3,7 @@ workers and two D4-B32 decode workers behind one KV-aware router. One decode
 worker dies after the release was healthy; `status` names it; a whole-release
 `restart` brings it back healthy, although the router sends the readiness
 check's one request to one prefill and one decode worker only (the others
-have served nothing and show no trtllm_kv_cache_utilization sample).
+have served nothing).
 Every worker registers the served model name, and none of them keeps the
 weight-loading variable (a non-colocated topology).
 
@@ -84,12 +84,16 @@ def _status() -> tuple[int, dict]:
     return res.returncode, json.loads(res.stdout)
 
 
-def _kv_samples() -> dict[str, bool]:
-    """worker -> whether its /metrics has a trtllm_kv_cache_utilization sample."""
+def _served() -> dict[str, bool]:
+    """worker -> whether its system port's /metrics counts a request on its
+    generate endpoint (Dynamo's dynamo_component_requests_total)."""
     out = {}
     for w, (node, port) in WORKERS.items():
-        lines = _get(node, port, "/metrics").splitlines()
-        out[w] = any(ln.startswith("trtllm_kv_cache_utilization{") or ln.startswith("trtllm_kv_cache_utilization ") for ln in lines)
+        total = 0.0
+        for ln in _get(node, port, "/metrics").splitlines():
+            if ln.startswith("dynamo_component_requests_total{") and 'dynamo_endpoint="generate"' in ln:
+                total += float(ln.rsplit(" ", 1)[1])
+        out[w] = total > 0
     return out
 
 
@@ -137,8 +141,8 @@ def test_3p2d_restarts_whole_after_a_decode_worker_died(sim_cluster):
     assert code == 0 and doc["healthy"], doc
     assert sorted(_ranks("decode1")) == [0, 1, 2, 3]
     # readiness sent the seed's one request (again after any restart of a unit): it reached one
-    # prefill and one decode worker; the others served nothing, so they show no KV-cache sample
-    served = _kv_samples()
+    # prefill and one decode worker; the others served nothing
+    served = _served()
     assert any(served.values()) and not all(served.values()), served
     assert {w.rstrip("0123456789") for w, yes in served.items() if yes} == {"prefill", "decode"}, served
 

@@ -677,6 +677,9 @@ def assert_same_end(seed: dict, ours: dict, c, plan, worker, tmp: Path) -> None:
         assert o_env.pop(k) == f"{u.scheme}://{c.node0.ip}:{u.port}"
     for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         assert o_env.pop(k) == c.node0.nic
+    # what a worker adds so that its system port's /health turns ready (systems/dynamo/placement.py, HEALTH_ENDPOINTS)
+    if worker is not None:
+        assert o_env.pop("DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS") == '["generate"]'
     s_env["CONFIG_DIR"] = s_env["CONFIG_DIR"].replace(str(tmp / "seed"), str(tmp / "ours"))
     assert o_env == s_env
     if worker is None:
@@ -799,9 +802,10 @@ def test_etcd_and_nats_run_on_node_0_with_their_data_in_the_release():
         assert cmd[:3] == ["docker", "run", "-d"] and _pairs(cmd, "--network") == ["host"] and f"{rd}:{rd}" in _pairs(cmd, "-v")
     assert _pairs(etcd, "--listen-client-urls") == [f"http://0.0.0.0:{etcd_port}"]
     assert _pairs(etcd, "--advertise-client-urls") == [f"http://{n0.ip}:{etcd_port}"]
-    assert _pairs(etcd, "--data-dir") == [f"{rd}/etcd"]
+    # their state in the container, not the release: a release started again must not get its dead instances back
+    assert _pairs(etcd, "--data-dir") == ["/etcd-data"]
     at = nats.index("nats-server")
-    assert nats[at:] == ["nats-server", "-js", "-p", str(nats_port), "-m", "8222", "-sd", f"{rd}/nats"]
+    assert nats[at:] == ["nats-server", "-js", "-p", str(nats_port), "-m", "8222", "-sd", "/nats-data"]
     # their gates
     services = {s["name"]: s for s in doc["services"]}
     assert services["etcd"]["started"] == f"GET /health on {n0.name}:{etcd_port}"

@@ -1,10 +1,15 @@
 """Dynamo readiness passes whichever prefill and decode worker the router
 picks. The engine's watch runs the release plan's real probes and body
-checks (flows.probes) against a cluster made of the Dynamo stand-in's own
-parts (sim/standins/dynamo.py: the frontend's /health body, each worker
-rank 0's /health, /metrics and request handling); only the HTTP transport
-and the container states are replaced. A worker shows
-trtllm_kv_cache_utilization only after it served a request, as a real one does."""
+checks (flows.probes) against a release whose answers have the shapes NVIDIA's
+ai-dynamo 1.6 gives (seen with the real frontend and dynamo.mocker workers on
+the simulated hosts, ../shared/recipes/dynamo-real.md): the frontend's /health
+is 200 "healthy" even with no worker and lists every endpoint of every
+instance (generate, router-discovery, the KV query source), prefill workers
+under component "prefill" and decode workers under "backend"; a worker's
+system port /health says "ready" once its generate endpoint serves (with
+DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS) and its /metrics counts requests in
+dynamo_component_requests_total. Only the HTTP transport and the container
+states are replaced."""
 
 from __future__ import annotations
 
@@ -18,9 +23,9 @@ from flows import deploy as dep
 from flows import engine as engine_mod
 from flows import probes
 from llmdeploy.inventory import Budget, Cluster, Model, make_nodes
+from systems.dynamo import ROLE_COMPONENT
 from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
 from systems.dynamo import workers as dynamo
-from sim.standins import dynamo as dy
 
 TOPOLOGIES = list(dynamo.TOPOLOGIES)  # every topology of the seed
 
@@ -33,62 +38,70 @@ def cluster_of(topology: str) -> Cluster:
 
 
 class FakeDynamo:
-    """A release's frontend and workers from the stand-in's parts. ``pick``
+    """A release's frontend and workers with ai-dynamo's answers. ``pick``
     chooses (prefill index, decode index) for each chat request, as the
     router would; ``registered`` says which workers' instances etcd holds."""
 
     def __init__(self, c: Cluster, pick, registered=None):
         self.c, self.pick = c, pick
         self.workers = dynamo.placement(c, c.profile)
-        self.rank0 = {}
-        self.instances = []
-        served = c.profile.served_model_name
-        for i, w in enumerate(self.workers):
-            info = {"namespace": c.profile.namespace, "component": w.role, "endpoint": "generate", "mode": w.role,
-                    "model": dy.registered_model_name(served, c.profile.model_mount), "model_path": c.profile.model_mount,
-                    "tp": w.tp, "pp": 1, "ep": w.ep, "publish_metrics": True, "system_port": w.system_port}
-            r0 = dy.WorkerRank0(info, {}, w.ranks, {}, {}, lambda *a: None, "", "x")
-            r0.all_joined.set()
-            r0.ready = registered is None or w.name in registered
-            self.rank0[w.name] = r0
-            if r0.ready:
-                self.instances.append({**{k: info[k] for k in ("namespace", "component", "endpoint", "mode", "model")},
-                                       "instance_id": i + 1, "transport": {"tcp": f"{w.rank0_node}:{w.system_port}"}})
+        self.ready = {w.name: registered is None or w.name in registered for w in self.workers}
+        self.requests = {w.name: 0 for w in self.workers}
         self.chats: list[tuple[str, str]] = []
+
+    def instances(self) -> list[dict]:
+        out = []
+        for i, w in enumerate(self.workers):
+            if not self.ready[w.name]:
+                continue
+            comp = ROLE_COMPONENT[w.role]
+            for ep in ("generate", "router-discovery") + (("worker_kv_query_source_1560946b90c818",) if w.role == "prefill" else ()):
+                out.append({"component": comp, "endpoint": ep, "namespace": self.c.profile.namespace, "instance_id": 7587899357996777700 + i,
+                            "transport": {"tcp": f"{w.rank0_node}:36811/694da24380d0010d/{self.c.profile.namespace}/{comp}/{ep}"}})
+        return out
+
+    def models(self) -> list[str]:
+        roles = {w.role for w in self.workers if self.ready[w.name]}
+        return [self.c.profile.served_model_name] if roles == {"prefill", "decode"} else []
 
     def answer(self, host: str, port: int, method: str, path: str, body) -> tuple[int, bytes]:
         prof = self.c.profile
         if host == self.c.node0.name and port == prof.frontend_port:
             if path == "/health":
-                return 200, json.dumps(dy.frontend_health(self.instances)).encode()
+                inst = self.instances()
+                return 200, json.dumps({"status": "healthy", "endpoints": sorted({f"dyn://{prof.namespace}.{i['component']}.{i['endpoint']}" for i in inst}),
+                                        "instances": inst}).encode()
             if path == "/v1/models":
-                return 200, json.dumps({"object": "list", "data": [{"id": m} for m in dy.models_of(self.instances)]}).encode()
+                return 200, json.dumps({"object": "list", "data": [{"id": m, "object": "model", "owned_by": "nvidia"} for m in self.models()]}).encode()
             if method == "POST" and path == "/v1/chat/completions":
                 return self.chat(body)
         for w in self.workers:
             if (host, port) == (w.rank0_node, w.system_port):
-                r0 = self.rank0[w.name]
                 if path == "/health":
-                    code, doc = dy.worker_health(r0.healthy(), r0.endpoint)
-                    return code, json.dumps(doc).encode()
+                    ok = self.ready[w.name]
+                    return (200 if ok else 503), json.dumps({"status": "ready" if ok else "notready", "uptime": {"secs": 3, "nanos": 0},
+                                                               "endpoints": {"generate": "ready"} if ok else {}}).encode()
                 if path == "/metrics":
-                    return 200, r0.metrics().encode()
+                    comp = ROLE_COMPONENT[w.role]
+                    labels = f'dynamo_component="{comp}",dynamo_endpoint="generate",dynamo_namespace="{prof.namespace.replace("-", "_")}"'
+                    return 200, ("# HELP dynamo_component_requests_total Total number of requests processed by work handler\n"
+                                 "# TYPE dynamo_component_requests_total counter\n"
+                                 f"dynamo_component_requests_total{{{labels}}} {self.requests[w.name]}\n").encode()
         raise ConnectionRefusedError(f"nothing listens on {host}:{port}")
 
     def chat(self, req: dict) -> tuple[int, bytes]:
-        if req.get("model") not in dy.models_of(self.instances):
-            return 404, b'{"message":"Model not found"}'
+        if req.get("model") not in self.models():
+            return 404, b'{"message":"Model not found","type":"Not Found","code":404}'
+        assert isinstance(req.get("max_tokens"), int), "the mock engine answers only requests with max_tokens"
         prefills = [w for w in self.workers if w.role == "prefill"]
         decodes = [w for w in self.workers if w.role == "decode"]
         i, j = self.pick(len(self.chats), len(prefills), len(decodes))
         p, d = prefills[i], decodes[j]
-        base = {"messages": req["messages"], "max_tokens": req.get("max_tokens")}
-        code, pre = self.rank0[p.name].generate({**base, "phase": "prefill"})
-        assert code == 200, pre
-        code, dec = self.rank0[d.name].generate({**base, "phase": "decode", "disaggregated_params": pre["disaggregated_params"]})
-        assert code == 200, dec
+        self.requests[p.name] += 1
+        self.requests[d.name] += 1
         self.chats.append((p.name, d.name))
-        return 200, json.dumps({"choices": [{"message": {"role": "assistant", "content": dec["text"]}}]}).encode()
+        return 200, json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": " def add(a, b): return a + b"},
+                                             "finish_reason": "length"}], "model": req["model"], "object": "chat.completion"}).encode()
 
 
 def watch(fake: FakeDynamo, monkeypatch, ready_timeout_s: float = 30) -> tuple[bool, engine_mod.Outcome, object]:
@@ -126,11 +139,10 @@ def test_readiness_passes_whichever_workers_the_router_picks(topology, monkeypat
         ok, out, plan = watch(fake, monkeypatch)
         assert ok, (topology, i, j, out.reason)
         assert fake.chats, "the chat went through the router"
-        # the workers the router did not pick have served nothing and show no KV-cache sample
+        # the workers the router did not pick have served nothing
         picked = set(fake.chats[0])
         for w in dynamo.placement(c, c.profile):
-            kv = probes.CHECKS["metric"](fake.rank0[w.name].metrics().encode(), "trtllm_kv_cache_utilization")
-            assert (kv is None) == (w.name in picked), (topology, w.name, kv)
+            assert (fake.requests[w.name] > 0) == (w.name in picked), (topology, w.name)
         assert any(w.name not in picked for w in dynamo.placement(c, c.profile)) == (len(dynamo.placement(c, c.profile)) > 2)
 
 
@@ -161,8 +173,9 @@ def test_the_plan_waits_for_no_traffic_dependent_metric():
 
 def test_the_prometheus_check():
     check = probes.CHECKS["prometheus"]
-    r0 = FakeDynamo(cluster_of("1P1D-B8"), lambda *a: (0, 0)).rank0["decode0"]
-    assert check(r0.metrics().encode(), "") is None  # a worker before any traffic
+    fake = FakeDynamo(cluster_of("1P1D-B8"), lambda *a: (0, 0))
+    w = fake.workers[1]
+    assert check(fake.answer(w.rank0_node, w.system_port, "GET", "/metrics", None)[1], "") is None  # a worker before any traffic
     assert check(b"", "") is None
     assert check(b'# HELP x y\n# TYPE x gauge\nx{a="b"} 1\n', "") is None
     assert "is not Prometheus text" in check(b"<html>502 Bad Gateway</html>", "")

@@ -270,11 +270,22 @@ def test_the_1p1d_worker_shells_are_the_seeds():
     c = load_cluster("gb300-agentic")
     node = c.nodes[0]
     prefill, decode = dynamo.placement(c, c.profile)
-    assert dynamo.worker_env(c, prefill, node) == seed_exports("In the prefill shell:")
-    assert dynamo.worker_env(c, decode, node) == seed_exports("In the decode shell:")
+
+    def seed(header):
+        # the seed's shell, plus the one variable the tool adds after DYN_SYSTEM_PORT: without it a worker's
+        # system port /health never turns ready (systems/dynamo/placement.py, HEALTH_ENDPOINTS)
+        out = {}
+        for k, v in seed_exports(header).items():
+            out[k] = v
+            if k == "DYN_SYSTEM_PORT":
+                out["DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS"] = '["generate"]'
+        return out
+
+    assert dynamo.worker_env(c, prefill, node) == seed("In the prefill shell:")
+    assert dynamo.worker_env(c, decode, node) == seed("In the decode shell:")
     # in the seed's order
-    assert list(dynamo.worker_env(c, prefill, node)) == list(seed_exports("In the prefill shell:"))
-    assert list(dynamo.worker_env(c, decode, node)) == list(seed_exports("In the decode shell:"))
+    assert list(dynamo.worker_env(c, prefill, node)) == list(seed("In the prefill shell:"))
+    assert list(dynamo.worker_env(c, decode, node)) == list(seed("In the decode shell:"))
     assert "CUDA_VISIBLE_DEVICES" not in dynamo.worker_env(c, decode)  # per node only
     assert dynamo.frontend_env(c.profile) == seed_exports("In the frontend shell:")
     # mpirun -np 1 / -np 2
@@ -495,8 +506,8 @@ def test_two_services_on_one_port_on_one_node_are_refused():
     assert refused(lambda: gb300("1P1D-B8", workers=[DynamoWorker(), DynamoWorker(system_port=8081)])) == [
         "profile.workers[1].system_port: decode0's DYN_SYSTEM_PORT 8081 is also prefill0's: every worker needs its own DYN_SYSTEM_PORT"
     ]
-    assert refused(lambda: gb300("1P1D-B8", system_port_base=65535)) == [
-        "profile.system_port_base (+1): decode0's DYN_SYSTEM_PORT 65536 is above 65535"
+    assert refused(lambda: gb300("1P1D-B8", system_port_base=32767)) == [
+        "profile.system_port_base (+1): decode0's DYN_SYSTEM_PORT 32768 is above 32767: Dynamo's runtime reads it as a 16-bit signed integer"
     ]
     # etcd's client port on a system port
     assert refused(lambda: gb300("1P2D", system_port_base=2379)) == [

@@ -51,7 +51,7 @@ def test_nvidia_profiles():
     c = load_cluster("gb300-agentic")
     workers = c.profile.placement(c.nodes)
     assert [(w.role, w.cuda_visible_devices("gb300-node-0"), w.system_port) for w in workers] == [("prefill", "0", 8081), ("decode", "1,2", 8082)]
-    assert workers[0].env == {"DYN_SYSTEM_PORT": "8081", "CUDA_SCALE_LAUNCH_QUEUES": "4x", "TRTLLM_SKIP_KV_CACHE_ESTIMATION": "1", "TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL": "1"}
+    assert workers[0].env == {"DYN_SYSTEM_PORT": "8081", "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS": '["generate"]', "CUDA_SCALE_LAUNCH_QUEUES": "4x", "TRTLLM_SKIP_KV_CACHE_ESTIMATION": "1", "TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL": "1"}
 
 
 def test_list_clusters_names_the_modules():

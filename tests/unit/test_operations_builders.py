@@ -217,7 +217,7 @@ def test_logs_prefixes_each_line_with_its_host_and_service_and_picks_one_service
 
 # --- readiness checks a system adds ------------------------------------------------------------------
 def test_a_system_check_resolves_by_the_name_plan_json_files_use():
-    body = b'{"status":"healthy","instances":[{"component":"prefill"},{"component":"decode"}]}'
+    body = b'{"status":"healthy","instances":[{"component":"prefill","endpoint":"generate"},{"component":"backend","endpoint":"generate"}]}'
     arg = json.dumps([{"name": "prefill0", "role": "prefill"}, {"name": "decode0", "role": "decode"}])
     check = probes.check_named("dynamo_health")
     assert check is not None and check(body, arg) is None
