@@ -1,16 +1,44 @@
 """Dynamo 1P2D on five simulated GB300 nodes: prefill P4-TEP on node 0 with
 the control plane and the frontend, two decode D8-B4 workers each one TP8
-MPI group across two nodes (the launch agent enters the second node's container)."""
+MPI group across two nodes (the launch agent enters the second node's container).
+The frontend is NVIDIA's (the pinned ai-dynamo wheel, installed by prepare),
+the workers run Dynamo's engine simulator behind the plan's command line: the
+live view, the benchmark and the drain before a stop read the real frontend."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from llmdeploy.release import parse_ledger
-from sim.paths import host_dir
+from sim import hostview, images
+from sim.paths import host_dir, netns_name
 from tests.integration.conftest import top_once
 from tests.conftest import run_invoke
 from tests.integration.test_deploy_trtllm import _procs
+
+SERVED = "nvidia/Qwen3.5-397B-A17B-NVFP4-V2"
+# one long streamed chat through the frontend, from inside node 0
+CLIENT = """
+import http.client, json, sys
+conn = http.client.HTTPConnection("127.0.0.1", 8000, timeout=120)
+body = {"model": sys.argv[1], "messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": int(sys.argv[2])}
+chunks, done = 0, False
+try:
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    while line := resp.readline():
+        if line.startswith(b"data: [DONE]"):
+            done = True
+        elif line.startswith(b"data:"):
+            chunks += 1
+            if chunks == 1:
+                print("first", flush=True)
+except (OSError, http.client.HTTPException) as exc:
+    print("error", type(exc).__name__, exc, flush=True)
+print("done" if done else "cut", chunks, flush=True)
+"""
 
 SIM_CLUSTER = "sim-gb300-1p2d"
 NODES = [f"sim-gb300-1p2d-{i}" for i in range(5)]
@@ -38,10 +66,46 @@ def test_1p2d_decode_groups_span_two_nodes(sim_cluster):
     assert doc["healthy"]
     assert sorted(u["service"] for n in NODES for u in doc["nodes"][n]["units"].values()) == sorted(
         ["etcd", "nats", "frontend", "prefill0", "decode0", "decode0", "decode1", "decode1"])
+    # NVIDIA's frontend: the pinned wheel in the container, python3 -m dynamo.frontend from it
+    frontend = f"{SIM_CLUSTER}-{rid}-frontend"
+    show = hostview.docker(SIM_CLUSTER, NODES[0], "exec", frontend, "python3", "-m", "pip", "show", "ai-dynamo").stdout
+    assert f"Version: {images.DYNAMO_VERSION}" in show.splitlines(), show
+    where = hostview.docker(SIM_CLUSTER, NODES[0], "exec", frontend, "python3", "-c",
+                            "import dynamo.frontend as f, importlib.metadata as m; print(f.__file__); "
+                            "print(m.distribution('ai-dynamo').locate_file('dynamo/frontend/__init__.py'))").stdout.split()
+    assert where[0] == where[1] and where[0].endswith("dist-packages/dynamo/frontend/__init__.py"), where
+    assert any(name == frontend and cmd.startswith("python3 -m dynamo.frontend --http-port 8000 --router-mode kv")
+               for env, cmd, name in _procs(NODES[0], SIM_CLUSTER).values())
+    # the workers' lines are parsed by ai-dynamo's own parser: an option Dynamo does not know fails as Dynamo fails
+    bad = hostview.docker(SIM_CLUSTER, NODES[0], "exec", frontend, "python3", "-m", "dynamo.trtllm", "--model-path", "/models/qwen35",
+                          "--no-such-option", "1", check=False)
+    assert bad.returncode != 0 and "--no-such-option" in bad.stderr, (bad.returncode, bad.stderr[-2000:])
+
     # the live view's snapshot: every node, the frontend's /metrics read
     snap = top_once(SIM_CLUSTER, NODES)
     assert snap["server"]["host"] == NODES[0] and snap["system"] == "dynamo"
-    res = run_invoke("stop", "--cluster", SIM_CLUSTER)
+    # the benchmark through the frontend: every request answered, tokens counted
+    res = run_invoke("bench", "--cluster", SIM_CLUSTER, "--concurrency", "2", "--requests", "4", "--output-tokens", "32",
+                     "--input-tokens", "16", "--json", timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
+    bench = json.loads(res.stdout)
+    assert bench["ok"] and [(lv["concurrency"], lv["ok"], lv["errors"]) for lv in bench["levels"]] == [(2, 4, 0)], bench
+    # ignore_eos asks for exactly --output-tokens: the mock engine stops there
+    assert bench["levels"][0]["output_tokens"] == 4 * 32, bench["levels"][0]
+
+    # a stop drains: the frontend, told to stop, finishes the stream it holds (the real in-flight gauge)
+    stream = subprocess.Popen(["ip", "netns", "exec", netns_name(SIM_CLUSTER, NODES[0]), sys.executable, "-c", CLIENT, SERVED, "3000"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    try:
+        assert stream.stdout.readline().strip() == "first"
+        res = run_invoke("stop", "--cluster", SIM_CLUSTER)
+        out, _ = stream.communicate(timeout=120)
+    finally:
+        if stream.poll() is None:
+            stream.kill()
+            stream.wait()
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "drained: frontend finished what it held and exited" in res.stdout, res.stdout
+    assert out.strip().splitlines()[-1].split()[0] == "done", out
     for node in NODES:
         assert _procs(node, SIM_CLUSTER) == {}, node
