@@ -145,6 +145,13 @@ def test_3p2d_restarts_whole_after_a_decode_worker_died(sim_cluster):
     served = _served()
     assert any(served.values()) and not all(served.values()), served
     assert {w.rstrip("0123456789") for w, yes in served.items() if yes} == {"prefill", "decode"}, served
+    # the frontend names the prefill and the decode worker it sent to, by worker id (its per-worker gauges)
+    routed: dict[str, set[str]] = {}
+    for ln in _get(NODES[0], 8000, "/metrics").splitlines():
+        if ln.startswith("dynamo_frontend_worker_last_") and "worker_id=" in ln:
+            labels = dict(kv.split("=", 1) for kv in ln[ln.index("{") + 1:ln.rindex("}")].split(","))
+            routed.setdefault(labels["worker_type"].strip('"'), set()).add(labels["worker_id"].strip('"'))
+    assert set(routed) == {"prefill", "decode"} and all(routed.values()), routed
 
     res = run_invoke("stop", "--cluster", SIM_CLUSTER)
     assert res.returncode == 0, res.stdout + res.stderr
