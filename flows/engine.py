@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.markup import escape
 
-from flows.probes import UNREADABLE, fetch, http_probe, inflight
+from flows.probes import UNREADABLE, BodyProblem, fetch, http_probe, inflight
 from llmdeploy import launcher, logs, report
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir, releases_dir
@@ -79,14 +80,15 @@ class _Watching:
 NOT_YET_STATUS = (408, 429, 502, 503, 504)
 
 
-def not_yet(problem: str) -> bool:
+def not_yet(problem: str, statuses: Iterable[int] = ()) -> bool:
     """Whether a probe's problem says "not yet" rather than "wrong": a port
     that does not accept connections (the SSH forward's "Connect failed", a
-    refused connection) or an HTTP status that means "try again"."""
+    refused connection) or an HTTP status that means "try again" (for every
+    probe, or in ``statuses``: the probe's own, ``Probe.not_yet``)."""
     if "Connect failed" in problem or "Connection refused" in problem:
         return True
     m = re.search(r" answered (\d{3}): ", problem)
-    return bool(m) and int(m.group(1)) in NOT_YET_STATUS
+    return bool(m) and (int(m.group(1)) in NOT_YET_STATUS or int(m.group(1)) in statuses)
 
 
 def waiting_note(plan: ReleasePlan, w: "_Watching") -> str:
@@ -452,7 +454,8 @@ class Engine:
             p = plan.ready[w.stage]
             problem = self.probe(p)
             if problem is not None:
-                if w.stage > 0 and not not_yet(problem):
+                waiting = not_yet(problem, p.not_yet) or (p.wait_body and isinstance(problem, BodyProblem))
+                if w.stage > 0 and not waiting:
                     return self._fail(out, p.host, f"{p.name}: {problem}")
                 w.last_probe = f"{p.name}: {problem}" if w.stage > 0 else problem
                 return None

@@ -314,8 +314,14 @@ def fetch(runner: Runner, node: Node, p: Probe, timeout: float, shown: int = 200
     return Fetched(status=status, body=body)
 
 
+class BodyProblem(str):
+    """What :func:`http_probe` says when the probe's status came but its body
+    failed the check (a ``str``: shown as any other problem)."""
+
+
 def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | None:
-    """None when ``p`` passes, else what was seen."""
+    """None when ``p`` passes, else what was seen (a :class:`BodyProblem`
+    when the answer came with the probe's status and its body failed the check)."""
     got = fetch(runner, node, p, timeout)
     if not got.ok:
         return got.problem
@@ -327,7 +333,7 @@ def http_probe(runner: Runner, node: Node, p: Probe, timeout: float) -> str | No
         problem = check(body, p.arg)
     except UNREADABLE as exc:
         return f"{p.describe()}: unreadable answer ({type(exc).__name__}: {exc}): {body[:200]!r}"
-    return f"{p.describe()} {problem}" if problem else None
+    return BodyProblem(f"{p.describe()} {problem}") if problem else None
 
 
 def samples(body: bytes, names: list[str]) -> dict[str, float]:

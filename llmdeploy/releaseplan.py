@@ -62,6 +62,12 @@ class Probe:
     # a predicate from flows.probes.CHECKS, with its argument
     check: str = ""
     arg: str = ""
+    # HTTP statuses that mean "not yet" for this probe, beyond the ones that do for every probe
+    # (flows.engine.NOT_YET_STATUS): what a server answers for a while after it became ready
+    not_yet: list[int] = field(default_factory=list)
+    # a body that fails the check means "not yet" too: the server answers before it has everything
+    # (Dynamo's frontend lists its workers a moment before their model is in /v1/models)
+    wait_body: bool = False
 
     def describe(self) -> str:
         if self.kind == "port":

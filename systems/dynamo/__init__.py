@@ -336,11 +336,17 @@ def probe(cluster: Cluster, profile: DynamoProfile, name: str) -> list[Probe]:
         return [Probe(name=f"{w.name} /health", kind="http", host=w.rank0_node, port=w.system_port, path="/health", check="json", arg="status=ready")
                 for w in workers]
     if name == "models":
-        return [Probe(name="/v1/models", kind="http", host=n0, port=prof.frontend_port, path="/v1/models", check="models", arg=prof.served_model_name)]
+        # wait_body: the real frontend lists a (re)started worker in /health a moment before its model is in
+        # /v1/models (seen with ai-dynamo 1.6 on a rollback: /health listed both workers, /v1/models had [])
+        return [Probe(name="/v1/models", kind="http", host=n0, port=prof.frontend_port, path="/v1/models", check="models", arg=prof.served_model_name,
+                      wait_body=True)]
     if name == "chat":
         # the seed's request, once: whichever prefill and decode worker the router picks for it
+        # not_yet 500: for a moment after a worker (re)registers the real frontend answers 500 "Failed to generate
+        # completions" (its log: "no endpoints available to route work") before the router has taken it in
+        # (seen with ai-dynamo 1.6 when a killed decode group was started again)
         return [Probe(name="chat check", kind="http", host=n0, port=prof.frontend_port, method="POST", path="/v1/chat/completions",
-                      body=chat_request(prof), headers={"x-dynamo-session-id": SESSION_ID}, check="answer")]
+                      body=chat_request(prof), headers={"x-dynamo-session-id": SESSION_ID}, check="answer", not_yet=[500])]
     if name == "worker_metrics":
         # the seed's `curl --fail` of every worker's /metrics; not its trtllm_kv_cache_utilization
         # sample, which shows only after that worker's engine ran (and sampled) iterations (see above)
@@ -358,29 +364,35 @@ ROLE_COMPONENT = {"prefill": "prefill", "decode": "backend"}
 
 def frontend_health(body: bytes, arg: str) -> str | None:
     """The frontend answers 200 "healthy" even with no worker at all (seen
-    with ai-dynamo 1.6): the body must list, per role, as many ``generate``
-    instances as the plan has workers of that role. Its ``instances`` also
-    hold every worker's other endpoints (router-discovery, the KV query
-    source...): only ``generate`` counts. A SIGKILLed worker stays listed
-    until its etcd lease expires, so this passes during that window: the
-    worker's own /health (worker_health) and status's container check tell
-    it apart. ``arg``: JSON list of the expected workers, each {"name", "role",
-    "host", "port"}."""
+    with ai-dynamo 1.6): the body must list, per role, exactly as many
+    ``generate`` instances as the plan has workers of that role. Its
+    ``instances`` also hold every worker's other endpoints (router-discovery,
+    the KV query source...): only ``generate`` counts. A SIGKILLed worker
+    stays listed until its etcd lease expires, and the router still sends it
+    requests (they fail: 500 "Failed to generate completions", seen after a
+    restart of a killed decode group): more instances than workers is not
+    ready yet. ``arg``: JSON list of the expected workers, each {"name",
+    "role", "host", "port"}."""
     doc = json.loads(body)
     want = json.loads(arg) if arg else []
     have = [i for i in (doc.get("instances") or []) if isinstance(i, dict) and i.get("endpoint", "generate") == "generate"]
-    missing = []
+    missing, extra = [], []
     for role in sorted({w.get("role", "") for w in want} - {""}):
         expected = [w["name"] for w in want if w.get("role") == role]
         component = ROLE_COMPONENT.get(role, role)
         found = len({i.get("instance_id", id(i)) for i in have if i.get("component") == component})
         if found < len(expected):
             missing.append(f"{len(expected) - found} of {len(expected)} {role} ({', '.join(expected)})")
+        elif found > len(expected):
+            extra.append(f"{found} {role} instances for {len(expected)} {role} worker(s) ({', '.join(expected)}): "
+                         "the others are of workers that are gone, listed until their etcd leases expire")
     gone = f"; missing {'; '.join(missing)}" if missing else ""
     if doc.get("status") != "healthy":
         return f"says {doc.get('status')!r}: {doc.get('message') or ''} ({len(have)} of {len(want)} workers registered{gone})"
     if missing:
         return f"lists {len(have)} of {len(want)} workers{gone}"
+    if extra:
+        return f"lists {'; '.join(extra)}"
     return None
 
 

@@ -180,3 +180,47 @@ def test_the_prometheus_check():
     assert check(b'# HELP x y\n# TYPE x gauge\nx{a="b"} 1\n', "") is None
     assert "is not Prometheus text" in check(b"<html>502 Bad Gateway</html>", "")
     assert "is not Prometheus text" in check(b'{"status":"ready"}', "")
+
+
+def test_a_dead_workers_instance_keeps_readiness_waiting():
+    """After a SIGKILLed decode group is started again, the frontend lists its
+    old instance beside the new one until the old lease expires, and routes
+    requests to it: the release is not ready until it lists one per worker."""
+    from systems.dynamo import frontend_health
+
+    want = json.dumps([{"name": "prefill0", "role": "prefill"}, {"name": "decode0", "role": "decode"}])
+
+    def body(*decode_ids):
+        inst = [{"component": "prefill", "endpoint": "generate", "instance_id": 1},
+                {"component": "prefill", "endpoint": "router-discovery", "instance_id": 1}]
+        inst += [{"component": "backend", "endpoint": e, "instance_id": i} for i in decode_ids for e in ("generate", "router-discovery")]
+        return json.dumps({"status": "healthy", "instances": inst}).encode()
+
+    assert frontend_health(body(7), want) is None
+    assert frontend_health(body(7, 8), want) == ("lists 2 decode instances for 1 decode worker(s) (decode0): the others are of "
+                                                  "workers that are gone, listed until their etcd leases expire")
+    assert frontend_health(body(), want) == "lists 1 of 2 workers; missing 1 of 1 decode (decode0)"
+    # healthy with no worker at all, as the real frontend says
+    assert "1 of 1 prefill (prefill0)" in frontend_health(json.dumps({"status": "healthy", "instances": []}).encode(), want)
+
+
+def test_the_chat_waits_out_the_frontends_500_after_a_worker_registered():
+    c = cluster_of("1P1D-B8")
+    _, _, plan = dep.plan_release(c, {}, "sha256:x")
+    (chat,) = [p for p in plan.ready if p.path == "/v1/chat/completions"]
+    assert chat.not_yet == [500]
+    problem = f"{chat.describe()} answered 500: b'{{\"message\":\"Failed to generate completions\"}}'"
+    assert engine_mod.not_yet(problem, chat.not_yet) and not engine_mod.not_yet(problem)
+    assert not engine_mod.not_yet(problem.replace("500", "404"), chat.not_yet)
+
+
+def test_the_model_list_may_lag_the_workers(monkeypatch):
+    c = cluster_of("1P1D-B8")
+    _, _, plan = dep.plan_release(c, {}, "sha256:x")
+    (models,) = [p for p in plan.ready if p.path == "/v1/models"]
+    assert models.wait_body and not [p.name for p in plan.ready if p.wait_body and p is not models]
+    # a release whose frontend lists the workers but no model yet keeps waiting, then fails by its deadline
+    fake = FakeDynamo(c, lambda *a: (0, 0))
+    fake.models = lambda: []
+    ok, out, _ = watch(fake, monkeypatch, ready_timeout_s=0.3)
+    assert not ok and out.reason.startswith("not ready within 0.3s (") and "does not list" in out.reason, out.reason
