@@ -609,7 +609,9 @@ GOOD_BODIES = {
                "trtllm_kv_cache_utilization"),
     "prometheus": (b"# HELP dynamo_component_uptime_seconds x\n# TYPE dynamo_component_uptime_seconds gauge\n"
                    b"dynamo_component_uptime_seconds{dynamo_component=\"decode\"} 12.5\n", ""),
-    "dynamo_health": (b'{"status":"healthy","instances":[{"component":"prefill"},{"component":"decode"}]}',
+    # ai-dynamo 1.6's shape: decode workers register under component "backend"; every endpoint is listed
+    "dynamo_health": (b'{"status":"healthy","instances":[{"component":"prefill","endpoint":"generate","instance_id":1},'
+                      b'{"component":"backend","endpoint":"generate","instance_id":2},{"component":"backend","endpoint":"router-discovery","instance_id":2}]}',
                       json.dumps([{"name": "prefill0", "role": "prefill"}, {"name": "decode0", "role": "decode"}])),
 }
 
