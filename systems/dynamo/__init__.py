@@ -26,9 +26,10 @@ the profile's ``qwen3.5-gb300-agentic.env`` and unsets
 the colocated 1P1D also unsets ``TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL``
 (the seed's "unset the weight-loading variable"), and its ranks get neither.
 
-Ready: the frontend's ``/health`` body says healthy and lists every worker
-(it answers 200 while unhealthy), every worker's system port ``/health``,
-``/v1/models`` lists the served model, the seed's chat request with an
+Ready: the frontend's ``/health`` body lists one ``generate`` instance per
+worker (it answers 200 "healthy" even with none), every worker's system port
+``/health`` (ready with DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS, which the plan
+sets), ``/v1/models`` lists the served model, the seed's chat request with an
 ``x-dynamo-session-id`` answers, then every worker's ``/metrics`` answers
 Prometheus text. None of it depends on which workers the router picked:
 ``trtllm_kv_cache_utilization`` is not waited for (see ``probe``).
