@@ -217,32 +217,10 @@ class Rank0(trtllm_sim.Rank0):
         self.terminated = False
 
     def serve(self) -> int:
-        host = os.uname().nodename
         signal.signal(signal.SIGTERM, self._sigterm)
-        if self.size > 1:
-            import socket
-            import threading
-
-            srv = socket.socket()
-            srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                srv.bind(("0.0.0.0", self.rdv["port"]))
-            except OSError as exc:
-                self.log(f"cannot listen for the world's ranks on port {self.rdv['port']}: {exc.strerror}", "E")
-                return 1
-            srv.listen(256)
-            self.log(f"rank 0 of {self.size} on {host}: world {self.rdv['world']}, waiting for {self.size - 1} rank(s) on port {self.rdv['port']}")
-            threading.Thread(target=self._accept, args=(srv,), daemon=True).start()
-            end = time.monotonic() + float(self.faults.get("join_timeout_s", 600))
-            while not self.all_joined.wait(0.5):
-                if self.terminated:
-                    return 0
-                if time.monotonic() > end:
-                    missing = sorted(set(range(1, self.size)) - set(self.joined))
-                    self.log(f"timed out waiting for rank(s) {missing[:16]} to join", "E")
-                    print("RuntimeError: NCCL error: remote process exited or there was a network error (ncclRemoteError)", flush=True)
-                    return 1
-            self.log(f"all {self.size} ranks joined: " + ", ".join(f"{h} ({n} ranks)" for h, n in self._per_host()))
+        code = self.gather(stopped=lambda: self.terminated)
+        if code is not None:
+            return code
         cfg = self.cfg
         self.log(f"Loading model {self.config.model} (mode={_value(self.config.disaggregation_mode)}, "
                  f"tp={cfg.get('tensor_parallel_size', self.config.tensor_parallel_size)}, "

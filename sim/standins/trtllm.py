@@ -583,30 +583,42 @@ class Rank0:
     def healthy(self) -> bool:
         return self.serving and self.all_joined.is_set() and not self.lost.is_set()
 
-    def run(self) -> int:
-        host = os.uname().nodename
-        if self.size > 1:
-            srv = socket.socket()
-            srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                srv.bind(("0.0.0.0", self.rdv["port"]))
-            except OSError as exc:
-                self.log(f"cannot listen for the world's ranks on port {self.rdv['port']}: {exc.strerror}", "E")
-                return 1
-            srv.listen(256)
-            self.log(f"rank 0 of {self.size} on {host}: world {self.rdv['world']}, waiting for {self.size - 1} rank(s) on port {self.rdv['port']}")
-            threading.Thread(target=self._accept, args=(srv,), daemon=True).start()
-            end = time.monotonic() + float(self.faults.get("join_timeout_s", 600))
-            while not self.all_joined.wait(0.5):
-                if time.monotonic() > end:
-                    with self.lock:
-                        missing = sorted(set(range(1, self.size)) - set(self.joined))
-                    self.log(f"timed out waiting for rank(s) {missing[:16]} to join", "E")
-                    print("RuntimeError: NCCL error: remote process exited or there was a network error (ncclRemoteError)", flush=True)
-                    return 1
-            self.log(f"all {self.size} ranks joined: " + ", ".join(f"{h} ({n} ranks)" for h, n in self._per_host()))
-        else:
+    def gather(self, stopped=lambda: False) -> int | None:
+        """Rank 0's side of the rendezvous: listen for the other ranks and
+        wait until every one joined. None once the whole world is there; else
+        the exit code (1: cannot listen, or a rank did not come within
+        ``join_timeout_s``; 0: ``stopped()`` said so meanwhile)."""
+        if self.size <= 1:
             self.all_joined.set()
+            return None
+        host = os.uname().nodename
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            srv.bind(("0.0.0.0", self.rdv["port"]))
+        except OSError as exc:
+            self.log(f"cannot listen for the world's ranks on port {self.rdv['port']}: {exc.strerror}", "E")
+            return 1
+        srv.listen(256)
+        self.log(f"rank 0 of {self.size} on {host}: world {self.rdv['world']}, waiting for {self.size - 1} rank(s) on port {self.rdv['port']}")
+        threading.Thread(target=self._accept, args=(srv,), daemon=True).start()
+        end = time.monotonic() + float(self.faults.get("join_timeout_s", 600))
+        while not self.all_joined.wait(0.5):
+            if stopped():
+                return 0
+            if time.monotonic() > end:
+                with self.lock:
+                    missing = sorted(set(range(1, self.size)) - set(self.joined))
+                self.log(f"timed out waiting for rank(s) {missing[:16]} to join", "E")
+                print("RuntimeError: NCCL error: remote process exited or there was a network error (ncclRemoteError)", flush=True)
+                return 1
+        self.log(f"all {self.size} ranks joined: " + ", ".join(f"{h} ({n} ranks)" for h, n in self._per_host()))
+        return None
+
+    def run(self) -> int:
+        code = self.gather()
+        if code is not None:
+            return code
         self.log(f"Loading model {self.a['model']} (tp={self.cfg.get('tensor_parallel_size', self.a['tp_size'])}, "
                  f"ep={self.cfg.get('moe_expert_parallel_size', self.a['ep_size'] or 1)}, "
                  f"attention_dp={bool(self.cfg.get('enable_attention_dp', False))}, "
