@@ -70,3 +70,61 @@ def top_once(cluster: str, nodes: list[str]) -> dict:
     s = doc["server"]
     assert s["answers"] and s["status"] == 200 and s["running"] is not None and s["waiting"] is not None, s
     return doc
+
+
+# a streaming client run inside a node's network namespace: argv host, port, model, max_tokens, ignore_eos (1/0),
+# the connection's timeout in seconds;
+# prints "first" at the first chunk, "abort" for an aborted one, then "done N" or "cut N" (and "error ..." on a failure)
+STREAM_CLIENT = """
+import http.client, json, sys
+host, port, model, tokens, ignore_eos = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
+conn = http.client.HTTPConnection(host, port, timeout=float(sys.argv[6]))
+body = {"model": model, "messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": tokens}
+if ignore_eos:
+    body["ignore_eos"] = True
+chunks, done = 0, False
+try:
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    while line := resp.readline():
+        if line.startswith(b"data: [DONE]"):
+            done = True
+        elif line.startswith(b"data:"):
+            chunks += 1
+            if chunks == 1:
+                print("first", flush=True)
+            if b'"finish_reason": "abort"' in line or b'"finish_reason":"abort"' in line:
+                print("abort", flush=True)
+except (OSError, http.client.HTTPException) as exc:
+    print("error", type(exc).__name__, exc, flush=True)
+print("done" if done else "cut", chunks, flush=True)
+"""
+
+
+class Stream:
+    """One long streamed chat request to ``host:port``, from inside ``node``'s
+    network namespace (the test reaches no other address)."""
+
+    def __init__(self, cluster: str, node: str, host: str, port: int, model: str, tokens: int, ignore_eos: bool = True,
+                 timeout: float = 60):
+        import sys
+
+        from sim.paths import netns_name
+
+        self.proc = subprocess.Popen(["ip", "netns", "exec", netns_name(cluster, node), sys.executable, "-c", STREAM_CLIENT,
+                                      host, str(port), model, str(tokens), "1" if ignore_eos else "0", str(timeout)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+
+    def first(self) -> str:
+        return self.proc.stdout.readline().strip()
+
+    def end(self, timeout: float = 90) -> tuple[bool, int, str]:
+        """(got [DONE], chunks, all it said)."""
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        last = out.strip().splitlines()[-1].split()
+        return last[0] == "done", int(last[1]), out

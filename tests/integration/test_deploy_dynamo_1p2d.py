@@ -6,39 +6,17 @@ the workers run Dynamo's engine simulator behind the plan's command line: the
 live view, the benchmark and the drain before a stop read the real frontend."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from llmdeploy.release import parse_ledger
 from sim import hostview, images
-from sim.paths import host_dir, netns_name
-from tests.integration.conftest import top_once
+from sim.paths import host_dir
+from tests.integration.conftest import Stream, top_once
 from tests.conftest import run_invoke
 from tests.integration.test_deploy_trtllm import _procs
 
 SERVED = "nvidia/Qwen3.5-397B-A17B-NVFP4-V2"
-# one long streamed chat through the frontend, from inside node 0
-CLIENT = """
-import http.client, json, sys
-conn = http.client.HTTPConnection("127.0.0.1", 8000, timeout=120)
-body = {"model": sys.argv[1], "messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": int(sys.argv[2])}
-chunks, done = 0, False
-try:
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    while line := resp.readline():
-        if line.startswith(b"data: [DONE]"):
-            done = True
-        elif line.startswith(b"data:"):
-            chunks += 1
-            if chunks == 1:
-                print("first", flush=True)
-except (OSError, http.client.HTTPException) as exc:
-    print("error", type(exc).__name__, exc, flush=True)
-print("done" if done else "cut", chunks, flush=True)
-"""
 
 SIM_CLUSTER = "sim-gb300-1p2d"
 NODES = [f"sim-gb300-1p2d-{i}" for i in range(5)]
@@ -94,22 +72,16 @@ def test_1p2d_decode_groups_span_two_nodes(sim_cluster):
     assert bench["levels"][0]["output_tokens"] == 4 * 32, bench["levels"][0]
 
     # a stop drains: the frontend, told to stop, finishes the stream it holds (the real in-flight gauge)
-    stream = subprocess.Popen(["ip", "netns", "exec", netns_name(SIM_CLUSTER, NODES[0]), sys.executable, "-c", CLIENT, SERVED, "500"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
-    try:
-        assert stream.stdout.readline().strip() == "first"
-        res = run_invoke("stop", "--cluster", SIM_CLUSTER)
-        out, _ = stream.communicate(timeout=120)
-    finally:
-        if stream.poll() is None:
-            stream.kill()
-            stream.wait()
+    stream = Stream(SIM_CLUSTER, NODES[0], "127.0.0.1", 8000, SERVED, 500, ignore_eos=False, timeout=120)
+    assert stream.first() == "first"
+    res = run_invoke("stop", "--cluster", SIM_CLUSTER)
+    done, _, out = stream.end(timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     # the real frontend's own gauge counted the stream; the stop waited until it was done (deploy.drain_s is 10 s;
     # 500 tokens take the mock engine about 3 s)
     assert f"drain: 1 request in flight on {NODES[0]} (dynamo_frontend_inflight_requests 1" in res.stdout, res.stdout
     assert ("drained: frontend finished what it held and exited" in res.stdout
             or f"drained: no request in flight on {NODES[0]}" in res.stdout), res.stdout
-    assert out.strip().splitlines()[-1].split()[0] == "done", out
+    assert done, out
     for node in NODES:
         assert _procs(node, SIM_CLUSTER) == {}, node

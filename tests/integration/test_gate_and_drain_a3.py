@@ -16,9 +16,9 @@ import json
 import pytest
 
 from sim import hardware
-from sim.paths import SIM_LATENCY, host_dir, netns_name
+from sim.paths import SIM_LATENCY, host_dir
 from tests.conftest import REPO, run_invoke
-from tests.integration.conftest import top_once
+from tests.integration.conftest import Stream, top_once
 
 SIM_CLUSTER = "sim-a3"
 NODES = [f"sim-a3-{i}" for i in range(4)]
@@ -162,61 +162,15 @@ def test_when_the_last_good_release_cannot_come_back_the_slower_one_keeps_servin
     assert _current() == last["release"]
 
 
-# a streaming client run inside node 0's network namespace (the serving
-# address is the node's own there; this test reaches no other address)
-CLIENT = """
-import http.client, json, sys
-conn = http.client.HTTPConnection("198.19.3.10", 8000, timeout=60)
-body = {"model": "qwen3.8", "messages": [{"role": "user", "content": "count"}], "stream": True,
-        "max_tokens": int(sys.argv[1]), "ignore_eos": True}
-chunks, done = 0, False
-try:
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    while line := resp.readline():
-        if line.startswith(b"data: [DONE]"):
-            done = True
-        elif line.startswith(b"data:"):
-            chunks += 1
-            if chunks == 1:
-                print("first", flush=True)
-            if b'"finish_reason": "abort"' in line or b'"finish_reason":"abort"' in line:
-                print("abort", flush=True)
-except (OSError, http.client.HTTPException) as exc:
-    print("error", type(exc).__name__, exc, flush=True)
-print("done" if done else "cut", chunks, flush=True)
-"""
-
-
-class Stream:
-    """One long streamed chat request to node 0's endpoint, from inside node 0."""
-
-    def __init__(self, tokens: int):
-        import subprocess
-        import sys
-
-        self.proc = subprocess.Popen(["ip", "netns", "exec", netns_name(SIM_CLUSTER, "sim-a3-0"), sys.executable, "-c", CLIENT, str(tokens)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
-
-    def first(self) -> str:
-        return self.proc.stdout.readline().strip()
-
-    def end(self) -> tuple[bool, int, str]:
-        """(got [DONE], chunks, all it said)."""
-        try:
-            out, _ = self.proc.communicate(timeout=90)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        last = out.strip().splitlines()[-1].split()
-        return last[0] == "done", int(last[1]), out
+def _stream(tokens: int) -> Stream:
+    """One long streamed chat request to node 0's serving address, from inside node 0."""
+    return Stream(SIM_CLUSTER, "sim-a3-0", "198.19.3.10", 8000, "qwen3.8", tokens)
 
 
 def test_a_long_streaming_request_completes_during_a_rollback(baseline):
     res = _deploy()  # at the baseline's pace: a release to roll back from
     assert res.returncode == 0, res.stdout + res.stderr
-    stream = Stream(tokens=300)  # 3 s at 10 ms a token; deploy.drain_s is 10 s
+    stream = _stream(300)  # 3 s at 10 ms a token; deploy.drain_s is 10 s
     assert stream.first() == "first"
     res = run_invoke("rollback", "--cluster", SIM_CLUSTER, "--to", baseline, timeout=400)
     done, chunks, said = stream.end()
@@ -234,7 +188,7 @@ def test_a_request_longer_than_drain_s_is_reported_cut(baseline, tmp_path):
     text = (REPO / "inventory" / "sim_a3.py").read_text()
     assert "deploy=sim_deploy()," in text
     (inv / "sim_a3.py").write_text(text.replace("deploy=sim_deploy(),", "deploy=sim_deploy(drain_s=1),"))
-    stream = Stream(tokens=3000)  # 30 s
+    stream = _stream(3000)  # 30 s
     assert stream.first() == "first"
     res = _deploy(env={"LLMDEPLOY_INVENTORY": str(inv)})
     done, chunks, said = stream.end()
