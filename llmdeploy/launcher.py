@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
 
 from .errors import LlmdeployError
-from .plugin import members, signature_problem
+from .plugin import check
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from rich.console import Console
@@ -142,9 +142,6 @@ class LauncherPlugin(Protocol):
     def admitted(self, cluster: "Cluster", nodes: "list[Node]") -> ContextManager[Any]: ...
 
 
-# the attributes every launcher's module must have (checked when it loads, with the hooks' parameters)
-VALUES, HOOKS = members(LauncherPlugin)
-
 
 def _registry():
     """The registry (``llmdeploy/launchers/__init__.py``: ``LAUNCHERS``)."""
@@ -172,12 +169,7 @@ def plugin(name: str) -> LauncherPlugin:
     if name not in registered:
         raise LlmdeployError(f"no launcher {name!r} (registered: {', '.join(registered)})")
     mod = importlib.import_module(f"{PLUGINS}.{name}")
-    missing = [a for a in (*VALUES, *HOOKS) if not hasattr(mod, a)]
-    if missing:
-        raise TypeError(f"{mod.__name__} is no launcher: it lacks {', '.join(missing)} (llmdeploy.launcher.LauncherPlugin)")
-    wrong = [p for p in (signature_problem(mod.__name__, LauncherPlugin, h, getattr(mod, h)) for h in HOOKS) if p]
-    if wrong:
-        raise TypeError("; ".join(wrong))
+    check(mod, LauncherPlugin, "launcher")
     if mod.NAME != name:
         raise TypeError(f"{mod.__name__}: NAME {mod.NAME!r} is not its registered name {name!r}")
     _LOADED[name] = mod

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from pydantic import Field
 
 from .errors import LlmdeployError
-from .plugin import members, signature_problem
+from .plugin import check
 from .schema import Strict
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -116,10 +116,8 @@ class Vendor(Protocol):
     def parse_top(self, text: str) -> list[dict]: ...
 
 
-# the attributes every vendor's package must have (checked when it loads: the hooks' parameters
-# too, as a serving system's, llmdeploy.plugin), and those of its verify-comm method
-VALUES, HOOKS = members(Vendor)
-REQUIRED = tuple(VALUES) + tuple(HOOKS)
+# a vendor's package has every member of Vendor (checked when it loads, with the hooks'
+# parameters: llmdeploy.plugin.check), and those its verify-comm method needs
 REQUIRED_BY_METHOD = {
     "collective": ("comm_device_checks",),
     "device_pings": ("LINK_CHECKS", "LINK_TOOL", "PING_PRELUDE", "link_script", "parse_links", "ping_job"),
@@ -150,7 +148,7 @@ _LOADED: dict[str, object] = {}
 
 def vendor(name: str) -> Vendor:
     """The package ``platforms/<name>/``, loaded on first use and checked
-    against the interface (:data:`REQUIRED`) and the registry's line."""
+    against the interface (:class:`Vendor`, ``llmdeploy.plugin.check``) and the registry's line."""
     mod = _LOADED.get(name)
     if mod is not None:
         return mod  # type: ignore[return-value]
@@ -158,12 +156,7 @@ def vendor(name: str) -> Vendor:
     if name not in registered:
         raise LlmdeployError(f"no platform vendor {name!r} (registered: {', '.join(registered)})")
     mod = importlib.import_module(f"{PLUGINS}.{name}")
-    missing = [a for a in REQUIRED if not hasattr(mod, a)]
-    if missing:
-        raise TypeError(f"{mod.__name__} is no platform vendor: it lacks {', '.join(missing)} (llmdeploy.platform.Vendor)")
-    wrong = [p for p in (signature_problem(mod.__name__, Vendor, h, getattr(mod, h)) for h in HOOKS) if p]
-    if wrong:
-        raise TypeError("; ".join(wrong))
+    check(mod, Vendor, "platform vendor")
     if mod.VENDOR != name:
         raise TypeError(f"{mod.__name__}: VENDOR {mod.VENDOR!r} is not its package's name {name!r}")
     if mod.COMM_METHOD not in COMM_METHODS:

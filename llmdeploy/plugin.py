@@ -1,4 +1,4 @@
-"""What every plug-in axis shares (serving systems, hardware vendors): its
+"""What every plug-in axis shares (serving systems, hardware vendors, launchers): its
 interface is a ``typing.Protocol``, and a plug-in package is checked against
 it when it loads: every declared value present and of its type, every hook a
 function with the Protocol's parameters (names and kinds), each problem named
@@ -39,3 +39,17 @@ def signature_problem(pkg: str, proto: type, name: str, fn: object) -> str | Non
     if have != want:
         return f"{pkg}.{name}{_shown(have)} does not match the interface: expected {name}{_shown(want)}"
     return None
+
+
+def check(mod: object, proto: type, what: str) -> None:
+    """A loaded plug-in module against its interface: TypeError naming what
+    ``mod`` lacks of ``proto`` (``what``: the kind of plug-in, for the
+    message), else each hook whose parameters differ from the interface's."""
+    values, hooks = members(proto)
+    name = getattr(mod, "__name__", repr(mod))
+    missing = [a for a in (*values, *hooks) if not hasattr(mod, a)]
+    if missing:
+        raise TypeError(f"{name} is no {what}: it lacks {', '.join(missing)} ({proto.__module__}.{proto.__qualname__})")
+    wrong = [p for p in (signature_problem(name, proto, h, getattr(mod, h)) for h in hooks) if p]
+    if wrong:
+        raise TypeError("; ".join(wrong))
