@@ -377,51 +377,41 @@ def test_lint_imports_keeps_every_contract():
                     pytrace=False)
 
 
-def test_no_serving_system_named_in_generic_code():
-    assert generic_sources(), f"no .py under {', '.join(GENERIC)} of {REPO}"
-    hits = generic_code_hits()
+def fail_on_hits(hits, names, what: str, where: str, advice: str) -> None:
+    """Fail naming every place in ``hits`` (a count per file, then each place) that names ``what``."""
     if hits:
         per_file = Counter(h.path for h in hits)
         pytest.fail(
-            f"{len(hits)} places in {len(per_file)} files of {', '.join(f'{d}/' for d in GENERIC)} name a serving system in code "
-            f"(looked for: {', '.join(sorted(system_names()))}); move them into the system's folder under systems/ "
-            "and ask the system through its declared interface.\n"
+            f"{len(hits)} places in {len(per_file)} files of {where} name {what} in code "
+            f"(looked for: {', '.join(sorted(names))}); {advice}.\n"
             + "".join(f"  {n:4d}  {f}\n" for f, n in sorted(per_file.items()))
             + "\n".join(str(h) for h in hits),
             pytrace=False,
         )
+
+
+GENERIC_DIRS = ", ".join(f"{d}/" for d in GENERIC)
+
+
+def test_no_serving_system_named_in_generic_code():
+    assert generic_sources(), f"no .py under {', '.join(GENERIC)} of {REPO}"
+    fail_on_hits(generic_code_hits(), system_names(), "a serving system", GENERIC_DIRS,
+                 "move them into the system's folder under systems/ and ask the system through its declared interface")
 
 
 def test_no_vendor_named_in_generic_code():
     names = vendor_names()
-    hits = generic_code_hits(names=names)
-    if hits:
-        per_file = Counter(h.path for h in hits)
-        pytest.fail(
-            f"{len(hits)} places in {len(per_file)} files of {', '.join(f'{d}/' for d in GENERIC)} name a hardware vendor in code "
-            f"(looked for: {', '.join(sorted(names))}); move them into the vendor's package under platforms/ "
-            "and ask it through llmdeploy.platform (the Vendor interface).\n"
-            + "".join(f"  {n:4d}  {f}\n" for f, n in sorted(per_file.items()))
-            + "\n".join(str(h) for h in hits),
-            pytrace=False,
-        )
+    fail_on_hits(generic_code_hits(names=names), names, "a hardware vendor", GENERIC_DIRS,
+                 "move them into the vendor's package under platforms/ and ask it through llmdeploy.platform (the Vendor interface)")
 
 
 def test_no_launcher_named_in_generic_code():
     names = launcher_names()
     sources = launcher_generic_sources()
     assert any(str(p.relative_to(REPO)) == "flows/engine.py" for p in sources)
-    hits = generic_code_hits(names=names, sources=sources)
-    if hits:
-        per_file = Counter(h.path for h in hits)
-        pytest.fail(
-            f"{len(hits)} places in {len(per_file)} files of {', '.join(f'{d}/' for d in GENERIC)} and tasks.py name a launcher in code "
-            f"(looked for: {', '.join(sorted(names))}); move them into the launcher under llmdeploy/launchers/ "
-            "and ask it through llmdeploy.launcher (the Transport and Launcher interfaces).\n"
-            + "".join(f"  {n:4d}  {f}\n" for f, n in sorted(per_file.items()))
-            + "\n".join(str(h) for h in hits),
-            pytrace=False,
-        )
+    fail_on_hits(generic_code_hits(names=names, sources=sources), names, "a launcher", f"{GENERIC_DIRS} and tasks.py",
+                 "move them into the launcher under llmdeploy/launchers/ and ask it through llmdeploy.launcher "
+                 "(the Transport and Launcher interfaces)")
 
 
 def test_every_launcher_is_in_the_independence_contract():
