@@ -1,0 +1,401 @@
+"""NVIDIA's pyxis (a Slurm SPANK plug-in: ``srun --container-image``) and
+enroot (the container runtime pyxis runs), built from their release tarballs
+for the simulated Slurm GPU site.
+
+The project never copies their code: it takes the two tarballs, checks their
+sha256 against the pins below and builds them into the simulator's cache
+(``cache()/gpusite-<key>/``, ``sim/images.py``'s cache), once per machine and
+again when a pin, the Slurm release pyxis compiles against or the build steps
+(``BUILD_REV``) change. Where the tarballs come from, first that applies:
+
+1. the folder ``$LLMDEPLOY_SOURCES`` names;
+2. ``<project root>/../shared/sources``, if that folder exists;
+3. the upstream archives on GitHub (``Pin.url``), downloaded into
+   ``cache()/sources``. GitHub makes these archives on demand and their gzip
+   bytes have changed before while the tag did not: a download whose sha256
+   is not the pinned one is refused (and deleted), and the error says to put
+   the tarball in a folder named by ``LLMDEPLOY_SOURCES``. Only the pinned
+   bytes are ever built.
+
+The build (the recipe of the simulated Slurm GPU site; enroot's and pyxis's
+Makefiles in the tarballs):
+
+- enroot 4.1.2, glibc build: its git submodules (makeself, musl,
+  linux-headers) are not in the tarball. Debian's ``makeself`` goes where the
+  submodule's would (``deps/dist/makeself/bin/enroot-makeself``, deps/Makefile
+  ``makeself/.stamp``), ``deps/makeself/.stamp`` and
+  ``deps/linux-headers/.stamp`` are touched (the system's kernel headers
+  serve), and ``make install FORCE_GLIBC=1 prefix=P sysconfdir=P/etc
+  LDLIBS="-l:libbsd.a <libbsd.so>"``: glibc 2.36 has no ``strlcpy``, and the
+  static ``libbsd.a`` enroot builds from its own few libbsd sources does not
+  have it either, so the shared libbsd (libbsd-dev) is linked after it;
+- pyxis 0.24.0: plain ``make`` against Slurm's ``spank.h`` (libslurm-dev);
+  pyxis's README: it must be compiled against the Slurm release it runs under
+  (else Slurm refuses it with "Incompatible plugin version"), so that release
+  is part of the build's key;
+- enroot's ``50-slurm-pmi.sh`` (installed among the opt-in hooks,
+  ``share/enroot/hooks.d``; Makefile ``HOOKS_EXTRA``) is copied into
+  ``etc/enroot/hooks.d``: it gives containers the step's PMIx environment
+  (without it PMIx inside a container prints a gds lock error).
+
+``enroot_conf`` and ``plugstack_conf`` write the configuration the simulated
+nodes need; no daemon runs here. ``python -m sim.gpusite`` builds and prints
+the paths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmdeploy.errors import SimError
+
+from .images import REPO, _key, _lock, _run, cache
+
+SOURCES_ENV = "LLMDEPLOY_SOURCES"
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One release tarball: ``<name>-<version>.tar.gz``, whose top folder is ``<name>-<version>/``."""
+
+    name: str
+    version: str
+    sha256: str
+    url: str
+
+    @property
+    def file(self) -> str:
+        return f"{self.name}-{self.version}.tar.gz"
+
+    @property
+    def top(self) -> str:
+        return f"{self.name}-{self.version}"
+
+
+# the sha256 of the tarballs made with `git archive` from the upstream tags (../shared/sources/README.md)
+PYXIS = Pin("pyxis", "0.24.0", "063653ba39125ac29796cc6079701d1ec34dd4c5baf698efacc0f36bf3619681",
+            "https://github.com/NVIDIA/pyxis/archive/refs/tags/v0.24.0.tar.gz")
+ENROOT = Pin("enroot", "4.1.2", "817e8d551135e6f3fc311d1ee57b03fb4d30325acba732f8dea43069ca11f8d3",
+             "https://github.com/NVIDIA/enroot/archive/refs/tags/v4.1.2.tar.gz")
+PINS = {p.name: p for p in (PYXIS, ENROOT)}
+# the build steps' revision: raise it when ensure() builds differently, so every machine builds again
+BUILD_REV = 1
+PMI_HOOK = "50-slurm-pmi.sh"
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+# --- where the tarballs come from ------------------------------------------------------------
+def default_sources() -> Path:
+    return REPO.parent / "shared" / "sources"
+
+
+def sources_dir() -> tuple[Path | None, str]:
+    """The folder the tarballs are taken from and how it was chosen, or
+    (None, why) when neither the variable nor the default folder is there:
+    then they are downloaded."""
+    env = os.environ.get(SOURCES_ENV)
+    if env:
+        return Path(env), f"${SOURCES_ENV}={env}"
+    default = default_sources()
+    if default.is_dir():
+        return default, f"the default folder {default} (${SOURCES_ENV} is unset)"
+    return None, f"${SOURCES_ENV} is unset and {default} does not exist"
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download(url: str, dest: Path) -> None:
+    """``url`` into ``dest`` (the tests replace it: they never reach the network)."""
+    with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
+        shutil.copyfileobj(r, f)
+
+
+def tarball(pin: Pin, echo=_say) -> Path:
+    """The pinned tarball of ``pin``, its sha256 checked (see the module's docstring for the order)."""
+    folder, how = sources_dir()
+    if folder is None:
+        return _downloaded(pin, how, echo)
+    path = folder / pin.file
+    if not path.is_file():
+        raise SimError(f"{path} is missing (the tarballs come from {how}): expected {pin.name} {pin.version} "
+                       f"with sha256 {pin.sha256}, found no file (actual sha256: none). Put {pin.file} "
+                       f"({pin.url}) there, or set {SOURCES_ENV} to a folder that has it")
+    actual = sha256(path)
+    if actual != pin.sha256:
+        raise SimError(f"{path} has sha256 {actual}, expected {pin.sha256} ({pin.name} {pin.version}; the tarballs "
+                       f"come from {how}). Replace it with the release tarball, or set {SOURCES_ENV} to a folder "
+                       f"that has the pinned one")
+    return path
+
+
+def _downloaded(pin: Pin, why: str, echo) -> Path:
+    dest = cache() / "sources" / pin.file
+    if dest.is_file() and sha256(dest) == pin.sha256:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(f"{dest.name}.part-{os.getpid()}")
+    echo(f"sim: downloading {pin.url} ({why})")
+    try:
+        download(pin.url, part)
+    except OSError as e:  # urllib's URLError and HTTPError are OSErrors
+        part.unlink(missing_ok=True)
+        raise SimError(f"downloading {pin.url} failed ({e}); {why}: put {pin.file} (sha256 {pin.sha256}) "
+                       f"in a folder and set {SOURCES_ENV} to it") from e
+    actual = sha256(part)
+    if actual != pin.sha256:
+        part.unlink()
+        raise SimError(f"{pin.url} (downloaded for {dest}) has sha256 {actual}, expected {pin.sha256}: GitHub makes "
+                       "these archives on demand and their gzip bytes can change under the same tag, and only the "
+                       f"pinned tarball is built. Put the pinned {pin.file} in a folder and set {SOURCES_ENV} to it")
+    part.replace(dest)
+    return dest
+
+
+# --- what the build needs from the machine -------------------------------------------------------
+def libbsd_so() -> Path | None:
+    """The shared libbsd the compiler links (libbsd-dev; on Debian a linker
+    script in the multiarch directory), or None."""
+    try:
+        out = subprocess.run(["cc", "-print-file-name=libbsd.so"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+    # (the compiler prints the bare name back when it has no such file)
+    return Path(os.path.normpath(out)) if os.path.isabs(out) and os.path.isfile(out) else None
+
+
+def slurm_version() -> str | None:
+    """The Slurm release of the ``spank.h`` pyxis compiles against (libslurm-dev's
+    ``slurm/slurm_version.h``, through the C preprocessor), e.g. "22.05.8"; None without it."""
+    try:
+        res = subprocess.run(["cc", "-E", "-P", "-x", "c", "-"], input="#include <slurm/slurm_version.h>\nSLURM_VERSION_NUMBER\n",
+                             capture_output=True, text=True)
+    except OSError:
+        return None
+    words = res.stdout.split()
+    if res.returncode != 0 or not words:
+        return None
+    try:
+        n = int(words[-1], 0)
+    except ValueError:
+        return None
+    return f"{n >> 16 & 0xff}.{n >> 8 & 0xff:02d}.{n & 0xff}"
+
+
+def missing() -> list[str]:
+    """What the build needs and this machine lacks, as Debian packages (scripts/setup.sh installs them)."""
+    out = []
+    if not shutil.which("cc") or not shutil.which("make"):
+        out.append("build-essential")
+    if not shutil.which("makeself"):
+        out.append("makeself")
+    if libbsd_so() is None:
+        out.append("libbsd-dev")
+    if slurm_version() is None:
+        out.append("libslurm-dev")
+    return out
+
+
+# --- the build ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Build:
+    """One build in the cache."""
+
+    root: Path
+
+    @property
+    def enroot_prefix(self) -> Path:
+        return self.root / "enroot"
+
+    @property
+    def enroot_bin(self) -> Path:
+        """First on slurmd's PATH: pyxis runs ``enroot`` from there."""
+        return self.enroot_prefix / "bin"
+
+    @property
+    def enroot_sysconf(self) -> Path:
+        """enroot's ENROOT_SYSCONF_PATH: enroot.conf, hooks.d, mounts.d, environ.d."""
+        return self.enroot_prefix / "etc" / "enroot"
+
+    @property
+    def hooks_dir(self) -> Path:
+        return self.enroot_sysconf / "hooks.d"
+
+    @property
+    def pyxis_so(self) -> Path:
+        return self.root / "pyxis" / "spank_pyxis.so"
+
+    @property
+    def stamp(self) -> Path:
+        return self.root / ".complete"
+
+
+def wanted(slurm: str) -> dict:
+    """What a build is made of (its stamp's content; its key is this hashed)."""
+    return {"pins": {n: {"version": p.version, "sha256": p.sha256} for n, p in sorted(PINS.items())},
+            "slurm": slurm, "build_rev": BUILD_REV}
+
+
+def build_dir(want: dict) -> Build:
+    return Build(cache() / f"gpusite-{_key(want)}")
+
+
+def _done(b: Build, want: dict) -> bool:
+    try:
+        return json.loads(b.stamp.read_text()) == want
+    except (OSError, ValueError):
+        return False
+
+
+def ensure(echo=_say) -> Build:
+    """The build of the pinned pyxis and enroot, made if missing (a no-op when it is there)."""
+    slurm = slurm_version()
+    if slurm is None:
+        raise SimError("libslurm-dev is missing (pyxis compiles against its slurm/spank.h): run scripts/setup.sh")
+    want = wanted(slurm)
+    b = build_dir(want)
+    if _done(b, want):
+        return b
+    try:
+        with _lock("gpusite.lock"):
+            if _done(b, want):  # another process built it while this one waited
+                return b
+            lacking = missing()
+            if lacking:
+                raise SimError(f"building pyxis and enroot needs the Debian packages {', '.join(lacking)}: run scripts/setup.sh")
+            tarballs = {name: tarball(pin, echo) for name, pin in PINS.items()}
+            # what an interrupted build left (no other build runs: this one holds the lock)
+            for old in cache().glob("gpusite-*.part-*"):
+                shutil.rmtree(old, ignore_errors=True)
+            echo(f"sim: building enroot {ENROOT.version} and pyxis {PYXIS.version} (Slurm {slurm}) into {b.root}")
+            _build(b, want, tarballs)
+    except PermissionError as e:
+        raise SimError(f"building pyxis and enroot into {cache()}: {e} (set LLMDEPLOY_SIM_CACHE to a folder of yours)") from e
+    return b
+
+
+def _make_env(src: Path) -> dict[str, str]:
+    """The environment of the two makes: the caller's, less what would change what they build."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "CFLAGS", "CPPFLAGS", "LDFLAGS", "LDLIBS", "DESTDIR")}
+    # enroot's `deps` target runs `git submodule update --init` (its failure ignored): never in a repository around the cache
+    env["GIT_CEILING_DIRECTORIES"] = str(src)
+    env["LC_ALL"] = "C"
+    return env
+
+
+def _build(b: Build, want: dict, tarballs: dict[str, Path]) -> None:
+    """Build in a folder of its own next to the result and rename it into place only when complete."""
+    stage = Path(tempfile.mkdtemp(prefix=f"{b.root.name}.part-", dir=cache()))
+    try:
+        src = stage / "src"
+        src.mkdir()
+        for path in tarballs.values():
+            _run(["tar", "-xzf", str(path), "--no-same-owner", "-C", str(src)], f"unpacking {path.name}")
+        env = _make_env(src)
+
+        # enroot installs with DESTDIR into the stage and prefix at the final place; its `dist`
+        # target does the same and then removes DESTDIR from the two files that name paths
+        destdir = stage / "root"
+        enroot_src = src / ENROOT.top
+        makeself = enroot_src / "deps/dist/makeself/bin/enroot-makeself"
+        makeself.parent.mkdir(parents=True)
+        shutil.copy2(shutil.which("makeself"), makeself)  # Debian's: reads its header from /usr/share/makeself
+        os.chmod(makeself, 0o755)
+        for sub in ("makeself", "linux-headers"):
+            (enroot_src / "deps" / sub / ".stamp").touch()
+        prefix = b.enroot_prefix
+        _run(["make", "-C", str(enroot_src), "install", "FORCE_GLIBC=1", f"DESTDIR={destdir}", f"prefix={prefix}",
+              f"sysconfdir={prefix}/etc", f"LDLIBS=-l:libbsd.a {libbsd_so()}"], "building enroot", env=env, timeout=600)
+        staged = destdir / b.root.relative_to("/")
+        sysconf = staged / b.enroot_sysconf.relative_to(b.root)
+        for f in (staged / "enroot/bin/enroot", sysconf / "enroot.conf"):
+            f.write_text(f.read_text().replace(str(destdir), ""))
+        left = [str(p) for p in staged.rglob("*") if p.is_file() and not p.is_symlink() and str(destdir).encode() in p.read_bytes()]
+        if left:
+            raise SimError(f"building enroot: the staging folder {destdir} is still named in {', '.join(left)}")
+        hook = staged / "enroot/share/enroot/hooks.d" / PMI_HOOK
+        shutil.copy2(hook, sysconf / "hooks.d" / PMI_HOOK)
+
+        pyxis_src = src / PYXIS.top
+        _run(["make", "-C", str(pyxis_src)], "building pyxis", env=env, timeout=600)
+        so = staged / b.pyxis_so.relative_to(b.root)
+        so.parent.mkdir(parents=True)
+        shutil.copy2(pyxis_src / "spank_pyxis.so", so)
+        os.chmod(so, 0o644)  # as pyxis's `make install`
+
+        (staged / b.stamp.name).write_text(json.dumps(want, indent=1, sort_keys=True) + "\n")
+        if b.root.exists():  # a folder without (this) stamp: not a build of these pins
+            shutil.rmtree(b.root)
+        staged.rename(b.root)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+# --- the simulated nodes' configuration ----------------------------------------------------------
+def enroot_dirs(node_dir: Path) -> dict[str, Path]:
+    """One node's enroot folders (shared ones collide between nodes: "File exists")."""
+    d = Path(node_dir) / "enroot"
+    return {"ENROOT_RUNTIME_PATH": d / "runtime", "ENROOT_CACHE_PATH": d / "cache",
+            "ENROOT_DATA_PATH": d / "data", "ENROOT_TEMP_PATH": d / "tmp"}
+
+
+def enroot_conf(node_dir: Path, ssl_cert_file: Path | None = None) -> str:
+    """enroot.conf of one simulated node. The names and defaults are enroot's
+    (conf/enroot.conf.in and enroot.in in the tarball, doc/configuration.md);
+    enroot reads each line as ``NAME value`` and expands the value with
+    ``eval echo``, so paths are shell-quoted. ``ssl_cert_file``: a CA bundle
+    for its registry pulls (``SSL_CERT_FILE``, read from enroot.conf too)."""
+    lines = [f"# enroot {ENROOT.version} of one simulated Slurm node (llmdeploy sim/gpusite.py)",
+             "# per-node folders (default: XDG_RUNTIME_DIR, XDG_CACHE_HOME, XDG_DATA_HOME, TMPDIR)"]
+    lines += [f"{k} {shlex.quote(str(v))}" for k, v in enroot_dirs(node_dir).items()]
+    lines += [
+        "# one processor for parallel tasks and for mksquashfs (default: nproc): many nodes share this machine",
+        "ENROOT_MAX_PROCESSORS 1",
+        "# mksquashfs options (default: -comp lzo -noD -exit-on-error); -processors is mksquashfs's own",
+        "ENROOT_SQUASH_OPTIONS -comp gzip -noD -exit-on-error -processors 1",
+        "# the simulated registries may be plain HTTP (default: no)",
+        "ENROOT_ALLOW_HTTP yes",
+    ]
+    if ssl_cert_file is not None:
+        lines += ["# the simulator's CA (enroot.in exports SSL_CERT_FILE from enroot.conf; its curl reads it)",
+                  f"SSL_CERT_FILE {shlex.quote(str(ssl_cert_file))}"]
+    return "\n".join(lines) + "\n"
+
+
+def plugstack_conf(pyxis_so: Path, runtime_path: Path) -> str:
+    """plugstack.conf loading pyxis: ``required <plugin> <args>`` (spank(8),
+    CONFIGURATION: arguments are separated by white space); ``runtime_path``
+    is pyxis's option (config.c in the tarball; default /run/pyxis), per node."""
+    for p in (pyxis_so, runtime_path):
+        if any(c.isspace() for c in str(p)):
+            raise ValueError(f"plugstack.conf cannot name a path with white space: {p!r}")
+    return f"required {pyxis_so} runtime_path={runtime_path}\n"
+
+
+if __name__ == "__main__":
+    try:
+        built = ensure()
+    except SimError as e:
+        print(f"sim.gpusite: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    print(f"sim gpusite: enroot {ENROOT.version} in {built.enroot_prefix} (put {built.enroot_bin} first on slurmd's PATH)")
+    print(f"sim gpusite: pyxis {PYXIS.version} at {built.pyxis_so} (Slurm {slurm_version()})")
