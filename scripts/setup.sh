@@ -14,8 +14,15 @@ cd "$(dirname "$0")/.."
 # rsync: only for bench/stage.py, which measures invoke stage against rsync from node 0 to every node
 # chromium: only for the test suite, which looks at verify-comm's HTML report in a headless browser
 # (tests/unit/test_verify_report_browser.py); the tool itself never runs it
+# NVIDIA's pyxis and enroot for the simulated Slurm GPU site, built from their release tarballs (sim/gpusite.py):
+# build-essential (cc, make, nm): builds both; libslurm-dev: pyxis compiles against its slurm/spank.h
+# libbsd-dev: enroot's helpers link libbsd (strlcpy); makeself: enroot installs it as enroot-makeself (its submodule is not in the tarball)
+# squashfs-tools, parallel, jq, curl, zstd: what enroot runs to import and unpack images (its Debian package's Depends)
+# (not installed: enroot's optional pigz, squashfuse and fuse-overlayfs, and libcap2-bin for its +caps flavour:
+# the simulated nodes run enroot as root, with the kernel's overlayfs and gzip)
 DEBS=(openssh-server openssh-client iproute2 iputils-ping util-linux procps psmisc openmpi-bin etcd-server nats-server
-      docker.io docker-registry debootstrap munge slurm-wlm slurmctld slurmd slurm-client libpmix-dev rsync chromium)
+      docker.io docker-registry debootstrap munge slurm-wlm slurmctld slurmd slurm-client libpmix-dev rsync chromium
+      build-essential libslurm-dev libbsd-dev makeself squashfs-tools parallel jq curl zstd)
 # packages whose postinst may start a system daemon: package -> service and process name
 # (the Debian services run as the packages' own users: processes of other users are not theirs;
 # slurmctld and slurmd start as root, and start only once /etc/slurm/slurm.conf exists, which Debian does not ship)
@@ -84,3 +91,8 @@ if [ "$(id -u)" -eq 0 ] && ip netns add lds-setup-probe 2>/dev/null; then
     ip netns del lds-setup-probe
     .venv/bin/python -m sim.images
 fi
+
+# NVIDIA's pyxis and enroot for the simulated Slurm GPU site (sim/gpusite.py: the
+# pinned release tarballs from $LLMDEPLOY_SOURCES or ../shared/sources, else
+# downloaded; a few seconds once per machine, a no-op after). No root needed.
+.venv/bin/python -m sim.gpusite
