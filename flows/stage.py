@@ -373,10 +373,13 @@ class ImageOutcome:
     fallback: str | None = None  # why it did
     sent: int = 0
     seconds: float = 0.0
+    # node -> {"stream_s": its agent's start to the stream's last byte there,
+    # "sink_s": docker load after that}, from the pass that reached it
+    timings: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_json(self) -> dict:
         return {"source": self.source, "via": self.via, "had": self.had, "got": self.got, "failed": self.failed, "pulled": self.pulled,
-                "fallback": self.fallback, "sent_bytes": self.sent, "seconds": round(self.seconds, 3)}
+                "fallback": self.fallback, "sent_bytes": self.sent, "seconds": round(self.seconds, 3), "timings": self.timings}
 
 
 def distribute_image(cluster: Cluster, con: Console, quiet: bool = False, limit: str | None = None) -> ImageOutcome:
@@ -455,6 +458,10 @@ def _image_chain(cluster: Cluster, runner: Runner, src: Node, source: st.ImageSo
         r = res[src.name]
         doc = r.data if isinstance(r.data, dict) else {}
         out.sent += int(doc.get("forwarded", 0) or 0)
+        for n in chain:
+            d = res[n.name].data if isinstance(res[n.name].data, dict) else {}
+            if "stream_s" in d and (n.name != src.name or (loads and first)):
+                out.timings[n.name] = {k: float(d[k]) for k in ("stream_s", "sink_s") if k in d}
         if doc.get("unsupported"):
             out.fallback = doc["unsupported"]
             return UNSUPPORTED

@@ -495,6 +495,16 @@ class Feed:
         self.link.forward((0).to_bytes(FRAME, "big") + self.h.digest())
 
 
+def timed_finish(sink, res, t0):
+    """The sink's end, timed: ``stream_s`` from the agent's start to the
+    stream's last byte here, ``sink_s`` what the sink took after it (docker
+    load registers the layers only once it has the whole archive)."""
+    t1 = time.monotonic()
+    res["stream_s"] = round(t1 - t0, 3)
+    sink.finish(res)
+    res["sink_s"] = round(time.monotonic() - t1, 3)
+
+
 def pipe(order):
     """The source runs ``order["command"]`` (or, with ``order["export"]``,
     reads the image from its registry, :func:`export`) and sends the output,
@@ -504,6 +514,7 @@ def pipe(order):
     import subprocess
 
     res = {"received": 0, "forwarded": 0, "upstream": None, "downstream": None, "sink": None}
+    t0 = time.monotonic()
     link = Link(order, res)
     code = link.open()
     if code is not None:
@@ -541,7 +552,7 @@ def pipe(order):
         feed.end()
         progress.add(0, force=True)
         link.close()
-        sink.finish(res)
+        timed_finish(sink, res, t0)
         return (EXIT_FAILED if res["downstream"] or res["sink"] else EXIT_OK), res
     h = hashlib.sha256()
     up = link.up
@@ -572,7 +583,7 @@ def pipe(order):
         sink.abort()
         res["sink"] = "the stream's sha256 is not the source's"
         return EXIT_FAILED, res
-    sink.finish(res)
+    timed_finish(sink, res, t0)
     return (EXIT_FAILED if res["sink"] else EXIT_OK), res
 
 

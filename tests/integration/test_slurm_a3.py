@@ -2,9 +2,14 @@
 prepare and verify-comm (hccn_tool and the NPU ping matrix) as job steps,
 the release as a job whose steps are node 0's server and the three headless
 workers (each with its own DP start rank), a killed step named by status,
-and stop leaving no job, step or serving process."""
+and stop leaving no job, step or serving process; invoke stage as steps of
+an allocation."""
 
+import hashlib
 import json
+import random
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +64,57 @@ def test_prepare_verify_deploy_kill_a_step_and_stop(sim_cluster):
     res = run_invoke("stop", "--cluster", SIM_CLUSTER, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     b200.nothing_left(SIM_CLUSTER, NODES)
+
+
+MODEL = "root/.cache/models/Qwen3.8-2.4T-A95B-w8a8"
+
+
+def _model(node):
+    return host_dir(SIM_CLUSTER, node) / "root" / MODEL
+
+
+def _digest(root):
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith(".")}
+
+
+def _task_launches(node):
+    """Tasks slurmd on ``node`` has launched so far (its log: one line per task launch request)."""
+    log = host_dir(SIM_CLUSTER, node).parents[1] / "slurm" / "nodes" / node / "slurmd.log"
+    return log.read_text(errors="replace").count("launch task")
+
+
+def test_stage_runs_as_steps_of_an_allocation(sim_cluster):
+    """invoke stage on a Slurm cluster: the agents are tasks of steps of the
+    command's own allocation, the stream goes over the data network, every
+    node gets the checkpoint verified, nothing stays allocated, and a second
+    run moves 0 bytes."""
+    keep = {n: Path(str(_model(n)) + ".sim-saved") for n in NODES}
+    for n in NODES:
+        shutil.copytree(_model(n), keep[n])
+    try:
+        rnd = random.Random(29)
+        for i in range(1, 4):
+            (_model(NODES[0]) / f"model-{i:05d}-of-00003.safetensors").write_bytes(rnd.randbytes(3 << 20))
+        for n in NODES[1:]:
+            shutil.rmtree(_model(n))
+            _model(n).mkdir()
+        want = _digest(_model(NODES[0]))
+        before = {n: _task_launches(n) for n in NODES}
+        res = run_invoke("stage", "--cluster", SIM_CLUSTER, "--json", timeout=300)
+        doc = json.loads(res.stdout)
+        assert res.returncode == 0 and doc["ok"], res.stdout + res.stderr
+        for n in NODES[1:]:
+            assert _digest(_model(n)) == want, n
+            assert doc["nodes"][n]["written_bytes"] > 9 << 20
+        # scan, hash, relay, record: each a step with a task on every node
+        assert all(_task_launches(n) >= before[n] + 3 for n in NODES), {n: _task_launches(n) - before[n] for n in NODES}
+        assert jobs() == [] and b200.login("squeue --noheader --all", SIM_CLUSTER).strip() == ""
+        res = run_invoke("stage", "--cluster", SIM_CLUSTER, "--json", timeout=300)
+        doc = json.loads(res.stdout)
+        assert res.returncode == 0 and doc["sent_bytes"] == 0, res.stdout
+    finally:
+        for n in NODES:
+            shutil.rmtree(_model(n))
+            shutil.copytree(keep[n], _model(n))
+            shutil.rmtree(keep[n])

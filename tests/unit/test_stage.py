@@ -357,6 +357,19 @@ def test_pipe_feeds_the_source_commands_output_to_every_nodes_sink(tmp_path):
     assert res[1][1]["received"] == len(blob)
 
 
+def test_pipe_times_the_stream_apart_from_what_the_sink_does_after_it(tmp_path):
+    # docker load registers the layers only once it has the whole archive:
+    # the stream's end and the sink's work after it are reported apart
+    (tmp_path / "image.tar").write_bytes(b"x" * 4096)
+    sinks = [None, ["sh", "-c", "cat >/dev/null; sleep 1.5; echo Loaded image: x"]]
+    res = [_finish(p) for p in _pipe_chain(tmp_path, 2, ["cat", str(tmp_path / "image.tar")], sinks, _free_port())]
+    assert [c for c, _, _ in res] == [0, 0], res
+    node = res[1][1]
+    # the sink's sleep after the stream's end is counted as the sink's, not the stream's
+    assert node["sink_s"] >= 1.5 and node["stream_s"] >= 0
+    assert set(res[0][1]) >= {"stream_s", "sink_s"}
+
+
 def test_pipe_names_a_sink_that_fails_and_the_source_that_fails(tmp_path):
     (tmp_path / "image.tar").write_bytes(b"x" * 1000)
     sinks = [None, ["sh", "-c", "cat >/dev/null; echo 'Error processing tar file(exit status 1): unexpected EOF'; exit 1"],
