@@ -372,8 +372,9 @@ def enroot_conf(node_dir: Path, ssl_cert_file: Path | None = None) -> str:
         "ENROOT_MAX_PROCESSORS 1",
         "# mksquashfs options (default: -comp lzo -noD -exit-on-error); -processors is mksquashfs's own",
         "ENROOT_SQUASH_OPTIONS -comp gzip -noD -exit-on-error -processors 1",
-        "# the simulated registries may be plain HTTP (default: no)",
-        "ENROOT_ALLOW_HTTP yes",
+        # no ENROOT_ALLOW_HTTP: "yes" makes enroot speak plain HTTP to every registry (enroot's
+        # docker.sh: curl to port 80, "Failed to connect to nvcr.io port 80"); the simulated
+        # registries answer HTTPS under the simulator's CA (SSL_CERT_FILE below)
     ]
     if ssl_cert_file is not None:
         lines += ["# the simulator's CA (enroot.in exports SSL_CERT_FILE from enroot.conf; its curl reads it)",
@@ -381,14 +382,20 @@ def enroot_conf(node_dir: Path, ssl_cert_file: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plugstack_conf(pyxis_so: Path, runtime_path: Path) -> str:
+def plugstack_conf(pyxis_so: Path, runtime_path: Path, container_scope: str = "job") -> str:
     """plugstack.conf loading pyxis: ``required <plugin> <args>`` (spank(8),
     CONFIGURATION: arguments are separated by white space); ``runtime_path``
-    is pyxis's option (config.c in the tarball; default /run/pyxis), per node."""
+    and ``container_scope`` are pyxis's options (config.c in the tarball).
+    ``runtime_path`` (default /run/pyxis) per node; ``container_scope=job``
+    (pyxis's default is ``global``): a step's ``--container-name`` container
+    belongs to its job, and pyxis's job epilog removes it when the job ends
+    (pyxis_slurmd.c slurm_spank_job_epilog), so nothing outlives a release's job."""
+    if container_scope not in ("job", "global"):
+        raise ValueError(f"pyxis container_scope is job or global, not {container_scope!r}")
     for p in (pyxis_so, runtime_path):
         if any(c.isspace() for c in str(p)):
             raise ValueError(f"plugstack.conf cannot name a path with white space: {p!r}")
-    return f"required {pyxis_so} runtime_path={runtime_path}\n"
+    return f"required {pyxis_so} runtime_path={runtime_path} container_scope={container_scope}\n"
 
 
 if __name__ == "__main__":

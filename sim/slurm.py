@@ -12,6 +12,15 @@ names, slurm.conf(5) "SLURM_CONF"). No slurmdbd: ``sacct`` does not work.
 
 Everything Slurm and munge write is under the cluster's directory (slurm/),
 except their sockets, which are in each host's own /run (a tmpfs).
+
+An NVIDIA cluster is a GPU site as NVIDIA's run Slurm: slurmd and srun load
+pyxis (plugstack.conf), which runs enroot (sim/gpusite.py builds both from
+their release tarballs), so ``srun --container-image=REGISTRY#IMAGE`` runs a
+step in an enroot container on its node. enroot's configuration is the
+cluster's (slurm/enroot/, bound over the build's etc/enroot in every host):
+its folders (and pyxis's) in each host's private /root/.cache, the simulator's CA
+for the registry, and the simulated hardware's state mounted into every
+container (enroot's mounts.d), as the Docker hosts' runtime does.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -26,8 +36,8 @@ from pathlib import Path
 from llmdeploy.errors import SimError
 from llmdeploy.inventory import Cluster
 
-from . import hardware, sshd
-from .paths import SYSTEM_PATH, host_dir, mgmt_ip, netns_name
+from . import gpusite, hardware, images, sshd
+from .paths import HOST_STATE_DIR, SYSTEM_PATH, host_dir, mgmt_ip, netns_name
 
 LOGIN_HOST = 250  # the login host's address in the data /24 (and, mapped, the management one)
 MUNGE_SOCKET = "/run/munge/munge.socket.2"  # munged's default (munged(8)), in each host's own /run
@@ -37,6 +47,40 @@ DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmd", "/usr/sbin/slurmctld", "/usr/
 
 def slurm_dir(cdir: Path) -> Path:
     return cdir / "slurm"
+
+
+def pyxis(cluster: Cluster) -> bool:
+    """Whether the simulated Slurm site has pyxis and enroot: NVIDIA GPU sites do
+    (NVIDIA's own Slurm clusters and its reference recipes run pyxis); the
+    Ascend ones here run Docker only."""
+    return bool(cluster.slurm) and cluster.platform_info.vendor != "ascend"
+
+
+# enroot's folders on a node: its own /run, and its own /root/.cache (sim/paths.py PRIVATE_DIRS)
+ENROOT_NODE_DIR = Path("/root/.cache")
+# pyxis's runtime_path (default /run/pyxis): it writes each image's squashfs
+# there, too large for the hosts' 64 MiB /run ("No space left on device")
+PYXIS_RUNTIME = ENROOT_NODE_DIR / "pyxis"
+
+
+def enroot_etc(cdir: Path) -> Path:
+    """The cluster's enroot configuration folder (bound over the build's etc/enroot in each host)."""
+    return slurm_dir(cdir) / "enroot"
+
+
+def enroot_fstab(cdir: Path) -> str:
+    """enroot's mounts.d entries (fstab(5) fields, enroot's x-create option as
+    in its own 10-system.fstab): the simulated hardware's state in every
+    container at the same path, as llmdeploy-sim-runc does for Docker; and the
+    TaskProlog, which slurmstepd runs after pyxis's task_init has put the
+    task in its container (slurmstepd's exec_task: spank task_init, then
+    the task prolog): without it every containerized task fails "slurm
+    task_prolog can not be executed"."""
+    prolog = slurm_dir(cdir) / "task_prolog"
+    return (f"# the simulated node's hardware state (sim/slurm.py), as the Docker hosts' runtime mounts it\n"
+            f"{HOST_STATE_DIR} {HOST_STATE_DIR} none x-create=dir,rbind,rw,nosuid,nodev,private 0 -1\n"
+            f"# the simulator's TaskProlog, run inside the container\n"
+            f"{prolog} {prolog} none x-create=file,bind,ro,nosuid,nodev,private 0 -1\n")
 
 
 def conf_path(cdir: Path) -> Path:
@@ -68,6 +112,9 @@ def slurm_conf(cluster: Cluster, cdir: Path) -> str:
         f"SlurmctldHost={login_name(cluster)}({ctl_ip})",
         *_settings(slurm_dir(cdir)),
     ]
+    if pyxis(cluster):
+        # SPANK plug-ins of slurmd and of srun on the login host (spank(8)): pyxis
+        lines.append(f"PlugStackConfig={slurm_dir(cdir) / 'plugstack.conf'}")
     for i, node in enumerate(cluster.nodes):
         hw = hardware.node_hardware(cluster, i, node)
         sockets = len(hw["numa_nodes"])
@@ -142,8 +189,10 @@ def task_prolog(cdir: Path) -> str:
         "#!/bin/sh\n# TaskProlog of a simulated cluster (sim/slurm.py)\n"
         # the node's hostname is its inventory name (its own UTS namespace)
         f"h=$(uname -n); d={hosts}/$h\n"
-        f'echo "export PATH=$d/bin:{SYSTEM_PATH}"\n'
         'echo "export LLMDEPLOY_SIM_HOST=$h"\n'
+        # in a pyxis container the host's folders are not there: the image's PATH stays
+        f'[ -d "$d" ] || exit 0\n'
+        f'echo "export PATH=$d/bin:{SYSTEM_PATH}"\n'
         'echo "export LLMDEPLOY_SIM_HOSTDIR=$d"\n'
     )
 
@@ -169,10 +218,21 @@ def host_lines(cluster: Cluster, cdir: Path, node_name: str, env: dict[str, str]
     if not cluster.slurm:
         return []
     node = next(n for n in cluster.nodes if n.name == node_name)
+    lines = munged_lines(cdir, host_dir(cluster.name, node_name))
+    if pyxis(cluster):
+        built = gpusite.ensure()
+        # enroot where a site's package puts it, on the PATH of slurmd (pyxis runs
+        # "enroot" from it), of tasks and SSH sessions, and of the job epilog, where
+        # pyxis sets PATH=/usr/local/bin:/usr/bin:/bin (pyxis_slurmd.c job_epilog_fixup):
+        # the build's bin folder over this machine's /usr/local/bin, in the host's
+        # own mount namespace (a read-only overlay: both folders' files)
+        lines.append(f"mount -t overlay overlay -o lowerdir={built.enroot_bin}:/usr/local/bin /usr/local/bin")
+        lines.append(f"mount --bind {shlex.quote(str(enroot_etc(cdir)))} {shlex.quote(str(built.enroot_sysconf))}")
+        # enroot makes none of its folders (mktemp in ENROOT_TEMP_PATH fails "No such file or directory")
+        lines.append("mkdir -p " + " ".join(shlex.quote(str(d)) for d in [*gpusite.enroot_dirs(ENROOT_NODE_DIR).values(), PYXIS_RUNTIME]))
     assign = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     # slurmd forks into the background (slurmd(8) without -D)
-    return [*munged_lines(cdir, host_dir(cluster.name, node_name)),
-            f"env {assign} slurmd -f {shlex.quote(str(conf_path(cdir)))} -N {shlex.quote(cluster.slurm_name(node))}"]
+    return [*lines, f"env {assign} slurmd -f {shlex.quote(str(conf_path(cdir)))} -N {shlex.quote(cluster.slurm_name(node))}"]
 
 
 def prepare(cluster: Cluster, cdir: Path) -> None:
@@ -193,6 +253,23 @@ def prepare(cluster: Cluster, cdir: Path) -> None:
     conf_path(cdir).write_text(slurm_conf(cluster, cdir))
     (sdir / "task_prolog").write_text(task_prolog(cdir))
     os.chmod(sdir / "task_prolog", 0o755)
+    if pyxis(cluster):
+        prepare_pyxis(cdir)
+
+
+def prepare_pyxis(cdir: Path) -> None:
+    """plugstack.conf, and the cluster's enroot configuration: a copy of the
+    build's etc/enroot (its hooks, mounts, environment) with the cluster's
+    enroot.conf and the hardware state's mount."""
+    built = gpusite.ensure()
+    sdir = slurm_dir(cdir)
+    (sdir / "plugstack.conf").write_text(gpusite.plugstack_conf(built.pyxis_so, PYXIS_RUNTIME))
+    etc = enroot_etc(cdir)
+    if etc.exists():
+        shutil.rmtree(etc)
+    shutil.copytree(built.enroot_sysconf, etc, symlinks=True)
+    (etc / "enroot.conf").write_text(gpusite.enroot_conf(ENROOT_NODE_DIR, ssl_cert_file=images.trust_bundle()))
+    (etc / "mounts.d" / "90-llmdeploy-sim.fstab").write_text(enroot_fstab(cdir))
 
 
 def _run(*args: str) -> None:

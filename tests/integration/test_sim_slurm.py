@@ -1,7 +1,8 @@
 """A simulated Slurm cluster (sim-b200-slurm): munged and slurmd on every host,
 slurmctld on a login host reached over SSH; job steps run on their node (its
 hostname, its Docker Engine), steps of a held job overlap, a drained node
-shows its reason, and sim.down leaves nothing."""
+shows its reason, pyxis runs steps in enroot containers, and sim.down leaves
+nothing."""
 
 import os
 import json
@@ -103,6 +104,46 @@ def test_drain_shows_the_reason(sim_cluster):
         assert out.split(None, 2) == [NODES[1], "drained", "bad fan\n"] or out.strip() == f"{NODES[1]} draining bad fan"
     finally:
         ok(f"scontrol update nodename={NODES[1]} state=resume")
+
+
+def _enroot_uri(ref: str) -> str:
+    """An image reference as pyxis and enroot take it: ``REGISTRY#REPOSITORY:TAG`` (enroot import docker://)."""
+    host, path = ref.split("/", 1)
+    return f"{host}#{path}"
+
+
+def test_pyxis_runs_steps_in_enroot_containers(sim_cluster):
+    """The simulated GPU site has pyxis and enroot: a step with
+    --container-image runs in the image's container on its node (imported
+    from the cluster's registry), with its node's simulated hardware, and a named
+    container keeps its files between the steps of one job and is gone
+    with the job."""
+    cluster = load_cluster(SIM_CLUSTER)
+    image = shlex.quote(_enroot_uri(cluster.image.ref))
+    assert "--container-image" in ok("srun --help")
+    # the image's own files, the node's simulated hardware (what the serving stand-ins read), the image's PATH
+    out = ok(f"srun -w {NODES[1]} -N1 --container-image={image} sh -c 'hostname; ls /opt/llmdeploy-sim >/dev/null && echo image; "
+             "test -f /etc/llmdeploy-sim/node.json && echo hardware; echo $PATH'", timeout=600)
+    assert out.split()[-4:] == [NODES[1], "image", "hardware", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], out
+    job = ok("salloc --no-shell -N1 -w {} 2>&1 | sed -n 's/.*Granted job allocation //p'".format(NODES[0])).strip()
+    assert job.isdigit()
+    try:
+        named = f"srun --jobid={job} --overlap -w {NODES[0]} -N1 --container-image={image} --container-name=kept --container-writable"
+        ok(f"{named} sh -c 'echo kept > /root/mark'", timeout=600)
+        assert ok(f"srun --jobid={job} --overlap -w {NODES[0]} -N1 --container-name=kept cat /root/mark").strip() == "kept"
+        listed = ok(f"srun --jobid={job} --overlap -w {NODES[0]} -N1 enroot list").split()
+        # container_scope=job (the simulated site's plugstack.conf): the name is the job's
+        assert f"pyxis_{job}_kept" in listed, listed
+    finally:
+        login(f"scancel {job}")
+    # pyxis removes a job's named containers when the job ends (its epilog)
+    end = time.monotonic() + 30
+    while True:
+        left = ok(f"srun -w {NODES[0]} -N1 enroot list").split()
+        if not any(name.endswith("_kept") for name in left) or time.monotonic() > end:
+            break
+        time.sleep(0.5)
+    assert not any(name.endswith("_kept") for name in left), left
 
 
 def test_down_leaves_nothing(sim_cluster):

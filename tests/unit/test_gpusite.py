@@ -141,7 +141,6 @@ def test_enroot_conf_keeps_each_node_apart():
         "ENROOT_TEMP_PATH": "/sim/c1/hosts/n0/enroot/tmp",
         "ENROOT_MAX_PROCESSORS": "1",
         "ENROOT_SQUASH_OPTIONS": "-comp gzip -noD -exit-on-error -processors 1",
-        "ENROOT_ALLOW_HTTP": "yes",
     }
     assert gpusite.enroot_conf(Path("/sim/c1/hosts/n1")) != text
     with_ca = gpusite.enroot_conf(Path("/n"), ssl_cert_file=Path("/ca dir/ca.pem"))
@@ -150,7 +149,10 @@ def test_enroot_conf_keeps_each_node_apart():
 
 def test_plugstack_conf_loads_pyxis_with_a_runtime_path_per_node():
     assert (gpusite.plugstack_conf(Path("/c/gpusite-1/pyxis/spank_pyxis.so"), Path("/sim/c1/hosts/n0/pyxis"))
-            == "required /c/gpusite-1/pyxis/spank_pyxis.so runtime_path=/sim/c1/hosts/n0/pyxis\n")
+            == "required /c/gpusite-1/pyxis/spank_pyxis.so runtime_path=/sim/c1/hosts/n0/pyxis container_scope=job\n")
+    assert gpusite.plugstack_conf(Path("/p.so"), Path("/r"), "global").endswith(" container_scope=global\n")
+    with pytest.raises(ValueError, match="container_scope"):
+        gpusite.plugstack_conf(Path("/p.so"), Path("/r"), "step")
     with pytest.raises(ValueError, match="white space"):
         gpusite.plugstack_conf(Path("/a b/spank_pyxis.so"), Path("/r"))
 
@@ -227,11 +229,11 @@ def test_enroot_reads_the_node_conf_as_written(tmp_path):
     installed = f'config::init "{b.enroot_sysconf}/enroot.conf"'
     assert installed in section
     names = ["ENROOT_RUNTIME_PATH", "ENROOT_CACHE_PATH", "ENROOT_DATA_PATH", "ENROOT_TEMP_PATH", "ENROOT_MAX_PROCESSORS",
-             "ENROOT_SQUASH_OPTIONS", "ENROOT_ALLOW_HTTP", "SSL_CERT_FILE"]
+             "ENROOT_SQUASH_OPTIONS", "SSL_CERT_FILE"]
     show = "".join(f'printf "%s\\n" "${{{n}}}"\n' for n in names)
     res = subprocess.run(["bash", "-c", "set -euo pipefail\n" + section.replace(installed, f'config::init "{conf}"') + show],
                          capture_output=True, text=True, env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)}, timeout=60)
     assert res.returncode == 0, res.stderr
     node = tmp_path / "node with space" / "enroot"
     assert res.stdout.splitlines() == [str(node / "runtime"), str(node / "cache"), str(node / "data"), str(node / "tmp"), "1",
-                                       "-comp gzip -noD -exit-on-error -processors 1", "yes", "/ca/ca.pem"]
+                                       "-comp gzip -noD -exit-on-error -processors 1", "/ca/ca.pem"]

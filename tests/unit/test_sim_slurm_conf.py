@@ -59,7 +59,7 @@ def test_slurm_names_from_the_inventory_nodelist():
     assert "NodeName=gpu-a NodeAddr=198.18.25.10 " in text and "Nodes=gpu-a,gpu-b " in text
     # slurmd is started with the Slurm name, munged first, in the host's script
     lines = slurm.host_lines(cluster, Path("/sim/c"), "sim-b200-slurm-1", {"PATH": "/x"})
-    assert lines[-1].endswith("slurmd -f /sim/c/slurm/slurm.conf -N gpu-b") and "munged --force" in lines[-2]
+    assert lines[-1].endswith("slurmd -f /sim/c/slurm/slurm.conf -N gpu-b") and "munged --force" in lines[1]
 
 
 def test_task_prolog_gives_the_hosts_path():
@@ -67,9 +67,36 @@ def test_task_prolog_gives_the_hosts_path():
     assert text.startswith("#!/bin/sh\n")
     assert 'd=/sim/c/hosts/$h' in text and 'echo "export PATH=$d/bin:/usr/local/sbin:' in text
     assert "LLMDEPLOY_SIM_HOSTDIR=$d" in text
+    # inside a pyxis container (no host folders there) the image's PATH stays
+    assert text.index('[ -d "$d" ] || exit 0') < text.index("export PATH")
 
 
 def test_not_a_slurm_cluster_gets_nothing():
     cluster = load_cluster("sim-b200")
     assert slurm.host_lines(cluster, Path("/sim/c"), cluster.nodes[0].name, {}) == []
     assert slurm.node_env(cluster, Path("/sim/c")) == {}
+
+
+def test_nvidia_sites_load_pyxis_and_ascend_ones_do_not(monkeypatch, tmp_path):
+    assert _conf("sim-b200-slurm")["PlugStackConfig"] == ["/sim/c/slurm/plugstack.conf"]
+    assert "PlugStackConfig" not in _conf("sim-a3-slurm")
+    assert slurm.pyxis(load_cluster("sim-gb300-1p2d")) is False  # not run by Slurm
+
+    class Built:
+        enroot_bin = Path("/cache/gs/enroot/bin")
+        enroot_sysconf = Path("/cache/gs/enroot/etc/enroot")
+
+    monkeypatch.setattr(slurm.gpusite, "ensure", lambda: Built())
+    b200 = load_cluster("sim-b200-slurm")
+    lines = slurm.host_lines(b200, Path("/sim/c"), "sim-b200-slurm-1", {"PATH": "/h/bin:/usr/bin"})
+    # enroot in /usr/local/bin (slurmd, tasks and pyxis's job epilog find it there), the cluster's enroot configuration
+    assert "mount -t overlay overlay -o lowerdir=/cache/gs/enroot/bin:/usr/local/bin /usr/local/bin" in lines
+    assert "mount --bind /sim/c/slurm/enroot /cache/gs/enroot/etc/enroot" in lines
+    assert lines[-1].startswith("env PATH=/h/bin:/usr/bin slurmd ")
+    a3 = slurm.host_lines(load_cluster("sim-a3-slurm"), Path("/sim/c"), "sim-a3-slurm-1", {"PATH": "/h/bin"})
+    assert not any("enroot" in line for line in a3)
+    # the simulated hardware's state in every enroot container, at the path the stand-ins read
+    # and the TaskProlog, which slurmstepd runs once pyxis has put the task in its container
+    fields = [line.split() for line in slurm.enroot_fstab(Path("/sim/c")).splitlines() if not line.startswith("#")]
+    assert fields == [["/etc/llmdeploy-sim", "/etc/llmdeploy-sim", "none", "x-create=dir,rbind,rw,nosuid,nodev,private", "0", "-1"],
+                      ["/sim/c/slurm/task_prolog", "/sim/c/slurm/task_prolog", "none", "x-create=file,bind,ro,nosuid,nodev,private", "0", "-1"]]
