@@ -279,6 +279,12 @@ class Slurm(Strict):
     # how a unit's container starts on its node: "docker" (srun runs the
     # unit's docker run there) or "pyxis" (srun --container-image, enroot)
     container: Literal["docker", "pyxis"] = "docker"
+    # the nodes' accelerators as Slurm's generic resources (gres.conf Name=):
+    # every job and step asks for ``--gres=<gres>:<per node>``; None: the
+    # vendor's word for one accelerator ("gpu", "npu"; where a site names them otherwise, say so)
+    gres: str | None = Field(default=None, pattern=SLURM_NAME_RE.pattern)
+    # how many per node; None: the platform's devices; 0: the site has no GRES for them (nothing is asked for)
+    gres_per_node: int | None = Field(default=None, ge=0, le=64)
     # seconds to wait for an allocation (salloc/sbatch) before giving up
     alloc_timeout_s: float = Field(default=120, gt=0)
     # the time limit of a command's own allocation (facts, prepare, verify-comm,

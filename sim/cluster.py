@@ -235,11 +235,14 @@ def hosts_file(cluster: Cluster, services: dict[str, str]) -> str:
 
 def dev_lines(hw: dict) -> list[str]:
     """The host's own /dev: the usual nodes, and the Ascend driver's character
-    devices the seed's docker run passes (``--device /dev/davinciN`` ...)."""
+    devices the seed's docker run passes (``--device /dev/davinciN`` ...), or
+    an NVIDIA node's /dev/nvidiaN (a Slurm site's gres.conf names them)."""
     nodes = dict(DEV_NODES)
-    nodes.update(ASCEND_DEVICES)
+    if hw.get("npus"):
+        nodes.update(ASCEND_DEVICES)
     for npu in hw.get("npus", []):
         nodes[f"davinci{npu['id']}"] = (DAVINCI_MAJOR, npu["id"])
+    nodes.update(slurm.nvidia_devices(hw))
     out = ["mount -t tmpfs -o mode=755,size=1m dev /dev"]
     out += [f"mknod -m 666 /dev/{name} c {major} {minor}" for name, (major, minor) in nodes.items()]
     out += ["mkdir -p /dev/pts /dev/shm /dev/mqueue",
@@ -482,7 +485,8 @@ def _up(cluster: Cluster, echo) -> dict:
                   if ascend else []),
                 f"mount --bind {q(hdir / 'hosts')} /etc/hosts",
                 # the host's own /dev when it has devices of its own (Ascend's davinci nodes)
-                *(dev_lines(hw) if ascend else []),
+                # (an NVIDIA Slurm site's too: its gres.conf names the GPUs' device files)
+                *(dev_lines(hw) if ascend or cluster.slurm else []),
                 "mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm",
                 # bash sources ~/.bashrc for every SSH command: a node's own,
                 # not this machine's (a pyenv init there cost 130 ms per command)

@@ -115,16 +115,57 @@ def slurm_conf(cluster: Cluster, cdir: Path) -> str:
     if pyxis(cluster):
         # SPANK plug-ins of slurmd and of srun on the login host (spank(8)): pyxis
         lines.append(f"PlugStackConfig={slurm_dir(cdir) / 'plugstack.conf'}")
+    gres = gres_of(cluster)
+    if gres:
+        # the accelerators as generic resources (gres.conf beside slurm.conf names their device files)
+        lines.append(f"GresTypes={gres[0]}")
     for i, node in enumerate(cluster.nodes):
         hw = hardware.node_hardware(cluster, i, node)
         sockets = len(hw["numa_nodes"])
         lines.append(
             f"NodeName={cluster.slurm_name(node)} NodeAddr={mgmt_ip(str(node.ip))} CPUs={hw['cpus']} Sockets={sockets} "
-            f"CoresPerSocket={hw['cpus'] // sockets} ThreadsPerCore=1 RealMemory={hw['mem_total_kib'] // 1024} State=UNKNOWN"
+            f"CoresPerSocket={hw['cpus'] // sockets} ThreadsPerCore=1 RealMemory={hw['mem_total_kib'] // 1024}"
+            + (f" Gres={gres[0]}:{gres[1]}" if gres else "") + " State=UNKNOWN"
         )
     names = ",".join(cluster.slurm_name(n) for n in cluster.nodes)
     lines.append(f"PartitionName={cluster.slurm.partition} Nodes={names} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
+
+
+# the device files of the accelerators on a simulated node (its own /dev): NVIDIA's
+# nvidiaN are character devices of major 195 (Documentation/admin-guide/devices.txt
+# lists 195 as "Nvidia graphics devices"); Ascend's davinciN are sim/cluster.py's
+NVIDIA_MAJOR = 195
+
+
+def gres_of(cluster: Cluster) -> tuple[str, int, str] | None:
+    """(GRES name, count per node, device files as gres.conf takes them) of the
+    simulated site: what the inventory's Slurm section asks for, so that the
+    site has what the tool requests; None when it asks for none."""
+    from llmdeploy.launchers.slurm.commands import gres_args
+
+    args = gres_args(cluster)
+    if not args:
+        return None
+    name, count = args[0].split("=", 1)[1].rsplit(":", 1)
+    n = int(count)
+    dev = "davinci" if cluster.platform_info.vendor == "ascend" else "nvidia"
+    return name, n, f"/dev/{dev}[0-{n - 1}]" if n > 1 else f"/dev/{dev}0"
+
+
+def gres_conf(cluster: Cluster) -> str:
+    """gres.conf (gres.conf(5)): each node's accelerators by their device files in its own /dev."""
+    gres = gres_of(cluster)
+    lines = ["# gres.conf of a simulated cluster (sim/slurm.py); gres.conf(5)"]
+    if gres:
+        names = ",".join(cluster.slurm_name(n) for n in cluster.nodes)
+        lines.append(f"NodeName={names} Name={gres[0]} File={gres[2]}")
+    return "\n".join(lines) + "\n"
+
+
+def nvidia_devices(hw: dict) -> dict[str, tuple[int, int]]:
+    """/dev entries of an NVIDIA node's GPUs (name -> (major, minor)), as its driver makes them."""
+    return {f"nvidia{g['id']}": (NVIDIA_MAJOR, g["id"]) for g in hw.get("gpus", [])}
 
 
 def _settings(sdir: Path) -> list[str]:
@@ -251,6 +292,8 @@ def prepare(cluster: Cluster, cdir: Path) -> None:
     with os.fdopen(fd, "wb") as f:
         f.write(os.urandom(1024))
     conf_path(cdir).write_text(slurm_conf(cluster, cdir))
+    # slurmd reads gres.conf from slurm.conf's folder (gres.conf(5))
+    (sdir / "gres.conf").write_text(gres_conf(cluster))
     (sdir / "task_prolog").write_text(task_prolog(cdir))
     os.chmod(sdir / "task_prolog", 0o755)
     if pyxis(cluster):

@@ -1,8 +1,8 @@
 """A simulated Slurm cluster (sim-b200-slurm): munged and slurmd on every host,
 slurmctld on a login host reached over SSH; job steps run on their node (its
 hostname, its Docker Engine), steps of a held job overlap, a drained node
-shows its reason, pyxis runs steps in enroot containers, and sim.down leaves
-nothing."""
+shows its reason, GPUs are generic resources, pyxis runs steps in enroot
+containers, and sim.down leaves nothing."""
 
 import os
 import json
@@ -104,6 +104,18 @@ def test_drain_shows_the_reason(sim_cluster):
         assert out.split(None, 2) == [NODES[1], "drained", "bad fan\n"] or out.strip() == f"{NODES[1]} draining bad fan"
     finally:
         ok(f"scontrol update nodename={NODES[1]} state=resume")
+
+
+def test_gpus_are_generic_resources_on_their_device_files(sim_cluster):
+    """Each node declares its 8 GPUs as GRES on its own /dev/nvidiaN (gres.conf);
+    a step that asks for two gets CUDA_VISIBLE_DEVICES for two, one that asks
+    for all gets all, and one that asks for more than a node has is refused."""
+    assert "Gres=gpu:8" in ok(f"scontrol show node {NODES[0]}")
+    out = ok(f"srun -w {NODES[0]} -N1 --gres=gpu:2 sh -c 'echo $CUDA_VISIBLE_DEVICES; ls /dev | grep -c ^nvidia'")
+    assert out.split() == ["0,1", "8"], out
+    assert ok(f"srun -w {NODES[1]} -N1 --gres=gpu:8 sh -c 'echo $CUDA_VISIBLE_DEVICES'").strip() == "0,1,2,3,4,5,6,7"
+    res = login(f"srun -w {NODES[1]} -N1 --gres=gpu:9 true")
+    assert res.returncode != 0 and "Requested node configuration is not available" in res.stderr, res.stderr
 
 
 def _enroot_uri(ref: str) -> str:

@@ -100,3 +100,19 @@ def test_nvidia_sites_load_pyxis_and_ascend_ones_do_not(monkeypatch, tmp_path):
     fields = [line.split() for line in slurm.enroot_fstab(Path("/sim/c")).splitlines() if not line.startswith("#")]
     assert fields == [["/etc/llmdeploy-sim", "/etc/llmdeploy-sim", "none", "x-create=dir,rbind,rw,nosuid,nodev,private", "0", "-1"],
                       ["/sim/c/slurm/task_prolog", "/sim/c/slurm/task_prolog", "none", "x-create=file,bind,ro,nosuid,nodev,private", "0", "-1"]]
+
+
+def test_the_site_declares_the_gres_the_tool_asks_for():
+    b200 = load_cluster("sim-b200-slurm")
+    conf = _conf("sim-b200-slurm")
+    assert conf["GresTypes"] == ["gpu"] and all(" Gres=gpu:8 " in v for v in conf["NodeName"])
+    assert slurm.gres_conf(b200).splitlines()[-1] == "NodeName=sim-b200-slurm-0,sim-b200-slurm-1 Name=gpu File=/dev/nvidia[0-7]"
+    assert "Name=npu File=/dev/davinci[0-15]" in slurm.gres_conf(load_cluster("sim-a3-slurm"))
+    # the GPUs' device files in the node's own /dev (major 195, one minor per GPU)
+    hw = {"gpus": [{"id": 0}, {"id": 1}]}
+    assert slurm.nvidia_devices(hw) == {"nvidia0": (195, 0), "nvidia1": (195, 1)}
+    from sim.cluster import dev_lines
+    assert "mknod -m 666 /dev/nvidia1 c 195 1" in dev_lines(hw) and not any("davinci" in line for line in dev_lines(hw))
+    # nothing asked for, nothing declared
+    none = b200.model_copy(update={"slurm": b200.slurm.model_copy(update={"gres_per_node": 0})})
+    assert "GresTypes" not in slurm.slurm_conf(none, Path("/c")) and "Name=" not in slurm.gres_conf(none)

@@ -151,6 +151,30 @@ def test_command_lines_quote_and_carry_the_sites_choices(b200):
     assert "--job-name=prepare-image-digest" in srun and srun[-3:-1] == ["bash", "-c"]
 
 
+def test_every_job_and_step_asks_for_the_nodes_accelerators_as_gres(b200):
+    names = ["sim-b200-slurm-0", "sim-b200-slurm-1"]
+    units = [slurm.UnitStep(node=n, name="u", script="true", log=f"/l/{n}") for n in names]
+
+    def lines(c):
+        return {"salloc": shlex.split(slurm.salloc_command(c, names, "j")), "sbatch": shlex.split(slurm.sbatch_command(c, names, "r1")),
+                "dispatch": shlex.split(slurm.srun_dispatch_command(c, "42", names, "facts")),
+                "one": shlex.split(slurm.srun_one_command(c, "42", names[0], "logs", "true")),
+                "units": shlex.split(slurm.start_units_script(c, "42", units, 30).split("setsid nohup ", 1)[1].split(" >", 1)[0])}
+
+    # the platform's 8 GPUs per node, by the vendor's word for them; steps too (srun(1): a step does
+    # not inherit the GRES an exclusive job got)
+    for what, args in lines(b200).items():
+        assert "--gres=gpu:8" in args, (what, args)
+    a3 = load_cluster("sim-a3-slurm")
+    assert "--gres=npu:16" in shlex.split(slurm.salloc_command(a3, ["sim-a3-slurm-0"], "j"))
+    # a site that names them otherwise, or asks for fewer, or has no GRES for them
+    assert "--gres=h100:4" in lines(_with(b200, gres="h100", gres_per_node=4))["dispatch"]
+    assert all(not any(a.startswith("--gres") for a in args) for args in lines(_with(b200, gres_per_node=0)).values())
+    with pytest.raises(ValueError) as err:
+        _with(b200, gres="gpu:8")
+    assert "gres" in str(err.value)
+
+
 def test_unit_step_holds_its_container_and_reports_its_exit(tmp_path):
     """The step body with a fake docker: it starts, says so, and ends with the container's exit code."""
     bin_ = tmp_path / "bin"

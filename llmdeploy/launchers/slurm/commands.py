@@ -32,6 +32,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from ... import platform
 from ...inventory import Cluster, Node
 
 q = shlex.quote
@@ -83,6 +84,21 @@ def where_args(cluster: Cluster) -> list[str]:
     if s.reservation:
         args.append(f"--reservation={s.reservation}")
     return args
+
+
+def gres_args(cluster: Cluster) -> list[str]:
+    """``--gres=<name>:<count>`` (per node in salloc, sbatch and srun): every
+    job and every step asks for the node's accelerators. A job's steps do
+    not inherit GRES that an exclusive job got implicitly (srun(1)), and
+    under ConstrainDevices a step sees only what it asked for. Empty when
+    the inventory says the site has none (``slurm.gres_per_node = 0``)."""
+    s = cluster.slurm
+    assert s is not None
+    count = cluster.platform_info.devices if s.gres_per_node is None else s.gres_per_node
+    if not count:
+        return []
+    # by default the vendor's word for one accelerator ("gpu", "npu"), as sites name their GRES (gres.conf Name=)
+    return [f"--gres={s.gres or platform.vendor_of(cluster).DEVICE}:{count}"]
 
 
 def hostlist(names: list[str]) -> str:
@@ -142,7 +158,7 @@ def salloc_command(cluster: Cluster, names: list[str], job_name: str, time_limit
     s = cluster.slurm
     assert s is not None
     args = ["salloc", "--no-shell", f"--job-name={job_name}", f"--nodes={len(names)}", f"--nodelist={hostlist(names)}",
-            "--ntasks-per-node=1", f"--immediate={max(1, int(s.alloc_timeout_s))}", *where_args(cluster)]
+            "--ntasks-per-node=1", f"--immediate={max(1, int(s.alloc_timeout_s))}", *gres_args(cluster), *where_args(cluster)]
     args.append(f"--time={time_limit or s.command_time_limit}")
     return " ".join(q(a) for a in args)
 
@@ -163,7 +179,7 @@ def sbatch_command(cluster: Cluster, names: list[str], release: str) -> str:
     # --exclusive: the serving release has its nodes whole (every CPU, GPU and
     # the memory); the tool's own steps in it share them (srun --overlap)
     args = ["sbatch", "--parsable", f"--job-name={release_job_name(cluster.name, release)}", f"--nodes={len(names)}",
-            f"--nodelist={hostlist(names)}", "--ntasks-per-node=1", "--exclusive", *where_args(cluster),
+            f"--nodelist={hostlist(names)}", "--ntasks-per-node=1", "--exclusive", *gres_args(cluster), *where_args(cluster),
             # the batch step only sleeps: nothing to keep of its output
             "--output=/dev/null", "--chdir=/", f"--comment=llmdeploy release {release} of {cluster.name}"]
     if s.time_limit:
@@ -311,14 +327,14 @@ def payload(per_node: dict[str, tuple[str, bytes | None]], timeout: float) -> by
 def srun_dispatch_command(cluster: Cluster, job_id: str, names: list[str], step_name: str) -> str:
     """One job step over ``names``, one task per node, running DISPATCH."""
     args = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(names)}", f"--nodelist={hostlist(names)}",
-            f"--ntasks={len(names)}", "--ntasks-per-node=1", "--input=all", "--label", "--kill-on-bad-exit=0",
+            f"--ntasks={len(names)}", "--ntasks-per-node=1", *gres_args(cluster), "--input=all", "--label", "--kill-on-bad-exit=0",
             f"--job-name={step_safe(step_name)}", "bash", "-c", DISPATCH]
     return " ".join(q(a) for a in args)
 
 
-def srun_one_command(job_id: str, name: str, step_name: str, command: str) -> str:
+def srun_one_command(cluster: Cluster, job_id: str, name: str, step_name: str, command: str) -> str:
     """``command`` as one step on one node, its output straight to srun's (a log followed)."""
-    args = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={name}",
+    args = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={name}", *gres_args(cluster),
             f"--job-name={step_safe(step_name)}", "bash", "-c", command]
     return " ".join(q(a) for a in args)
 
@@ -401,7 +417,7 @@ def start_units_script(cluster: Cluster, job_id: str, units: list[UnitStep], wai
     or ``failed <node>/<name> <what its log says>`` per unit; exit 1 if any failed."""
     lines = ["set -u", "pids=''"]
     for u in units:
-        args = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={u.node}",
+        args = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={u.node}", *gres_args(cluster),
                 f"--job-name={step_safe(u.name)}", "--kill-on-bad-exit=1", "bash", "-c", u.script]
         lines.append(f"mkdir -p {q(u.log.rsplit('/', 1)[0])}")
         lines.append(f"setsid nohup {' '.join(q(a) for a in args)} > {q(u.log)} 2>&1 < /dev/null &")

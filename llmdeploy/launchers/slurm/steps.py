@@ -238,7 +238,7 @@ class SlurmSteps:
     def one_step_command(self, node: Node, command: str, step_name: str) -> str:
         """The login host's command that runs ``command`` on ``node`` as one step, output as it comes."""
         self.refuse_unusable(node)
-        return slurm.srun_one_command(self.allocation([node]), self.c.slurm_name(node), step_name, command)
+        return slurm.srun_one_command(self.c, self.allocation([node]), self.c.slurm_name(node), step_name, command)
 
     def srun_step(self, step: "Step", targets: list[Node]) -> dict[str, "HostResult"]:
         """``step`` on ``targets`` as one srun (local and decided hosts need none)."""
