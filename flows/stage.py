@@ -374,7 +374,8 @@ class ImageOutcome:
     sent: int = 0
     seconds: float = 0.0
     # node -> {"stream_s": its agent's start to the stream's last byte there,
-    # "sink_s": docker load after that}, from the pass that reached it
+    # "sink_s": docker load after that}, from the pass that reached it (a node
+    # reached on a second pass counts from that pass's start)
     timings: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_json(self) -> dict:

@@ -506,8 +506,15 @@ def _up(cluster: Cluster, echo) -> dict:
             ]
         )
         log = hdir / "sshd.log"
+        argv = ["ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "--propagation", "private", "--", "/bin/sh", "-c", script]
+        if slurm.constrained(cluster):
+            # a cgroup namespace of its own, rooted in the host's folder of every
+            # hierarchy (its slurmd's cgroups; its dockerd's containers under it)
+            argv[5:5] = ["--cgroup"]
+            folder = cgroup_parent(cluster.name, node.name).strip("/") + ".host"
+            argv = ["/bin/sh", "-c", "\n".join(["set -e", *slurm.host_cgroup_lines(folder), "exec " + shlex.join(argv)])]
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "--propagation", "private", "--", "/bin/sh", "-c", script],
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=open(hdir / "start.log", "w"),
             stderr=subprocess.STDOUT,

@@ -98,6 +98,15 @@ def _say(msg: str) -> None:
 
 
 # --- where the tarballs come from ------------------------------------------------------------
+def sha256(path: Path) -> str:
+    """The file's sha256, read now (the pin check: no cache keyed by size and time)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def default_sources() -> Path:
     return REPO.parent / "shared" / "sources"
 
@@ -113,14 +122,6 @@ def sources_dir() -> tuple[Path | None, str]:
     if default.is_dir():
         return default, f"the default folder {default} (${SOURCES_ENV} is unset)"
     return None, f"${SOURCES_ENV} is unset and {default} does not exist"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def download(url: str, dest: Path) -> None:
@@ -269,7 +270,9 @@ def ensure(echo=_say) -> Build:
     """The build of the pinned pyxis and enroot, made if missing (a no-op when it is there)."""
     slurm = slurm_version()
     if slurm is None:
-        raise SimError("libslurm-dev is missing (pyxis compiles against its slurm/spank.h): run scripts/setup.sh")
+        lacking = missing()
+        raise SimError(f"building pyxis and enroot needs the Debian packages {', '.join(lacking) or 'libslurm-dev'} "
+                       "(pyxis compiles against libslurm-dev's slurm/spank.h): run scripts/setup.sh")
     want = wanted(slurm)
     b = build_dir(want)
     if _done(b, want):

@@ -110,7 +110,7 @@ def slurm_conf(cluster: Cluster, cdir: Path) -> str:
         "# slurm.conf of a simulated cluster (sim/slurm.py); slurm.conf(5)",
         f"ClusterName={cluster.name}",
         f"SlurmctldHost={login_name(cluster)}({ctl_ip})",
-        *_settings(slurm_dir(cdir)),
+        *_settings(slurm_dir(cdir), constrained(cluster)),
     ]
     if pyxis(cluster):
         # SPANK plug-ins of slurmd and of srun on the login host (spank(8)): pyxis
@@ -118,14 +118,15 @@ def slurm_conf(cluster: Cluster, cdir: Path) -> str:
     gres = gres_of(cluster)
     if gres:
         # the accelerators as generic resources (gres.conf beside slurm.conf names their device files)
-        lines.append(f"GresTypes={gres[0]}")
+        lines.append(f"GresTypes={gres}")
     for i, node in enumerate(cluster.nodes):
         hw = hardware.node_hardware(cluster, i, node)
         sockets = len(hw["numa_nodes"])
+        count = node_gres(cluster, i, node)[0] if gres else 0
         lines.append(
             f"NodeName={cluster.slurm_name(node)} NodeAddr={mgmt_ip(str(node.ip))} CPUs={hw['cpus']} Sockets={sockets} "
             f"CoresPerSocket={hw['cpus'] // sockets} ThreadsPerCore=1 RealMemory={hw['mem_total_kib'] // 1024}"
-            + (f" Gres={gres[0]}:{gres[1]}" if gres else "") + " State=UNKNOWN"
+            + (f" Gres={gres}:{count}" if count else "") + " State=UNKNOWN"
         )
     names = ",".join(cluster.slurm_name(n) for n in cluster.nodes)
     lines.append(f"PartitionName={cluster.slurm.partition} Nodes={names} Default=YES MaxTime=INFINITE State=UP")
@@ -138,28 +139,81 @@ def slurm_conf(cluster: Cluster, cdir: Path) -> str:
 NVIDIA_MAJOR = 195
 
 
-def gres_of(cluster: Cluster) -> tuple[str, int, str] | None:
-    """(GRES name, count per node, device files as gres.conf takes them) of the
-    simulated site: what the inventory's Slurm section asks for, so that the
-    site has what the tool requests; None when it asks for none."""
-    from llmdeploy.launchers.slurm.commands import gres_args
+def gres_of(cluster: Cluster) -> str | None:
+    """The name the simulated site declares its accelerators under as GRES:
+    the inventory's ``slurm.gres`` (a site's own name) or the vendor's word
+    for one (gpu, npu); None when the inventory says the site has none
+    (``gres_per_node = 0``). How many: each node's simulated hardware
+    (:func:`node_gres`), whatever the tool asks for."""
+    from llmdeploy import platform
 
-    args = gres_args(cluster)
-    if not args:
+    if not cluster.slurm or cluster.slurm.gres_per_node == 0:
         return None
-    name, count = args[0].split("=", 1)[1].rsplit(":", 1)
-    n = int(count)
-    dev = "davinci" if cluster.platform_info.vendor == "ascend" else "nvidia"
-    return name, n, f"/dev/{dev}[0-{n - 1}]" if n > 1 else f"/dev/{dev}0"
+    return cluster.slurm.gres or platform.vendor_of(cluster).DEVICE
+
+
+def node_gres(cluster: Cluster, index: int, node) -> tuple[int, str]:
+    """(how many, their device files as gres.conf takes them) of one node's
+    accelerators, from its simulated hardware: /dev/nvidiaN or /dev/davinciN."""
+    hw = hardware.node_hardware(cluster, index, node)
+    ids = [d["id"] for d in hw.get("gpus") or hw.get("npus") or []]
+    dev = "nvidia" if hw.get("gpus") else "davinci"
+    files = f"/dev/{dev}[{min(ids)}-{max(ids)}]" if len(ids) > 1 else f"/dev/{dev}{ids[0]}" if ids else ""
+    return len(ids), files
+
+
+def constrained(cluster: Cluster, mountinfo: str | None = None) -> bool:
+    """Whether the simulated site constrains each step's devices to its GRES
+    (task/cgroup, cgroup.conf ConstrainDevices=yes): an NVIDIA Slurm site with
+    GRES (the Ascend ones keep tracking by parentage), on a machine whose
+    cgroup v1 hierarchies include the devices and freezer controllers (the
+    cgroup/v1 plug-in; the recipe checked it on v1)."""
+    if not pyxis(cluster) or gres_of(cluster) is None:
+        return False
+    from .dockerd import _cgroup_fs
+
+    v1 = {c for _, fstype, opts in _cgroup_fs(mountinfo) if fstype == "cgroup" for c in opts.split(",")}
+    # devices: ConstrainDevices; freezer: proctrack/cgroup
+    return {"devices", "freezer"} <= v1
+
+
+def cgroup_conf() -> str:
+    """cgroup.conf (cgroup.conf(5)): the v1 plug-in on the hierarchies each host
+    mounts itself (no automount), devices constrained to the step's GRES."""
+    return ("# cgroup.conf of a simulated cluster (sim/slurm.py); cgroup.conf(5)\n"
+            "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\nConstrainDevices=yes\n")
+
+
+def host_cgroup_lines(folder: str, mountinfo: str | None = None) -> list[str]:
+    """Shell lines, run on this machine before a host's namespaces are made,
+    that put the shell in the cgroup ``/<folder>`` of every hierarchy (a cpuset
+    gets its parent's CPUs and memory nodes first: an empty one takes no
+    process). Then ``unshare --cgroup`` makes that folder the host's cgroup
+    root, so that each host's slurmd has a hierarchy of its own: two slurmd
+    sharing one would make the same job's folders (slurm/uid_0/job_N) and
+    remove each other's."""
+    from .dockerd import _cgroup_fs
+
+    q = shlex.quote
+    lines = []
+    for point, fstype, opts in _cgroup_fs(mountinfo):
+        d = f"{point}/{folder}"
+        lines.append(f"mkdir -p {q(d)}")
+        if fstype == "cgroup" and "cpuset" in opts.split(","):
+            lines += [f"cat {q(point + '/cpuset.cpus')} > {q(d + '/cpuset.cpus')}",
+                      f"cat {q(point + '/cpuset.mems')} > {q(d + '/cpuset.mems')}"]
+        lines.append(f"echo $$ > {q(d + '/cgroup.procs')}")
+    return lines
 
 
 def gres_conf(cluster: Cluster) -> str:
     """gres.conf (gres.conf(5)): each node's accelerators by their device files in its own /dev."""
-    gres = gres_of(cluster)
+    name = gres_of(cluster)
     lines = ["# gres.conf of a simulated cluster (sim/slurm.py); gres.conf(5)"]
-    if gres:
-        names = ",".join(cluster.slurm_name(n) for n in cluster.nodes)
-        lines.append(f"NodeName={names} Name={gres[0]} File={gres[2]}")
+    for i, node in enumerate(cluster.nodes):
+        count, files = node_gres(cluster, i, node)
+        if name and count:
+            lines.append(f"NodeName={cluster.slurm_name(node)} Name={name} File={files}")
     return "\n".join(lines) + "\n"
 
 
@@ -168,8 +222,9 @@ def nvidia_devices(hw: dict) -> dict[str, tuple[int, int]]:
     return {f"nvidia{g['id']}": (NVIDIA_MAJOR, g["id"]) for g in hw.get("gpus", [])}
 
 
-def _settings(sdir: Path) -> list[str]:
-    """slurm.conf's lines that do not depend on the inventory but for where the daemons write (``sdir``)."""
+def _settings(sdir: Path, cgroups: bool = False) -> list[str]:
+    """slurm.conf's lines that do not depend on the inventory but for where
+    the daemons write (``sdir``) and whether devices are constrained (``cgroups``)."""
     return [
         "AuthType=auth/munge",
         "CredType=cred/munge",
@@ -192,11 +247,12 @@ def _settings(sdir: Path) -> list[str]:
         f"TmpFS={sdir / 'nodes' / '%n' / 'tmp'}",
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
-        # processes tracked by parentage, no cgroups: the simulated hosts share
-        # this machine's cgroup hierarchies (v1 here), which slurmd's cgroup
-        # plugins would take over; containers are dockerd's anyway
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
+        # with GRES on a machine with cgroup v1: steps tracked in cgroups and
+        # each step's devices constrained to its GRES (cgroup.conf
+        # ConstrainDevices), every host in a cgroup namespace of its own
+        # (host_cgroup_lines); else processes tracked by parentage
+        *(["ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup"] if cgroups
+          else ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none"]),
         # cores are the consumable resource, so that steps of one job share a node with srun --overlap
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
@@ -267,7 +323,7 @@ def host_lines(cluster: Cluster, cdir: Path, node_name: str, env: dict[str, str]
         # pyxis sets PATH=/usr/local/bin:/usr/bin:/bin (pyxis_slurmd.c job_epilog_fixup):
         # the build's bin folder over this machine's /usr/local/bin, in the host's
         # own mount namespace (a read-only overlay: both folders' files)
-        lines.append(f"mount -t overlay overlay -o lowerdir={built.enroot_bin}:/usr/local/bin /usr/local/bin")
+        lines.append(f"mount -t overlay overlay -o {shlex.quote(f'lowerdir={built.enroot_bin}:/usr/local/bin')} /usr/local/bin")
         lines.append(f"mount --bind {shlex.quote(str(enroot_etc(cdir)))} {shlex.quote(str(built.enroot_sysconf))}")
         # enroot makes none of its folders (mktemp in ENROOT_TEMP_PATH fails "No such file or directory")
         lines.append("mkdir -p " + " ".join(shlex.quote(str(d)) for d in [*gpusite.enroot_dirs(ENROOT_NODE_DIR).values(), PYXIS_RUNTIME]))
@@ -292,8 +348,10 @@ def prepare(cluster: Cluster, cdir: Path) -> None:
     with os.fdopen(fd, "wb") as f:
         f.write(os.urandom(1024))
     conf_path(cdir).write_text(slurm_conf(cluster, cdir))
-    # slurmd reads gres.conf from slurm.conf's folder (gres.conf(5))
+    # slurmd reads gres.conf and cgroup.conf from slurm.conf's folder (gres.conf(5), cgroup.conf(5))
     (sdir / "gres.conf").write_text(gres_conf(cluster))
+    if constrained(cluster):
+        (sdir / "cgroup.conf").write_text(cgroup_conf())
     (sdir / "task_prolog").write_text(task_prolog(cdir))
     os.chmod(sdir / "task_prolog", 0o755)
     if pyxis(cluster):

@@ -7,6 +7,7 @@ message on stderr and a non-zero exit.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -156,11 +157,34 @@ _QUERY = {
 }
 
 
+def _visible_gpus(gpus: list[dict], dev: str = "/dev") -> list[dict]:
+    """The GPUs this process may open, numbered from 0 in the order of the
+    rest, as NVML enumerates them under a device cgroup (a Slurm step sees only
+    the GPUs it asked for, ConstrainDevices). A GPU without a device file here
+    (a host outside Slurm) counts as open."""
+    out = []
+    for g in gpus:
+        path = os.path.join(dev, f"nvidia{g['id']}")
+        try:
+            os.close(os.open(path, os.O_RDWR))
+        except OSError as e:
+            if e.errno == errno.EPERM:  # the device cgroup's answer
+                continue
+            # no such file, or no driver behind it (ENXIO): the GPU is there
+        # "phys": the GPU's own index, for what follows the hardware (its NUMA node)
+        out.append(dict(g, id=len(out), phys=g.get("phys", g["id"])))
+    return out
+
+
 def nvidia_smi(argv: list[str]) -> int:
     hw = _hw()
-    gpus = hw["gpus"]
-    if not gpus:
+    if not hw["gpus"]:
         return _fail("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", 9)
+    gpus = _visible_gpus(hw["gpus"])
+    if not gpus:
+        # NVML finds none it may open (NVML_ERROR_NOT_FOUND is 6)
+        print("No devices were found")
+        return 6
     query = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")), None)
     if query is not None:
         fields = [f.strip() for f in query.split(",")]
@@ -186,7 +210,7 @@ def nvidia_smi(argv: list[str]) -> int:
         for g in gpus:
             cells = "\t".join(" X " if i == g["id"] else "NV18" for i in ids)
             lo, hi = numa[g["numa"]]["cpus"]
-            gpu_numa = str(len(cpu_numa) + g["id"]) if gb else "N/A"
+            gpu_numa = str(len(cpu_numa) + g.get("phys", g["id"])) if gb else "N/A"
             print(f"GPU{g['id']}\t{cells}\t{lo}-{hi}\t{g['numa']}\t\t{gpu_numa}")
         print("\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes\n  NV#  = Connection traversing a bonded set of # NVLinks")
         return 0

@@ -23,6 +23,7 @@ An entry is ``<key>`` (stdout), plus ``<key>.err`` (stderr) and ``<key>.rc``
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -51,9 +52,30 @@ def _hung(tool: str, hw: dict) -> bool:
     return bool(hang and (not isinstance(hang, dict) or hang.get(tool)))
 
 
+def gpus_denied(dev: str = "/dev") -> bool:
+    """Whether this process may not open one of the node's GPU device files
+    (``/dev/nvidiaN``): a Slurm step's device cgroup denies the GPUs it did
+    not ask for (ConstrainDevices). Opening one that is allowed fails too on
+    these hosts (no driver: ENXIO), but not with EPERM."""
+    try:
+        names = [n for n in os.listdir(dev) if n.startswith("nvidia") and n[6:].isdigit()]
+    except OSError:
+        return False
+    for n in names:
+        try:
+            os.close(os.open(os.path.join(dev, n), os.O_RDWR))
+        except OSError as e:
+            if e.errno == errno.EPERM:
+                return True
+    return False
+
+
 def cacheable(tool: str, argv: list[str], hw: dict) -> bool:
-    """Whether a call's answer is a function of node.json and its arguments only."""
+    """Whether a call's answer is a function of node.json and its arguments only
+    (nvidia-smi's is not when the caller may not open every GPU)."""
     if tool not in CACHED_TOOLS or key(tool, argv) is None or _hung(tool, hw):
+        return False
+    if tool == "nvidia-smi" and gpus_denied():
         return False
     if tool == "numactl":
         return argv in (["-H"], ["--hardware"])
@@ -226,9 +248,10 @@ def wrapper(tool: str, python: str, repo: str, prelude: str = "") -> str:
         '    exit "$rc"\n'
         "}\n"
         "fresh() { [[ ! $S/node.json -nt $S/out/stamp && ! $S/node.json -ot $S/out/stamp ]]; }\n"
+        f"{_GPUS_OPEN if tool == 'nvidia-smi' else ''}"
         f"{prelude}"
         f"IFS=+; k={q(tool)}+$#+\"$*\"; IFS=$' \\t\\n'\n"
-        f'if [[ ${{#k}} -lt {MAX_KEY} && $k != *[!A-Za-z0-9,._=+-]* && -f $S/out/$k ]] && fresh; then\n'
+        f'if [[ ${{#k}} -lt {MAX_KEY} && $k != *[!A-Za-z0-9,._=+-]* && -f $S/out/$k ]] && fresh{" && gpus_open" if tool == "nvidia-smi" else ""}; then\n'
         '    f=$S/out/$k\n'
         f"{_LINK_CHECK if tool == 'hccn_tool' else ''}"
         "    said\n"
@@ -236,6 +259,24 @@ def wrapper(tool: str, python: str, repo: str, prelude: str = "") -> str:
         # -S: the stand-ins need only the standard library (no site, no editable finder)
         f"PYTHONPATH={q(repo)} exec {q(python)} -S -m sim.standins {q(tool)} \"$@\"\n"
     )
+
+
+# nvidia-smi lists only the GPUs its caller may open (a Slurm step's device
+# cgroup, ConstrainDevices): with one denied ("Operation not permitted", where
+# an allowed one fails "No such device or address": no driver here), the
+# rendered answer, which lists them all, is not the caller's (gpus_denied)
+_GPUS_OPEN = (
+    "gpus_open() {\n"
+    "    local d e\n"
+    "    for d in /dev/nvidia[0-9]*; do\n"
+    '        [[ -c $d ]] || continue\n'
+    # strerror(EPERM) in the C locale, whatever the caller's
+    '        e=$(LC_ALL=C; { : <>"$d"; } 2>&1)\n'
+    '        [[ $e == *"not permitted"* ]] && return 1\n'
+    "    done\n"
+    "    return 0\n"
+    "}\n"
+)
 
 
 # hccn_tool -link also reads the NPU interface's state (a test takes it down

@@ -12,8 +12,11 @@ import time
 from pathlib import Path
 
 
+import pytest
+
 from llmdeploy.connect import make_connection
 from llmdeploy.inventory import load_cluster
+from sim import slurm as sim_slurm
 from sim.paths import cluster_dir
 from tests.conftest import run_invoke
 
@@ -116,6 +119,24 @@ def test_gpus_are_generic_resources_on_their_device_files(sim_cluster):
     assert ok(f"srun -w {NODES[1]} -N1 --gres=gpu:8 sh -c 'echo $CUDA_VISIBLE_DEVICES'").strip() == "0,1,2,3,4,5,6,7"
     res = login(f"srun -w {NODES[1]} -N1 --gres=gpu:9 true")
     assert res.returncode != 0 and "Requested node configuration is not available" in res.stderr, res.stderr
+
+
+@pytest.mark.skipif(not sim_slurm.constrained(load_cluster(SIM_CLUSTER)),
+                    reason="this machine has no cgroup v1 devices and freezer hierarchies: the simulated site does not constrain devices")
+def test_a_step_sees_only_the_gpus_it_asked_for(sim_cluster):
+    """ConstrainDevices (task/cgroup, each host in its own cgroup namespace):
+    a step's device cgroup denies the GPUs it did not ask for, and nvidia-smi,
+    which lists the GPUs it can open, shows its own, numbered from 0; a step
+    that asked for none sees none."""
+    res = login(f"srun -w {NODES[0]} -N1 nvidia-smi -L")
+    assert res.returncode != 0 and "No devices were found" in res.stdout, res.stdout + res.stderr
+    out = ok(f"srun -w {NODES[0]} -N1 --gres=gpu:2 sh -c 'nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader; "
+             "(: <>/dev/nvidia5) 2>&1 || true'")
+    lines = out.strip().splitlines()
+    assert lines[:2] == ["0, 00000000:18:00.0", "1, 00000000:28:00.0"], out
+    assert "Operation not permitted" in lines[2], out
+    # the tool's steps ask for all of them: facts sees the node's eight
+    assert len(ok(f"srun -w {NODES[0]} -N1 --gres=gpu:8 nvidia-smi -L").strip().splitlines()) == 8
 
 
 def _enroot_uri(ref: str) -> str:

@@ -34,7 +34,9 @@ def test_daemons_settings():
     conf = _conf("sim-b200-slurm")
     assert conf["AuthType"] == ["auth/munge"] and conf["SlurmUser"] == ["root"]
     assert conf["SelectType"] == ["select/cons_tres"] and conf["SelectTypeParameters"] == ["CR_Core"]
-    assert conf["ProctrackType"] == ["proctrack/linuxproc"] and conf["TaskPlugin"] == ["task/none"]
+    # cgroups or parentage, by this machine's hierarchies (test_devices_are_constrained_... holds both)
+    assert (conf["ProctrackType"], conf["TaskPlugin"]) in ((["proctrack/cgroup"], ["task/cgroup"]),
+                                                           (["proctrack/linuxproc"], ["task/none"]))
     assert conf["MpiDefault"] == ["none"] and conf["AccountingStorageType"] == ["accounting_storage/none"]
     assert conf["KillWait"] == ["5"] and conf["ReturnToService"] == ["2"]
     # everything the daemons write is in the cluster's directory; each slurmd its own (%n: its Slurm name)
@@ -106,13 +108,54 @@ def test_the_site_declares_the_gres_the_tool_asks_for():
     b200 = load_cluster("sim-b200-slurm")
     conf = _conf("sim-b200-slurm")
     assert conf["GresTypes"] == ["gpu"] and all(" Gres=gpu:8 " in v for v in conf["NodeName"])
-    assert slurm.gres_conf(b200).splitlines()[-1] == "NodeName=sim-b200-slurm-0,sim-b200-slurm-1 Name=gpu File=/dev/nvidia[0-7]"
+    assert slurm.gres_conf(b200).splitlines()[1:] == ["NodeName=sim-b200-slurm-0 Name=gpu File=/dev/nvidia[0-7]",
+                                                      "NodeName=sim-b200-slurm-1 Name=gpu File=/dev/nvidia[0-7]"]
     assert "Name=npu File=/dev/davinci[0-15]" in slurm.gres_conf(load_cluster("sim-a3-slurm"))
     # the GPUs' device files in the node's own /dev (major 195, one minor per GPU)
     hw = {"gpus": [{"id": 0}, {"id": 1}]}
     assert slurm.nvidia_devices(hw) == {"nvidia0": (195, 0), "nvidia1": (195, 1)}
     from sim.cluster import dev_lines
     assert "mknod -m 666 /dev/nvidia1 c 195 1" in dev_lines(hw) and not any("davinci" in line for line in dev_lines(hw))
-    # nothing asked for, nothing declared
+    # the site's count is its hardware's, whatever the tool asks for (asking for more is Slurm's refusal to make)
+    fewer = b200.model_copy(update={"slurm": b200.slurm.model_copy(update={"gres_per_node": 4, "gres": "b200"})})
+    assert "Name=b200 File=/dev/nvidia[0-7]" in slurm.gres_conf(fewer) and " Gres=b200:8 " in slurm.slurm_conf(fewer, Path("/c"))
+    # a site without GRES for them declares none
     none = b200.model_copy(update={"slurm": b200.slurm.model_copy(update={"gres_per_node": 0})})
     assert "GresTypes" not in slurm.slurm_conf(none, Path("/c")) and "Name=" not in slurm.gres_conf(none)
+
+
+MOUNTINFO_V1 = """\
+30 25 0:26 / /sys/fs/cgroup rw - tmpfs tmpfs rw,mode=755
+31 30 0:27 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset
+32 30 0:28 / /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices
+33 30 0:29 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+34 30 0:30 / /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer
+"""
+MOUNTINFO_V2 = "30 25 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+
+
+def test_devices_are_constrained_where_the_machine_has_cgroup_v1_devices():
+    b200 = load_cluster("sim-b200-slurm")
+    assert slurm.constrained(b200, MOUNTINFO_V1) and not slurm.constrained(b200, MOUNTINFO_V2)
+    # proctrack/cgroup needs the freezer too; the Ascend sites keep Docker's way (parentage)
+    assert not slurm.constrained(b200, MOUNTINFO_V1.replace("rw,freezer", "rw,pids"))
+    assert not slurm.constrained(load_cluster("sim-a3-slurm"), MOUNTINFO_V1)
+    none = b200.model_copy(update={"slurm": b200.slurm.model_copy(update={"gres_per_node": 0})})
+    assert not slurm.constrained(none, MOUNTINFO_V1)
+    assert "ConstrainDevices=yes" in slurm.cgroup_conf() and "CgroupPlugin=cgroup/v1" in slurm.cgroup_conf()
+    on = slurm._settings(Path("/s"), cgroups=True)
+    off = slurm._settings(Path("/s"))
+    assert {"ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup"} <= set(on)
+    assert {"ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none"} <= set(off)
+    # each host in a folder of every hierarchy, a cpuset with its parent's CPUs first
+    lines = slurm.host_cgroup_lines("lds-x-n0.host", MOUNTINFO_V1)
+    assert lines == ["mkdir -p /sys/fs/cgroup/cpuset/lds-x-n0.host",
+                     "cat /sys/fs/cgroup/cpuset/cpuset.cpus > /sys/fs/cgroup/cpuset/lds-x-n0.host/cpuset.cpus",
+                     "cat /sys/fs/cgroup/cpuset/cpuset.mems > /sys/fs/cgroup/cpuset/lds-x-n0.host/cpuset.mems",
+                     "echo $$ > /sys/fs/cgroup/cpuset/lds-x-n0.host/cgroup.procs",
+                     "mkdir -p /sys/fs/cgroup/devices/lds-x-n0.host",
+                     "echo $$ > /sys/fs/cgroup/devices/lds-x-n0.host/cgroup.procs",
+                     "mkdir -p /sys/fs/cgroup/unified/lds-x-n0.host",
+                     "echo $$ > /sys/fs/cgroup/unified/lds-x-n0.host/cgroup.procs",
+                     "mkdir -p /sys/fs/cgroup/freezer/lds-x-n0.host",
+                     "echo $$ > /sys/fs/cgroup/freezer/lds-x-n0.host/cgroup.procs"]

@@ -170,6 +170,10 @@ def test_every_job_and_step_asks_for_the_nodes_accelerators_as_gres(b200):
     # a site that names them otherwise, or asks for fewer, or has no GRES for them
     assert "--gres=h100:4" in lines(_with(b200, gres="h100", gres_per_node=4))["dispatch"]
     assert all(not any(a.startswith("--gres") for a in args) for args in lines(_with(b200, gres_per_node=0)).values())
+    # nodes with fewer devices (the inventory's node.devices): one count for every step, the fewest
+    # (model_copy: the profile's TP would not validate against 12 GPUs; only the count matters here)
+    mixed = b200.model_copy(update={"nodes": [b200.nodes[0], b200.nodes[1].model_copy(update={"devices": 4})]})
+    assert slurm.gres_args(mixed) == ["--gres=gpu:4"]
     with pytest.raises(ValueError) as err:
         _with(b200, gres="gpu:8")
     assert "gres" in str(err.value)

@@ -88,13 +88,15 @@ def where_args(cluster: Cluster) -> list[str]:
 
 def gres_args(cluster: Cluster) -> list[str]:
     """``--gres=<name>:<count>`` (per node in salloc, sbatch and srun): every
-    job and every step asks for the node's accelerators. A job's steps do
+    job and every step asks for the nodes' accelerators (their count: the
+    inventory's ``devices``, the smallest when nodes differ). A job's steps do
     not inherit GRES that an exclusive job got implicitly (srun(1)), and
     under ConstrainDevices a step sees only what it asked for. Empty when
     the inventory says the site has none (``slurm.gres_per_node = 0``)."""
     s = cluster.slurm
     assert s is not None
-    count = cluster.platform_info.devices if s.gres_per_node is None else s.gres_per_node
+    # one count for every job and step (srun's --gres is per node): the fewest any node has
+    count = min(n.devices or cluster.platform_info.devices for n in cluster.nodes) if s.gres_per_node is None else s.gres_per_node
     if not count:
         return []
     # by default the vendor's word for one accelerator ("gpu", "npu"), as sites name their GRES (gres.conf Name=)

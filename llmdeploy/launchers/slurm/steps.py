@@ -175,7 +175,9 @@ class SlurmSteps:
         if code != 0 or job is None:
             self._cancel_by_name(name)
             said = slurm.srun_problem(out, err, code).replace("srun", "salloc")
-            raise AllocationError(f"no allocation of {', '.join(names)} in partition {self.c.slurm.partition}: {said}")
+            gres = " ".join(slurm.gres_args(self.c))
+            raise AllocationError(f"no allocation of {', '.join(names)} in partition {self.c.slurm.partition}"
+                                  f"{f' with {gres} on each node' if gres else ''}: {said}")
         return job
 
     def _cancel_by_name(self, name: str) -> None:
