@@ -228,7 +228,7 @@ class Build:
 
     @property
     def enroot_bin(self) -> Path:
-        """First on slurmd's PATH: pyxis runs ``enroot`` from there."""
+        """enroot and its helpers: each simulated host sees them in its /usr/local/bin (sim/slurm.py), where pyxis runs them from."""
         return self.enroot_prefix / "bin"
 
     @property
