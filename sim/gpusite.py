@@ -45,7 +45,6 @@ the paths.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -60,6 +59,8 @@ from pathlib import Path
 from llmdeploy.errors import SimError
 
 from .images import REPO, _key, _lock, _run, cache
+# read now, uncached: the pin check (sha256_of's cache is keyed by size and time)
+from .pypi import sha256_file as sha256
 
 SOURCES_ENV = "LLMDEPLOY_SOURCES"
 
@@ -98,15 +99,6 @@ def _say(msg: str) -> None:
 
 
 # --- where the tarballs come from ------------------------------------------------------------
-def sha256(path: Path) -> str:
-    """The file's sha256, read now (the pin check: no cache keyed by size and time)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def default_sources() -> Path:
     return REPO.parent / "shared" / "sources"
 

@@ -25,16 +25,21 @@ def normalize(name: str) -> str:
 _DIGESTS: dict[tuple[str, int, int], str] = {}
 
 
+def sha256_file(p: Path) -> str:
+    """A file's sha256, read now."""
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def sha256_of(p: Path) -> str:
     """A wheel's sha256, once per file version (the runtime wheel is 75 MB)."""
     st = p.stat()
     key = (str(p), st.st_size, st.st_mtime_ns)
     if key not in _DIGESTS:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        _DIGESTS[key] = h.hexdigest()
+        _DIGESTS[key] = sha256_file(p)
     return _DIGESTS[key]
 
 
