@@ -7,7 +7,6 @@ message on stderr and a non-zero exit.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import sys
@@ -162,18 +161,9 @@ def _visible_gpus(gpus: list[dict], dev: str = "/dev") -> list[dict]:
     rest, as NVML enumerates them under a device cgroup (a Slurm step sees only
     the GPUs it asked for, ConstrainDevices). A GPU without a device file here
     (a host outside Slurm) counts as open."""
-    out = []
-    for g in gpus:
-        path = os.path.join(dev, f"nvidia{g['id']}")
-        try:
-            os.close(os.open(path, os.O_RDWR))
-        except OSError as e:
-            if e.errno == errno.EPERM:  # the device cgroup's answer
-                continue
-            # no such file, or no driver behind it (ENXIO): the GPU is there
-        # "phys": the GPU's own index, for what follows the hardware (its NUMA node)
-        out.append(dict(g, id=len(out), phys=g.get("phys", g["id"])))
-    return out
+    mine = [g for g in gpus if not fast.gpu_denied(os.path.join(dev, f"nvidia{g['id']}"))]
+    # "phys": the GPU's own index, for what follows the hardware (its NUMA node)
+    return [dict(g, id=i, phys=g["id"]) for i, g in enumerate(mine)]
 
 
 def nvidia_smi(argv: list[str]) -> int:
@@ -210,7 +200,7 @@ def nvidia_smi(argv: list[str]) -> int:
         for g in gpus:
             cells = "\t".join(" X " if i == g["id"] else "NV18" for i in ids)
             lo, hi = numa[g["numa"]]["cpus"]
-            gpu_numa = str(len(cpu_numa) + g.get("phys", g["id"])) if gb else "N/A"
+            gpu_numa = str(len(cpu_numa) + g["phys"]) if gb else "N/A"
             print(f"GPU{g['id']}\t{cells}\t{lo}-{hi}\t{g['numa']}\t\t{gpu_numa}")
         print("\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes\n  NV#  = Connection traversing a bonded set of # NVLinks")
         return 0

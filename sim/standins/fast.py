@@ -52,22 +52,25 @@ def _hung(tool: str, hw: dict) -> bool:
     return bool(hang and (not isinstance(hang, dict) or hang.get(tool)))
 
 
+def gpu_denied(path: str) -> bool:
+    """Whether this process may not open a GPU's device file: a Slurm step's
+    device cgroup denies the GPUs it did not ask for (ConstrainDevices) with
+    EPERM. Opening an allowed one fails too on these hosts (no driver: ENXIO),
+    and a host outside Slurm has no such file: neither is a denial."""
+    try:
+        os.close(os.open(path, os.O_RDWR))
+    except OSError as e:
+        return e.errno == errno.EPERM
+    return False
+
+
 def gpus_denied(dev: str = "/dev") -> bool:
-    """Whether this process may not open one of the node's GPU device files
-    (``/dev/nvidiaN``): a Slurm step's device cgroup denies the GPUs it did
-    not ask for (ConstrainDevices). Opening one that is allowed fails too on
-    these hosts (no driver: ENXIO), but not with EPERM."""
+    """Whether this process may not open one of the node's GPU device files (``/dev/nvidiaN``)."""
     try:
         names = [n for n in os.listdir(dev) if n.startswith("nvidia") and n[6:].isdigit()]
     except OSError:
         return False
-    for n in names:
-        try:
-            os.close(os.open(os.path.join(dev, n), os.O_RDWR))
-        except OSError as e:
-            if e.errno == errno.EPERM:
-                return True
-    return False
+    return any(gpu_denied(os.path.join(dev, n)) for n in names)
 
 
 def cacheable(tool: str, argv: list[str], hw: dict) -> bool:
