@@ -53,6 +53,9 @@ STANDINS_NVIDIA = ["nvidia-smi", "lscpu", "numactl", "ibstat", "all_reduce_perf"
 # come from the range Linux keeps for local use, Documentation/admin-guide/devices.txt 240-254)
 ASCEND_DEVICES = {"davinci_manager": (241, 0), "devmm_svm": (242, 0), "hisi_hdc": (243, 0)}
 DAVINCI_MAJOR = 240
+# NVIDIA's nvidiaN (Documentation/admin-guide/devices.txt: 195 "Nvidia graphics devices"),
+# on a Slurm site's hosts, whose gres.conf names them
+NVIDIA_MAJOR = 195
 # what the seed's docker run bind-mounts from an Ascend host besides
 # /usr/local/Ascend (host path -> the file in the host's directory); docker
 # would make a missing source a directory on the machine
@@ -242,7 +245,8 @@ def dev_lines(hw: dict) -> list[str]:
         nodes.update(ASCEND_DEVICES)
     for npu in hw.get("npus", []):
         nodes[f"davinci{npu['id']}"] = (DAVINCI_MAJOR, npu["id"])
-    nodes.update(slurm.nvidia_devices(hw))
+    for gpu in hw.get("gpus", []):
+        nodes[f"nvidia{gpu['id']}"] = (NVIDIA_MAJOR, gpu["id"])
     out = ["mount -t tmpfs -o mode=755,size=1m dev /dev"]
     out += [f"mknod -m 666 /dev/{name} c {major} {minor}" for name, (major, minor) in nodes.items()]
     out += ["mkdir -p /dev/pts /dev/shm /dev/mqueue",

@@ -122,7 +122,7 @@ def slurm_conf(cluster: Cluster, cdir: Path) -> str:
     for i, node in enumerate(cluster.nodes):
         hw = hardware.node_hardware(cluster, i, node)
         sockets = len(hw["numa_nodes"])
-        count = node_gres(cluster, i, node)[0] if gres else 0
+        count = node_gres(hw)[0] if gres else 0
         lines.append(
             f"NodeName={cluster.slurm_name(node)} NodeAddr={mgmt_ip(str(node.ip))} CPUs={hw['cpus']} Sockets={sockets} "
             f"CoresPerSocket={hw['cpus'] // sockets} ThreadsPerCore=1 RealMemory={hw['mem_total_kib'] // 1024}"
@@ -131,12 +131,6 @@ def slurm_conf(cluster: Cluster, cdir: Path) -> str:
     names = ",".join(cluster.slurm_name(n) for n in cluster.nodes)
     lines.append(f"PartitionName={cluster.slurm.partition} Nodes={names} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
-
-
-# the device files of the accelerators on a simulated node (its own /dev): NVIDIA's
-# nvidiaN are character devices of major 195 (Documentation/admin-guide/devices.txt
-# lists 195 as "Nvidia graphics devices"); Ascend's davinciN are sim/cluster.py's
-NVIDIA_MAJOR = 195
 
 
 def gres_of(cluster: Cluster) -> str | None:
@@ -152,10 +146,9 @@ def gres_of(cluster: Cluster) -> str | None:
     return cluster.slurm.gres or platform.vendor_of(cluster).DEVICE
 
 
-def node_gres(cluster: Cluster, index: int, node) -> tuple[int, str]:
+def node_gres(hw: dict) -> tuple[int, str]:
     """(how many, their device files as gres.conf takes them) of one node's
-    accelerators, from its simulated hardware: /dev/nvidiaN or /dev/davinciN."""
-    hw = hardware.node_hardware(cluster, index, node)
+    accelerators, from its simulated hardware (node.json): /dev/nvidiaN or /dev/davinciN."""
     ids = [d["id"] for d in hw.get("gpus") or hw.get("npus") or []]
     dev = "nvidia" if hw.get("gpus") else "davinci"
     files = f"/dev/{dev}[{min(ids)}-{max(ids)}]" if len(ids) > 1 else f"/dev/{dev}{ids[0]}" if ids else ""
@@ -211,15 +204,10 @@ def gres_conf(cluster: Cluster) -> str:
     name = gres_of(cluster)
     lines = ["# gres.conf of a simulated cluster (sim/slurm.py); gres.conf(5)"]
     for i, node in enumerate(cluster.nodes):
-        count, files = node_gres(cluster, i, node)
+        count, files = node_gres(hardware.node_hardware(cluster, i, node))
         if name and count:
             lines.append(f"NodeName={cluster.slurm_name(node)} Name={name} File={files}")
     return "\n".join(lines) + "\n"
-
-
-def nvidia_devices(hw: dict) -> dict[str, tuple[int, int]]:
-    """/dev entries of an NVIDIA node's GPUs (name -> (major, minor)), as its driver makes them."""
-    return {f"nvidia{g['id']}": (NVIDIA_MAJOR, g["id"]) for g in hw.get("gpus", [])}
 
 
 def _settings(sdir: Path, cgroups: bool = False) -> list[str]:
