@@ -27,7 +27,7 @@ from pathlib import Path
 from llmdeploy.errors import SimError
 from llmdeploy.inventory import Cluster
 
-from . import curated, dockerd, hardware, images, model, netns, slurm, sshd
+from . import curated, dockerd, gpusite, hardware, images, model, netns, slurm, sshd
 from . import links as links_
 from .standins import __main__ as standins
 from .standins import fast, slow
@@ -458,6 +458,7 @@ def _up(cluster: Cluster, echo) -> dict:
             (hdir / "dcmi").mkdir(exist_ok=True)
         if not ascend:
             _write(bindir / dockerd.HOOK, dockerd.hook_script(), 0o755)
+            _write(bindir / "nvidia-container-cli", gpusite.container_cli_script(), 0o755)
         _write(bindir / dockerd.RUNTIME, dockerd.runtime_script(HOST_STATE_DIR), 0o755)
         _write(hdir / "hosts", hosts_file(cluster, services))
         # a small stand-in checkpoint at the model (and tokenizer) path

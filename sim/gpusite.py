@@ -401,3 +401,20 @@ if __name__ == "__main__":
         sys.exit(e.exit_code)
     print(f"sim gpusite: enroot {ENROOT.version} in {built.enroot_prefix} (put {built.enroot_bin} first on slurmd's PATH)")
     print(f"sim gpusite: pyxis {PYXIS.version} at {built.pyxis_so} (Slurm {slurm_version()})")
+
+
+def container_cli_script() -> str:
+    """The stand-in of NVIDIA's ``nvidia-container-cli`` on the NVIDIA Slurm
+    hosts' PATH: enroot's hooks.d/98-nvidia.sh runs ``nvidia-container-cli
+    --user configure <options> <rootfs>`` when the container's environment
+    sets NVIDIA_VISIBLE_DEVICES (NGC images do). The real one mounts the
+    driver's libraries, binaries and device nodes into the rootfs; there is
+    no driver here: it checks its call and succeeds (as the Docker hook's
+    stand-in, sim/dockerd.py). Without it on the PATH the hook fails the
+    container ("Command not found: nvidia-container-cli"), as on a site
+    without NVIDIA's container toolkit."""
+    return ("#!/bin/sh\n# simulated nvidia-container-cli (sim/gpusite.py), called by enroot's 98-nvidia.sh\n"
+            'for a in "$@"; do last=$a; done\n'
+            'case " $* " in *" configure "*) ;; *) echo "nvidia-container-cli: unknown command: $*" >&2; exit 1 ;; esac\n'
+            '[ -d "$last" ] || { echo "nvidia-container-cli: configure: no such rootfs: $last" >&2; exit 1; }\n'
+            "exit 0\n")

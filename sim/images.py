@@ -315,6 +315,10 @@ def _context(ref: str, spec: dict, base: str) -> dict[str, tuple[bytes, int]]:
         lines.append(f"COPY site/ {SITE}/")
     if spec["kind"] == "trtllm":
         lines.append(f"COPY curated/ {curated.CURATED_DIR}/")
+    if spec["kind"] in ("trtllm", "sglang"):
+        # as NGC's CUDA base images: enroot's hook (hooks.d/98-nvidia.sh) asks
+        # nvidia-container-cli for the driver when it is set; Docker's --gpus sets it too
+        lines.append("ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility")
     lines.append('CMD ["/bin/bash"]')
     files["Dockerfile"] = (("\n".join(lines) + "\n").encode(), 0o644)
     return files

@@ -225,14 +225,17 @@ def _settings(sdir: Path, cgroups: bool = False) -> list[str]:
         # "%n" is the node's Slurm name (slurm.conf(5) SlurmdSpoolDir, SlurmdPidFile,
         # SlurmdLogFile): every slurmd its own spool and pid file (slurmd kills
         # the process its pid file names when it starts)
-        f"SlurmdSpoolDir={sdir / 'nodes' / '%n' / 'spool'}",
         f"SlurmdPidFile={sdir / 'nodes' / '%n' / 'slurmd.pid'}",
         f"SlurmdLogFile={sdir / 'nodes' / '%n' / 'slurmd.log'}",
-        # the nodes share this machine's /tmp: each its own TmpFS, where mpi/pmix
-        # makes its per-step directories (spmix_appdir_<uid>_<job>.<step>: on
-        # a shared /tmp the second node's "File exists" fails the step); %n is
-        # expanded here as in SlurmdSpoolDir (seen with 22.05; slurm.conf(5) does not say)
-        f"TmpFS={sdir / 'nodes' / '%n' / 'tmp'}",
+        # the spool and the TmpFS (where mpi/pmix makes its per-step directories,
+        # spmix_appdir_<uid>_<job>.<step> and pmix.<job>.<step>; on a shared /tmp
+        # the second node's "File exists" fails the step) are one path, as on a
+        # site where every node has its own disk: each host binds its own folder
+        # over it (host_lines). Not "%n": slurmd expands it, but enroot's PMIx
+        # hook reads the paths from `scontrol show config` and mounts them
+        # into the container as written (hooks.d/50-slurm-pmi.sh)
+        f"SlurmdSpoolDir={node_path(sdir, 'spool')}",
+        f"TmpFS={node_path(sdir, 'tmp')}",
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
         # with GRES on a machine with cgroup v1: steps tracked in cgroups and
@@ -296,6 +299,14 @@ def munged_lines(cdir: Path, ddir: Path) -> list[str]:
     ]
 
 
+NODE_DIRS = ("spool", "tmp")
+
+
+def node_path(sdir: Path, sub: str) -> Path:
+    """The path every node sees its own ``sub`` folder at (SlurmdSpoolDir, TmpFS): ``<sdir>/node/<sub>``."""
+    return sdir / "node" / sub
+
+
 def host_lines(cluster: Cluster, cdir: Path, node_name: str, env: dict[str, str]) -> list[str]:
     """Shell lines of a host's script (inside its namespaces, after its /run
     and dockerd, before sshd): munged, then slurmd with the host's Slurm name
@@ -304,6 +315,9 @@ def host_lines(cluster: Cluster, cdir: Path, node_name: str, env: dict[str, str]
         return []
     node = next(n for n in cluster.nodes if n.name == node_name)
     lines = munged_lines(cdir, host_dir(cluster.name, node_name))
+    sdir = slurm_dir(cdir)
+    lines += [f"mount --bind {shlex.quote(str(sdir / 'nodes' / cluster.slurm_name(node) / sub))} {shlex.quote(str(node_path(sdir, sub)))}"
+              for sub in NODE_DIRS]
     if pyxis(cluster):
         built = gpusite.ensure()
         # enroot where a site's package puts it, on the PATH of slurmd (pyxis runs
@@ -327,8 +341,9 @@ def prepare(cluster: Cluster, cdir: Path) -> None:
             raise SimError(f"{tool} is missing: run scripts/setup.sh (Debian's slurm-wlm and munge)")
     sdir = slurm_dir(cdir)
     (sdir / "ctld").mkdir(parents=True, exist_ok=True)
-    for node in cluster.nodes:
-        for sub in ("spool", "tmp"):
+    for sub in NODE_DIRS:
+        node_path(sdir, sub).mkdir(parents=True, exist_ok=True)  # where each host binds its own
+        for node in cluster.nodes:
             (sdir / "nodes" / cluster.slurm_name(node) / sub).mkdir(parents=True, exist_ok=True)
     key = sdir / "munge.key"
     # a random key of 1024 bytes, readable by its owner only (mungekey(8) makes the same)

@@ -16,7 +16,9 @@ node. Rank 0 runs on mpirun's host (the hostfile lists node 0 first), so rank 0
 listens on ``0.0.0.0:<rendezvous port>`` and every other rank connects to the
 hnp addresses at that port; the port is derived from the job id
 (``20000 + jobid % 10000``, skipping the HTTP port), so two worlds never meet.
-Under Slurm without OpenMPI, ``SLURM_LAUNCH_NODE_IPADDR`` plays the hnp's part.
+Started by ``srun --mpi=pmix`` (no mpirun), rank 0 is on the step's first
+node (``SLURM_STEP_NODELIST``; srun's block distribution), the world's id is
+the job and step id.
 A rank that cannot reach rank 0 within ``join_timeout_s`` fails the way an
 NCCL bootstrap timeout does.
 
@@ -68,6 +70,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -164,11 +167,37 @@ def rendezvous_of(env, avoid_port: int | None = None) -> dict | None:
             world = f"{world}.{zlib.crc32(uri.encode()):08x}"
         if addrs and world:
             return {"world": world, "addrs": addrs, "port": rendezvous_port(world, avoid_port)}
-    ip = env.get("SLURM_LAUNCH_NODE_IPADDR")
-    if ip and env.get("SLURM_JOB_ID"):
-        world = f"{env['SLURM_JOB_ID']}{env.get('SLURM_STEP_ID', '0')}"
-        return {"world": world, "addrs": [ip], "port": rendezvous_port(world, avoid_port)}
+    nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST") or "")
+    if nodes and env.get("SLURM_JOB_ID"):
+        # a step srun started (``srun --mpi=pmix``: no mpirun, no hnp): task 0
+        # runs on the step's first node (srun(1) --distribution, block by default)
+        world = f"{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
+        return {"world": world, "addrs": [resolve(nodes[0])], "port": rendezvous_port(world, avoid_port)}
     return None
+
+
+def resolve(host: str) -> str:
+    """A node's address by its name (the host's /etc/hosts, which enroot mounts into its containers); the name if it has none."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list -> names (``gpu-[0-2,5],login`` ->
+    gpu-0, gpu-1, gpu-2, gpu-5, login; zero padding kept, as scontrol show hostnames)."""
+    out: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?", text):
+        prefix, ranges = m.group(1), m.group(2)
+        if ranges is None:
+            out.append(prefix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            for i in range(int(lo), int(hi or lo) + 1):
+                out.append(f"{prefix}{str(i).zfill(len(lo))}")
+    return out
 
 
 class UsageError(Exception):
@@ -496,7 +525,7 @@ def main(argv: list[str]) -> int:
     log(ifname_line(env, rank, size, host, host_interfaces()[1]))
     rdv = rendezvous_of(env, a["port"]) if size > 1 else one_rank_world(env)
     if rdv is None:
-        log("cannot find rank 0: no OMPI_MCA_orte_hnp_uri (nor SLURM_LAUNCH_NODE_IPADDR) in the environment of a world "
+        log("cannot find rank 0: no OMPI_MCA_orte_hnp_uri (nor SLURM_STEP_NODELIST) in the environment of a world "
             f"of {size} ranks", "E")
         return 1
     faults = _faults()

@@ -179,6 +179,77 @@ def test_pyxis_runs_steps_in_enroot_containers(sim_cluster):
     assert not any(name.endswith("_kept") for name in left), left
 
 
+def _ranks_of(job: str) -> dict[int, dict[str, str]]:
+    """{PMIX_RANK: environment} of the trtllm-serve ranks of ``job`` on this
+    machine (the simulated hosts share its process table; enroot makes no pid namespace)."""
+    return {int(env["PMIX_RANK"]): env for env in _rank_pids(job).values()}
+
+
+def _rank_pids(job: str) -> dict[str, dict[str, str]]:
+    """{pid: environment} of the trtllm-serve processes of ``job``'s ranks."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            env = dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0") if "=" in v)
+        except OSError:
+            continue
+        if b"trtllm-serve" in cmd[:6] and env.get("SLURM_JOB_ID") == job and "PMIX_RANK" in env:
+            out[pid] = env
+    return out
+
+
+def test_trtllm_world_is_one_pmix_step_in_pyxis_containers(sim_cluster):
+    """trtllm-serve TP16 as TensorRT-LLM documents it for Slurm: one ``srun
+    --mpi=pmix`` step of 16 tasks over both nodes, each running
+    ``trtllm-llmapi-launch trtllm-serve`` in the node's enroot container:
+    the world forms through Slurm alone (no mpirun, no SSH between nodes),
+    each rank sees its node's 8 GPUs (CUDA_VISIBLE_DEVICES from Slurm), and
+    killing one node's tasks ends the step and leaves no rank anywhere."""
+    cluster = load_cluster(SIM_CLUSTER)
+    image = shlex.quote(_enroot_uri(cluster.image.ref))
+    job = ok("sbatch --parsable -N2 --exclusive --gres=gpu:8 --output=/dev/null --wrap='exec sleep infinity'").strip()
+    assert job.isdigit()
+    try:
+        ok(f"for i in $(seq 100); do [ \"$(squeue -h -j {job} -o %T)\" = RUNNING ] && exit 0; sleep 0.2; done; exit 1")
+        world = (f"srun --jobid={job} --overlap -N2 --ntasks-per-node=8 --gres=gpu:8 --mpi=pmix --kill-on-bad-exit=1 "
+                 f"--container-image={image} --container-mounts=/root/.cache:/root/.cache --container-name=world --job-name=world "
+                 f"trtllm-llmapi-launch trtllm-serve {shlex.quote(cluster.model.path)} --host 0.0.0.0 --port 8000 --tp_size 16")
+        ok(f"setsid nohup {world} > /tmp/world-{job}.log 2>&1 < /dev/null &")
+        health = (f"for i in $(seq 300); do c=$(curl -s -o /dev/null -w '%{{http_code}}' http://{NODES[0]}:8000/health); "
+                  "[ \"$c\" = 200 ] && exit 0; sleep 0.5; done; exit 1")
+        assert login(health, timeout=200).returncode == 0, ok(f"tail -n 30 /tmp/world-{job}.log")
+        steps = ok(f"squeue -h --steps -j {job} -o '%i|%j|%N'").split()
+        assert f"{job}.0|world|sim-b200-slurm-[0-1]" in steps, steps
+        assert " Tasks=16 " in ok(f"scontrol show step {job}.0")
+        ranks = _ranks_of(job)
+        assert sorted(ranks) == list(range(16)), sorted(ranks)
+        for rank, env in ranks.items():
+            # block distribution: ranks 0-7 on node 0, 8-15 on node 1, each with its node's 8 GPUs
+            assert env["SLURMD_NODENAME"] == NODES[rank // 8] and env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7", (rank, env)
+        # node 1's slurmstepd children (its 8 tasks) killed: --kill-on-bad-exit ends the world's other ranks
+        # the slurmstepd of node 1's part of the step: the ancestor of rank 8's process
+        pid = next(p for p, env in _rank_pids(job).items() if env["PMIX_RANK"] == "8")
+        while not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(f"slurmstepd: [{job}.0]".encode()):
+            pid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            assert pid != "1", "rank 8 has no slurmstepd above it"
+        children = subprocess.run(["pgrep", "-P", pid], capture_output=True, text=True).stdout.split()
+        assert children
+        subprocess.run(["kill", "-9", *children])
+        end = time.monotonic() + 60
+        while (_ranks_of(job) or f"{job}.0" in ok(f"squeue -h --steps -j {job} -o %i")) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert _ranks_of(job) == {}, sorted(_ranks_of(job))
+        assert f"{job}.0" not in ok(f"squeue -h --steps -j {job} -o %i")
+    finally:
+        login(f"scancel {job}; rm -f /tmp/world-{job}.log")
+    # and the job's end removes the named container on both nodes (pyxis's epilog)
+    end = time.monotonic() + 30
+    while any("_world" in ok(f"srun -w {n} -N1 enroot list") for n in NODES) and time.monotonic() < end:
+        time.sleep(0.5)
+    assert not any("_world" in ok(f"srun -w {n} -N1 enroot list") for n in NODES)
+
+
 def test_down_leaves_nothing(sim_cluster):
     assert run_invoke("sim.down", "--cluster", SIM_CLUSTER).returncode == 0
     assert f"lds-{SIM_CLUSTER}-" not in netns_list()

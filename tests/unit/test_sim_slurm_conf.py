@@ -41,8 +41,10 @@ def test_daemons_settings():
     assert conf["KillWait"] == ["5"] and conf["ReturnToService"] == ["2"]
     # everything the daemons write is in the cluster's directory; each slurmd its own (%n: its Slurm name)
     assert conf["StateSaveLocation"] == ["/sim/c/slurm/ctld"]
-    for key in ("SlurmdSpoolDir", "SlurmdPidFile", "SlurmdLogFile", "TmpFS"):
+    for key in ("SlurmdPidFile", "SlurmdLogFile"):
         assert conf[key][0].startswith("/sim/c/slurm/nodes/%n/"), key
+    # one path, each host's own folder bound over it (enroot's PMIx hook mounts it as scontrol prints it)
+    assert conf["SlurmdSpoolDir"] == ["/sim/c/slurm/node/spool"] and conf["TmpFS"] == ["/sim/c/slurm/node/tmp"]
     assert conf["TaskProlog"] == ["/sim/c/slurm/task_prolog"]
 
 
@@ -62,6 +64,9 @@ def test_slurm_names_from_the_inventory_nodelist():
     # slurmd is started with the Slurm name, munged first, in the host's script
     lines = slurm.host_lines(cluster, Path("/sim/c"), "sim-b200-slurm-1", {"PATH": "/x"})
     assert lines[-1].endswith("slurmd -f /sim/c/slurm/slurm.conf -N gpu-b") and "munged --force" in lines[1]
+    # its own spool and TmpFS at the one path slurm.conf names
+    assert "mount --bind /sim/c/slurm/nodes/gpu-b/spool /sim/c/slurm/node/spool" in lines
+    assert "mount --bind /sim/c/slurm/nodes/gpu-b/tmp /sim/c/slurm/node/tmp" in lines
 
 
 def test_task_prolog_gives_the_hosts_path():

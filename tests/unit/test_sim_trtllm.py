@@ -61,10 +61,19 @@ def test_rendezvous_port_avoids_the_http_port():
     assert t.rendezvous_port("28000", avoid=28000) == 28001
 
 
-def test_rendezvous_from_slurm_and_none():
-    r = t.rendezvous_of({"SLURM_LAUNCH_NODE_IPADDR": "10.0.0.5", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"})
-    assert r["addrs"] == ["10.0.0.5"] and r["world"] == "770"
+def test_rendezvous_from_slurm_and_none(monkeypatch):
+    monkeypatch.setattr(t.socket, "gethostbyname", lambda h: {"gpu-07": "10.0.0.7"}[h])
+    # srun --mpi=pmix from a login host: task 0 on the step's first node, not on srun's host
+    r = t.rendezvous_of({"SLURM_LAUNCH_NODE_IPADDR": "10.0.0.5", "SLURM_STEP_NODELIST": "gpu-[07-08]", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3"})
+    assert r["addrs"] == ["10.0.0.7"] and r["world"] == "77.3"
+    assert t.rendezvous_of({"SLURM_LAUNCH_NODE_IPADDR": "10.0.0.5", "SLURM_JOB_ID": "77"}) is None
     assert t.rendezvous_of({"OMPI_COMM_WORLD_RANK": "1"}) is None
+
+
+def test_expand_hostlist_like_scontrol():
+    assert t.expand_hostlist("gpu-[0-2,5],login") == ["gpu-0", "gpu-1", "gpu-2", "gpu-5", "login"]
+    assert t.expand_hostlist("n[008-010]") == ["n008", "n009", "n010"]
+    assert t.expand_hostlist("sim-b200-slurm-0") == ["sim-b200-slurm-0"] and t.expand_hostlist("") == []
 
 
 def test_parse_args_like_the_tool_calls_it():
