@@ -1,0 +1,363 @@
+"""The release's reader on Slurm (llmdeploy/launchers/slurm/reader.py):
+status's, top's and the watcher's reads answered by one long-lived step
+instead of a step each.
+
+Everything runs here under bash: each node's task as srun would run it
+(``NODE_LOOP``), and the login host's commands in a directory of the
+test's, with a stand-in ``srun`` that runs the task once per node of
+``--nodelist``."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import signal
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from llmdeploy.inventory import load_cluster
+from llmdeploy.launchers.slurm import commands as slurm
+from llmdeploy.launchers.slurm import reader
+
+PATH = "/usr/bin:/bin"
+JOB = "42"
+
+# srun as the reader needs it: `bash -c PROG` once per node of --nodelist,
+# each task's lines labelled "<task>: ", the same standard input to every task
+FAKE_SRUN = r"""#!/bin/bash
+job=; nodes=; prog=
+while [ $# -gt 0 ]; do
+  case $1 in --jobid=*) job=${1#--jobid=} ;; --nodelist=*) nodes=${1#--nodelist=} ;; bash) prog=$3; break ;; esac
+  shift
+done
+echo "$job $nodes" >> "$FAKE_SRUN_LOG"
+in=$(mktemp); cat > "$in"
+i=0
+for n in ${nodes//,/ }; do
+  SLURMD_NODENAME=$n SLURM_JOB_ID=$job bash -c "$prog" < "$in" | sed -u "s/^/$i: /" &
+  i=$((i + 1))
+done
+wait
+rm -f "$in"
+"""
+
+ODD = r"""printf '\x00\xff\xfe\r\n@@lds-end n0 status 1\n@@lds-rc n0 0 x\n\x1b[31mno newline'; printf 'err\x00\xc3\n' >&2; exit 3"""
+
+
+@pytest.fixture(scope="module")
+def b200():
+    return load_cluster("sim-b200-slurm")
+
+
+def _with_period(cluster, period: float, log_dir: Path):
+    return cluster.model_copy(update={"log_dir": str(log_dir), "slurm": cluster.slurm.model_copy(update={"reader_period_s": period})})
+
+
+class _Groups:
+    """Process groups a test started (its node tasks, its readers): ended at its end, by id."""
+
+    def __init__(self):
+        self.pgids: set[int] = set()
+
+    def add_running(self, d: Path) -> None:
+        try:
+            self.pgids.add(int((d / "running").read_text().split()[1]))
+        except (OSError, IndexError, ValueError):
+            pass
+
+    def end(self) -> None:
+        for pgid in self.pgids:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def groups():
+    g = _Groups()
+    yield g
+    g.end()
+
+
+def _tasks(per_node: dict[str, dict[str, str]], rounds: int, tmp: Path, groups: _Groups, period: float = 0.05) -> dict[str, list[str]]:
+    """Each node's task (NODE_LOOP) run here until it printed ``rounds`` rounds; {node: its lines}."""
+    data = reader.spec(per_node, period, 10)
+    (tmp / "node-tmp").mkdir(exist_ok=True)
+    out = {}
+    for node, reads in per_node.items():
+        env = {"SLURMD_NODENAME": node, "SLURM_JOB_ID": JOB, "PATH": PATH, "TMPDIR": str(tmp / "node-tmp")}
+        p = subprocess.Popen(["bash", "-c", reader.NODE_LOOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
+        groups.pgids.add(p.pid)
+        p.stdin.write(data)
+        p.stdin.close()
+        lines, ends = [], 0
+        while ends < rounds * len(reads):
+            line = p.stdout.readline().decode()
+            assert line, f"{node}'s task ended"
+            lines.append(line.rstrip("\n"))
+            ends += line.startswith("@@lds-end ")
+        p.terminate()  # scancel's SIGTERM: the task ends, its files go
+        assert p.wait(10) == 143
+        out[node] = lines
+    assert os.listdir(tmp / "node-tmp") == []
+    return out
+
+
+def _interleaved(lines: dict[str, list[str]]) -> str:
+    """The tasks' lines as srun prints them: labelled, the nodes' lines mixed (never within a line)."""
+    labelled = [[f"{i}: {ln}" for ln in ls] for i, ls in enumerate(lines.values())]
+    out = []
+    while any(labelled):
+        for ls in labelled:
+            out += ls[:3]
+            del ls[:3]
+    return "\n".join(out) + "\n"
+
+
+def _write(d: Path, text: str) -> None:
+    """The login host's writer (run.sh's awk) over ``text``, in ``d``."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "run.sh").touch()
+    res = subprocess.run(["bash", "-c", f"{reader.AWK_LINES}; $aw {shlex.quote(reader.WRITER)}"], input=text.encode(), cwd=d,
+                         capture_output=True, env={"PATH": PATH})
+    assert res.returncode == 0, res.stderr
+
+
+def _read(d: Path, names: list[str], read: str) -> reader.Snapshot:
+    res = subprocess.run(["bash", "-c", reader.read_command(str(d), names, read)], capture_output=True, text=True, env={"PATH": PATH})
+    assert res.returncode == 0, res.stderr
+    return reader.parse_snapshot(res.stdout)
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# -- the node's task, the writer, the read: as a step would answer --------------------------
+def test_the_reader_answers_what_a_step_would_odd_bytes_and_all(tmp_path, groups):
+    per_node = {"n0": {"status": ODD, "top": "echo top-$SLURMD_NODENAME"}, "n1": {"status": "true"}}
+    d = tmp_path / "reader"
+    _write(d, _interleaved(_tasks(per_node, 2, tmp_path, groups)))
+    snap = _read(d, ["n0", "n1"], "status")
+    assert snap.state == "down"  # nobody holds its lock: no reader runs
+    got, why = reader.answers(snap, "status", {"n0": ODD, "n1": "true"}, JOB, 60, None)
+    assert got is not None, why
+    # the same commands as a step (DISPATCH), read back by parse_dispatch
+    payload = slurm.payload({"n0": (ODD, None), "n1": ("true", None)}, 10)
+    steps_out = ""
+    for i, node in enumerate(("n0", "n1")):
+        res = subprocess.run(["bash", "-c", slurm.DISPATCH], input=payload, capture_output=True, env={"SLURMD_NODENAME": node, "PATH": PATH})
+        steps_out += "".join(f"{i}: {ln}\n" for ln in res.stdout.decode().splitlines())
+    step = slurm.parse_dispatch(steps_out)
+    for node in ("n0", "n1"):
+        assert (got[node].code, got[node].stdout, got[node].stderr) == (step[node].code, step[node].stdout, step[node].stderr)
+    assert got["n0"].code == 3 and got["n0"].stdout.startswith("\x00\ufffd\ufffd\r\n@@lds-end n0 status 1\n") and got["n0"].stdout.endswith("no newline")
+    # the record says what ran: the script's own sha256, the job, two rounds
+    assert got["n0"].sha256 == _sha(ODD) and got["n0"].job == JOB and got["n0"].seq == 2
+    # top's records are apart, and only asked-for reads come back
+    assert set(snap.records) == {("n0", "status"), ("n1", "status")}
+    top = _read(d, ["n0"], "top")
+    assert top.records[("n0", "top")].stdout == "top-n0\n"
+
+
+def test_the_writer_keeps_the_latest_record_of_each_node_and_read_in_two_files(tmp_path, groups):
+    per_node = {"n0": {"status": "echo $RANDOM"}, "n1": {"status": "echo one"}}
+    lines = _tasks(per_node, 5, tmp_path, groups)
+    d = tmp_path / "reader"
+    # a round cut short on n0 (its task killed while it printed): the complete one before it answers
+    cut = lines["n0"] + ["@@lds-rc n0 0 status 6 1.0 1.1 " + _sha("echo $RANDOM") + f" {JOB}", "@@lds-o n0 b25l"]
+    _write(d, _interleaved({"n0": cut, "n1": lines["n1"]}) + "srun: error: a line of srun's own\n")
+    assert sorted(p.name for p in d.iterdir()) == ["n0.status.0", "n0.status.1", "n1.status.0", "n1.status.1", "run.sh"]
+    for p in d.glob("n*.status.*"):
+        assert p.read_text().count("@@lds-rc ") == 1  # one record a file, whatever ran before
+    snap = _read(d, ["n0", "n1"], "status")
+    assert snap.records[("n0", "status")].seq == 5 and snap.records[("n1", "status")].seq == 5
+    assert snap.records[("n1", "status")].stdout == "one\n"
+
+
+# -- when a record answers, and when not ------------------------------------------------------------
+def _record(node: str, read: str, seq: int, command: str, stdout: bytes, job: str = JOB, code: int = 0, t0: float = 100.0, t1: float = 100.5) -> str:
+    import base64
+
+    lines = [f"@@lds-rc {node} {code} {read} {seq} {t0} {t1} {_sha(command)} {job}"]
+    lines += [f"@@lds-o {node} {chunk}" for chunk in base64.encodebytes(stdout).decode().split()]
+    return "\n".join(lines + [f"@@lds-end {node} {read} {seq}"]) + "\n"
+
+
+def _snapshot(now: float, mtime: float, records: str, state: str = "up", files: tuple[str, ...] = ("n0.status.1", "n1.status.1")) -> reader.Snapshot:
+    head = f"@@lds-reader {state}\n" + "".join(f"@@lds-mtime {f} {mtime}\n" for f in files) + f"@@lds-now {now}\n"
+    return reader.parse_snapshot(head + records)
+
+
+BOTH = {"n0": "cmd", "n1": "cmd"}
+RECORDS = _record("n0", "status", 7, "cmd", b"a\n") + _record("n1", "status", 7, "cmd", b"b\n")
+
+
+def test_a_fresh_complete_record_of_the_same_command_answers():
+    got, why = reader.answers(_snapshot(1000.0, 999.0, RECORDS), "status", BOTH, JOB, 5, None)
+    assert got is not None, why
+    assert got["n1"].stdout == "b\n"
+    # 999 written, its run took 0.5 s: it started 1.5 s before "now" on the login host's clock (the node's clock says 100: not used)
+    assert got["n0"].age(1000.0) == pytest.approx(1.5)
+
+
+def test_a_record_older_than_the_limit_is_refused():
+    got, why = reader.answers(_snapshot(1000.0, 994.0, RECORDS), "status", BOTH, JOB, 5, None)
+    assert got is None and "6.5s old" in why
+    assert reader.max_age(1.0) == 5.0
+
+
+def test_a_record_from_before_this_commands_last_change_is_refused():
+    snap = _snapshot(1000.0, 999.0, RECORDS)  # 1.5 s old
+    assert reader.answers(snap, "status", BOTH, JOB, 5, since_change=2.0)[0] is None  # within the margin of the change
+    assert reader.answers(snap, "status", BOTH, JOB, 5, since_change=2.6)[0] is not None
+
+
+def test_a_node_missing_from_the_snapshot_falls_back():
+    only_n0 = _record("n0", "status", 7, "cmd", b"a\n")
+    got, why = reader.answers(_snapshot(1000.0, 999.0, only_n0), "status", BOTH, JOB, 5, None)
+    assert got is None and "n1" in why
+    # a record whose file time the login host did not give: not answered either
+    got, why = reader.answers(_snapshot(1000.0, 999.0, RECORDS, files=("n0.status.1",)), "status", BOTH, JOB, 5, None)
+    assert got is None and "n1" in why
+
+
+def test_a_command_not_byte_identical_to_the_readers_is_never_answered():
+    snap = _snapshot(1000.0, 999.0, RECORDS)
+    for other in ("cmd\n", "cmd ", "Cmd", ""):
+        got, why = reader.answers(snap, "status", {"n0": "cmd", "n1": other}, JOB, 5, None)
+        assert got is None and "another status command" in why
+    # a read by another name is never taken for it
+    assert reader.answers(snap, "watch", BOTH, JOB, 5, None)[0] is None
+
+
+def test_records_of_another_job_a_deadline_or_no_reader_are_refused():
+    other_job = _record("n0", "status", 7, "cmd", b"a\n", job="41") + _record("n1", "status", 7, "cmd", b"b\n")
+    assert "job 41" in reader.answers(_snapshot(1000.0, 999.0, other_job), "status", BOTH, JOB, 5, None)[1]
+    timed_out = _record("n0", "status", 7, "cmd", b"", code=124) + _record("n1", "status", 7, "cmd", b"b\n")
+    assert "deadline" in reader.answers(_snapshot(1000.0, 999.0, timed_out), "status", BOTH, JOB, 5, None)[1]
+    assert reader.answers(_snapshot(1000.0, 999.0, RECORDS, state="none"), "status", BOTH, JOB, 5, None)[0] is None
+    assert reader.parse_snapshot("").state is None
+
+
+def test_a_file_rewritten_while_it_was_read_is_not_a_record():
+    good = _record("n0", "status", 7, "cmd", b"a\n")
+    head = good.splitlines()[0]
+    mixed = head + "\n" + _record("n0", "status", 9, "cmd", b"a longer answer\n" * 4).split("\n", 2)[2]  # seq 7's start, seq 9's end
+    assert _snapshot(1000.0, 999.0, mixed).records == {}
+    two_heads = head + "\n" + good
+    assert _snapshot(1000.0, 999.0, two_heads).records[("n0", "status")].seq == 7  # the second, whole one
+    foreign = good.replace("@@lds-o n0 ", "@@lds-o n1 ", 1)
+    assert _snapshot(1000.0, 999.0, foreign).records == {}
+    not_base64 = good.replace("@@lds-o n0 ", "@@lds-o n0 *", 1)
+    assert _snapshot(1000.0, 999.0, not_base64).records == {}
+    assert _snapshot(1000.0, 999.0, good.replace(_sha("cmd"), "beef")).records == {}
+
+
+def test_the_builders_refuse_names_that_are_not_file_names():
+    with pytest.raises(ValueError):
+        reader.spec({"n0": {"Status": "x"}}, 1, 10)
+    with pytest.raises(ValueError):
+        reader.spec({"../n0": {"status": "x"}}, 1, 10)
+    with pytest.raises(ValueError):
+        reader.read_command("/tmp/x", ["n0;rm"], "status")
+    # each distinct command travels once
+    data = reader.spec({"n0": {"status": "a", "top": "b"}, "n1": {"status": "a"}}, 0.5, 120)
+    assert data.startswith(b"#reader 0.5 120\n") and data.count(b"#blob ") == 2 + 1
+
+
+def test_the_readers_step_asks_what_every_step_asks(b200):
+    text = reader.run_script(b200, ["sim-b200-slurm-0", "sim-b200-slurm-1"])
+    srun = next(ln for ln in text.splitlines() if ln.startswith("srun "))
+    assert srun.startswith('srun --jobid="$job" --overlap --nodes=2 --nodelist=sim-b200-slurm-0,sim-b200-slurm-1 --ntasks=2')
+    assert "--gres=gpu:8" in srun and f"--job-name={reader.STEP_NAME}" in srun and "--chdir=/" in srun
+    assert "umask 077" in text and "flock -w 2 9 || exit 0" in text
+
+
+# -- on a login host: start, a second start, death, restart, stop --------------------------------------
+def _login_env(tmp_path: Path) -> dict[str, str]:
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    (bin_ / "srun").write_text(FAKE_SRUN)
+    (bin_ / "srun").chmod(0o755)
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return {"PATH": f"{bin_}:{PATH}", "FAKE_SRUN_LOG": str(tmp_path / "srun.log"), "TMPDIR": str(tmp_path / "tmp")}
+
+
+def _sh(command: str, env: dict, stdin: bytes | None = None) -> tuple[str, int]:
+    res = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, env=env, timeout=60)
+    return res.stdout.decode() + res.stderr.decode(), res.returncode
+
+
+def _sruns(tmp_path: Path) -> int:
+    p = tmp_path / "srun.log"
+    return len(p.read_text().splitlines()) if p.exists() else 0
+
+
+def _gone(pgid: int, within: float = 10) -> bool:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_reader_starts_restarts_once_and_stops_on_the_login_host(tmp_path, b200, groups):
+    env = _login_env(tmp_path)
+    c = _with_period(b200, 0.2, tmp_path / "log")
+    d = Path(reader.reader_dir(c, "r1"))
+    names = ["n0", "n1"]
+    data = reader.spec({n: {"status": f"echo {n}"} for n in names}, 0.2, 10)
+    out, code = _sh(reader.start_command(c, d.as_posix(), names, JOB), env, data)
+    groups.add_running(d)
+    assert code == 0 and out.startswith("started"), out
+    # the directory is the user's alone, every file in it too (the status read carries the env file)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    time.sleep(0.5)
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in d.iterdir()), {p.name: oct(p.stat().st_mode) for p in d.iterdir()}
+    snap = _read(d, names, "status")
+    assert snap.state == "up" and snap.records[("n1", "status")].stdout == "n1\n"
+    first = int((d / "running").read_text().split()[1])
+    assert _sruns(tmp_path) == 1
+
+    # a second start (a restart's deploy) replaces it: the first one ends, one reader runs
+    out, code = _sh(reader.start_command(c, d.as_posix(), names, JOB), env, data)
+    groups.add_running(d)
+    assert code == 0 and out.startswith("started"), out
+    assert _gone(first) and _sruns(tmp_path) == 2
+    # a restart while it runs starts nothing
+    assert _sh(reader.restart_command(d.as_posix(), JOB), env)[0].strip() == "running"
+
+    # the reader dies (its srun killed): the lock is free, five reads that find it so each restart it; one step starts
+    os.killpg(int((d / "running").read_text().split()[1]), signal.SIGKILL)
+    end = time.monotonic() + 10
+    while _read(d, names, "status").state != "down" and time.monotonic() < end:
+        time.sleep(0.05)
+    outs = []
+    threads = [threading.Thread(target=lambda: outs.append(_sh(reader.restart_command(d.as_posix(), JOB), env)[0].strip())) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert "restarted" in outs
+    time.sleep(2.5)  # the others' wait for the lock (run.sh: flock -w 2) is over: they ended without a step
+    groups.add_running(d)
+    assert _sruns(tmp_path) == 3
+    assert _read(d, names, "status").state == "up"
+
+    # stopped with its release: no process of it is left, nor its directory
+    last = int((d / "running").read_text().split()[1])
+    assert _sh(reader.stop_command(d.as_posix()), env)[1] == 0
+    assert _gone(last) and not d.exists()
+    # a restart of a release that has no reader starts none
+    assert _sh(reader.restart_command(d.as_posix(), JOB), env)[0].strip() == "none"
