@@ -5,8 +5,10 @@ serving system, driven by a :class:`~llmdeploy.releaseplan.ReleasePlan`.
   nodes), then each service in the plan's order: its units in ``order``
   groups, all hosts of a group at once; a service with a ``started`` probe
   gates the services after it;
-- ``watch``: one round trip per host per poll reads every unit's state; an
-  exited unit is matched against the system's failure signatures and handled
+- ``watch``: one round trip per host per poll reads every unit's state (a
+  standing read, ``flows/reads.py``: the launcher's reader of the release
+  may answer it, never with a state from before the engine's last change);
+  an exited unit is matched against the system's failure signatures and handled
   by its service's restart policy (``each``: that unit again, with
   exponential backoff; ``group``: every unit of the service stopped and the
   service started again; ``none``: the release fails); the first readiness
@@ -27,6 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from flows.probes import UNREADABLE, BodyProblem, fetch, http_probe, inflight
+from flows.reads import standing, watch_read
 from llmdeploy import launcher, logs, report
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir, releases_dir
@@ -322,6 +325,8 @@ class Engine:
         failed = self.launcher.hold(plan)
         if failed is not None:
             return self._fail(out, *failed)
+        # status's, top's and the watcher's reads of this release, for the launcher to keep answering if it can
+        self.launcher.serve_reads(plan, standing(self.c, plan))
         for svc in plan.services:
             t = time.monotonic()
             if not self.start_units(plan, svc.units, out):
@@ -350,7 +355,7 @@ class Engine:
         by_host: dict[str, list[Unit]] = {}
         for u in units:
             by_host.setdefault(u.host, []).append(u)
-        res = self.r.run(Step(name="watch", build=lambda n: ctr.states_script([u.container for u in by_host[n.name]])), [self.node(h) for h in by_host])
+        res = self.r.run(watch_read(units), [self.node(h) for h in by_host])
         out = {}
         for h, us in by_host.items():
             r = res[h]

@@ -156,15 +156,18 @@ def current_plan(cluster: Cluster, sts: dict[str, dict | None]) -> ReleasePlan |
 
 def serving_plan(runner: Runner, cluster: Cluster) -> tuple[ReleasePlan | None, str]:
     """(the plan of the release node 0's ``current`` names, or None and why),
-    in one round trip to node 0: what a deploy or rollback drains before it
-    stops it."""
-    from roles.status import current_script, parse_status
+    in one round trip to node 0 (a standing read, ``flows/reads.py``): what a
+    deploy or rollback drains before it stops it, and what top shows."""
+    from flows.reads import current_read
+    from roles.status import parse_status
 
     try:
-        out, err, code = runner.exec(cluster.node0, current_script(cluster))
+        r = runner.run(current_read(cluster), [cluster.node0])[cluster.node0.name]
     except Exception as exc:  # unreachable: the caller says it drains nothing
         return None, f"{cluster.node0.name}: {type(exc).__name__}: {exc}"
-    st = parse_status(out)
+    if r.failed or r.status == "skipped":
+        return None, f"{cluster.node0.name}: {r.msg or 'no answer'}"
+    st = parse_status(r.stdout)
     if not st["release"]:
         return None, "no current release"
     if not st["plan"].strip():

@@ -2,7 +2,9 @@
 (state, image, uptime, what the plan shows of each) and, with ``--diff``,
 how each differs from the release's record; the endpoint's first readiness
 probe. Everything is read from the nodes (the release's own plan.json):
-one round trip per node, plus the probe.
+one round trip per node, plus the probe. The read is a standing one
+(``flows/reads.py``): where the cluster's launcher keeps a reader of the
+release, it answers with what that reader read at most a few seconds before.
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ from rich.console import Console
 from rich.markup import escape
 
 from flows.probes import body_problem, fetch
+from flows.reads import status_read
 from flows.releases import current_plan
 from llmdeploy import launcher, report
 from llmdeploy.inventory import Cluster
 from llmdeploy.launcher import ReleaseView
 from llmdeploy.releaseplan import ReleasePlan, Unit
-from llmdeploy.runner import Runner, Step
+from llmdeploy.runner import Runner
 from roles.containers import LABEL
-from roles.status import docker_problem, parse_status, started_at, status_script
+from roles.status import docker_problem, parse_status, started_at
 
 
 def drift(plan: ReleasePlan, st: dict, c: dict | None, main: bool, secret_keys: set[str] = frozenset()) -> list[str]:
@@ -160,7 +163,7 @@ def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, 
 
 def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool, wide: bool = False) -> int:
     with Runner(cluster) as runner:
-        res = runner.run(Step(name="status", build=lambda n: status_script(cluster)))
+        res = runner.run(status_read(cluster))
         sts = {h: (parse_status(r.stdout) if not r.failed else None) for h, r in res.items()}
         plan = current_plan(cluster, sts)
         health, health_problem = endpoint_health(runner, cluster, plan)

@@ -32,13 +32,14 @@ from rich.table import Table
 from rich.text import Text
 
 from flows.probes import samples
+from flows.reads import top_read
 from flows.releases import serving_plan
 from llmdeploy import report
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan
-from llmdeploy.runner import HostResult, Runner, Step
-from roles.status import parse_top, started_at, top_script
+from llmdeploy.runner import HostResult, Runner
+from roles.status import parse_top, started_at
 
 
 def node_doc(cluster: Cluster, host: str, r: HostResult | None, now: float) -> dict:
@@ -89,13 +90,17 @@ def snapshot_doc(cluster: Cluster, plan: ReleasePlan | None, results: dict[str, 
 
 
 def snapshot(runner: Runner, cluster: Cluster, plan: ReleasePlan | None, timeout: float) -> dict:
-    """One refresh: one round trip per host (at most ``timeout`` seconds each)."""
-    m = plan.metrics if plan else None
-    target = (m.probe.ip, m.probe.port, m.probe.path) if m else None
+    """One refresh: one round trip per host (at most ``timeout`` seconds
+    each), or what the launcher's reader read of them a few seconds before
+    (``flows.reads``): the snapshot's time is when the metrics page (else the
+    oldest answer) was read."""
     runner.unreachable.clear()  # a node that was down is tried again
-    res = runner.run(Step(name="top", build=lambda n: top_script(cluster, target if m and n.name == m.probe.host else None),
-                          timeout=timeout), deadline=timeout + 1)
-    return snapshot_doc(cluster, plan, res, time.time())
+    res = runner.run(top_read(cluster, plan, timeout), deadline=timeout + 1)
+    now = time.time()
+    m = plan.metrics if plan else None
+    read = res.get(m.probe.host) if m else None
+    age = read.age if read is not None else max((r.age for r in res.values()), default=0.0)
+    return snapshot_doc(cluster, plan, res, now - age)
 
 
 def with_rate(doc: dict, before: dict | None) -> dict:
@@ -109,6 +114,9 @@ def with_rate(doc: dict, before: dict | None) -> dict:
         secs = (dt.datetime.fromisoformat(doc["time"].rstrip("Z")) - dt.datetime.fromisoformat(before["time"].rstrip("Z"))).total_seconds()
         if secs > 0 and s["generated_tokens"] >= b["generated_tokens"]:
             s["tokens_per_s"] = round((s["generated_tokens"] - b["generated_tokens"]) / secs, 1)
+        elif secs <= 0:
+            # the same reading of the page again (a reader's, read before this refresh): the rate it had
+            s["tokens_per_s"] = b.get("tokens_per_s")
     return doc
 
 

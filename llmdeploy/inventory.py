@@ -291,6 +291,14 @@ class Slurm(Strict):
     # status when no release job runs): what a tool killed mid-command leaves
     # allocated ends by then
     command_time_limit: str = Field(default="4:00:00", pattern=SLURM_TIME_RE.pattern)
+    # seconds between two rounds of the release's reader: one step of its job
+    # that reads every node for status, top and the engine's watcher, so that
+    # their reads are not a new job step each (Slurm ends a job at
+    # MaxStepCount). A read is answered from it when its record is at most
+    # 3 periods and 2 s old, else it runs as a step. Each round runs status's,
+    # top's and the watcher's scripts on every node: docker inspect, the
+    # accelerators' query, the metrics page on its node
+    reader_period_s: float = Field(default=1.0, ge=0.2, le=10)
 
     @field_validator("nodelist")
     @classmethod

@@ -103,7 +103,12 @@ class Launcher(Protocol):
     ``number(unit)`` its attempt. ``end(keep_release)``: after the engine
     stopped the containers, what the launcher holds for every release but
     ``keep_release`` is let go; its problems. ``view(plan)``: what
-    ``status`` adds (:class:`ReleaseView`)."""
+    ``status`` adds (:class:`ReleaseView`). ``serve_reads(plan, reads)``:
+    once the release is held, the ``standing`` steps (status's, top's and
+    the watcher's reads of its nodes, ``Step.standing``) that the launcher
+    may answer from one long-lived reader of its own instead of a command
+    each; it says what it did (``say``), and a reader it could not start
+    only costs the reads their commands."""
 
     def preflight(self, plan: "ReleasePlan") -> tuple[str, str] | None: ...
 
@@ -115,6 +120,8 @@ class Launcher(Protocol):
     def end(self, keep_release: str | None) -> list[str]: ...
 
     def view(self, plan: "ReleasePlan | None") -> ReleaseView: ...
+
+    def serve_reads(self, plan: "ReleasePlan", reads: "list[Step]") -> None: ...
 
 
 class LauncherPlugin(Protocol):

@@ -76,6 +76,9 @@ class HostResult:
     exit_code: int | None = None
     duration: float = 0.0
     data: Any = None
+    # seconds between the command's run and this result: 0 unless the
+    # transport answered a ``standing`` step from what it had read before
+    age: float = 0.0
 
     @property
     def failed(self) -> bool:
@@ -111,6 +114,13 @@ class Step:
     # role's, e.g. roles.progress_line). Lines that start with PROGRESS_MARK
     # are taken out of the output the parser sees.
     progress: Callable[[str], Progress | None] | None = None
+    # A read of the nodes' state that status, top or the watcher repeats
+    # (flows/reads.py): the cluster's launcher may answer it from a standing
+    # reader of the release (``Launcher.serve_reads``) instead of running it,
+    # when that reader ran the byte-identical command a few seconds ago and
+    # after this process last changed anything on the nodes (the result's
+    # ``age`` says how long ago). Nothing else differs.
+    standing: bool = False
 
 
 def without_progress(text: str) -> str:

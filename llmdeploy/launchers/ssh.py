@@ -96,6 +96,9 @@ class DockerUnits:
         """The containers' states are the units' states."""
         return ReleaseView()
 
+    def serve_reads(self, plan: ReleasePlan, reads: list[Step]) -> None:
+        """Every read is one command per node over SSH (or the connection holder): nothing to keep running."""
+
 
 def transport(runner: Runner) -> SshTransport:
     return SshTransport(runner)

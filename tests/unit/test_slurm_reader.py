@@ -1,11 +1,12 @@
-"""The release's reader on Slurm (llmdeploy/launchers/slurm/reader.py):
-status's, top's and the watcher's reads answered by one long-lived step
-instead of a step each.
+"""The release's reader on Slurm (llmdeploy/launchers/slurm/reader.py and its
+wiring in steps.py and jobs.py): status's, top's and the watcher's reads
+answered by one long-lived step instead of a step each.
 
 Everything runs here under bash: each node's task as srun would run it
-(``NODE_LOOP``), and the login host's commands in a directory of the
-test's, with a stand-in ``srun`` that runs the task once per node of
-``--nodelist``."""
+(``NODE_LOOP``), the login host's writer and reader commands in a directory
+of the test's, and, for the transport and the launcher, a login host whose
+``srun`` is a stand-in that runs the task once per node of ``--nodelist``
+(every other Slurm command is answered as Slurm would)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,11 @@ import pytest
 
 from llmdeploy.inventory import load_cluster
 from llmdeploy.launchers.slurm import commands as slurm
-from llmdeploy.launchers.slurm import reader
+from llmdeploy.launchers.slurm import reader, steps
+from llmdeploy.launchers.slurm.jobs import SlurmJobs
+from llmdeploy.launchers.slurm.steps import SlurmSteps
+from llmdeploy.releaseplan import ReleasePlan, Service, Unit
+from llmdeploy.runner import Runner, Step
 
 PATH = "/usr/bin:/bin"
 JOB = "42"
@@ -361,3 +366,174 @@ def test_the_reader_starts_restarts_once_and_stops_on_the_login_host(tmp_path, b
     assert _gone(last) and not d.exists()
     # a restart of a release that has no reader starts none
     assert _sh(reader.restart_command(d.as_posix(), JOB), env)[0].strip() == "none"
+
+
+# -- the transport and the launcher: 200 reads, no step ---------------------------------------------
+class _Login(Runner):
+    """A runner whose one host, the login host, is this machine: every command
+    runs under bash here (``srun`` the stand-in), except Slurm's squeue, sinfo
+    and scancel, answered as Slurm would, and the steps' srun, whose tasks
+    (DISPATCH) run here and are counted."""
+
+    def __init__(self, cluster, env: dict[str, str]):
+        self.cluster = cluster
+        self.progress, self.lines = None, None
+        self.unreachable, self.excluded = {}, {}
+        self.env = env
+        self.steps: list[str] = []  # the names of the steps run as sruns
+        self.transport = SlurmSteps(self)
+
+    def exec_direct(self, node, command, timeout=None, stdin=None, on_line=None):
+        names = [self.cluster.slurm_name(n) for n in self.cluster.nodes]
+        if command.startswith("squeue"):
+            return (f"{JOB}|{slurm.release_job_name(self.cluster.name, 'r1')}|RUNNING|None|{','.join(names)}|1-00:00:00|N/A\n"
+                    f"step {JOB}.0|{reader.STEP_NAME}|{','.join(names)}\n"), "", 0
+        if command.startswith("sinfo"):
+            return "".join(f"{n}|idle|none\n" for n in names), "", 0
+        if command.startswith("scancel"):
+            return "", "", 0
+        if command.startswith("srun "):  # a step: its tasks here
+            args = shlex.split(command)
+            self.steps.append(next(a for a in args if a.startswith("--job-name=")).split("=", 1)[1])
+            nodes = next(a for a in args if a.startswith("--nodelist=")).split("=", 1)[1].split(",")
+            out = ""
+            for i, n in enumerate(nodes):
+                res = subprocess.run(["bash", "-c", args[-1]], input=stdin, capture_output=True, env={"SLURMD_NODENAME": n, "PATH": PATH})
+                out += "".join(f"{i}: {ln}\n" for ln in res.stdout.decode().splitlines())
+            return out, "", 0
+        res = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, env=self.env, timeout=60)
+        return res.stdout.decode(errors="replace"), res.stderr.decode(errors="replace"), res.returncode
+
+
+def _release(cluster) -> ReleasePlan:
+    units = [Unit(host=n.name, container=f"c-{i}") for i, n in enumerate(cluster.nodes)]
+    return ReleasePlan(system="x", cluster=cluster.name, release="r1", services=[Service("s", units=units)], entry_host=units[0].host, entry_port=1)
+
+
+def _reads(cluster) -> list[Step]:
+    return [Step(name="status", build=lambda n: f"echo status of {n.name}; date +%s%N", standing=True),
+            Step(name="top", build=lambda n: f"echo top of {n.name}", standing=True)]
+
+
+@pytest.fixture
+def serving(tmp_path, b200, groups):
+    """A release held by job 42 whose reader (started by the launcher, period 0.3 s) runs here."""
+    c = _with_period(b200, 0.3, tmp_path / "log")
+    runner = _Login(c, _login_env(tmp_path))
+    said = []
+    jobs = SlurmJobs(c, runner, said.append)
+    runner.transport.use_job(JOB, "r1")
+    jobs.held = "r1"
+    steps._CHANGED.pop(c.name, None)
+    jobs.serve_reads(_release(c), _reads(c))
+    d = Path(reader.reader_dir(c, "r1"))
+    groups.add_running(d)
+    assert said and said[-1].startswith(f"slurm: a reader step in job {JOB} reads status, top on 2 nodes every 0.3s"), said
+    yield c, runner, jobs, d
+    steps._CHANGED.pop(c.name, None)
+    groups.add_running(d)
+
+
+def _status(c, runner):
+    """A status command's read, as a fresh process's transport makes it."""
+    t = SlurmSteps(runner)
+    runner.transport = t
+    return t.run(_reads(c)[0], c.nodes, None, None)
+
+
+def test_200_status_reads_of_a_serving_release_start_no_step(tmp_path, serving):
+    c, runner, jobs, d = serving
+    assert _sruns(tmp_path) == 1  # the reader
+    oldest = reader.max_age(c.slurm.reader_period_s)
+    for _ in range(200):
+        res = _status(c, runner)
+        assert [r.status for r in res.values()] == ["ok", "ok"], res
+        for n in c.nodes:
+            assert res[n.name].stdout.startswith(f"status of {n.name}\n") and 0 <= res[n.name].age <= oldest
+    assert runner.steps == [] and _sruns(tmp_path) == 1
+    # a read that is not standing, or whose command differs by a byte, is a step as before
+    t = SlurmSteps(runner)
+    t.run(Step(name="status", build=lambda n: f"echo status of {n.name}; date +%s%N"), c.nodes, None, None)
+    t.run(Step(name="status", build=lambda n: f"echo status of {n.name};  date +%s%N", standing=True), c.nodes, None, None)
+    t.run(Step(name="watch", build=lambda n: "echo w", standing=True), c.nodes, None, None)
+    assert runner.steps == ["status", "status", "watch"]
+
+
+def test_after_a_change_only_a_newer_record_answers(serving):
+    c, runner, jobs, d = serving
+    t = runner.transport
+    t.changed()  # a unit started by this process, say
+    changed_at = time.monotonic()
+    served = None
+    end = time.monotonic() + 20
+    while served is None and time.monotonic() < end:
+        sent = time.monotonic()
+        res = t.run(_reads(c)[0], c.nodes, None, None)
+        if all(r.age > 0 for r in res.values()):
+            served = (sent, res)
+    assert served is not None, "no record newer than the change within 20 s"
+    sent, res = served
+    # what answered started after the change (and the margin): never a state from before it
+    assert all(r.age + reader.MARGIN_S <= sent - changed_at for r in res.values())
+    assert runner.steps and set(runner.steps) == {"status"}  # until then, steps
+
+
+def test_a_reader_that_died_is_started_again_by_one_read(tmp_path, serving):
+    c, runner, jobs, d = serving
+    os.killpg(int((d / "running").read_text().split()[1]), signal.SIGKILL)
+    oldest = reader.max_age(c.slurm.reader_period_s)
+    end = time.monotonic() + 30
+    answered_again = False
+    while time.monotonic() < end and not answered_again:
+        res = _status(c, runner)
+        assert [r.status for r in res.values()] == ["ok", "ok"], res  # never a wrong answer meanwhile
+        assert all(r.age <= oldest for r in res.values())
+        answered_again = bool(runner.steps) and all(r.age > 0 for r in res.values())
+        time.sleep(0.1)
+    assert answered_again, runner.steps
+    # one new reader step for the death, whatever number of reads found it gone
+    assert _sruns(tmp_path) == 2
+
+
+def test_the_end_of_the_release_ends_its_reader_and_its_files(serving):
+    c, runner, jobs, d = serving
+    pgid = int((d / "running").read_text().split()[1])
+    job = slurm.parse_squeue(runner.exec_direct(None, "squeue")[0], c.name)[0]
+    assert jobs._end(job, "r1", sorted(job.steps)) == []
+    assert _gone(pgid) and not d.exists()
+
+
+def test_a_reader_that_cannot_start_is_a_warning(tmp_path, b200):
+    c = _with_period(b200, 1.0, tmp_path / "log")
+    env = _login_env(tmp_path)
+    (tmp_path / "bin" / "srun").write_text("#!/bin/bash\necho 'srun: error: Unable to create step for job 42: Job/step already completing or completed' >&2\nexit 1\n")
+    runner = _Login(c, env)
+    said = []
+    jobs = SlurmJobs(c, runner, said.append)
+    runner.transport.use_job(JOB, "r1")
+    jobs.held = "r1"
+    jobs.serve_reads(_release(c), _reads(c))
+    assert "no reader step in job 42" in said[-1] and "already completing" in said[-1], said
+    # the reads are steps then
+    res = SlurmSteps(runner).run(_reads(c)[0], c.nodes, None, None)
+    assert [r.status for r in res.values()] == ["ok", "ok"] and runner.steps == ["status"]
+
+
+def test_the_flows_reads_are_the_readers(b200):
+    """status, top, deploy's first read and the watcher build their reads in one place (flows/reads.py), each a standing step the reader runs as is."""
+    from flows.reads import standing, status_read, top_read, watch_read
+    from llmdeploy.releaseplan import Metrics, Probe
+    from roles import containers as ctr
+    from roles.status import current_script, status_script, top_script
+
+    plan = _release(b200)
+    plan.metrics = Metrics(probe=Probe(name="m", kind="http", host=b200.nodes[1].name, port=8000, ip="10.0.0.2", path="/metrics"))
+    reads = {s.name: s for s in standing(b200, plan)}
+    assert list(reads) == ["current", "status", "top", "watch"] and all(s.standing for s in reads.values())
+    n0, n1 = b200.nodes
+    assert reads["current"].build(n0) == current_script(b200)
+    assert reads["status"].build(n0) == status_read(b200).build(n0) == status_script(b200)
+    assert reads["top"].build(n1) == top_read(b200, plan, 5).build(n1) == top_script(b200, ("10.0.0.2", 8000, "/metrics"))
+    assert reads["top"].build(n0) == top_script(b200, None)
+    assert reads["watch"].build(n1) == watch_read(plan.units()).build(n1) == ctr.states_script(["c-1"])
+    assert all(reader.READ_RE.match(name) for name in reads)

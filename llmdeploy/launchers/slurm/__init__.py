@@ -8,7 +8,10 @@ Docker runs on the node.
 - ``steps.py``: the transport (``SlurmSteps``): a step over many nodes as one
   srun from the login host, the allocation, Slurm's node states;
 - ``jobs.py``: the launcher (``SlurmJobs``): the release's job, its units as
-  steps, stopping them last-started first, what status adds.
+  steps, stopping them last-started first, what status adds;
+- ``reader.py``: the release's reader, one more step of its job that reads
+  the nodes for status, top and the watcher (its scripts and the reader of
+  what it leaves on the login host); pure.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ its steps in reverse order, then the job.
 The engine (flows/engine.py) stays the one for every launcher: it calls
 here where a launcher differs (holding the job, starting a unit, ending the
 jobs, what status adds); what runs on the nodes is the same containers and
-the same scripts, sent as job steps (``steps.py``).
+the same scripts, sent as job steps (``steps.py``). Once the job holds the
+nodes, one more step of it, the release's reader (``reader.py``), answers
+status's, top's and the watcher's reads.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from rich.markup import escape
 from ...inventory import Cluster
 from ...launcher import ReleaseView
 from ...releaseplan import ReleasePlan, Unit
-from ...runner import Runner, UnreachableError
+from ...runner import Runner, Step, UnreachableError
 from . import commands as slurm
+from . import reader
 
 Failure = tuple[str, str] | None
 
@@ -70,7 +73,7 @@ class SlurmJobs:
             return self.c.slurm.login, f"cannot read Slurm's queue: {exc}"
         held = slurm.release_job([j for j in jobs if j.state == "RUNNING"], self.c.name, plan.release)
         if held is not None:
-            self.s.use_job(held.id)
+            self.s.use_job(held.id, plan.release)
             self.held = plan.release
             return None
         names = self.nodes_of(plan)
@@ -90,7 +93,7 @@ class SlurmJobs:
                                         f"({o.strip() or e.strip()}); cancelled"
                                         + (f"; the cluster's other jobs: {held} (a command of the tool's that still runs, "
                                            f"or one that was killed: scancel it)" if held else ""))
-        self.s.use_job(job)
+        self.s.use_job(job, plan.release)
         self.held = plan.release
         self.say(f"slurm: job {job} ({slurm.release_job_name(self.c.name, plan.release)}) holds {', '.join(names)}")
         return None
@@ -127,6 +130,8 @@ class SlurmJobs:
             o, e, code = self.s.login_exec(slurm.start_units_script(self.c, self.s.job, steps, wait), wait + 60)
         except UnreachableError as exc:
             return {f"{u.host}/{u.container}": f"login host unreachable while its step started: {exc}" for u in units}
+        finally:
+            self.s.changed()
         got = slurm.parse_started(o)
         return {f"{u.host}/{u.container}": got.get(f"{self.c.slurm_name(self.c.node(u.host))}/{u.container}",
                                                    f"no answer from its step ({(e or o).strip()[-200:]})") for u in units}
@@ -152,9 +157,17 @@ class SlurmJobs:
 
     def _end(self, job: slurm.Job, release: str, steps: list[str]) -> list[str]:
         if steps:
-            self.s.login_exec(slurm.scancel_steps_command(steps, self.c.deploy.stop_timeout_s + 5),
-                              60 + len(steps) * (self.c.deploy.stop_timeout_s + 5))
+            try:
+                self.s.login_exec(slurm.scancel_steps_command(steps, self.c.deploy.stop_timeout_s + 5),
+                                  60 + len(steps) * (self.c.deploy.stop_timeout_s + 5))
+            finally:
+                self.s.changed()
         o, e, code = self.s.login_exec(slurm.scancel_job_command(job.id, 30), 60)
+        # the job's end ended its reader: its records (the env file among them) go too
+        try:
+            self.s.login_exec(reader.stop_command(reader.reader_dir(self.c, release)), 30)
+        except UnreachableError:
+            pass
         if self.s.job == job.id:
             self.s.use_job(None)
             self.held = None
@@ -162,6 +175,49 @@ class SlurmJobs:
             return [f"Slurm job {job.id}: {o.strip() or e.strip()}"]
         self.say(f"slurm: job {job.id} of release {release} cancelled" + (f" ({len(steps)} steps, last started first)" if steps else ""))
         return []
+
+    # -- the release's reader (reader.py) ------------------------------------------------
+    def serve_reads(self, plan: ReleasePlan, reads: list[Step]) -> None:
+        """The release's reader: one step of its job, a task on each of its
+        nodes, that runs ``reads`` (each node's command of each) every
+        ``slurm.reader_period_s``; the transport answers a standing step of
+        the same name and command from it (``SlurmSteps.from_reader``). A
+        reader of this release that runs (a restart's) is replaced: the reads
+        may have changed. One that does not start costs only a warning: the
+        reads are steps then, as without it."""
+        if self.held != plan.release or not self.s.job:
+            return
+        hosts = {u.host for u in plan.units()}
+        per_node: dict[str, dict[str, str]] = {}
+        for n in self.c.nodes:
+            if n.name not in hosts:
+                continue
+            mine = {}
+            for step in reads:
+                # a read the reader can run as it is: a command of its own per node, nothing on its standard input
+                if step.standing and step.build and not (step.local or step.decide or step.stdin) and reader.READ_RE.match(step.name):
+                    command = step.build(n)
+                    if command:
+                        mine[step.name] = command
+            if mine:
+                per_node[self.c.slurm_name(n)] = mine
+        if not per_node:
+            return
+        job, s = self.s.job, self.c.slurm
+        d = reader.reader_dir(self.c, plan.release)
+        why = ""
+        try:
+            o, e, code = self.s.login_exec(reader.start_command(self.c, d, list(per_node), job), 60,
+                                           reader.spec(per_node, s.reader_period_s, self.c.ssh.command_timeout))
+            if code != 0 or not o.startswith("started"):
+                why = (o.strip() or e.strip())[-300:] or f"exit {code}"
+        except UnreachableError as exc:
+            why = str(exc)
+        names = sorted({name for reads_ in per_node.values() for name in reads_})
+        if why:
+            self.say(f"[yellow]slurm: no reader step in job {job} ({escape(why)}): {', '.join(names)} read the nodes with a step each[/]")
+        else:
+            self.say(f"slurm: a reader step in job {job} reads {', '.join(names)} on {len(per_node)} nodes every {s.reader_period_s:g}s")
 
     # -- status --------------------------------------------------------------------------
     def release_job(self, plan: ReleasePlan | None) -> tuple[slurm.Job | None, str | None]:

@@ -2,7 +2,15 @@
 over many nodes as one ``srun`` from the login host, in the cluster's release
 job or in an allocation of the command's own (``commands.py`` builds the
 command lines and reads their output; this module runs them over the
-runner's one SSH connection, to the login host)."""
+runner's one SSH connection, to the login host).
+
+A ``standing`` step (status's, top's, the watcher's read) is first asked of
+the release's reader (``reader.py``): one command on the login host, no
+step, when the reader's latest records answer it; else it runs as a step.
+A record answers only when its run started after this process's last
+change on the cluster's nodes (``changed``: every step that is not a
+standing read, a unit's start, a step's end), so the engine never reads
+back a state from before what it just did."""
 
 from __future__ import annotations
 
@@ -14,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 from ...errors import UnreachableError
 from ...inventory import Node
 from . import commands as slurm
+from . import reader
 
 if TYPE_CHECKING:
     from ...runner import HostResult, Runner, Step
@@ -24,6 +33,10 @@ if TYPE_CHECKING:
 _SHARED_LOCK = threading.Lock()
 _SHARED: dict[str, dict] = {}
 TOKEN = secrets.token_hex(4)
+# when this process last changed something on each cluster's nodes (time.monotonic()), by any of its runners
+_CHANGED: dict[str, float] = {}
+# a reader found not running is started again at most this often by one transport (a start that fails is not retried at every read)
+RESTART_EVERY_S = 30.0
 
 
 class SlurmSteps:
@@ -39,6 +52,8 @@ class SlurmSteps:
         self.login = self.c.slurm.login_node()
         self.job: str | None = None  # the allocation the steps run in
         self.own = False  # the job is this command's (cancelled at close)
+        self.release: str | None = None  # the release whose job it is (None: not known, or the command's own)
+        self._restarted: float | None = None  # when this transport last started the release's reader again
         self.checked: set[str] = set()  # nodes whose Slurm state was read
         self.states: dict[str, slurm.NodeState] = {}
         self._lock = threading.RLock()  # one allocation, also when threads (top's refresh, a probe) ask at once
@@ -113,18 +128,18 @@ class SlurmSteps:
             raise UnreachableError(bad[node.name])
 
     # -- the allocation ---------------------------------------------------------------
-    def use_job(self, job_id: str | None) -> None:
-        """Run the next steps in ``job_id`` (a release's job); None: find one again."""
+    def use_job(self, job_id: str | None, release: str | None = None) -> None:
+        """Run the next steps in ``job_id`` (``release``'s job); None: find one again."""
         with self._lock:
             self.release_own()
-            self.job, self.own = job_id, False
+            self.job, self.own, self.release = job_id, False, release if job_id else None
 
     def release_own(self) -> None:
         """Give back this runner's share of the process's own allocation (cancelled with its last user)."""
         with self._lock:
             if not self.own:
                 return
-            job, self.job, self.own = self.job, None, False
+            job, self.job, self.own, self.release = self.job, None, False, None
             with _SHARED_LOCK:
                 entry = _SHARED.get(self.c.name)
                 if entry is None or entry["job"] != job:
@@ -143,12 +158,8 @@ class SlurmSteps:
         the cluster, else the allocation of this process's own (one for every
         runner of the command: a nested one would wait for the first)."""
         with self._lock:
-            if self.job:
+            if self.job or self._find_release_job():
                 return self.job
-            held = slurm.release_job([j for j in self.squeue() if j.state == "RUNNING"], self.c.name)
-            if held is not None:
-                self.job, self.own = held.id, False
-                return held.id
             with _SHARED_LOCK:
                 entry = _SHARED.get(self.c.name)
                 if entry is None:
@@ -156,6 +167,27 @@ class SlurmSteps:
                 entry["users"] += 1
             self.job, self.own = entry["job"], True
             return self.job
+
+    def _find_release_job(self) -> bool:
+        """Whether the cluster has a running release job (squeue): then the steps run in it."""
+        held = slurm.release_job([j for j in self.squeue() if j.state == "RUNNING"], self.c.name)
+        if held is None:
+            return False
+        self.job, self.own, self.release = held.id, False, slurm.release_of_job(self.c.name, held.name)
+        return True
+
+    def release_held(self) -> tuple[str, str] | None:
+        """(job, release) of the running release job the steps run in, None
+        when they run in an allocation of the command's own (or none runs)."""
+        with self._lock:
+            if not self.job:
+                try:
+                    self._find_release_job()
+                except UnreachableError:
+                    return None
+            if self.own or not self.job or not self.release:
+                return None
+            return self.job, self.release
 
     def _salloc(self, nodes: list[Node]) -> str:
         # every node of the cluster that Slurm can give (a later step, or a nested runner, may want any)
@@ -195,27 +227,32 @@ class SlurmSteps:
                 with _SHARED_LOCK:
                     if _SHARED.get(self.c.name, {}).get("job") == job_id:
                         del _SHARED[self.c.name]
-            self.job, self.own = None, False
+            self.job, self.own, self.release = None, False, None
 
     def close(self) -> None:
         self.release_own()
 
     # -- steps ---------------------------------------------------------------------------
     def dispatch(self, step_name: str, per_node: dict[str, tuple[str, bytes | None]], timeout: float,
-                 retry: bool = True) -> dict[str, tuple[str, str, int] | str]:
+                 retry: bool = True, read: bool = False) -> dict[str, tuple[str, str, int] | str]:
         """One srun over the nodes (by name) of ``per_node``: {node name:
-        (stdout, stderr, exit code) or why it has no answer}."""
+        (stdout, stderr, exit code) or why it has no answer}. Unless it is a
+        ``read`` (a standing step's), it may have changed something on the nodes (``changed``)."""
         nodes = [self.c.node(h) for h in per_node]
         job = self.allocation(nodes)
         names = {self.c.slurm_name(n): n for n in nodes}
         data = slurm.payload({self.c.slurm_name(n): per_node[n.name] for n in nodes}, timeout)
         cmd = slurm.srun_dispatch_command(self.c, job, list(names), step_name)
-        out, err, code = self.login_exec(cmd, timeout + 60, data)
+        try:
+            out, err, code = self.login_exec(cmd, timeout + 60, data)
+        finally:
+            if not read:
+                self.changed()
         got = slurm.parse_dispatch(out)
         if not got and slurm.job_gone(err + out) and retry:
             # the job ended under us (a redeploy by another command cancelled it): once more in the one that holds the nodes now
             self.forget(job)
-            return self.dispatch(step_name, per_node, timeout, retry=False)
+            return self.dispatch(step_name, per_node, timeout, retry=False, read=read)
         res: dict[str, tuple[str, str, int] | str] = {}
         for name, n in names.items():
             o = got.get(name)
@@ -267,9 +304,15 @@ class SlurmSteps:
             else:
                 stdin = step.stdin(n) if step.stdin else None
                 per_node[n.name] = (pre, stdin.encode() if isinstance(stdin, str) else stdin)
+        if per_node and step.standing and not any(stdin for _, stdin in per_node.values()):
+            # status's, top's, the watcher's read: the release's reader may have it
+            for h, (o, e, code, age) in (self.from_reader(step.name, per_node) or {}).items():
+                results[h] = self.r.after(step, self.c.node(h), o, e, code, None)
+                results[h].age = age
+                del per_node[h]
         if per_node:
             try:
-                answers = self.dispatch(step.name, per_node, step.timeout or self.c.ssh.command_timeout)
+                answers = self.dispatch(step.name, per_node, step.timeout or self.c.ssh.command_timeout, read=step.standing)
             except (UnreachableError, AllocationError) as exc:
                 kind = UNREACHABLE if isinstance(exc, UnreachableError) else FAILED
                 for h in per_node:
@@ -287,6 +330,54 @@ class SlurmSteps:
         for r in results.values():
             r.duration = time.monotonic() - t0
         return results
+
+
+    # -- the release's reader (reader.py) ----------------------------------------------
+    def changed(self) -> None:
+        """This process may have changed something on the cluster's nodes just
+        now: no record of the reader's taken before answers a read of it."""
+        with _SHARED_LOCK:
+            _CHANGED[self.c.name] = time.monotonic()
+
+    def from_reader(self, read: str, per_node: dict[str, tuple[str, bytes | None]]) -> dict[str, tuple[str, str, int, float]] | None:
+        """{node: (stdout, stderr, exit code, seconds old)} of the read
+        ``read`` (``per_node``: each node's command) from the release's
+        reader, with one command on the login host; None when it cannot answer
+        for every node (then a reader that does not run is started again)."""
+        held = self.release_held()
+        if held is None:
+            return None
+        job, release = held
+        with _SHARED_LOCK:
+            at = _CHANGED.get(self.c.name)
+        since = None if at is None else time.monotonic() - at
+        if since is not None and since <= reader.MARGIN_S:
+            return None  # nothing the reader took can be newer than what this process just did
+        names = {self.c.slurm_name(self.c.node(h)): h for h in per_node}
+        d = reader.reader_dir(self.c, release)
+        try:
+            out, _, _ = self.login_exec(reader.read_command(d, list(names), read), 30)
+        except UnreachableError:
+            return None
+        snap = reader.parse_snapshot(out)
+        got, _ = reader.answers(snap, read, {s: per_node[h][0] for s, h in names.items()}, job,
+                                reader.max_age(self.c.slurm.reader_period_s), since)
+        if got is None:
+            if snap.state == "down":
+                self.restart_reader(d, job)
+            return None
+        return {names[s]: (r.stdout, r.stderr, r.code, max(0.0, r.age(snap.now) or 0.0)) for s, r in got.items()}
+
+    def restart_reader(self, d: str, job: str) -> None:
+        """Start the release's reader again (it does not run): one step, at most every RESTART_EVERY_S by this transport."""
+        now = time.monotonic()
+        if self._restarted is not None and now - self._restarted < RESTART_EVERY_S:
+            return
+        self._restarted = now
+        try:
+            self.login_exec(reader.restart_command(d, job), 30)
+        except UnreachableError:
+            pass
 
 
 class AllocationError(RuntimeError):
