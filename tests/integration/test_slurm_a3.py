@@ -44,8 +44,8 @@ def test_prepare_verify_deploy_kill_a_step_and_stop(sim_cluster):
     rid = _ledger()[-1]["release"]
     (job,) = jobs()
     assert job.name == slurm.release_job_name(SIM_CLUSTER, rid) and job.state == "RUNNING"
-    # a step per unit, each on its own node
-    assert sorted(nodes for _, nodes in job.steps.values()) == NODES, job.steps
+    # a step per unit, each on its own node (and the release's reader)
+    assert sorted(nodes for _, nodes in b200.unit_steps(job).values()) == NODES, job.steps
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     doc = json.loads(res.stdout)
     assert res.returncode == 0 and doc["healthy"], doc
@@ -55,7 +55,7 @@ def test_prepare_verify_deploy_kill_a_step_and_stop(sim_cluster):
         assert ("--headless" in run_sh) == (i > 0) and (f"--data-parallel-start-rank {i}" in run_sh) == (i > 0)
         assert hostview.containers(SIM_CLUSTER, node) == {f"{SIM_CLUSTER}-{rid}": "running"}
 
-    unit = next(name for name, nodes in job.steps.values() if nodes == NODES[2])
+    unit = next(name for name, nodes in b200.unit_steps(job).values() if nodes == NODES[2])
     b200.kill_step(SIM_CLUSTER, NODES[2], unit, 4)
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     doc = json.loads(res.stdout)

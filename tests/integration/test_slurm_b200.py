@@ -15,6 +15,7 @@ import time
 import pytest
 
 from llmdeploy.launchers.slurm import commands as slurm
+from llmdeploy.launchers.slurm import reader
 from llmdeploy.release import parse_ledger
 from sim import hostview
 from sim.paths import cluster_dir, host_dir
@@ -35,6 +36,11 @@ def login(command: str, cluster: str = SIM_CLUSTER) -> str:
 
 def jobs(cluster: str = SIM_CLUSTER) -> list[slurm.Job]:
     return slurm.parse_squeue(login(slurm.squeue_command(cluster), cluster), cluster)
+
+
+def unit_steps(job: slurm.Job) -> dict[str, tuple[str, str]]:
+    """The job's steps but its reader's (reader.STEP_NAME): its units'."""
+    return {sid: step for sid, step in job.steps.items() if step[0] != reader.STEP_NAME}
 
 
 def nothing_left(cluster: str, nodes: list[str]) -> None:
@@ -59,12 +65,12 @@ def _containers(node):
 
 
 def kill_step(cluster: str, node: str, container: str, steps: int) -> None:
-    """SIGKILL the unit step's own process on ``node``; wait (up to 30 s) until the job has fewer than ``steps`` steps."""
+    """SIGKILL the unit step's own process on ``node``; wait (up to 30 s) until the job has fewer than ``steps`` unit steps."""
     pid = step_anchor(node, container, cluster)
     assert pid, hostview.processes(cluster, node)
     os.kill(pid, signal.SIGKILL)
     end = time.monotonic() + 30
-    while time.monotonic() < end and len(jobs(cluster)[0].steps) == steps:
+    while time.monotonic() < end and len(unit_steps(jobs(cluster)[0])) == steps:
         time.sleep(0.3)
 
 
@@ -124,9 +130,10 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
     a = _ledger()[-1]["release"]
     (job,) = jobs()
     assert job.name == slurm.release_job_name(SIM_CLUSTER, a) and job.state == "RUNNING"
-    # one step per unit: each node's container
-    assert sorted(n for n, _ in job.steps.values()) == [f"{SIM_CLUSTER}-{a}"] * 2, job.steps
-    assert sorted(nodes for _, nodes in job.steps.values()) == NODES
+    # one step per unit: each node's container; and the release's reader (status, top and the watcher read through it)
+    assert sorted(n for n, _ in unit_steps(job).values()) == [f"{SIM_CLUSTER}-{a}"] * 2, job.steps
+    assert sorted(nodes for _, nodes in unit_steps(job).values()) == NODES
+    assert [n for n, _ in job.steps.values()].count(reader.STEP_NAME) == 1, job.steps
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     doc = json.loads(res.stdout)
     assert res.returncode == 0 and doc["healthy"] and doc["slurm"]["job"] == job.id, doc
@@ -166,13 +173,13 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
     assert res.returncode == 0, res.stdout
     # the release restarted whole: its units are steps again, of the release's job
     (job_r,) = jobs()
-    assert job_r.name == slurm.release_job_name(SIM_CLUSTER, b) and len(job_r.steps) == 2, job_r
+    assert job_r.name == slurm.release_job_name(SIM_CLUSTER, b) and len(unit_steps(job_r)) == 2, job_r
 
     res = run_invoke("rollback", "--cluster", SIM_CLUSTER, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"serving, release {a}, healthy" in res.stdout
     (job_a,) = jobs()
-    assert job_a.name == slurm.release_job_name(SIM_CLUSTER, a) and len(job_a.steps) == 2
+    assert job_a.name == slurm.release_job_name(SIM_CLUSTER, a) and len(unit_steps(job_a)) == 2
 
     res = run_invoke("stop", "--cluster", SIM_CLUSTER, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
