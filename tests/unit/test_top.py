@@ -4,9 +4,11 @@ for 16 nodes (every host name whole, nothing wrapped at 80)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import shlex
 import subprocess
+import time
 
 import pytest
 from rich.console import Console
@@ -104,6 +106,30 @@ def test_the_snapshot_has_each_node_and_the_servers_load_from_the_plans_metrics(
                                "units": [], "accelerators": []}
     later = top.snapshot_doc(c, plan, _results(c, page=VLLM_PAGE.replace("1200.0", "1500.0")), now + 2)
     assert top.with_rate(later, doc)["server"]["tokens_per_s"] == 150.0
+    # the same reading of the page again (a launcher's reader answered both refreshes): the rate stays
+    again = top.snapshot_doc(c, plan, _results(c, page=VLLM_PAGE.replace("1200.0", "1500.0")), now + 2)
+    assert top.with_rate(again, later)["server"]["tokens_per_s"] == 150.0
+
+
+def test_a_refresh_answered_from_earlier_reads_is_dated_when_the_page_was_read():
+    c = load_cluster("sim-a3")
+    _, _, plan = plan_release(c, {}, c.image.ref)
+    results = _results(c)
+    for r in results.values():
+        r.age = 1.0
+    results[plan.metrics.probe.host].age = 3.0
+
+    class Runner:
+        unreachable: dict = {}
+
+        def run(self, step, deadline=None):
+            assert step.name == "top" and step.standing
+            return results
+
+    before = time.time()
+    doc = top.snapshot(Runner(), c, plan, 2)
+    taken = dt.datetime.strptime(doc["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+    assert before - 3 - 1 <= taken <= before - 3 + 1
 
 
 def test_trtllm_iteration_statistics_and_an_idle_server():
