@@ -42,14 +42,16 @@ while [ $# -gt 0 ]; do
   shift
 done
 echo "$job $nodes" >> "$FAKE_SRUN_LOG"
-in=$(mktemp); cat > "$in"
-i=0
+# the standard input to every task as it comes (srun --input=all)
+fifos=(); i=0
 for n in ${nodes//,/ }; do
-  SLURMD_NODENAME=$n SLURM_JOB_ID=$job bash -c "$prog" < "$in" | sed -u "s/^/$i: /" &
+  f=$(mktemp -u); mkfifo "$f"; fifos+=("$f")
+  SLURMD_NODENAME=$n SLURM_JOB_ID=$job bash -c "$prog" < "$f" | sed -u "s/^/$i: /" &
   i=$((i + 1))
 done
+tee "${fifos[@]}" > /dev/null
 wait
-rm -f "$in"
+rm -f "${fifos[@]}"
 """
 
 ODD = r"""printf '\x00\xff\xfe\r\n@@lds-end n0 status 1\n@@lds-rc n0 0 x\n\x1b[31mno newline'; printf 'err\x00\xc3\n' >&2; exit 3"""
@@ -101,13 +103,16 @@ def _tasks(per_node: dict[str, dict[str, str]], rounds: int, tmp: Path, groups: 
         p = subprocess.Popen(["bash", "-c", reader.NODE_LOOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
         groups.pgids.add(p.pid)
         p.stdin.write(data)
-        p.stdin.close()
-        lines, ends = [], 0
-        while ends < rounds * len(reads):
-            line = p.stdout.readline().decode()
-            assert line, f"{node}'s task ended"
-            lines.append(line.rstrip("\n"))
-            ends += line.startswith("@@lds-end ")
+        lines = []
+        for _ in range(rounds):  # a tick, a round
+            p.stdin.write(b"tick\n")
+            p.stdin.flush()
+            ends = 0
+            while ends < len(reads):
+                line = p.stdout.readline().decode()
+                assert line, f"{node}'s task ended"
+                lines.append(line.rstrip("\n"))
+                ends += line.startswith("@@lds-end ")
         p.terminate()  # scancel's SIGTERM: the task ends, its files go
         assert p.wait(10) == 143
         out[node] = lines
@@ -280,10 +285,47 @@ def test_the_builders_refuse_names_that_are_not_file_names():
 
 def test_the_readers_step_asks_what_every_step_asks(b200):
     text = reader.run_script(b200, ["sim-b200-slurm-0", "sim-b200-slurm-1"])
-    srun = next(ln for ln in text.splitlines() if ln.startswith("srun "))
+    srun = next(ln for ln in text.splitlines() if ln.startswith("feed | srun ")).removeprefix("feed | ")
     assert srun.startswith('srun --jobid="$job" --overlap --nodes=2 --nodelist=sim-b200-slurm-0,sim-b200-slurm-1 --ntasks=2')
     assert "--gres=gpu:8" in srun and f"--job-name={reader.STEP_NAME}" in srun and "--chdir=/" in srun
     assert "umask 077" in text and "flock -w 2 9 || exit 0" in text
+
+
+def _feed_lines(d: Path, within: float) -> list[str]:
+    """What the feed (run in ``d``) prints in ``within`` seconds; then it and its children are ended."""
+    import select
+
+    feed = "\n".join(reader.feed_lines(0.05)) + "\nfeed\n"
+    p = subprocess.Popen(["bash", "-c", feed], cwd=d, stdout=subprocess.PIPE, start_new_session=True)
+    out, end = b"", time.monotonic() + within
+    try:
+        while (left := end - time.monotonic()) > 0:
+            if select.select([p.stdout], [], [], left)[0]:
+                out += os.read(p.stdout.fileno(), 4096)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        p.stdout.close()
+    return out.decode().splitlines()
+
+
+def test_the_feed_ticks_only_while_reads_come(tmp_path):
+    """The login host's feed: the spec, then a tick a period while ``wanted``
+    is at most IDLE_S old; none once it is older (the nodes' tasks then wait
+    and read nothing)."""
+    (tmp_path / "spec").write_text("#reader 0.05 10\n#blob end\n")
+    (tmp_path / "wanted").touch()
+    busy = _feed_lines(tmp_path, 1.0)
+    assert busy[:2] == ["#reader 0.05 10", "#blob end"] and set(busy[2:]) == {"tick"} and len(busy) >= 5
+    old = time.time() - reader.IDLE_S - 5
+    os.utime(tmp_path / "wanted", (old, old))
+    assert _feed_lines(tmp_path, 0.5) == ["#reader 0.05 10", "#blob end"]
+    (tmp_path / "wanted").unlink()  # never read: no tick either
+    assert _feed_lines(tmp_path, 0.3) == ["#reader 0.05 10", "#blob end"]
+
+
+def test_a_read_keeps_the_reader_reading():
+    assert "touch wanted" in reader.read_command("/d", ["n0"], "status")
 
 
 # -- on a login host: start, a second start, death, restart, stop --------------------------------------

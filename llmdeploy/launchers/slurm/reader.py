@@ -8,7 +8,10 @@ release (``Launcher.serve_reads``: the ``standing`` steps, each with its
 name and its command per node). The reader is one ``srun`` over the
 release's nodes, one task per node, started in the background on the login
 host (``run_script``, ``start_command``). Each task runs its node's reads
-every ``slurm.reader_period_s`` (``NODE_LOOP``) and prints each result as a
+once per tick on its standard input (``NODE_LOOP``); the login host sends a
+tick every ``slurm.reader_period_s`` while reads come, and none once the
+last read is ``IDLE_S`` old (``feed_lines``): a release nobody reads costs
+its nodes nothing. Each task prints each result as a
 record in DISPATCH's format (``@@lds-rc``, base64 ``@@lds-o``/``@@lds-e``
 lines, ``@@lds-end``), its header carrying the read's name, a sequence
 number, the run's start and end on the node's clock, the sha256 of the
@@ -63,6 +66,10 @@ STEP_NAME = "llmdeploy-reader"
 READ_RE = re.compile(r"^[a-z][a-z0-9]{0,30}$")
 NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
+# the reader reads while reads come: until this long after the last one
+# (read_command touches ``wanted``); then its tasks wait for the next
+IDLE_S = 60
+
 # a record is answered only when its run started after this process's last
 # change on the nodes by at least this margin (the file's mtime is when its
 # last line was written, a little after the run ended on the node)
@@ -91,11 +98,15 @@ job=${SLURM_JOB_ID:-0}
 d=$(mktemp -d "${TMPDIR:-/tmp}/llmdeploy-reader.XXXXXX") || exit 1
 trap 'rm -rf "$d"' EXIT
 trap 'exit 143' TERM INT HUP
+# the spec, up to its end line: bash's read takes no byte past a line's end,
+# and what follows on the standard input is the login host's ticks
+: > "$d/spec"
+while IFS= read -r line; do [ "$line" = "#blob end" ] && break; printf '%s\n' "$line" >> "$d/spec"; done
 awk -v n="$me" -v d="$d" '
 $1 == "#reader" { print $2, $3 > (d "/conf"); next }
 $1 == "#read" { if ($2 == n && $3 ~ /^[a-z][a-z0-9]*$/) { want[$4] = want[$4] " " $3; print $3 > (d "/names") }; next }
 $1 == "#blob" { cur = $2; next }
-cur in want { k = split(want[cur], ns, " "); for (j = 1; j <= k; j++) print > (d "/" ns[j] ".b64") }'
+cur in want { k = split(want[cur], ns, " "); for (j = 1; j <= k; j++) print > (d "/" ns[j] ".b64") }' "$d/spec"
 [ -s "$d/names" ] && [ -s "$d/conf" ] || exit 0
 read -r period limit < "$d/conf"
 : > "$d/list"
@@ -104,7 +115,10 @@ while read -r name; do
   sum=$(sha256sum < "$d/$name.sh"); echo "$name ${sum%% *}" >> "$d/list"
 done < "$d/names"
 seq=0
-while :; do
+# a round per tick from the login host (it sends them while reads come);
+# ticks that queued while a round ran make one round; no tick, no reads
+while read -r _; do
+  while read -r -t 0 && read -r _; do :; done
   seq=$((seq + 1))
   while read -r name sum; do
     ( t0=$(date +%s.%N)
@@ -117,7 +131,6 @@ while :; do
   done < "$d/list"
   wait
   while read -r name sum; do cat "$d/$name.rec"; done < "$d/list"
-  sleep "$period"
 done
 """
 
@@ -176,10 +189,28 @@ def srun_command(cluster: Cluster, names: list[str]) -> str:
     return 'srun --jobid="$job" ' + " ".join(q(a) for a in args)
 
 
+def feed_lines(period: float) -> list[str]:
+    """The reader's standard input, made on the login host: the spec, then a
+    tick every ``period`` while ``wanted`` is at most IDLE_S old. When srun
+    ends, the next tick's write ends the feed (SIGPIPE)."""
+    return [
+        "feed() {",
+        "  cat spec",
+        "  while :; do",
+        "    w=$(stat -c %Y wanted 2>/dev/null || echo 0)",
+        f'    if [ $(( $(date +%s) - w )) -le {IDLE_S} ]; then echo tick || exit 0; fi',
+        f"    sleep {period:g}",
+        "  done",
+        "}",
+    ]
+
+
 def run_script(cluster: Cluster, names: list[str]) -> str:
     """``run.sh <job>``, in the reader's directory: the reader of job
     ``<job>`` on ``names`` while it holds the lock (a second start while one
     runs ends at once); the records of an earlier reader go first."""
+    s = cluster.slurm
+    assert s is not None
     return "\n".join([
         "# the release's reader (llmdeploy/launchers/slurm/reader.py): started by deploy, started again by a read that finds it gone",
         "umask 077",
@@ -190,7 +221,8 @@ def run_script(cluster: Cluster, names: list[str]) -> str:
         "rm -f -- ./*.[01]",
         'echo "$job $$" > running',
         AWK_LINES,
-        f"{srun_command(cluster, names)} < spec 2> reader.log | $aw {q(WRITER)}",
+        *feed_lines(s.reader_period_s),
+        f"feed | {srun_command(cluster, names)} 2> reader.log | $aw {q(WRITER)}",
     ]) + "\n"
 
 
@@ -220,7 +252,7 @@ def start_command(cluster: Cluster, d: str, names: list[str], job: str) -> str:
             + 'if ! flock -w 15 lock true; then echo "failed: the reader that ran does not end (it holds $d/lock)"; exit 1; fi\n'
             'cat > spec.new && mv -f spec.new spec || exit 1\n'
             f"printf %s {q(run)} | base64 -d > run.sh.new && mv -f run.sh.new run.sh || exit 1\n"
-            + "rm -f running\n" + _LAUNCH.format(job=q(job))
+            + "rm -f running\ntouch wanted\n" + _LAUNCH.format(job=q(job))
             # run.sh says who it is once it holds the lock
             + "end=$((SECONDS + 5)); while [ ! -f running ] && [ $SECONDS -lt $end ]; do sleep 0.05; done\n"
             "end=$((SECONDS + 5))\n"
@@ -257,6 +289,8 @@ def read_command(d: str, names: list[str], read: str) -> str:
         raise ValueError(f"not a read of the reader: {read!r} on {names!r}")
     files = " ".join(q(f"{n}.{read}.{p}") for n in names for p in (0, 1))
     return (f"umask 077\ncd {q(d)} 2>/dev/null && [ -O . ] && [ -f run.sh ] || {{ echo '@@lds-reader none'; exit 0; }}\n"
+            # a read: the reader reads for IDLE_S more seconds
+            "touch wanted 2>/dev/null\n"
             "if flock -n lock true 2>/dev/null; then echo '@@lds-reader down'; else echo '@@lds-reader up'; fi\n"
             f"find . -maxdepth 1 -type f -name {q('*.' + read + '.[01]')} -printf '@@lds-mtime %f %T@\\n' 2>/dev/null\n"
             'echo "@@lds-now $(date +%s.%N)"\n'
