@@ -95,6 +95,7 @@ def test_200_status_calls_create_a_handful_of_steps(sim_cluster):
         res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
         assert res.returncode == 0 and json.loads(res.stdout)["healthy"], res.stdout + res.stderr
     made = steps_since(marks, job.id)
+    print(f"\n200 in-process status calls ({in_process:.1f}s) and 20 invoke status: {len(made)} new job steps {sorted(made)}")
     assert len(made) <= 5, (sorted(made), f"200 in-process status calls took {in_process:.0f}s")
     (job_now,) = b200.jobs()
     assert reader_steps(job_now) == [first_reader], job_now.steps  # the same reader all along
