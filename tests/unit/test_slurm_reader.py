@@ -423,15 +423,18 @@ class _Login(Runner):
         self.unreachable, self.excluded = {}, {}
         self.env = env
         self.steps: list[str] = []  # the names of the steps run as sruns
+        self.login_commands: list[str] = []  # the first word of every command sent to the login host
         self.transport = SlurmSteps(self)
 
     def exec_direct(self, node, command, timeout=None, stdin=None, on_line=None):
         names = [self.cluster.slurm_name(n) for n in self.cluster.nodes]
+        queue = (f"{JOB}|{slurm.release_job_name(self.cluster.name, 'r1')}|RUNNING|None|{','.join(names)}|1-00:00:00|N/A\n"
+                 f"step {JOB}.0|{reader.STEP_NAME}|{','.join(names)}\n")
+        self.login_commands.append(command.split()[0])
         if command.startswith("squeue"):
-            return (f"{JOB}|{slurm.release_job_name(self.cluster.name, 'r1')}|RUNNING|None|{','.join(names)}|1-00:00:00|N/A\n"
-                    f"step {JOB}.0|{reader.STEP_NAME}|{','.join(names)}\n"), "", 0
-        if command.startswith("sinfo"):
-            return "".join(f"{n}|idle|none\n" for n in names), "", 0
+            return queue, "", 0
+        if command.startswith("sinfo"):  # with squeue's answer after the mark when asked (commands.with_squeue)
+            return "".join(f"{n}|idle|none\n" for n in names) + (f"{slurm.SQUEUE_MARK} 0\n{queue}" if slurm.SQUEUE_MARK in command else ""), "", 0
         if command.startswith("scancel"):
             return "", "", 0
         if command.startswith("srun "):  # a step: its tasks here
@@ -499,6 +502,38 @@ def test_200_status_reads_of_a_serving_release_start_no_step(tmp_path, serving):
     t.run(Step(name="status", build=lambda n: f"echo status of {n.name};  date +%s%N", standing=True), c.nodes, None, None)
     t.run(Step(name="watch", build=lambda n: "echo w", standing=True), c.nodes, None, None)
     assert runner.steps == ["status", "status", "watch"]
+
+
+def test_a_status_asks_the_login_host_twice_and_its_view_reuses_the_queue(serving):
+    """A fresh transport's status: sinfo and squeue in one command, then the
+    reader's files; the launcher's view of the job takes that queue again
+    (QUEUE_FRESH_S) instead of a third command. A command that may change
+    the queue (anything not a read) or time makes it ask again."""
+    c, runner, jobs, d = serving
+    runner.login_commands.clear()
+    res = _status(c, runner)
+    assert [r.status for r in res.values()] == ["ok", "ok"] and runner.steps == []
+    assert runner.login_commands == ["sinfo", "umask"], runner.login_commands  # sinfo+squeue, the reader's read
+    view = SlurmJobs(c, runner, lambda m: None)
+    view.s = runner.transport
+    job, problem = view.release_job(_release(c))
+    assert job.id == JOB and problem is None and runner.login_commands == ["sinfo", "umask"]
+    runner.transport.login_exec("true")  # not a read: the queue may have changed
+    view.release_job(_release(c))
+    assert runner.login_commands[-1] == "squeue"
+    runner.transport._queue = (time.monotonic() - steps.QUEUE_FRESH_S - 1, runner.transport._queue[1])
+    view.release_job(_release(c))
+    assert runner.login_commands[-2:] == ["squeue", "squeue"]
+
+
+def test_the_nodes_states_and_the_queue_in_one_command():
+    out = "n0|idle|none\n@@llmdeploy-squeue 0\n42|llmdeploy.c.r1|RUNNING|None|n0|UNLIMITED|N/A\n"
+    assert slurm.split_squeue(out, 0) == ("n0|idle|none\n", "42|llmdeploy.c.r1|RUNNING|None|n0|UNLIMITED|N/A\n", 0)
+    # sinfo failed: its exit code, squeue's answer still read; no mark (cut off): failed, no queue
+    assert slurm.split_squeue("sinfo: error\n@@llmdeploy-squeue 1\n", 0) == ("sinfo: error\n", "", 1)
+    assert slurm.split_squeue("n0|idle|none\n", 0) == ("n0|idle|none\n", None, 1)
+    text = slurm.with_squeue(slurm.sinfo_command(["n0"]), "c")
+    assert text.startswith("sinfo ") and '\necho "@@llmdeploy-squeue $?"\nsqueue --me ' in text
 
 
 def test_after_a_change_only_a_newer_record_answers(serving):

@@ -198,6 +198,25 @@ def squeue_command(cluster: str) -> str:
             f"squeue --me --noheader --steps --all --format='step %i|%j|%N' | grep -v '^step [0-9]*\\.\\(batch\\|extern\\)' || true")
 
 
+SQUEUE_MARK = "@@llmdeploy-squeue"
+
+
+def with_squeue(command: str, cluster: str) -> str:
+    """``command`` (sinfo's) and then ``squeue_command``, in one round trip:
+    ``command``'s output, its exit code after SQUEUE_MARK, then squeue's."""
+    return f"{command}\necho \"{SQUEUE_MARK} $?\"\n{squeue_command(cluster)}\n"
+
+
+def split_squeue(out: str, code: int) -> tuple[str, str | None, int]:
+    """``with_squeue``'s output -> (the first command's output, squeue's (None:
+    not reached), the first command's exit code)."""
+    head, sep, rest = out.partition(f"{SQUEUE_MARK} ")
+    if not sep:
+        return out, None, code or 1
+    rc, _, queue = rest.partition("\n")
+    return head, queue, int(rc) if rc.strip().lstrip("-").isdigit() else 1
+
+
 @dataclass
 class Job:
     id: str

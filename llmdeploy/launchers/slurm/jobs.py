@@ -225,7 +225,7 @@ class SlurmJobs:
         if plan is None:
             return None, None
         try:
-            jobs = self.s.squeue()
+            jobs = self.s.squeue(recent=True)  # the one this command's status read with the nodes' states
         except Exception as exc:  # the login host is down: the job cannot be read
             return None, f"cannot read Slurm's queue: {exc}"
         job = slurm.release_job(jobs, self.c.name, plan.release)

@@ -37,6 +37,9 @@ TOKEN = secrets.token_hex(4)
 _CHANGED: dict[str, float] = {}
 # a reader found not running is started again at most this often by one transport (a start that fails is not retried at every read)
 RESTART_EVERY_S = 30.0
+# squeue's answer read with sinfo's in one command answers the command's next
+# look at the queue for this long, if nothing else was sent to the login host in between
+QUEUE_FRESH_S = 2.0
 
 
 class SlurmSteps:
@@ -56,6 +59,7 @@ class SlurmSteps:
         self._restarted: float | None = None  # when this transport last started the release's reader again
         self.checked: set[str] = set()  # nodes whose Slurm state was read
         self.states: dict[str, slurm.NodeState] = {}
+        self._queue: tuple[float, list[slurm.Job]] | None = None  # (when, squeue's jobs): see squeue(recent=True)
         self._lock = threading.RLock()  # one allocation, also when threads (top's refresh, a probe) ask at once
 
     # -- the transport (llmdeploy.launcher.Transport) ----------------------------------------
@@ -86,22 +90,45 @@ class SlurmSteps:
         return str(node.ip) if dest.startswith("127.") else dest
 
     # -- the login host ---------------------------------------------------------------
-    def login_exec(self, command: str, timeout: float | None = None, stdin: bytes | None = None) -> tuple[str, str, int]:
+    def login_exec(self, command: str, timeout: float | None = None, stdin: bytes | None = None,
+                   read: bool = False) -> tuple[str, str, int]:
+        """``command`` on the login host. Anything but a ``read`` (sinfo,
+        squeue, the reader's files) may change the queue: the queue read with
+        the nodes' states is then not used again."""
+        if not read:
+            self._queue = None
         try:
             return self.r.exec_direct(self.login, command, timeout, stdin)
         except UnreachableError as exc:
             raise UnreachableError(f"login host {self.c.slurm.login}: {exc}") from exc
 
-    def squeue(self) -> list[slurm.Job]:
-        out, err, code = self.login_exec(slurm.squeue_command(self.c.name), 60)
+    def squeue(self, recent: bool = False) -> list[slurm.Job]:
+        """The cluster's jobs of this user. ``recent``: the answer read with
+        the nodes' states (``check_nodes``) may do, when it is at most
+        QUEUE_FRESH_S old and nothing else went to the login host since (a
+        status reads sinfo, squeue and the job's steps once, not squeue twice)."""
+        q = self._queue
+        if recent and q is not None and time.monotonic() - q[0] <= QUEUE_FRESH_S:
+            return q[1]
+        out, err, code = self.login_exec(slurm.squeue_command(self.c.name), 60, read=True)
         if code != 0:
             raise UnreachableError(f"squeue on {self.c.slurm.login} failed: {(err or out).strip()[-300:]}")
-        return slurm.parse_squeue(out, self.c.name)
+        jobs = slurm.parse_squeue(out, self.c.name)
+        self._queue = (time.monotonic(), jobs)
+        return jobs
 
     # -- node states -------------------------------------------------------------------
-    def node_states(self, names: list[str]) -> dict[str, slurm.NodeState]:
-        """Slurm's state of the nodes (by Slurm's names), read now."""
-        out, err, code = self.login_exec(slurm.sinfo_command(names), 60)
+    def node_states(self, names: list[str], with_queue: bool = False) -> dict[str, slurm.NodeState]:
+        """Slurm's state of the nodes (by Slurm's names), read now; ``with_queue``:
+        squeue's answer too, in the same command (kept for ``squeue(recent=True)``)."""
+        command = slurm.sinfo_command(names)
+        if with_queue:
+            command = slurm.with_squeue(command, self.c.name)
+        out, err, code = self.login_exec(command, 60, read=True)
+        if with_queue:
+            out, queue, code = slurm.split_squeue(out, code)
+            if queue is not None:
+                self._queue = (time.monotonic(), slurm.parse_squeue(queue, self.c.name))
         if code != 0:
             raise UnreachableError(f"sinfo on {self.c.slurm.login} failed: {(err or out).strip()[-300:]}")
         return slurm.parse_sinfo(out, names)
@@ -112,7 +139,8 @@ class SlurmSteps:
         if not todo:
             return {}
         names = slurm.node_names(self.c, todo)
-        states = self.node_states(names)
+        # without a job yet, the step will look for the release's next: both in one command
+        states = self.node_states(names, with_queue=self.job is None)
         bad = {}
         for n, name in zip(todo, names):
             self.checked.add(n.name)
@@ -170,7 +198,7 @@ class SlurmSteps:
 
     def _find_release_job(self) -> bool:
         """Whether the cluster has a running release job (squeue): then the steps run in it."""
-        held = slurm.release_job([j for j in self.squeue() if j.state == "RUNNING"], self.c.name)
+        held = slurm.release_job([j for j in self.squeue(recent=True) if j.state == "RUNNING"], self.c.name)
         if held is None:
             return False
         self.job, self.own, self.release = held.id, False, slurm.release_of_job(self.c.name, held.name)
@@ -356,7 +384,7 @@ class SlurmSteps:
         names = {self.c.slurm_name(self.c.node(h)): h for h in per_node}
         d = reader.reader_dir(self.c, release)
         try:
-            out, _, _ = self.login_exec(reader.read_command(d, list(names), read), 30)
+            out, _, _ = self.login_exec(reader.read_command(d, list(names), read), 30, read=True)
         except UnreachableError:
             return None
         snap = reader.parse_snapshot(out)
