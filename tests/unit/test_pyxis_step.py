@@ -85,6 +85,13 @@ def test_a_unit_without_a_command_is_refused():
         pyxis.step_args(pyxis.docker_run("docker run -d img", "u"), "r1.u")
 
 
+def test_labels_are_kept_in_order_one_line_each():
+    run = pyxis.docker_run("docker run -d --label llmdeploy.cluster=c -l 'odd=a \"b\" é' --label=bare img x", "u")
+    assert run.labels == ["llmdeploy.cluster=c", 'odd=a "b" é', "bare"]
+    with pytest.raises(LlmdeployError, match="one line"):
+        pyxis.docker_run("docker run -d --label 'a=b\nc' img x", "u")
+
+
 def test_mount_options_and_workdir():
     run = pyxis.docker_run("docker run -d --mount type=bind,source=/m,target=/model,readonly -w /work img a b", "u")
     args = pyxis.step_args(run, "r1.u", image="/images/x.sqsh")

@@ -18,7 +18,9 @@ by itself is dropped, and each is named here:
   (slurm.conf PropagateResourceLimits);
 - ``--shm-size``: the node's /dev/shm is the container's (enroot's mounts.d);
 - ``--label``, ``--name``: the step's name and ``--container-name`` say
-  which unit it is.
+  which unit it is (the labels are kept, ``DockerRun.labels``: what the
+  unit is to the tool, its cluster, release, service, role and stop phase,
+  which Docker's labels told the node's scripts).
 
 Anything else (another network, ``--entrypoint``, ``--privileged``, an
 option this module does not know) is refused with the option and the unit
@@ -61,6 +63,7 @@ class DockerRun:
     env: list[str] = field(default_factory=list)  # NAME=value or NAME (-e)
     workdir: str | None = None
     name: str | None = None
+    labels: list[str] = field(default_factory=list)  # k=v (--label), in the line's order
 
 
 def docker_run(line: str, unit: str) -> DockerRun:
@@ -108,11 +111,15 @@ def _take(out: DockerRun, opt: str, val: str, unit: str) -> None:
         out.workdir = val
     elif opt == "--name":
         out.name = val
+    elif opt in ("--label", "-l"):
+        if "\n" in val:
+            raise LlmdeployError(f"{unit}: --label {val.splitlines()[0]!r}...: a pyxis unit's label is one line (its record keeps one a line)")
+        out.labels.append(val)
     elif opt in ("--network", "--net") and val != "host":
         raise LlmdeployError(f"{unit}: --network {val}: a pyxis container has its node's network only")
     elif opt == "--ipc" and val != "host":
         raise LlmdeployError(f"{unit}: --ipc={val}: a pyxis container has its node's IPC only")
-    # --label, --gpus, --device, -p, --hostname, --ulimit, --shm-size: what the step has by itself (module docstring)
+    # --gpus, --device, -p, --hostname, --ulimit, --shm-size: what the step has by itself (module docstring)
 
 
 def _volume(spec: str, unit: str) -> str:
@@ -160,21 +167,25 @@ ENV_FILE_LOADER = (
 )
 
 
+def environment(run: DockerRun) -> str:
+    """Shell text, in the container: the environment files (``$LLMDEPLOY_ENV_FILES``), then the ``-e`` values, exported."""
+    return ENV_FILE_LOADER + "".join(f"export {shlex.quote(kv)}\n" for kv in run.env if "=" in kv)
+
+
+def env_files_arg(run: DockerRun) -> str:
+    """``LLMDEPLOY_ENV_FILES=...``: the environment files the container reads (``environment``), for ``env`` before its shell."""
+    return "LLMDEPLOY_ENV_FILES=" + " ".join(shlex.quote(f) for f in run.env_files)
+
+
 def container_command(run: DockerRun) -> list[str]:
     """The step's command in the container: the environment files and ``-e`` values, then the unit's command."""
-    lines = [ENV_FILE_LOADER]
-    for kv in run.env:
-        if "=" in kv:
-            lines.append(f"export {shlex.quote(kv)}\n")
-    lines.append('exec "$@"\n')
-    files = " ".join(shlex.quote(f) for f in run.env_files)
-    return ["env", f"LLMDEPLOY_ENV_FILES={files}", "sh", "-c", "".join(lines), "llmdeploy-unit", *run.command]
+    return ["env", env_files_arg(run), "sh", "-c", environment(run) + 'exec "$@"\n', "llmdeploy-unit", *run.command]
 
 
-def step_args(run: DockerRun, container_name: str, image: str | None = None) -> list[str]:
-    """The pyxis options and the command of a unit's step (after srun's own
-    options: job, node, GRES, name). ``image``: what the step runs, when not
-    the plan's (an imported squashfs on the node)."""
+def step_options(run: DockerRun, container_name: str, image: str | None = None) -> list[str]:
+    """The pyxis options of a unit's step (after srun's own options: job,
+    node, GRES, name). ``image``: what the step runs, when not the plan's (an
+    imported squashfs on the node)."""
     if not run.command:
         raise LlmdeployError(f"{container_name}: the docker run line has no command (pyxis does not run the image's entrypoint here)")
     args = [f"--container-image={image_uri(image or run.image)}", f"--container-name={container_name}",
@@ -183,4 +194,9 @@ def step_args(run: DockerRun, container_name: str, image: str | None = None) -> 
         args.append(f"--container-mounts={','.join(run.mounts)}")
     if run.workdir:
         args.append(f"--container-workdir={run.workdir}")
-    return [*args, *container_command(run)]
+    return args
+
+
+def step_args(run: DockerRun, container_name: str, image: str | None = None) -> list[str]:
+    """The pyxis options and the command of a unit's step (``step_options``, then ``container_command``)."""
+    return [*step_options(run, container_name, image), *container_command(run)]
