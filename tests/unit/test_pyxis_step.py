@@ -47,7 +47,7 @@ def test_every_real_plan_becomes_a_step_with_the_same_image_command_mounts_and_e
         binds = [w for w in words[:image_at] if w == "--mount"]
         assert set(m.removesuffix(":rw") for m in volumes) <= set(mounts) and len(mounts) == len(volumes) + len(binds)
         files = [words[i + 1] for i, w in enumerate(words[:image_at]) if w == "--env-file"]
-        assert run.env_files == files and f"LLMDEPLOY_ENV_FILES={' '.join(files)}" in args
+        assert run.env_files == files and f"LLMDEPLOY_ENV_FILES={chr(10).join(files)}" in args
         # nothing of Docker's own is left on the srun line
         assert not any(a.startswith(("--gpus", "--label", "--ipc", "--network", "-p")) for a in args[:args.index("env")])
 
@@ -111,6 +111,14 @@ def test_the_environment_file_is_read_by_dockers_rules(tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "FROMHOST": "host"})
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["b c", "\"quoted\" 'x'", "x=y$HOME", "host", "no newline", "1"]
+    # paths taken as they are: a space, a quote, a glob character, two files
+    odd = tmp_path / "a dir's [*]"
+    odd.mkdir()
+    (odd / "one env").write_text("ONE=1\n")
+    (odd / "two").write_text("TWO=2\n")
+    line = shlex.join(["docker", "run", "-d", "--env-file", f"{odd}/one env", "--env-file", f"{odd}/two", "img", "printenv", "ONE", "TWO"])
+    res = subprocess.run(pyxis.container_command(pyxis.docker_run(line, "u")), capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0 and res.stdout.splitlines() == ["1", "2"], res.stderr
     gone = pyxis.docker_run(f"docker run -d --env-file {tmp_path}/missing img true", "u")
     res = subprocess.run(pyxis.container_command(gone), capture_output=True, text=True)
     assert res.returncode == 125 and "cannot read the environment file" in res.stderr

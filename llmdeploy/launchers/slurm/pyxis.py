@@ -102,6 +102,8 @@ def _take(out: DockerRun, opt: str, val: str, unit: str) -> None:
     elif opt == "--mount":
         out.mounts.append(_mount(val, unit))
     elif opt == "--env-file":
+        if "\n" in val:
+            raise LlmdeployError(f"{unit}: --env-file {val.splitlines()[0]!r}...: a path with a newline")
         out.env_files.append(val)
     elif opt in ("-e", "--env"):
         if not _NAME_RE.fullmatch(val.split("=", 1)[0]):
@@ -156,14 +158,17 @@ def image_uri(ref: str) -> str:
     return ref  # Docker Hub: enroot's default registry
 
 
-# Docker's --env-file, inside the container: NAME=value verbatim, NAME alone from the environment
+# Docker's --env-file, inside the container: NAME=value verbatim, NAME alone
+# from the environment; the files one a line in $LLMDEPLOY_ENV_FILES (split
+# at newlines only, no globbing: a path is taken as it is)
 ENV_FILE_LOADER = (
+    "IFS='\n'; set -f\n"
     'for f in $LLMDEPLOY_ENV_FILES; do\n'
     '  while IFS= read -r line || [ -n "$line" ]; do\n'
     '    case $line in \'\'|\'#\'*) continue ;; *=*) export "$line" ;; *) ;; esac\n'
     '  done < "$f" || { echo "llmdeploy: cannot read the environment file $f in the container" >&2; exit 125; }\n'
     'done\n'
-    'unset LLMDEPLOY_ENV_FILES\n'
+    'unset IFS LLMDEPLOY_ENV_FILES; set +f\n'
 )
 
 
@@ -173,8 +178,10 @@ def environment(run: DockerRun) -> str:
 
 
 def env_files_arg(run: DockerRun) -> str:
-    """``LLMDEPLOY_ENV_FILES=...``: the environment files the container reads (``environment``), for ``env`` before its shell."""
-    return "LLMDEPLOY_ENV_FILES=" + " ".join(shlex.quote(f) for f in run.env_files)
+    """``LLMDEPLOY_ENV_FILES=...``: the environment files the container reads
+    (``environment``), one a line, for ``env`` before its shell (an argument:
+    no shell reads it, nothing in it is quoted)."""
+    return "LLMDEPLOY_ENV_FILES=" + "\n".join(run.env_files)
 
 
 def container_command(run: DockerRun) -> list[str]:
