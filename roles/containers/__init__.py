@@ -8,14 +8,19 @@ Containers carry labels: ``llmdeploy.cluster``, ``llmdeploy.release``,
 ``llmdeploy.service``, ``llmdeploy.role`` and ``llmdeploy.stop_phase``
 (0 is stopped first). Containers of releases made before phases existed
 have no phase: their workers stop in phase 0 and node 0 in phase 1.
+
+These are Docker's commands; the text around them (the state line, the
+loop over the units by phase, the wait for a port) is every runtime's, in
+``llmdeploy.unitscripts``.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import shlex
 
-LABEL = "llmdeploy"
+# the formats every runtime's scripts share (LABEL and STATES read by the flows and the systems too)
+from llmdeploy.unitscripts import LABEL, SIGNALS, STATES, each_unit, phases, state_lines, wait_port
+
 STATE_FMT = "'{{.State.Status}} {{.State.ExitCode}}'"
 
 
@@ -44,17 +49,14 @@ def start_script(release_dir: str, container: str, run_file: str, attempt: int) 
     )
 
 
+def _state(qc: str) -> str:
+    """Prints ``<status> <exit code>`` of the container (its name quoted); fails when there is none."""
+    return f"docker inspect --format {STATE_FMT} {qc} 2>/dev/null"
+
+
 def states_script(containers: list[str]) -> str:
     """One line per container: ``<name> <status> <exit code>`` (``missing`` if absent)."""
-    q = shlex.quote
-    lines = []
-    for c in containers:
-        lines.append(f"s=$(docker inspect --format {STATE_FMT} {q(c)} 2>/dev/null) || s='missing -'; echo {q(c)} \"$s\"")
-    return "\n".join(lines) + "\n"
-
-
-# docker's container states (docker inspect .State.Status), and the script's own "missing"
-STATES = {"created", "restarting", "running", "removing", "paused", "exited", "dead", "missing"}
+    return state_lines(containers, _state)
 
 
 def parse_states(out: str) -> dict[str, tuple[str, str]]:
@@ -73,19 +75,7 @@ def parse_states(out: str) -> dict[str, tuple[str, str]]:
 
 def wait_port_script(container: str, ip: str, port: int, timeout: float) -> str:
     """Until ``ip:port`` accepts a connection; exit 3 as soon as the container is not running."""
-    ipaddress.ip_address(ip)  # an address, never shell text (it comes back from a node's plan.json)
-    q = shlex.quote
-    return (
-        f"end=$(( $(date +%s) + {int(timeout)} )); n=0\n"
-        "while :; do\n"
-        f"  st=$(docker inspect --format {STATE_FMT} {q(container)} 2>/dev/null)\n"
-        '  case "$st" in running*) ;; *) echo "container $st"; exit 3;; esac\n'
-        f"  if timeout 2 bash -c {q(f'exec 3<>/dev/tcp/{ip}/{port}')} 2>/dev/null; then echo open; exit 0; fi\n"
-        '  [ "$(date +%s)" -ge "$end" ] && { echo timeout; exit 4; }\n'
-        # the first tries close together (a port that opens at once is seen at once), then every second
-        '  n=$((n + 1)); if [ "$n" -le 5 ]; then sleep 0.2; else sleep 1; fi\n'
-        "done\n"
-    )
+    return wait_port(container, ip, port, timeout, _state)
 
 
 def log_tail_script(container: str, max_bytes: int = 200000) -> str:
@@ -102,33 +92,19 @@ def _list(cluster: str) -> str:
     return _LIST.format(LABEL=LABEL, cluster=shlex.quote(cluster))
 
 
-# a container's phase, from its labels (legacy: workers 0, node 0 1)
-_PHASE = 'case "$ph" in [0-9]|[0-9][0-9]) ;; *) if [ "$role" = node0 ]; then ph=1; else ph=0; fi;; esac'
-
-
 def phases_script(cluster: str, keep_release: str | None) -> str:
     """The stop phases present on this node (one number per line), except ``keep_release``'s containers."""
-    keep = shlex.quote(keep_release or "")
-    return (
-        f"{_list(cluster)} | while IFS='|' read -r name rel ph role; do "
-        f'[ "$rel" = {keep} ] && continue; {_PHASE}; echo "$ph"; done | sort -un; true\n'
-    )
+    return phases(_list(cluster), keep_release)
 
 
 def stop_script(cluster: str, releases_dir: str, keep_release: str | None, timeout: int, phase: int | None = None) -> str:
     """Stop and remove this cluster's containers (of ``phase`` only, if given)
     except ``keep_release``'s, saving each one's log into its own release directory first."""
     q = shlex.quote
-    keep = q(keep_release or "")
-    only = "" if phase is None else f'[ "$ph" = {int(phase)} ] || continue; '
-    return (
-        f"{_list(cluster)} | while IFS='|' read -r name rel ph role; do "
-        f'[ "$rel" = {keep} ] && continue; {_PHASE}; {only}'
-        f'd={q(releases_dir)}/"$rel"/logs; mkdir -p "$d"; '
-        'docker logs "$name" > "$d/$name.final.log" 2>&1; '
-        f'docker stop -t {int(timeout)} "$name" >/dev/null 2>&1; docker rm -f "$name" >/dev/null 2>&1 && echo "stopped $name"; '
-        "done; true\n"
-    )
+    body = (f'd={q(releases_dir)}/"$rel"/logs; mkdir -p "$d"; '
+            'docker logs "$name" > "$d/$name.final.log" 2>&1; '
+            f'docker stop -t {int(timeout)} "$name" >/dev/null 2>&1; docker rm -f "$name" >/dev/null 2>&1 && echo "stopped $name"; ')
+    return each_unit(_list(cluster), keep_release, body, phase) + "; true\n"
 
 
 def stop_units_script(release_dir: str, containers: list[str], timeout: int, log_suffix: str = "stopped") -> str:
@@ -153,7 +129,7 @@ def signal_script(containers: list[str], sig: str = "TERM") -> str:
     """Send ``sig`` to each named container that runs (``docker kill --signal``:
     the server stops taking new work and finishes what it holds, where it
     does so on that signal); one ``signalled <name>`` line each."""
-    if sig not in ("TERM", "INT", "USR1", "USR2", "HUP"):
+    if sig not in SIGNALS:
         raise ValueError(f"not a signal this tool sends: {sig!r}")
     q = shlex.quote
     return "".join(f"docker kill --signal {sig} {q(c)} >/dev/null 2>&1 && echo signalled {q(c)}\n" for c in containers) + "true\n"

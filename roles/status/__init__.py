@@ -3,6 +3,8 @@ them): the current release's record and the state of the cluster's
 containers (``invoke status``, ``stop``), and the serving logs of every unit
 of a node (``invoke logs``).
 
+The builders give Docker's commands to the text every runtime shares
+(``llmdeploy.unitscripts``); the parsers read every runtime's output.
 Every value is quoted; nothing here opens a connection.
 """
 
@@ -14,25 +16,15 @@ import re
 import time
 import shlex
 
+from llmdeploy import unitscripts
 from llmdeploy.inventory import Cluster
 from llmdeploy.platform import vendor_of
-from llmdeploy.release import current_link, root
+from llmdeploy.unitscripts import LABEL, LOG_MARK, UNIT_MARK
 from roles.commenv import parse_env_file
-from roles.containers import LABEL
-from roles.facts import section, split_sections
+from roles.facts import split_sections
 
-
-def current_script(cluster: Cluster) -> str:
-    """The current release on this node: its id, release.json and plan.json
-    (sections release, meta, plan). What ``stop`` reads."""
-    q = shlex.quote
-    rel = f'{q(root(cluster))}/releases/"$rel"'
-    return "\n".join([
-        f"rel=$(readlink {q(current_link(cluster))} 2>/dev/null); rel=${{rel##*/}}",
-        section("release", 'echo "$rel"'),
-        section("meta", f'[ -n "$rel" ] && cat {rel}/release.json'),
-        section("plan", f'[ -n "$rel" ] && cat {rel}/plan.json 2>/dev/null; true'),
-    ]) + "\n"
+# the current release's record (what stop, top and deploy read first): every runtime's
+current_script = unitscripts.current_script
 
 
 # the inspect section's last line when ``docker ps`` could not list the containers; docker's words come before it
@@ -48,13 +40,9 @@ def status_script(cluster: Cluster) -> str:
     not answer), the inspect section says so (docker's words, then
     :data:`DOCKER_FAILED`) and fails, instead of listing no container."""
     q = shlex.quote
-    rel = f'{q(root(cluster))}/releases/"$rel"'
     ps = f"docker ps -a --filter label={LABEL}.cluster={q(cluster.name)} --format '{{{{.Names}}}}'"
-    return current_script(cluster) + "\n".join([
-        section("env", f'[ -n "$rel" ] && cat {rel}/env'),
-        section("inspect", f"if names=$({ps}); then for c in $names; do docker inspect --format '{{{{json .}}}}' \"$c\"; done; "
-                           f"else echo '{DOCKER_FAILED}'; false; fi"),
-    ]) + "\n"
+    return unitscripts.status_script(cluster, f"if names=$({ps}); then for c in $names; do docker inspect --format '{{{{json .}}}}' \"$c\"; done; "
+                                              f"else echo '{DOCKER_FAILED}'; false; fi")
 
 
 def docker_problem(host: str, said: str) -> tuple[str, str]:
@@ -101,10 +89,6 @@ def parse_status(out: str) -> dict:
             "env": parse_env_file(text("env")), "plan": text("plan"), "containers": containers, "docker_error": docker_error}
 
 
-UNIT_MARK = "@@llmdeploy-unit@@"
-LOG_MARK = "@@llmdeploy-log@@"
-
-
 def _units(cluster: Cluster) -> str:
     """The cluster's containers on this node, in start order (the highest stop phase first): ``phase|name|service``."""
     fmt = f'{{{{.Label "{LABEL}.stop_phase"}}}}|{{{{.Names}}}}|{{{{.Label "{LABEL}.service"}}}}'
@@ -116,18 +100,7 @@ def logs_script(cluster: Cluster, service: str | None, opts: list[str], with_log
     service`` each, in start order), then, with ``with_logs``, the log of each
     (of ``service``'s only, if given) behind a line ``LOG_MARK name``.
     ``opts``: ``docker logs`` options (``--since``, ``--tail``), each quoted."""
-    want = shlex.quote(service or "")
-    lines = [
-        f"list=$({_units(cluster)})",
-        f"printf '%s\\n' \"$list\" | while IFS='|' read -r ph name svc; do [ -n \"$name\" ] && echo \"{UNIT_MARK} $name ${{svc:--}}\"; done",
-    ]
-    if with_logs:
-        lines.append(
-            f"printf '%s\\n' \"$list\" | while IFS='|' read -r ph name svc; do [ -n \"$name\" ] || continue; "
-            f"[ -z {want} ] || [ \"$svc\" = {want} ] || continue; "
-            f"echo \"{LOG_MARK} $name\"; docker logs {shlex.join(opts)} \"$name\" 2>&1 </dev/null; done"
-        )
-    return "\n".join(lines) + "\ntrue\n"
+    return unitscripts.logs_script(service, _units(cluster), f'docker logs {shlex.join(opts)} "$name"', with_logs)
 
 
 def parse_logs(out: str) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
@@ -165,23 +138,8 @@ def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None = None) ->
     (bash's /dev/tcp: no other tool needed). Sections release, units,
     attempts, accel, metrics."""
     q = shlex.quote
-    rel = f'{q(root(cluster))}/releases/"$rel"'
     ids = f"docker ps -aq --filter label={LABEL}.cluster={q(cluster.name)}"
-    parts = [
-        f"rel=$(readlink {q(current_link(cluster))} 2>/dev/null); rel=${{rel##*/}}",
-        section("release", 'echo "$rel"'),
-        section("units", f'ids=$({ids}); [ -z "$ids" ] || docker inspect --format {q(TOP_FORMAT)} $ids'),
-        section("attempts", f'[ -n "$rel" ] && for f in {rel}/logs/*.attempt; do [ -f "$f" ] && printf "%s %s\\n" "${{f##*/}}" "$(head -c 12 "$f")"; done; true'),
-        # the platform's query of its devices' use and memory (nvidia-smi --query-gpu, npu-smi info)
-        section("accel", vendor_of(cluster).TOP_QUERY),
-    ]
-    if metrics:
-        ip, port, path = metrics
-        if not re.fullmatch(r"[A-Za-z0-9.:-]+", ip) or not re.fullmatch(r"/[A-Za-z0-9/._-]*", path):
-            raise ValueError(f"not a metrics address: {ip}:{port}{path}")
-        get = f'exec 3<>/dev/tcp/{ip}/{int(port)} && printf "GET {path} HTTP/1.0\\r\\nHost: {ip}\\r\\n\\r\\n" >&3 && cat <&3'
-        parts.append(section("metrics", f"timeout 3 bash -c {q(get)}"))
-    return "\n".join(parts) + "\n"
+    return unitscripts.top_script(cluster, metrics, f'ids=$({ids}); [ -z "$ids" ] || docker inspect --format {q(TOP_FORMAT)} $ids')
 
 
 def parse_top(out: str, cluster: Cluster) -> dict:
