@@ -11,7 +11,11 @@ Docker runs on the node.
   steps, stopping them last-started first, what status adds;
 - ``reader.py``: the release's reader, one more step of its job that reads
   the nodes for status, top and the watcher (its scripts and the reader of
-  what it leaves on the login host); pure.
+  what it leaves on the login host); pure;
+- ``pyxis.py`` and ``units.py`` (not used by deploy yet): a unit's docker run
+  line as a pyxis step, the wrapper its step runs so that the unit keeps a
+  record on its node, and the node's scripts that read and stop such units
+  with the Docker scripts' output; pure.
 """
 
 from __future__ import annotations
