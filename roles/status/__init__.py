@@ -131,12 +131,8 @@ TOP_FORMAT = (f'{{{{.Name}}}}|{{{{.State.Status}}}}|{{{{.State.StartedAt}}}}|{{{
 
 
 def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None = None) -> str:
-    """One node's units (state, start time, service, release), the current
-    release's attempt numbers, its accelerators' use and memory
-    (the platform's ``TOP_QUERY``: ``nvidia-smi --query-gpu``, ``npu-smi info``) and, with ``metrics``
-    (ip, port, path), the server's metrics page read on the node itself
-    (bash's /dev/tcp: no other tool needed). Sections release, units,
-    attempts, accel, metrics."""
+    """``llmdeploy.unitscripts.top_script`` with Docker's units: one
+    ``docker inspect`` line (TOP_FORMAT) per container of the cluster."""
     q = shlex.quote
     ids = f"docker ps -aq --filter label={LABEL}.cluster={q(cluster.name)}"
     return unitscripts.top_script(cluster, metrics, f'ids=$({ids}); [ -z "$ids" ] || docker inspect --format {q(TOP_FORMAT)} $ids')
