@@ -100,20 +100,16 @@ def test_200_status_calls_create_a_handful_of_steps(sim_cluster):
     (job_now,) = b200.jobs()
     assert reader_steps(job_now) == [first_reader], job_now.steps  # the same reader all along
 
-    # a container stopped behind the tool's back: status shows it within the reader's age limit
+    # a container stopped behind the tool's back: once the reader's age limit has passed since
+    # the stop, no record from before it may answer, so the next status shows it
     # (the unit's step ends with its container: status names that too; the state is the read's)
     container = f"{SIM_CLUSTER}-{rid}"
     limit = reader.max_age(load_cluster(SIM_CLUSTER).slurm.reader_period_s)
     hostview.docker(SIM_CLUSTER, NODES[1], "stop", "-t", "1", container)
-    stopped = time.monotonic()
-    seen = None
-    while seen is None and time.monotonic() - stopped < limit + 15:
-        res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
-        state = json.loads(res.stdout)["nodes"][NODES[1]]["units"][container]["state"]
-        if state != "running":
-            seen = time.monotonic() - stopped
-    # a read past the limit is answered by a record taken after the stop; + one invoke status's own time
-    assert seen is not None and seen <= limit + 6, seen
+    time.sleep(limit + 0.5)
+    res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
+    state = json.loads(res.stdout)["nodes"][NODES[1]]["units"][container]["state"]
+    assert state != "running", res.stdout
 
     res = run_invoke("restart", "--cluster", SIM_CLUSTER, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr

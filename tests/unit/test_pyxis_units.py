@@ -202,10 +202,9 @@ def test_stop_ends_the_units_keeps_their_final_logs_and_removes_them(node, shell
     assert node.sh(units.phases_script(CLUSTER, node.releases, None), shell).stdout.split() == ["0", "1"]
     assert node.sh(units.phases_script(CLUSTER, node.releases, RID), shell).stdout.split() == ["1"]
     # phase 1 of every release but the kept one: the old release's unit only
-    t0 = time.monotonic()
     res = node.sh(units.stop_script(CLUSTER, node.releases, RID, 5, phase=1), shell)
     assert res.returncode == 0 and res.stdout == "stopped old-1\n", res
-    assert time.monotonic() - t0 < 5 and old.wait(5) == 7
+    assert old.wait(5) == 7  # its own exit on SIGTERM, not the SIGKILL after the timeout
     assert (Path(node.release(OLD)) / "logs" / "old-1.final.log").read_text() == "up\ngot TERM\n"
     assert not (Path(node.release(OLD)) / "logs" / "old-1.log").exists()
     # removed, as docker rm: missing, and no longer listed
@@ -219,19 +218,18 @@ def test_stop_ends_the_units_keeps_their_final_logs_and_removes_them(node, shell
 
 
 def test_stop_kills_what_ignores_sigterm_and_what_the_unit_started(node):
-    """A command that ignores SIGTERM is SIGKILLed after the timeout, and the
-    processes it started go with it (docker stop ends the whole container)."""
-    stubborn = ["sh", "-c", 'trap "" TERM; sleep 300 & echo $! > child; echo up; while :; do sleep 0.1; done']
+    """A command that does not end on SIGTERM is SIGKILLed after the timeout,
+    and the processes it started go with it (docker stop ends the whole
+    container): its log shows the SIGTERM came first, its exit the SIGKILL."""
+    stubborn = ["sh", "-c", 'trap "echo got TERM" TERM; sleep 300 & echo $! > child; echo up; while :; do sleep 0.1; done']
     p = node.start("u-1", stubborn)
     child = int(until(lambda: (node.tmp / "child").exists() and (node.tmp / "child").read_text().strip(), what="child"))
     pid = node.task_pid("u-1")
-    t0 = time.monotonic()
     res = node.sh(units.stop_units_script(node.release(), ["u-1", "nope"], 1, "attempt-1"))
-    took = time.monotonic() - t0
-    assert res.stdout == "stopped u-1\n" and 1 <= took < 5, (res, took)
+    assert res.stdout == "stopped u-1\n", res
     assert not alive(pid) and not alive(child)
     assert p.wait(5) == 137
-    assert (Path(node.release()) / "logs" / "u-1.attempt-1.log").read_text() == "up\n"
+    assert (Path(node.release()) / "logs" / "u-1.attempt-1.log").read_text() == "up\ngot TERM\n"
     assert node.states(["u-1"]) == {"u-1": ("missing", "-")}
 
 
@@ -240,9 +238,8 @@ def test_a_command_shell_that_dies_on_sigterm_leaves_nothing_behind(node):
     shell, and its child (orphaned) is SIGKILLed as the rest of a container."""
     p = node.start("u-1", ["sh", "-c", 'sleep 300 & echo $! > child; echo up; wait'])
     child = int(until(lambda: (node.tmp / "child").exists() and (node.tmp / "child").read_text().strip(), what="child"))
-    t0 = time.monotonic()
     assert node.sh(units.stop_script(CLUSTER, node.releases, None, 30)).stdout == "stopped u-1\n"
-    assert time.monotonic() - t0 < 10 and not alive(child) and p.wait(5) == 143
+    assert not alive(child) and p.wait(5) == 143
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -251,9 +248,7 @@ def test_a_sigkilled_step_reads_exited_137(node, shell):
     p = node.start("u-1", TRAPS)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait(5)
-    t0 = time.monotonic()
     assert node.states(["u-1"], shell) == {"u-1": ("exited", "137")}
-    assert time.monotonic() - t0 < 1  # its wrapper is gone too: nothing to wait for
     assert not (node.record("u-1") / "exit.0").exists()
 
 
