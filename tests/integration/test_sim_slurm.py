@@ -16,6 +16,7 @@ import pytest
 
 from llmdeploy.connect import make_connection
 from llmdeploy.inventory import load_cluster
+from llmdeploy.launchers.slurm import pyxis
 from sim import slurm as sim_slurm
 from sim.paths import cluster_dir
 from tests.conftest import run_invoke
@@ -139,12 +140,6 @@ def test_a_step_sees_only_the_gpus_it_asked_for(sim_cluster):
     assert len(ok(f"srun -w {NODES[0]} -N1 --gres=gpu:8 nvidia-smi -L").strip().splitlines()) == 8
 
 
-def _enroot_uri(ref: str) -> str:
-    """An image reference as pyxis and enroot take it: ``REGISTRY#REPOSITORY:TAG`` (enroot import docker://)."""
-    host, path = ref.split("/", 1)
-    return f"{host}#{path}"
-
-
 def test_pyxis_runs_steps_in_enroot_containers(sim_cluster):
     """The simulated GPU site has pyxis and enroot: a step with
     --container-image runs in the image's container on its node (imported
@@ -152,7 +147,7 @@ def test_pyxis_runs_steps_in_enroot_containers(sim_cluster):
     container keeps its files between the steps of one job and is gone
     with the job."""
     cluster = load_cluster(SIM_CLUSTER)
-    image = shlex.quote(_enroot_uri(cluster.image.ref))
+    image = shlex.quote(pyxis.image_uri(cluster.image.ref))
     assert "--container-image" in ok("srun --help")
     # the image's own files, the node's simulated hardware (what the serving stand-ins read), the image's PATH
     out = ok(f"srun -w {NODES[1]} -N1 --container-image={image} sh -c 'hostname; ls /opt/llmdeploy-sim >/dev/null && echo image; "
@@ -207,7 +202,7 @@ def test_trtllm_world_is_one_pmix_step_in_pyxis_containers(sim_cluster):
     each rank sees its node's 8 GPUs (CUDA_VISIBLE_DEVICES from Slurm), and
     killing one node's tasks ends the step and leaves no rank anywhere."""
     cluster = load_cluster(SIM_CLUSTER)
-    image = shlex.quote(_enroot_uri(cluster.image.ref))
+    image = shlex.quote(pyxis.image_uri(cluster.image.ref))
     job = ok("sbatch --parsable -N2 --exclusive --gres=gpu:8 --output=/dev/null --wrap='exec sleep infinity'").strip()
     assert job.isdigit()
     try:

@@ -337,12 +337,19 @@ def payload(per_node: dict[str, tuple[str, bytes | None]], timeout: float) -> by
         c = blob(command.encode())
         i = str(blob(stdin)) if stdin else "-"
         lines.append(f"#map {node} {c} {i} {max(1, int(timeout))}")
+    return ("\n".join(lines + blob_lines(blobs)) + "\n").encode()
+
+
+def blob_lines(blobs: dict[bytes, int]) -> list[str]:
+    """Each distinct blob once, as the tasks' awk reads them: ``#blob <id>``
+    and its base64 lines, then ``#blob end`` (the dispatch's and the reader's
+    standard input, after their own header lines)."""
+    lines = []
     for data, k in blobs.items():
         lines.append(f"#blob {k}")
-        enc = base64.encodebytes(data).decode()
-        lines.extend(enc.splitlines())
+        lines.extend(base64.encodebytes(data).decode().splitlines())
     lines.append("#blob end")
-    return ("\n".join(lines) + "\n").encode()
+    return lines
 
 
 def srun_dispatch_command(cluster: Cluster, job_id: str, names: list[str], step_name: str) -> str:

@@ -55,7 +55,7 @@ import shlex
 from dataclasses import dataclass
 
 from ...inventory import Cluster
-from .commands import gres_args, hostlist, login_log_dir
+from .commands import blob_lines, gres_args, hostlist, login_log_dir
 
 q = shlex.quote
 
@@ -150,11 +150,7 @@ def spec(per_node: dict[str, dict[str, str]], period: float, limit: float) -> by
                 raise ValueError(f"not a read's name the reader takes: {name!r}")
             k = blobs.setdefault(command.encode(), len(blobs))
             lines.append(f"#read {node} {name} {k}")
-    for data, k in blobs.items():
-        lines.append(f"#blob {k}")
-        lines.extend(base64.encodebytes(data).decode().splitlines())
-    lines.append("#blob end")
-    return ("\n".join(lines) + "\n").encode()
+    return ("\n".join(lines + blob_lines(blobs)) + "\n").encode()
 
 
 # -- on the login host ------------------------------------------------------------------------
