@@ -32,10 +32,11 @@ from flows.probes import UNREADABLE, BodyProblem, fetch, http_probe, inflight
 from flows.reads import standing, watch_read
 from llmdeploy import launcher, logs, report
 from llmdeploy.inventory import Cluster, Node
-from llmdeploy.release import release_dir, releases_dir
+from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Metrics, Probe, ReleasePlan, Service, Unit
 from llmdeploy.runner import SKIPPED, HostResult, Runner, Step, UnreachableError
 from roles import containers as ctr
+from roles import runtime
 
 
 @dataclass
@@ -122,6 +123,8 @@ class Engine:
         self.signatures = signatures
         # how the units start, are held and end: the cluster's launcher (llmdeploy/launcher.py), picked once
         self.launcher = launcher.of(cluster).launcher(cluster, runner, self.say)
+        # the node's scripts of the units (Docker's, or the launcher's own: roles/runtime)
+        self.rt = runtime.of(cluster)
 
     def say(self, msg: str) -> None:
         if not self.quiet:
@@ -141,12 +144,12 @@ class Engine:
         ``cleanup`` runs on every node afterwards."""
         c = self.c
         nodes = hosts if hosts is not None else list(c.nodes)
-        found = self.r.run(Step(name=f"{name}: phases", build=lambda n: ctr.phases_script(c.name, keep_release)), nodes)
+        found = self.r.run(Step(name=f"{name}: phases", build=lambda n: self.rt.phases_script(keep_release)), nodes)
         results: dict[str, HostResult] = {h: r for h, r in found.items() if r.failed}
         phases = sorted({int(x) for r in found.values() if not r.failed for x in r.stdout.split() if x.isascii() and x.isdigit()})
         for ph in phases:
             group = [n for n in nodes if n.name not in results and str(ph) in found[n.name].stdout.split()]
-            res = self.r.run(Step(name=name, build=lambda n, ph=ph: ctr.stop_script(c.name, releases_dir(c), keep_release, c.deploy.stop_timeout_s, ph),
+            res = self.r.run(Step(name=name, build=lambda n, ph=ph: self.rt.stop_script(keep_release, c.deploy.stop_timeout_s, ph),
                                   timeout=c.deploy.stop_timeout_s + 60), group)
             for h, r in res.items():
                 for line in r.stdout.splitlines():
@@ -221,7 +224,7 @@ class Engine:
         by_host: dict[str, list[str]] = {}
         for u in units:
             by_host.setdefault(u.host, []).append(u.container)
-        res = self.r.run(Step(name="drain: stop new work", build=lambda n: ctr.signal_script(by_host[n.name], "TERM")), [self.node(h) for h in by_host])
+        res = self.r.run(Step(name="drain: stop new work", build=lambda n: self.rt.signal_script(by_host[n.name], "TERM")), [self.node(h) for h in by_host])
         done = [line.split(None, 1)[1] for r in res.values() if not r.failed for line in r.stdout.splitlines() if line.startswith("signalled ")]
         if done:
             self.say(f"drain: {', '.join(services)} told to stop taking new requests (SIGTERM to {', '.join(done)})")
@@ -257,7 +260,7 @@ class Engine:
             for u in units:
                 if u.order == order:
                     by_host.setdefault(u.host, []).append(u)
-            script = {h: "".join(ctr.stop_units_script(rd, [u.container], self.d.stop_timeout_s, suffix(u)) for u in us) for h, us in by_host.items()}
+            script = {h: "".join(self.rt.stop_units_script(rd, [u.container], self.d.stop_timeout_s, suffix(u)) for u in us) for h, us in by_host.items()}
             res = self.r.run(Step(name=name, build=lambda n: script[n.name], timeout=self.d.stop_timeout_s + 60), [self.node(h) for h in by_host])
             results.update({h: r for h, r in res.items() if r.failed or h not in results})
         return results
@@ -270,7 +273,7 @@ class Engine:
             group = [u for u in units if u.order == order]
             for u in group:
                 out.attempts[unit_key(u)] = out.attempts.get(unit_key(u), 0) + 1
-            failed = self.launcher.start_units(plan, group, lambda u: ctr.start_script(rd, u.container, u.run_file, out.number(unit_key(u))),
+            failed = self.launcher.start_units(plan, group, lambda u: self.rt.start_script(rd, u.container, u.run_file, out.number(unit_key(u))) or "",
                                                lambda u: out.number(unit_key(u)))
             if failed is not None:
                 return self._fail(out, *failed)
@@ -291,7 +294,7 @@ class Engine:
             return True
         if p.kind == "port":
             try:
-                o, e, code = self.r.exec(self.node(p.host), ctr.wait_port_script(unit.container, p.ip, p.port, self.d.rpc_timeout_s),
+                o, e, code = self.r.exec(self.node(p.host), self.rt.wait_port_script(unit.container, p.ip, p.port, self.d.rpc_timeout_s),
                                          timeout=self.d.rpc_timeout_s + 30)
             except UnreachableError as exc:
                 return self._fail(out, p.host, f"{p.host} unreachable while waiting for {p.describe()}: {exc}")
@@ -355,7 +358,7 @@ class Engine:
         by_host: dict[str, list[Unit]] = {}
         for u in units:
             by_host.setdefault(u.host, []).append(u)
-        res = self.r.run(watch_read(units), [self.node(h) for h in by_host])
+        res = self.r.run(watch_read(self.c, units), [self.node(h) for h in by_host])
         out = {}
         for h, us in by_host.items():
             r = res[h]
@@ -368,7 +371,7 @@ class Engine:
     def exit_reason(self, u: Unit) -> str:
         """The known failure in a unit's log, or ''."""
         try:
-            text = self.r.exec(self.node(u.host), ctr.log_tail_script(u.container))[0]
+            text = self.r.exec(self.node(u.host), self.rt.log_tail_script(u.container))[0]
         except Exception:  # the node went away: the state says so
             return ""
         found = logs.match(text, self.signatures)
@@ -476,7 +479,7 @@ class Engine:
     # -- after a failure ----------------------------------------------------------------------
     def collect_bundle(self, plan: ReleasePlan, secrets: list[str], extra: dict[str, str] | None = None) -> tuple[str, str]:
         rd = release_dir(self.c, plan.release)
-        res = self.r.run(Step(name="collect logs", build=lambda n: logs.bundle_script(self.c, n, rd, [u.container for u in plan.units(n.name)])))
+        res = self.r.run(Step(name="collect logs", build=lambda n: logs.bundle_script(self.c, n, rd, self.rt.bundle_sections([u.container for u in plan.units(n.name)], logs.BUNDLE_BYTES))))
         per_host = {h: logs.split_bundle(r.stdout) for h, r in res.items() if not r.failed}
         for h, r in res.items():
             if r.failed:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan, Unit
 from llmdeploy.runner import Step
-from roles import containers as ctr
-from roles.status import current_script, status_script, top_script
+from roles import runtime
+from roles.status import current_script
 
 
 def current_read(cluster: Cluster) -> Step:
@@ -26,27 +26,29 @@ def current_read(cluster: Cluster) -> Step:
 
 
 def status_read(cluster: Cluster) -> Step:
-    """``invoke status``'s read of each node (``roles.status.status_script``)."""
-    return Step(name="status", build=lambda n: status_script(cluster), standing=True)
+    """``invoke status``'s read of each node (the runtime's ``status_script``, ``roles/runtime``)."""
+    return Step(name="status", build=lambda n: runtime.of(cluster).status_script(), standing=True)
 
 
 def top_read(cluster: Cluster, plan: ReleasePlan | None, timeout: float | None = None) -> Step:
-    """``invoke top``'s read of each node (``roles.status.top_script``); the
+    """``invoke top``'s read of each node (the runtime's ``top_script``); the
     node of the plan's metrics page reads it too."""
     m = plan.metrics if plan else None
     target = (m.probe.ip, m.probe.port, m.probe.path) if m else None
-    return Step(name="top", build=lambda n: top_script(cluster, target if m and n.name == m.probe.host else None),
+    rt = runtime.of(cluster)
+    return Step(name="top", build=lambda n: rt.top_script(target if m and n.name == m.probe.host else None),
                 timeout=timeout, standing=True)
 
 
-def watch_read(units: list[Unit]) -> Step:
-    """The watcher's read of its units' states on each of their nodes (``roles.containers.states_script``)."""
+def watch_read(cluster: Cluster, units: list[Unit]) -> Step:
+    """The watcher's read of its units' states on each of their nodes (the runtime's ``states_script``)."""
     by_host: dict[str, list[str]] = {}
     for u in units:
         by_host.setdefault(u.host, []).append(u.container)
-    return Step(name="watch", build=lambda n: ctr.states_script(by_host[n.name]) if n.name in by_host else None, standing=True)
+    rt = runtime.of(cluster)
+    return Step(name="watch", build=lambda n: rt.states_script(by_host[n.name]) if n.name in by_host else None, standing=True)
 
 
 def standing(cluster: Cluster, plan: ReleasePlan) -> list[Step]:
     """What a release's reader reads: the current release, status's, top's and the watcher's reads of every unit."""
-    return [current_read(cluster), status_read(cluster), top_read(cluster, plan), watch_read(plan.units())]
+    return [current_read(cluster), status_read(cluster), top_read(cluster, plan), watch_read(cluster, plan.units())]

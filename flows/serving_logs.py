@@ -14,7 +14,8 @@ from flows.plan import select_nodes
 from llmdeploy.errors import InventoryError, LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import Runner, Step
-from roles.status import follow_command, logs_script, parse_logs
+from roles import runtime
+from roles.status import parse_logs
 
 _SINCE = re.compile(r"^(\d+[smhd]?|\d{4}-\d{2}-\d{2}(T[0-9:.]+Z?)?)$")
 _TAIL = re.compile(r"^(\d+|all)$")
@@ -42,10 +43,12 @@ def serving_logs(cluster: Cluster, host: str | None = None, follow: bool = False
                  service: str | None = None) -> int:
     """Print every unit's log on each node (``--service``: that service's); exit 1 if a node failed or had none."""
     nodes, opts = _options(cluster, host, follow, since, tail, service)
+    rt = runtime.of(cluster)
+    rt.logs_script(service, opts)  # what the runtime cannot read (a pyxis unit's log has no times: --since) is refused before any connection
     with Runner(cluster, nodes=nodes) as runner:
         if follow:
             return _follow(runner, cluster, nodes[0], opts, service)
-        res = runner.run(Step(name="logs", build=lambda n: logs_script(cluster, service, opts)))
+        res = runner.run(Step(name="logs", build=lambda n: rt.logs_script(service, opts)))
     status, found = 0, set()
     for h, r in res.items():
         if r.failed:
@@ -69,11 +72,11 @@ def serving_logs(cluster: Cluster, host: str | None = None, follow: bool = False
 
 def _follow(runner: Runner, cluster: Cluster, node: Node, opts: list[str], service: str | None) -> int:
     """Keep printing the log of the one unit on ``node`` (of ``service``)."""
-    out, err, code = runner.exec(node, logs_script(cluster, service, opts, with_logs=False))
+    out, err, code = runner.exec(node, runtime.of(cluster).logs_script(service, opts, with_logs=False))
     units, _ = parse_logs(out)
     chosen = [name for name, svc in units if service is None or svc == service]
     if len(chosen) != 1:
         have = ", ".join(f"{name} ({svc})" for name, svc in units) or "none"
         why = "no such unit" if not chosen else "several units: pick one with --service"
         raise LlmdeployError(f"--follow on {node.name}: {why} (units there: {have})")
-    return 0 if runner.stream(node, follow_command(chosen[0], opts), f"logs {chosen[0]}") == 0 else 1
+    return 0 if runner.stream(node, runtime.of(cluster).follow_command(chosen[0], opts), f"logs {chosen[0]}") == 0 else 1

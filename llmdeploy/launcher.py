@@ -124,6 +124,58 @@ class Launcher(Protocol):
     def serve_reads(self, plan: "ReleasePlan", reads: "list[Step]") -> None: ...
 
 
+class UnitRuntime(Protocol):
+    """What runs a release's units on a node, as the node's scripts (pure
+    builders; the runner runs them): Docker's (``roles/runtime``, the
+    default), or a launcher's own (``LauncherPlugin.runtime``: a pyxis unit
+    on a Slurm node is a job step's processes, with no daemon that keeps its
+    state). Every runtime prints what Docker's scripts print, so the flows
+    read every runtime with the same parsers (``roles.containers.parse_states``,
+    ``roles.status.parse_status``, ``parse_top``, ``parse_logs``).
+
+    ``start_script(release_dir, container, run_file, attempt)``: what a
+    node runs to start one unit (None: the launcher starts it itself, from
+    the unit's plan, ``Launcher.start_units``). ``states_script``: one
+    ``<name> <status> <exit code>`` line per unit. ``wait_port_script``:
+    until a port accepts, exit 3 as soon as the unit is not running.
+    ``log_tail_script``: the end of a unit's log. ``phases_script``,
+    ``stop_script``, ``stop_units_script``: the ordered stop (every unit of
+    the cluster but ``keep_release``'s, by stop phase; or named units, each
+    one's log kept in its release). ``signal_script``: a signal to each
+    named unit's command. ``status_script``, ``top_script``,
+    ``logs_script``, ``follow_command``: status's, top's and logs' reads.
+    ``bundle_sections(containers, max_bytes)``: a failure bundle's files of
+    each unit, ``(file name, shell command)``. A builder raises
+    ``LlmdeployError`` for what its runtime cannot do (a pyxis unit's log
+    has no times: ``logs --since``)."""
+
+    def start_script(self, release_dir: str, container: str, run_file: str, attempt: int) -> str | None: ...
+
+    def states_script(self, containers: list[str]) -> str: ...
+
+    def wait_port_script(self, container: str, ip: str, port: int, timeout: float) -> str: ...
+
+    def log_tail_script(self, container: str) -> str: ...
+
+    def phases_script(self, keep_release: str | None) -> str: ...
+
+    def stop_script(self, keep_release: str | None, timeout: int, phase: int | None = None) -> str: ...
+
+    def stop_units_script(self, release_dir: str, containers: list[str], timeout: int, log_suffix: str = "stopped") -> str: ...
+
+    def signal_script(self, containers: list[str], sig: str = "TERM") -> str: ...
+
+    def status_script(self) -> str: ...
+
+    def top_script(self, metrics: tuple[str, int, str] | None = None) -> str: ...
+
+    def logs_script(self, service: str | None, opts: list[str], with_logs: bool = True) -> str: ...
+
+    def follow_command(self, container: str, opts: list[str]) -> str: ...
+
+    def bundle_sections(self, containers: list[str], max_bytes: int) -> list[tuple[str, str]]: ...
+
+
 class LauncherPlugin(Protocol):
     """What a launcher's module declares (``llmdeploy/launchers/<name>``).
 
@@ -135,7 +187,9 @@ class LauncherPlugin(Protocol):
     the host an outside SSH client (``invoke check``'s testinfra) reaches the
     nodes through, None when it reaches them directly. ``admitted(cluster,
     nodes)``: a context in which an outside SSH client may log in to
-    ``nodes``."""
+    ``nodes``. ``runtime(cluster)``: the :class:`UnitRuntime` of the
+    cluster's units when the launcher has its own, None for Docker's
+    (``roles/runtime``)."""
 
     NAME: str
     MPIRUN_ARGS: tuple[str, ...]
@@ -147,6 +201,8 @@ class LauncherPlugin(Protocol):
     def gateway(self, cluster: "Cluster") -> "Node | None": ...
 
     def admitted(self, cluster: "Cluster", nodes: "list[Node]") -> ContextManager[Any]: ...
+
+    def runtime(self, cluster: "Cluster") -> UnitRuntime | None: ...
 
 
 

@@ -41,18 +41,17 @@ def match(text: str, signatures: list[tuple[str, str]] | None = None) -> tuple[s
 MARK = "@@llmdeploy-bundle@@"
 
 
-def bundle_script(cluster: Cluster, node: Node, release_dir: str, containers: list[str], max_bytes: int = 5 * 1024 * 1024) -> str:
+# how much of each log a bundle keeps (its end)
+BUNDLE_BYTES = 5 * 1024 * 1024
+
+
+def bundle_script(cluster: Cluster, node: Node, release_dir: str, units: list[tuple[str, str]], max_bytes: int = BUNDLE_BYTES) -> str:
     """One node's part of the bundle: every section behind a marker line.
-    One container's files are ``container.log`` and ``container.inspect.json``;
-    with several, each is named for its container."""
+    ``units``: the units' files, (name, command), from their runtime
+    (``UnitRuntime.bundle_sections``: one unit's are ``container.log`` and
+    ``container.inspect.json``; with several, each is named for its unit)."""
     d = shlex.quote(release_dir)
-    sections = []
-    for c in containers:
-        stem = "container" if len(containers) == 1 else c
-        sections += [
-            (f"{stem}.log", f"docker logs {shlex.quote(c)} 2>&1 | tail -c {max_bytes}"),
-            (f"{stem}.inspect.json", f"docker inspect {shlex.quote(c)} 2>&1"),
-        ]
+    sections = list(units)
     sections += [
         ("kernel.log", "dmesg 2>&1 | tail -n 200"),
         ("node.txt", "hostname; uptime; free -g 2>&1; df -h 2>&1 | head -20"),

@@ -116,3 +116,8 @@ def gateway(cluster: Cluster) -> Node | None:
 def admitted(cluster: Cluster, nodes: list[Node]) -> ContextManager[Any]:
     """Logging in to a node needs nothing held."""
     return contextlib.nullcontext()
+
+
+def runtime(cluster: Cluster) -> None:
+    """Each unit is a container of the node's dockerd (the default runtime, ``roles/runtime``)."""
+    return None

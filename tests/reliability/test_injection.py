@@ -86,6 +86,7 @@ from flows import deploy as dep  # noqa: E402
 from flows import lifecycle, releases, serving_logs, verify  # noqa: E402
 from flows import plan as flows_plan  # noqa: E402
 from flows.engine import Engine, Outcome  # noqa: E402
+from roles.runtime import Docker  # noqa: E402
 from llmdeploy import lock  # noqa: E402
 from llmdeploy import logs as llm_logs  # noqa: E402
 from llmdeploy.errors import LlmdeployError  # noqa: E402
@@ -528,7 +529,7 @@ def build_artifacts(cluster: Cluster, cli: dict[str, str], only: tuple[str, ...]
             for u in plan.units():
                 eng.exit_reason(u)
             for n in cluster.nodes:
-                run.add(f"bundle/{n.name}", llm_logs.bundle_script(cluster, n, release_dir(cluster, rid), [u.container for u in plan.units(n.name)]))
+                run.add(f"bundle/{n.name}", llm_logs.bundle_script(cluster, n, release_dir(cluster, rid), Docker(cluster).bundle_sections([u.container for u in plan.units(n.name)], llm_logs.BUNDLE_BYTES)))
             eng.stop(None, "stop", cleanup=plan.stop_cleanup)
             run.add("set current", set_current_script(cluster, rid))
             dep.ledger(run, cluster, ledger_record(cluster, rid, "good", IMAGE_ID, chash[:16]))

@@ -40,6 +40,29 @@ def test_every_registered_launcher_implements_the_interface(name):
             assert have == want, f"{cls_name}.{hook}{tuple(have)} is not the interface's {tuple(want)}"
 
 
+def test_the_units_runtime_is_the_launchers_own_or_dockers():
+    """roles.runtime.of: Docker's over SSH and on Slurm with container="docker";
+    the Slurm launcher's pyxis units with container="pyxis". Each runtime
+    has every member of UnitRuntime with the interface's parameters."""
+    from llmdeploy.launchers.slurm.units import PyxisUnits
+    from roles import runtime
+
+    b200 = load_cluster("sim-b200-slurm")
+    pyxis = b200.model_copy(update={"slurm": b200.slurm.model_copy(update={"container": "pyxis"})})
+    docker = b200.model_copy(update={"slurm": b200.slurm.model_copy(update={"container": "docker"})})
+    assert type(runtime.of(load_cluster("sim-b200"))) is runtime.Docker
+    assert type(runtime.of(docker)) is runtime.Docker
+    assert type(runtime.of(pyxis)) is PyxisUnits
+    assert "docker inspect" in runtime.of(docker).states_script(["x"])
+    assert "docker inspect" not in runtime.of(pyxis).states_script(["x"]) and "llu_state_of" in runtime.of(pyxis).states_script(["x"])
+    values, hooks = members(launcher.UnitRuntime)
+    for cls in (runtime.Docker, PyxisUnits):
+        for hook in hooks:
+            want = list(inspect.signature(getattr(launcher.UnitRuntime, hook)).parameters)
+            have = list(inspect.signature(getattr(cls, hook)).parameters)
+            assert have == want, f"{cls.__name__}.{hook}{tuple(have)} is not the interface's {tuple(want)}"
+
+
 def test_a_module_that_lacks_a_hook_is_refused(monkeypatch):
     mod = types.ModuleType("llmdeploy.launchers.half")
     mod.NAME, mod.MPIRUN_ARGS = "half", ()
@@ -57,6 +80,7 @@ def test_a_hook_with_other_parameters_is_refused(monkeypatch):
     mod.launcher = lambda runner, say: None
     mod.gateway = lambda cluster: None
     mod.admitted = lambda cluster, nodes: None
+    mod.runtime = lambda cluster: None
     monkeypatch.setitem(sys.modules, "llmdeploy.launchers.odd", mod)
     monkeypatch.setitem(launcher._registry().LAUNCHERS, "odd", "odd")
     with pytest.raises(TypeError, match=r"llmdeploy.launchers.odd.launcher\(runner, say\) does not match the interface: expected launcher\(cluster, runner, say\)"):

@@ -612,5 +612,5 @@ def test_the_flows_reads_are_the_readers(b200):
     assert reads["status"].build(n0) == status_read(b200).build(n0) == status_script(b200)
     assert reads["top"].build(n1) == top_read(b200, plan, 5).build(n1) == top_script(b200, ("10.0.0.2", 8000, "/metrics"))
     assert reads["top"].build(n0) == top_script(b200, None)
-    assert reads["watch"].build(n1) == watch_read(plan.units()).build(n1) == ctr.states_script(["c-1"])
+    assert reads["watch"].build(n1) == watch_read(b200, plan.units()).build(n1) == ctr.states_script(["c-1"])
     assert all(reader.READ_RE.match(name) for name in reads)

@@ -27,6 +27,7 @@ from ...inventory import Cluster, Node
 from ...runner import Runner
 from .jobs import SlurmJobs
 from .steps import SlurmSteps
+from .units import PyxisUnits
 
 NAME = "slurm"
 
@@ -60,3 +61,8 @@ def _in_allocation(cluster: Cluster, nodes: list[Node]) -> Iterator[None]:
 def admitted(cluster: Cluster, nodes: list[Node]) -> ContextManager[Any]:
     """The nodes in an allocation (the release's job, or one of this command's own) while an outside client logs in."""
     return _in_allocation(cluster, nodes)
+
+
+def runtime(cluster: Cluster) -> PyxisUnits | None:
+    """A pyxis cluster's units are steps' processes (``units.py``); Docker's units are Docker's (None)."""
+    return PyxisUnits(cluster) if cluster.slurm.container == "pyxis" else None

@@ -542,3 +542,56 @@ def follow_command(cluster: Cluster, container: str, opts: list[str]) -> str:
     return FUNCS + (f"llu_find {q(_name(container))} {q(release.releases_dir(cluster))} || "
                     f"{{ echo {q(f'no unit {container} here')} >&2; exit 1; }}\n"
                     f'exec tail -n {n} -F "${{d%/units/*}}/logs/${{d##*/}}.log"\n')
+
+
+# -- the runtime (llmdeploy.launcher.UnitRuntime) ------------------------------------------------
+class PyxisUnits:
+    """A pyxis cluster's units as the node's scripts here read and stop them;
+    their start is the launcher's (a step, ``jobs.SlurmJobs.start_units``)."""
+
+    def __init__(self, cluster: Cluster):
+        self.c = cluster
+        self.rds = release.releases_dir(cluster)
+
+    def start_script(self, release_dir: str, container: str, run_file: str, attempt: int) -> str | None:
+        return None  # srun starts the unit's container (unit_step_args): nothing runs on the node first
+
+    def states_script(self, containers: list[str]) -> str:
+        return states_script(self.rds, containers)
+
+    def wait_port_script(self, container: str, ip: str, port: int, timeout: float) -> str:
+        return wait_port_script(self.rds, container, ip, port, timeout)
+
+    def log_tail_script(self, container: str) -> str:
+        return log_tail_script(self.rds, container)
+
+    def phases_script(self, keep_release: str | None) -> str:
+        return phases_script(self.c.name, self.rds, keep_release)
+
+    def stop_script(self, keep_release: str | None, timeout: int, phase: int | None = None) -> str:
+        return stop_script(self.c.name, self.rds, keep_release, timeout, phase)
+
+    def stop_units_script(self, release_dir: str, containers: list[str], timeout: int, log_suffix: str = "stopped") -> str:
+        return stop_units_script(release_dir, containers, timeout, log_suffix)
+
+    def signal_script(self, containers: list[str], sig: str = "TERM") -> str:
+        return signal_script(self.rds, containers, sig)
+
+    def status_script(self) -> str:
+        return status_script(self.c)
+
+    def top_script(self, metrics: tuple[str, int, str] | None = None) -> str:
+        return top_script(self.c, metrics)
+
+    def logs_script(self, service: str | None, opts: list[str], with_logs: bool = True) -> str:
+        return logs_script(self.c, service, opts, with_logs)
+
+    def follow_command(self, container: str, opts: list[str]) -> str:
+        return follow_command(self.c, container, opts)
+
+    def bundle_sections(self, containers: list[str], max_bytes: int) -> list[tuple[str, str]]:
+        out = []
+        for c in containers:
+            stem = "container" if len(containers) == 1 else c
+            out += [(f"{stem}.log", log_tail_script(self.rds, c, max_bytes)), (f"{stem}.inspect.json", inspect_script(self.rds, [c]))]
+        return out

@@ -1,0 +1,73 @@
+"""The runtime of a cluster's units: the node's scripts that start, read and
+stop them (``llmdeploy.launcher.UnitRuntime``). Docker's is here, made of
+``roles.containers`` and ``roles.status``; a launcher that runs units
+another way gives its own (``LauncherPlugin.runtime``: the Slurm launcher's
+pyxis steps), and every caller asks :func:`of` instead of naming one.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from llmdeploy import launcher
+from llmdeploy.inventory import Cluster
+from llmdeploy.launcher import UnitRuntime
+from llmdeploy.release import releases_dir
+from roles import containers as ctr
+from roles import status
+
+
+class Docker:
+    """Units as containers of the node's dockerd (``roles.containers``, ``roles.status``)."""
+
+    def __init__(self, cluster: Cluster):
+        self.c = cluster
+
+    def start_script(self, release_dir: str, container: str, run_file: str, attempt: int) -> str | None:
+        return ctr.start_script(release_dir, container, run_file, attempt)
+
+    def states_script(self, containers: list[str]) -> str:
+        return ctr.states_script(containers)
+
+    def wait_port_script(self, container: str, ip: str, port: int, timeout: float) -> str:
+        return ctr.wait_port_script(container, ip, port, timeout)
+
+    def log_tail_script(self, container: str) -> str:
+        return ctr.log_tail_script(container)
+
+    def phases_script(self, keep_release: str | None) -> str:
+        return ctr.phases_script(self.c.name, keep_release)
+
+    def stop_script(self, keep_release: str | None, timeout: int, phase: int | None = None) -> str:
+        return ctr.stop_script(self.c.name, releases_dir(self.c), keep_release, timeout, phase)
+
+    def stop_units_script(self, release_dir: str, containers: list[str], timeout: int, log_suffix: str = "stopped") -> str:
+        return ctr.stop_units_script(release_dir, containers, timeout, log_suffix)
+
+    def signal_script(self, containers: list[str], sig: str = "TERM") -> str:
+        return ctr.signal_script(containers, sig)
+
+    def status_script(self) -> str:
+        return status.status_script(self.c)
+
+    def top_script(self, metrics: tuple[str, int, str] | None = None) -> str:
+        return status.top_script(self.c, metrics)
+
+    def logs_script(self, service: str | None, opts: list[str], with_logs: bool = True) -> str:
+        return status.logs_script(self.c, service, opts, with_logs)
+
+    def follow_command(self, container: str, opts: list[str]) -> str:
+        return status.follow_command(container, opts)
+
+    def bundle_sections(self, containers: list[str], max_bytes: int) -> list[tuple[str, str]]:
+        out = []
+        for c in containers:
+            stem = "container" if len(containers) == 1 else c
+            out += [(f"{stem}.log", f"docker logs {shlex.quote(c)} 2>&1 | tail -c {int(max_bytes)}"),
+                    (f"{stem}.inspect.json", f"docker inspect {shlex.quote(c)} 2>&1")]
+        return out
+
+
+def of(cluster: Cluster) -> UnitRuntime:
+    """The runtime of ``cluster``'s units: its launcher's own, else Docker's."""
+    return launcher.of(cluster).runtime(cluster) or Docker(cluster)
