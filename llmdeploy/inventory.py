@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import SECRETS, InventoryError
+from .errors import SECRETS, InventoryError, LlmdeployError
 from .schema import (  # noqa: F401 (the names every schema module has always imported from here)
     CLUSTER_RE,
     ENV_NAME_RE,
@@ -43,7 +43,7 @@ from .serving import INVENTORY_FIELDS, PROFILE_KINDS, ServingProfile
 
 # --- platforms ----------------------------------------------------------------
 # (each vendor's rows live in its package, platforms/<vendor>/; the registry loads it when a cluster names one)
-from .platform import PLATFORMS, Platform, platform as _platform_row, platform_names  # noqa: E402,F401
+from .platform import PLATFORMS, Platform, platform as _platform_row, platform_names, vendor as _vendor, vendor_name as _vendor_name  # noqa: E402,F401
 
 
 # --- SSH ----------------------------------------------------------------------
@@ -276,9 +276,11 @@ class Slurm(Strict):
     nodelist: list[str] | None = None
     # the release's job time limit (sbatch --time); None: the partition's default
     time_limit: str | None = Field(default=None, pattern=SLURM_TIME_RE.pattern)
-    # how a unit's container starts on its node: "docker" (srun runs the
-    # unit's docker run there) or "pyxis" (srun --container-image, enroot)
-    container: Literal["docker", "pyxis"] = "docker"
+    # how a unit's container starts on its node: "pyxis" (each unit a step
+    # with srun --container-image, enroot) or "docker" (srun runs the unit's
+    # docker run there); None: the platform's vendor's default (NVIDIA:
+    # pyxis; Ascend: docker, the only one its units run with)
+    container: Literal["docker", "pyxis"] | None = None
     # the nodes' accelerators as Slurm's generic resources (gres.conf Name=):
     # every job and step asks for ``--gres=<gres>:<per node>``; None: the
     # vendor's word for one accelerator ("gpu", "npu"; where a site names them otherwise, say so)
@@ -458,7 +460,7 @@ class Cluster(Strict):
         """Each node gets what it leaves to the cluster (NIC, devices, first DP rank) and must have a NIC; node
         names, IPs and SSH endpoints are unique; the serving system's own checks pass (``profile.problems``);
         no two profile ports are the same; ``slurm`` does not contradict the nodes (one ``nodelist`` name
-        per node, no name twice, the login host not a node, ``container='docker'``: pyxis is planned);
+        per node, no name twice, the login host not a node, a ``container`` the platform's units run with);
         ``model.stage_from`` names a node, or 'source' with a ``stage.source`` host that is not a node."""
         problems = self._derive_nodes() + self._unique_nodes() + self.profile.problems(self) + self._unique_ports() + self._slurm_problems() + self._stage_problems()
         if problems:
@@ -531,14 +533,18 @@ class Cluster(Strict):
         login = s.login_node().name
         if login in names or s.login in names or login in (s.nodelist or []):
             problems.append(("slurm.login", f"{s.login} is one of the cluster's nodes: the login host submits jobs, it does not serve"))
+        try:
+            allowed = _vendor(_vendor_name(self.platform)).SCHEDULED_CONTAINERS
+        except LlmdeployError:
+            return problems  # the platform's own problem is named where it is checked
+        if s.container is None:
+            s.container = allowed[0]
+        elif s.container not in allowed:
+            problems.append(("slurm.container", f"{s.container!r}: {self.platform}'s units run under Slurm with {' or '.join(map(repr, allowed))} "
+                                                "(the README, \"Clusters run by Slurm\")"))
         if s.container == "pyxis" and self.image.tarball:
             problems.append(("slurm.container", "pyxis imports images from a registry (enroot): image.tarball is loaded by docker on each node; "
                                                 "use container 'docker' or drop image.tarball"))
-        elif s.container == "pyxis":
-            # planned (docs/slurm.md): each unit's docker run options (devices, mounts,
-            # environment file, host network) as srun --container-image/--container-mounts/--container-env
-            problems.append(("slurm.container", "'pyxis' (srun --container-image) is planned, not built yet: this version starts "
-                                                "units with docker on the node; use container 'docker'"))
         return problems
 
     def slurm_name(self, node: Node) -> str:

@@ -147,7 +147,14 @@ class UnitRuntime(Protocol):
     ``bundle_sections(containers, max_bytes)``: a failure bundle's files of
     each unit, ``(file name, shell command)``. A builder raises
     ``LlmdeployError`` for what its runtime cannot do (a pyxis unit's log
-    has no times: ``logs --since``)."""
+    has no times: ``logs --since``).
+
+    ``worlds``: whether the runtime starts an MPI world (a service whose
+    units are one, ``Service.world``) as one start over its nodes, each task
+    given its rank by the launcher (PMIx); otherwise a world's launch unit
+    runs mpirun, which reaches the other units itself."""
+
+    worlds: bool
 
     def start_script(self, release_dir: str, container: str, run_file: str, attempt: int) -> str | None: ...
 

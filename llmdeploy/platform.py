@@ -81,7 +81,10 @@ class Vendor(Protocol):
     InfiniBand ports with ``ibstat`` and ``cluster.ib_rate`` applies),
     ``COMM_METHOD`` (one of :data:`COMM_METHODS`), ``LOG_FILES`` (file in a
     log bundle -> the command that fills it), ``TOP_QUERY`` (the live
-    view's command for the accelerators' use and memory).
+    view's command for the accelerators' use and memory),
+    ``SCHEDULED_CONTAINERS`` (how its sites run a unit's container under a
+    batch scheduler, the inventory's ``slurm.container`` values it allows,
+    the first its default: NVIDIA's sites run pyxis + enroot, Ascend's Docker).
 
     Builders and parsers (pure; the runner runs what they build):
     ``facts_lines(cluster, node)`` the facts script's device lines (sections
@@ -106,6 +109,7 @@ class Vendor(Protocol):
     COMM_METHOD: Literal["device_pings", "collective"]
     LOG_FILES: dict[str, str]
     TOP_QUERY: str
+    SCHEDULED_CONTAINERS: tuple[str, ...]
 
     def facts_lines(self, cluster: "Cluster", node: "Node") -> list[str]: ...
 

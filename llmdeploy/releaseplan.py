@@ -120,6 +120,8 @@ class Unit:
     role: str = ""
     # what `deploy --check` shows for this unit (command lines, ranks, ...)
     show: dict[str, Any] = field(default_factory=dict)
+    # the tasks (ranks) of its command on its host when its service is a world (``Service.world``)
+    tasks: int = 1
 
     @property
     def run_file(self) -> str:
@@ -133,6 +135,9 @@ class Service:
     after: list[str] = field(default_factory=list)
     started: Probe | None = None
     restart: RestartPolicy = "each"
+    # its units are one MPI world that the runtime starts as one (``UnitRuntime.worlds``): every unit the
+    # same container and command, ``Unit.tasks`` ranks on each host, their ranks from the launcher (PMIx)
+    world: bool = False
 
     def hosts(self) -> list[str]:
         out: list[str] = []
@@ -229,6 +234,7 @@ class ReleasePlan:
                     after=list(s.get("after") or []),
                     started=Probe(**s["started"]) if s.get("started") else None,
                     restart=s.get("restart", "each"),
+                    world=bool(s.get("world", False)),
                 )
             )
         return cls(

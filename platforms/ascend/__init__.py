@@ -42,6 +42,9 @@ DEVICE = "npu"
 # the facts section with the device table, and the command people know it by
 DEVICE_TOOL = ("npusmi", "npu-smi info")
 IB_PORTS = False
+# Ascend's units run with Docker under Slurm too: the NPUs reach a container through docker's
+# --device list and the driver's mounts (the seed's docker run), which a pyxis step does not make
+SCHEDULED_CONTAINERS = ("docker",)
 COMM_METHOD = "device_pings"
 LOG_FILES = {"npu-smi.txt": "npu-smi info 2>&1"}
 TOP_QUERY = "if command -v npu-smi >/dev/null; then npu-smi info; fi"

@@ -34,6 +34,9 @@ PLATFORMS: dict[str, Platform] = {
 DEVICE = "gpu"
 DEVICE_TOOL = ("nvsmi", "nvidia-smi")
 IB_PORTS = True
+# NVIDIA's GPU Slurm sites run containers as pyxis + enroot steps (srt-slurm, Dynamo's and TensorRT-LLM's
+# Slurm examples: srun --container-image ... --mpi pmix); Docker on the node stays possible
+SCHEDULED_CONTAINERS = ("pyxis", "docker")
 COMM_METHOD = "collective"
 LOG_FILES = {"nvidia-smi.txt": "nvidia-smi 2>&1"}
 GPU_QUERY = "index,utilization.gpu,memory.used,memory.total"

@@ -20,6 +20,9 @@ from roles import status
 class Docker:
     """Units as containers of the node's dockerd (``roles.containers``, ``roles.status``)."""
 
+    # an MPI world starts from its launch container (mpirun reaches the others)
+    worlds = False
+
     def __init__(self, cluster: Cluster):
         self.c = cluster
 

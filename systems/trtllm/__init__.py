@@ -29,7 +29,7 @@ from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
-from roles import commenv, containers
+from roles import commenv, containers, runtime
 from roles.mpi import launch_agent_args, tcp_if_args
 from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, openai_probe, render, serving_image
 
@@ -59,7 +59,8 @@ SIGNATURES: list[tuple[str, str]] = [
      "a rank exited and mpirun ended the world"),
     (r"LLM is unavailable", "the executor died (/health answers 503)"),
 ]
-SERVE_FILES = {"hostfile": "hostfile", "agent": "mpi-agent.sh", "serve": "serve.sh", "hold": "hold.sh", "config": "config.yaml"}
+SERVE_FILES = {"hostfile": "hostfile", "agent": "mpi-agent.sh", "serve": "serve.sh", "hold": "hold.sh", "config": "config.yaml",
+               "task": "task.sh"}
 EPLB_NAME = "eplb.yaml"
 
 
@@ -112,6 +113,22 @@ def mpirun_args(cluster: Cluster, prof: TrtllmProfile, rid: str) -> list[str]:
     return args
 
 
+def pmix_world(cluster: Cluster) -> bool:
+    """Whether the cluster's runtime starts the world itself, every rank a
+    task of one launch with its rank from the launcher (Slurm's ``srun
+    --mpi=pmix``, as TensorRT-LLM documents for Slurm: ``trtllm-llmapi-launch
+    trtllm-serve`` in every task), instead of mpirun from node 0's container."""
+    return runtime.of(cluster).worlds
+
+
+def task_args(cluster: Cluster, prof: TrtllmProfile, rid: str) -> list[str]:
+    """What every rank of a PMIx world runs (``task.sh`` execs it after the node's config merge)."""
+    rd = release_dir(cluster, rid)
+    return ["trtllm-llmapi-launch", "trtllm-serve", cluster.model.path, "--host", "0.0.0.0", "--port", str(prof.port),
+            "--reasoning_parser", prof.reasoning_parser, "--tool_parser", prof.tool_parser,
+            "--config", f"{rd}/{SERVE_FILES['config']}"]
+
+
 def ssh_mounts_for(launch_ssh_config: str | None) -> list[str]:
     """What the launch agent needs inside the launch container: root's SSH
     files, and the directory of ``launch_ssh_config`` when it lives elsewhere."""
@@ -132,10 +149,15 @@ def docker_run_args(cluster: Cluster, prof: TrtllmProfile, node: Node, rid: str,
     container reads its files and writes the merged config."""
     rd = release_dir(cluster, rid)
     multi = len(placement(cluster, prof)) > 1
+    pmix = pmix_world(cluster)
+    # a PMIx world is one launch of the same line on every node: its labels say the world, not the node's part
+    role, shown = ("world", _ranks_text(range(prof.tp * prof.pp))) if pmix else ("launcher" if launcher else "ranks", _ranks_text(ranks))
     args = ["docker", "run", "-d", "--name", container_name(cluster, rid),
-            *containers.labels(cluster.name, rid, "world", "launcher" if launcher else "ranks", stop_phase, ranks=_ranks_text(ranks)),
+            *containers.labels(cluster.name, rid, "world", role, stop_phase, ranks=shown),
             "--ipc=host", "--gpus", "all", "-p", f"{prof.port}:{prof.port}"]
-    if multi:
+    if pmix:
+        args += ["--network", "host", "--ulimit", "memlock=-1"]
+    elif multi:
         args += ["--network", "host", "--ulimit", "memlock=-1"]
     else:
         # mpirun takes a hostfile entry that is not its own host name for a remote host (ssh)
@@ -144,11 +166,11 @@ def docker_run_args(cluster: Cluster, prof: TrtllmProfile, node: Node, rid: str,
     if not cluster.model.path.startswith("/root/.cache/"):
         args += ["-v", f"{cluster.model.path}:{cluster.model.path}:ro"]
     args += ["-v", f"{rd}:{rd}"]
-    if multi and launcher:
+    if multi and launcher and not pmix:
         for m in ssh_mounts_for(prof.launch_ssh_config):
             args += ["-v", m]
     args += ["--env-file", f"{rd}/env", image]
-    args += ["sh", f"{rd}/{SERVE_FILES['serve' if launcher else 'hold']}"]
+    args += ["sh", f"{rd}/{SERVE_FILES['task' if pmix else 'serve' if launcher else 'hold']}"]
     return args
 
 
@@ -156,12 +178,14 @@ def units(cluster: Cluster, prof: TrtllmProfile, service: str, nodes: list[Node]
     if service != "world":
         raise LlmdeployError(f"playbooks/serve-trtllm-serve.yaml: trtllm-serve has one service, 'world', not {service!r}")
     rd = release_dir(cluster, rid)
+    pmix = pmix_world(cluster)
     out = []
     for node, slots, ranks in placement(cluster, prof):
         if node not in nodes:
             continue
         launcher = node is cluster.node0
-        image = serving_image(cluster, node, prepared)
+        # a PMIx world's line is the same on every node (one launch): node 0's image, which prepare made every node's
+        image = serving_image(cluster, cluster.node0 if pmix else node, prepared)
         show = {
             "ranks": _ranks_text(ranks),
             "slots": slots,
@@ -169,17 +193,18 @@ def units(cluster: Cluster, prof: TrtllmProfile, service: str, nodes: list[Node]
             "container_command": shlex.join(docker_run_args(cluster, prof, node, rid, image, launcher, entry.stop_phase, ranks)),
         }
         if launcher:
-            show["serve_command"] = shlex.join(mpirun_args(cluster, prof, rid))
+            show["serve_command"] = shlex.join(task_args(cluster, prof, rid) if pmix else mpirun_args(cluster, prof, rid))
             show["config"] = f"{rd}/{SERVE_FILES['config']}"
-        out.append(Unit(host=node.name, container=container_name(cluster, rid), order=1 if launcher else 0,
-                        role="launcher" if launcher else "ranks", show=show))
+        # a PMIx world starts at once (one launch, ``slots`` tasks here); mpirun's starts the rank holders first
+        out.append(Unit(host=node.name, container=container_name(cluster, rid), order=0 if pmix else 1 if launcher else 0,
+                        role="launcher" if launcher else "ranks", show=show, tasks=slots if pmix else 1))
     return out, None
 
 
 def services(cluster: Cluster, profile: TrtllmProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared,
              rid: str) -> list[Service]:
     made, started = units(cluster, profile, entry.name, nodes, prepared, rid, entry)
-    return [Service(name=entry.name, units=made, started=started)]
+    return [Service(name=entry.name, units=made, started=started, world=pmix_world(cluster))]
 
 
 def entry_port(cluster: Cluster, profile: TrtllmProfile) -> int:
@@ -236,10 +261,11 @@ def files(cluster: Cluster, profile: TrtllmProfile, plan: ReleasePlan, prepared:
             continue
         u = us[0]
         config = f"{rd}/{SERVE_FILES['config']}"
+        pmix = plan.service_of(u).world
         files: dict[str, ReleaseFile] = {
             "env": ReleaseFile(commenv.render(cluster, n), commenv.env_mode(cluster)),
             "run.sh": ReleaseFile(render("run.sh.j2", what="this node's trtllm-serve container", release=plan.release, host=n.name,
-                              command=u.show["container_command"], wait_for_file="" if u.role == "launcher" else shlex.quote(config),
+                              command=u.show["container_command"], wait_for_file="" if u.role == "launcher" or pmix else shlex.quote(config),
                               container=shlex.quote(u.container)), 0o755),
         }
         # every node merges the same config (the curated file is inside the image)
@@ -254,12 +280,18 @@ def files(cluster: Cluster, profile: TrtllmProfile, plan: ReleasePlan, prepared:
         meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "role": u.role, "ranks": u.show["ranks"],
                 "container": u.container, "image": u.show["image"], "image_id": image_id, "system": plan.system,
                 "command": shlex.split(u.show["container_command"])[shlex.split(u.show["container_command"]).index(u.show["image"]) + 1:]}
-        if len(placement(cluster, prof)) > 1:
+        if pmix:
+            # every rank runs it: its node's merge (once per node, atomically), then trtllm-llmapi-launch trtllm-serve
+            files[SERVE_FILES["task"]] = ReleaseFile(render("trtllm/task.sh.j2", command=shlex.join(task_args(cluster, prof, plan.release)),
+                                                            **merge), 0o755)
+        elif len(placement(cluster, prof)) > 1:
             files[SERVE_FILES["agent"]] = ReleaseFile(launch_agent(cluster, plan.release, u.container, [node.name for node, _, _ in placement(cluster, prof)],
                                                         prof.launch_ssh_config), 0o755)
         if emap:
             meta["eplb_map"] = {"source": str(emap.path), "sha256": emap.sha256, "num_slots": emap.num_slots, "layers": emap.layers}
-        if u.role != "launcher":
+        if pmix:
+            pass
+        elif u.role != "launcher":
             files[SERVE_FILES["hold"]] = ReleaseFile(render("trtllm/hold.sh.j2", **merge), 0o755)
         else:
             files[SERVE_FILES["hostfile"]] = ReleaseFile(hostfile(cluster, plan.release, [(node.name, slots) for node, slots, _ in placement(cluster, prof)]), 0o644)

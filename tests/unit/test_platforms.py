@@ -90,6 +90,7 @@ FAKE = """
     VENDOR = "fake"
     PLATFORMS = {"f1": Platform(name="F1", vendor="fake", devices=8, model="F1")}
     DEVICE, DEVICE_TOOL, IB_PORTS, COMM_METHOD, LOG_FILES, TOP_QUERY = "xpu", ("xsmi", "x-smi"), False, "collective", {}, "x-smi"
+    SCHEDULED_CONTAINERS = ("docker",)
     def facts_lines(cluster, node): return []
     def devices(sections, cpu_nodes): return []
     def container_devices(cluster, node): return []

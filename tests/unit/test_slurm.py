@@ -36,9 +36,13 @@ def test_inventory_names_what_contradicts(b200):
     with pytest.raises(ValueError) as err:
         Cluster.model_validate(d)
     assert "slurm.container" in str(err.value)
+    # NVIDIA's default is pyxis, Docker stays possible; Ascend's units run with Docker only
+    assert _with(b200, container=None).slurm.container == "pyxis" and _with(b200, container="docker").slurm.container == "docker"
+    a3 = load_cluster("sim-a3-slurm")
+    assert a3.slurm.container == "docker"
     with pytest.raises(ValueError) as err:
-        _with(b200, container="pyxis")
-    assert "slurm.container" in str(err.value) and "planned" in str(err.value)
+        _with(a3, container="pyxis")
+    assert "slurm.container" in str(err.value) and "'pyxis': a3's units run under Slurm with 'docker'" in str(err.value)
     for field, value in (("partition", "gpu;rm -rf /"), ("time_limit", "two days"), ("account", "a b")):
         with pytest.raises(ValueError) as err:
             _with(b200, **{field: value})
@@ -225,3 +229,72 @@ def test_start_units_script_reports_each_node_of_one_worlds_same_named_units(b20
     assert text.count("setsid nohup srun --jobid=42 --overlap") == 2 and len({u.log for u in units}) == 2
     got = slurm.parse_started("started sim-b200-slurm-0/sim-b200-slurm-r1\nfailed sim-b200-slurm-1/sim-b200-slurm-r1 srun: error: x\n")
     assert got == {"sim-b200-slurm-0/sim-b200-slurm-r1": "", "sim-b200-slurm-1/sim-b200-slurm-r1": "srun: error: x"}
+
+
+RID = "20261205T101010Z-0123abcd"
+
+
+def _pyxis_plan(cluster):
+    import systems
+
+    return systems.build(cluster, {}, RID, None)
+
+
+def test_a_pyxis_trtllm_world_is_one_pmix_step_of_every_rank(b200):
+    """On pyxis (the NVIDIA default), trtllm-serve's world is planned as one
+    launch: both nodes' units the same container line, 8 tasks each, every
+    task running task.sh (the node's merge, then trtllm-llmapi-launch
+    trtllm-serve); the launcher makes that one ``srun --mpi=pmix`` step of
+    16 tasks in pyxis containers, no mpirun, no SSH files mounted."""
+    from llmdeploy.launchers.slurm.jobs import SlurmJobs
+
+    assert b200.slurm.container == "pyxis"
+    plan = _pyxis_plan(b200)
+    (svc,) = plan.services
+    assert svc.world and svc.restart == "group" and [u.tasks for u in svc.units] == [8, 8] and {u.order for u in svc.units} == {0}
+    lines = {u.show["container_command"] for u in svc.units}
+    assert len(lines) == 1 and "/root/.ssh" not in lines.pop()
+    rd = f"/var/lib/llmdeploy/sim-b200-slurm/releases/{RID}"
+    task = plan.files["sim-b200-slurm-1"]["task.sh"][0]
+    assert "exec trtllm-llmapi-launch trtllm-serve /root/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8 --host 0.0.0.0 --port 8000" in task
+    assert f'mv -f "$tmp" {rd}/config.yaml' in task and "mpirun" not in task
+    assert "serve.sh" not in plan.files["sim-b200-slurm-0"] and "mpi-agent.sh" not in plan.files["sim-b200-slurm-0"]
+    steps = SlurmJobs(b200, type("R", (), {"transport": None})(), print).unit_steps(plan, plan.units(), lambda u: "", lambda u: 1)
+    assert len(steps) == 1 and len(steps[0][1]) == 2
+    text = slurm.start_units_script(b200, "42", [steps[0][0]], 30)
+    srun = shlex.split(text.split("setsid nohup ", 1)[1].split(f" > {shlex.quote(steps[0][0].log)} 2>&1", 1)[0])
+    assert srun[:9] == ["srun", "--jobid=42", "--overlap", "--nodes=2", "--ntasks=16", "--ntasks-per-node=8",
+                        "--nodelist=sim-b200-slurm-0,sim-b200-slurm-1", "--gres=gpu:8", f"--job-name=sim-b200-slurm-{RID}"]
+    assert "--mpi=pmix" in srun and "--container-image=nvcr.io#nvidia/tensorrt-llm/release:1.4.0rc1" in srun
+    assert f"--container-name={RID}.sim-b200-slurm-{RID}" in srun and srun[-2:] == ["sh", f"{rd}/task.sh"]
+    # the world has started when both nodes' first tasks said so
+    assert f"2:sim-b200-slurm-0/sim-b200-slurm-{RID}=" in text
+
+
+def test_a_docker_trtllm_world_stays_mpirun_from_node_0(b200):
+    docker = _with(b200, container="docker")
+    plan = _pyxis_plan(docker)
+    (svc,) = plan.services
+    assert not svc.world and [u.tasks for u in svc.units] == [1, 1] and [u.order for u in svc.units] == [1, 0]
+    assert svc.units[0].show["serve_command"].startswith("mpirun ") and "serve.sh" in plan.files["sim-b200-slurm-0"]
+
+
+def test_step_shapes_and_host_lists():
+    one = slurm.UnitStep(node="n0", name="u", script="true", log="/l")
+    assert slurm.step_shape_args(one) == ["--nodes=1", "--ntasks=1", "--nodelist=n0"]
+    world = slurm.UnitStep(node="n0", name="u", script="", log="/l", nodes=["n0", "n1", "n2"], tasks=4)
+    assert slurm.step_shape_args(world) == ["--nodes=3", "--ntasks=12", "--ntasks-per-node=4", "--nodelist=n0,n1,n2"]
+    assert slurm.expand_hostlist("gpu-[00-02,5],login") == ["gpu-00", "gpu-01", "gpu-02", "gpu-5", "login"]
+    job = slurm.Job(id="3", name="j", state="RUNNING", reason="", nodes="n-[0-1]", steps={"3.5": ("w", "n-[0-1]")})
+    assert job.step_named("w", "n-1") == "3.5" and job.step_named("w", "n-2") is None
+
+
+def test_the_end_of_a_step_is_srun_s_own_words(tmp_path):
+    log = tmp_path / "n0.w.attempt-2.step.log"
+    (tmp_path / "n0.w.attempt-1.step.log").write_text("srun: error: n0: task 1: Killed\n")
+    log.write_text("@@llmdeploy-started w\nsrun: error: n0: task 0: Exited with exit code 137\nsrun: error: n1: tasks 8-15: Killed\n")
+    import os
+    os.utime(tmp_path / "n0.w.attempt-1.step.log", (1, 1))
+    out = subprocess.run(["sh", "-c", slurm.step_end_command(str(tmp_path), "w")], capture_output=True, text=True).stdout
+    assert out.splitlines() == ["srun: error: n0: task 0: Exited with exit code 137", "srun: error: n1: tasks 8-15: Killed"]
+    assert subprocess.run(["sh", "-c", slurm.step_end_command(str(tmp_path), "other")], capture_output=True, text=True).stdout == ""

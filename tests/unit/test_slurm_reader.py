@@ -600,8 +600,8 @@ def test_the_flows_reads_are_the_readers(b200):
     """status, top, deploy's first read and the watcher build their reads in one place (flows/reads.py), each a standing step the reader runs as is."""
     from flows.reads import standing, status_read, top_read, watch_read
     from llmdeploy.releaseplan import Metrics, Probe
-    from roles import containers as ctr
-    from roles.status import current_script, status_script, top_script
+    from roles import runtime
+    from roles.status import current_script
 
     plan = _release(b200)
     plan.metrics = Metrics(probe=Probe(name="m", kind="http", host=b200.nodes[1].name, port=8000, ip="10.0.0.2", path="/metrics"))
@@ -609,8 +609,9 @@ def test_the_flows_reads_are_the_readers(b200):
     assert list(reads) == ["current", "status", "top", "watch"] and all(s.standing for s in reads.values())
     n0, n1 = b200.nodes
     assert reads["current"].build(n0) == current_script(b200)
-    assert reads["status"].build(n0) == status_read(b200).build(n0) == status_script(b200)
-    assert reads["top"].build(n1) == top_read(b200, plan, 5).build(n1) == top_script(b200, ("10.0.0.2", 8000, "/metrics"))
-    assert reads["top"].build(n0) == top_script(b200, None)
-    assert reads["watch"].build(n1) == watch_read(b200, plan.units()).build(n1) == ctr.states_script(["c-1"])
+    rt = runtime.of(b200)
+    assert reads["status"].build(n0) == status_read(b200).build(n0) == rt.status_script()
+    assert reads["top"].build(n1) == top_read(b200, plan, 5).build(n1) == rt.top_script(("10.0.0.2", 8000, "/metrics"))
+    assert reads["top"].build(n0) == rt.top_script(None)
+    assert reads["watch"].build(n1) == watch_read(b200, plan.units()).build(n1) == rt.states_script(["c-1"])
     assert all(reader.READ_RE.match(name) for name in reads)

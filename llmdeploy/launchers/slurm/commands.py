@@ -30,7 +30,7 @@ from __future__ import annotations
 import base64
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ... import platform
 from ...inventory import Cluster, Node
@@ -106,6 +106,24 @@ def gres_args(cluster: Cluster) -> list[str]:
 def hostlist(names: list[str]) -> str:
     """A comma-separated node list (Slurm also takes compressed forms; commas always work)."""
     return ",".join(names)
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list (squeue's %N) -> names: ``gpu-[0-2,5],login``
+    -> gpu-0, gpu-1, gpu-2, gpu-5, login, zero padding kept (``scontrol show hostnames``)."""
+    out: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?", text):
+        prefix, ranges = m.group(1), m.group(2)
+        if ranges is None:
+            out.append(prefix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not (lo.isdigit() and (hi.isdigit() or not hi)):
+                out.append(f"{prefix}[{ranges}]")  # not a range Slurm writes: the text as it is
+                break
+            out += [f"{prefix}{str(i).zfill(len(lo))}" for i in range(int(lo), int(hi or lo) + 1)]
+    return out
 
 
 # -- node states ------------------------------------------------------------------------
@@ -231,7 +249,7 @@ class Job:
     def step_named(self, name: str, node: str | None = None) -> str | None:
         """The id of the step called ``name`` (on ``node``: units of one world share their container's name)."""
         for sid, (n, nodes) in self.steps.items():
-            if n == name and (node is None or nodes == node):
+            if n == name and (node is None or nodes == node or node in expand_hostlist(nodes)):
                 return sid
         return None
 
@@ -431,10 +449,24 @@ STARTED_MARK = "@@llmdeploy-started"
 
 @dataclass
 class UnitStep:
-    node: str  # Slurm's name of the node
+    node: str  # Slurm's name of the (first) node
     name: str  # the step's name: the unit's container
-    script: str  # what the step runs on the node (starts the container, then holds it)
+    script: str  # what the step runs on the node with bash (starts the container, then holds it); "" when ``args`` say it
     log: str  # the step's srun output on the login host
+    # srun's options and command after its own (pyxis's --container-* and the wrapped command); instead of ``script``
+    args: list[str] = field(default_factory=list)
+    # an MPI world's step: every node it runs on (``node`` first), ``tasks`` tasks on each, wired up by ``mpi`` (srun --mpi)
+    nodes: list[str] = field(default_factory=list)
+    tasks: int = 1
+    mpi: str | None = None
+
+
+def step_shape_args(u: UnitStep) -> list[str]:
+    """Where a unit's step runs: one task on its node, or a world's ``tasks`` on each of its nodes (srun's block distribution: node 0's are ranks 0 to tasks-1)."""
+    nodes = u.nodes or [u.node]
+    if len(nodes) == 1 and u.tasks == 1:
+        return ["--nodes=1", "--ntasks=1", f"--nodelist={nodes[0]}"]
+    return [f"--nodes={len(nodes)}", f"--ntasks={len(nodes) * u.tasks}", f"--ntasks-per-node={u.tasks}", f"--nodelist={','.join(nodes)}"]
 
 
 def start_units_script(cluster: Cluster, job_id: str, units: list[UnitStep], wait_s: float) -> str:
@@ -445,18 +477,20 @@ def start_units_script(cluster: Cluster, job_id: str, units: list[UnitStep], wai
     or ``failed <node>/<name> <what its log says>`` per unit; exit 1 if any failed."""
     lines = ["set -u", "pids=''"]
     for u in units:
-        args = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={u.node}", *gres_args(cluster),
-                f"--job-name={step_safe(u.name)}", "--kill-on-bad-exit=1", "bash", "-c", u.script]
+        args = ["srun", f"--jobid={job_id}", "--overlap", *step_shape_args(u), *gres_args(cluster),
+                f"--job-name={step_safe(u.name)}", "--kill-on-bad-exit=1", *([f"--mpi={u.mpi}"] if u.mpi else []),
+                *(u.args or ["bash", "-c", u.script])]
         lines.append(f"mkdir -p {q(u.log.rsplit('/', 1)[0])}")
         lines.append(f"setsid nohup {' '.join(q(a) for a in args)} > {q(u.log)} 2>&1 < /dev/null &")
         lines.append("pids=\"$pids $!\"")
-    checks = " ".join(q(f"{u.node}/{u.name}={u.log}") for u in units)
+    # a world's step has started when each of its nodes said so (its first task there)
+    checks = " ".join(q(f"{len(u.nodes) or 1}:{u.node}/{u.name}={u.log}") for u in units)
     lines += [
         f"end=$((SECONDS + {int(max(1, wait_s))})); bad=0",
         f"for item in {checks}; do",
-        "  name=${item%%=*}; log=${item#*=}",
+        "  n=${item%%:*}; item=${item#*:}; name=${item%%=*}; log=${item#*=}",
         "  while :; do",
-        f"    if grep -q {q(STARTED_MARK)} \"$log\" 2>/dev/null; then echo \"started $name\"; break; fi",
+        f"    if [ \"$(grep -c {q(STARTED_MARK)} \"$log\" 2>/dev/null)\" -ge \"$n\" ] 2>/dev/null; then echo \"started $name\"; break; fi",
         "    if grep -q '^@@llmdeploy-exit' \"$log\" 2>/dev/null || grep -qE '^srun: error' \"$log\" 2>/dev/null; then",
         "      echo \"failed $name $(grep -v '^@@' \"$log\" | tail -n 3 | tr '\\n' ' ')\"; bad=1; break; fi",
         "    if [ $SECONDS -ge $end ]; then echo \"failed $name no start within the deadline: $(tail -n 2 \"$log\" | tr '\\n' ' ')\"; bad=1; break; fi",
@@ -495,6 +529,12 @@ def unit_step_body(start: str, container: str, stop_timeout: int) -> str:
         "echo \"@@llmdeploy-exit $code\"\n"
         "case $code in ''|*[!0-9]*) exit 1 ;; *) exit $code ;; esac\n"
     )
+
+
+def step_end_command(log_dir: str, container: str) -> str:
+    """On the login host: the ``srun: error:`` lines of the newest step log of ``container`` (any node's, any attempt's)."""
+    pattern = f"{q(log_dir)}/*.{q(container)}.attempt-*.step.log"
+    return f"f=$(ls -t {pattern} 2>/dev/null | head -n 1); [ -z \"$f\" ] || grep -a '^srun: error: ' \"$f\" | head -n 8; true"
 
 
 def login_log_dir(cluster: Cluster, release: str) -> str:

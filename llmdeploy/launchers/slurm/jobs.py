@@ -18,12 +18,15 @@ from typing import Callable
 from rich.console import Console
 from rich.markup import escape
 
+from ...errors import LlmdeployError
 from ...inventory import Cluster
 from ...launcher import ReleaseView
+from ...release import release_dir
 from ...releaseplan import ReleasePlan, Unit
 from ...runner import Runner, Step, UnreachableError
 from . import commands as slurm
-from . import reader
+from . import pyxis, reader
+from . import units as units_mod
 
 Failure = tuple[str, str] | None
 
@@ -115,16 +118,11 @@ class SlurmJobs:
             failed = self.hold(plan)
             if failed is not None:
                 return {f"{u.host}/{u.container}": failed[1] for u in units}
-        logdir = slurm.login_log_dir(self.c, plan.release)
-        steps = [
-            slurm.UnitStep(
-                node=self.c.slurm_name(self.c.node(u.host)),
-                name=u.container,
-                script=slurm.unit_step_body(script(u), u.container, self.c.deploy.stop_timeout_s),
-                log=f"{logdir}/{u.host}.{u.container}.attempt-{number(u)}.step.log",
-            )
-            for u in units
-        ]
+        try:
+            made = self.unit_steps(plan, units, script, number)
+        except LlmdeployError as exc:
+            return {f"{u.host}/{u.container}": str(exc) for u in units}
+        steps = [step for step, _ in made]
         wait = self.c.deploy.rpc_timeout_s
         try:
             o, e, code = self.s.login_exec(slurm.start_units_script(self.c, self.s.job, steps, wait), wait + 60)
@@ -133,8 +131,52 @@ class SlurmJobs:
         finally:
             self.s.changed()
         got = slurm.parse_started(o)
-        return {f"{u.host}/{u.container}": got.get(f"{self.c.slurm_name(self.c.node(u.host))}/{u.container}",
-                                                   f"no answer from its step ({(e or o).strip()[-200:]})") for u in units}
+        # a world's units started or failed with its step (its first node's line)
+        return {f"{u.host}/{u.container}": got.get(f"{step.node}/{step.name}", f"no answer from its step ({(e or o).strip()[-200:]})")
+                for step, us in made for u in us}
+
+    def unit_steps(self, plan: ReleasePlan, units: list[Unit], script: Callable[[Unit], str],
+                   number: Callable[[Unit], int]) -> list[tuple[slurm.UnitStep, list[Unit]]]:
+        """The steps that start ``units``, each with the units it starts. With
+        Docker, each unit's step runs ``script(unit)`` (its docker run) and
+        holds the container. With pyxis, each unit's docker run line
+        (``Unit.show["container_command"]``) is its step's container
+        (``pyxis.py``, ``units.unit_step_args``), and a world's units
+        (``Service.world``) are one step over their nodes, ``Unit.tasks`` on
+        each, wired by PMIx. LlmdeployError: a unit pyxis cannot run as planned."""
+        logdir = slurm.login_log_dir(self.c, plan.release)
+        if self.c.slurm.container != "pyxis":
+            return [(slurm.UnitStep(node=self.c.slurm_name(self.c.node(u.host)), name=u.container,
+                                    script=slurm.unit_step_body(script(u), u.container, self.c.deploy.stop_timeout_s),
+                                    log=f"{logdir}/{u.host}.{u.container}.attempt-{number(u)}.step.log"), [u]) for u in units]
+        rd = release_dir(self.c, plan.release)
+        groups: list[list[Unit]] = []
+        for u in units:
+            world = plan.service_of(u).world
+            same = next((g for g in groups if world and plan.service_of(g[0]).world and g[0].container == u.container), None)
+            if same is not None:
+                same.append(u)
+            else:
+                groups.append([u])
+        out = []
+        for group in groups:
+            first = group[0]
+            line = first.show.get("container_command")
+            if not line:
+                raise LlmdeployError(f"{first.container} on {first.host}: its plan has no container command to run as a pyxis step")
+            odd = [u for u in group if u.show.get("container_command") != line or u.tasks != first.tasks]
+            if odd:
+                raise LlmdeployError(f"world {first.container}: {odd[0].host}'s unit differs from {first.host}'s (a pyxis world is one step: "
+                                     f"every node the same container, command and number of tasks)")
+            run = pyxis.docker_run(line, first.container)
+            n = number(first)
+            args = units_mod.unit_step_args(run, rd, first.container, n, f"{plan.release}.{first.container}")
+            world = len(group) > 1 or plan.service_of(first).world
+            out.append((slurm.UnitStep(node=self.c.slurm_name(self.c.node(first.host)), name=first.container, script="", args=args,
+                                       nodes=[self.c.slurm_name(self.c.node(u.host)) for u in group], tasks=first.tasks,
+                                       mpi="pmix" if world else None,
+                                       log=f"{logdir}/{first.host}.{first.container}.attempt-{n}.step.log"), group))
+        return out
 
     def end(self, keep_release: str | None) -> list[str]:
         """Cancel every release job of the cluster but ``keep_release``'s:
@@ -236,13 +278,31 @@ class SlurmJobs:
             return job, f"Slurm job {job.id} of release {plan.release} is {job.state} ({job.reason})"
         return job, None
 
+    def step_end(self, plan: ReleasePlan, container: str) -> str:
+        """What srun said when the latest step of ``container`` ended (its
+        ``srun: error:`` lines: which tasks, on which node, exited or were
+        killed), from its log on the login host; '' when it said nothing or
+        the login host cannot be read."""
+        try:
+            o, e, code = self.s.login_exec(slurm.step_end_command(slurm.login_log_dir(self.c, plan.release), container), 30)
+        except UnreachableError:
+            return ""
+        return "; ".join(line.removeprefix("srun: error: ").strip() for line in o.splitlines() if line.startswith("srun: error: "))[:400]
+
     def view(self, plan: ReleasePlan | None) -> ReleaseView:
         """The release's job in status: a unit's container that runs while its
         step is gone is not serving as the job; the job's state, time limit and steps."""
         c = self.c
         job, problem = self.release_job(plan)
 
+        ended: dict[str, str] = {}
+
         def unit_state(state: str, u: Unit) -> str:
+            if state != "running" and job is not None and job.state == "RUNNING" and job.step_named(u.container, c.slurm_name(c.node(u.host))) is None:
+                # its step ended: srun's own words on which tasks (a world's ranks) ended how
+                if u.container not in ended:
+                    ended[u.container] = self.step_end(plan, u.container) if plan is not None else ""
+                return f"{state}; its step ended: {ended[u.container]}" if ended[u.container] else state
             if state != "running" or (job is None and problem is None):
                 return state
             if job is None or job.state != "RUNNING":

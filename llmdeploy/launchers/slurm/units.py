@@ -549,6 +549,9 @@ class PyxisUnits:
     """A pyxis cluster's units as the node's scripts here read and stop them;
     their start is the launcher's (a step, ``jobs.SlurmJobs.start_units``)."""
 
+    # a world is one srun --mpi=pmix step over its nodes (jobs.SlurmJobs.unit_steps)
+    worlds = True
+
     def __init__(self, cluster: Cluster):
         self.c = cluster
         self.rds = release.releases_dir(cluster)
