@@ -37,6 +37,7 @@ picture, and the document with its detail, go into a local folder
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections import Counter
 from pathlib import Path
@@ -246,11 +247,20 @@ def all_reduce(cluster: Cluster, runner: Runner, hostnames: dict[str, str | None
     if detail is not None:
         detail["all_reduce"] = {"rows": [], "floor": vs.nccl_min_busbw, "args": vs.all_reduce_args}
     empty = {"max_busbw": None, "avg_busbw": None, "out_of_bounds": None, "oob_ok": False, "wrong_ranks": [], "sizes": 0}
+    timeout = max(600.0, cluster.ssh.command_timeout)
     try:
-        cmd = comm.all_reduce_command(cluster, vs.all_reduce_args)
+        # a world the cluster's launcher wires itself (PMIx on Slurm: no SSH between nodes), else mpirun from node 0
+        world = comm.all_reduce_world(cluster, vs.all_reduce_args)
+        got = runner.world(*world, timeout) if world else None
+        if got is not None:
+            nodes, tasks, argv, _ = world
+            cmd = f"{shlex.join(argv)} ({tasks} ranks on each of {', '.join(n.name for n in nodes)}, started by the cluster's launcher)"
+            out, err, code = got
+        else:
+            cmd = comm.all_reduce_command(cluster, vs.all_reduce_args)
+            out, err, code = runner.exec(cluster.node0, cmd, timeout=timeout)
     except ValueError as exc:
         return {**empty, "command": None, "ok": False, "failures": [f"all_reduce_perf not run: {exc}"]}
-    out, err, code = runner.exec(cluster.node0, cmd, timeout=max(600.0, cluster.ssh.command_timeout))
     perf = comm.parse_all_reduce(out)
     if detail is not None:
         detail["all_reduce"]["rows"] = comm.all_reduce_table(out)

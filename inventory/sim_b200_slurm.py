@@ -1,11 +1,13 @@
 """sim-b200 run by Slurm: 2 simulated 8-GPU B200 hosts, trtllm-serve TP16, as a
 Slurm job. `invoke sim.up --cluster sim-b200-slurm` starts munged and slurmd
 on every host and slurmctld on a login host (sim-b200-slurm-login); the tool
-reaches the nodes only as job steps (srun) from that login host."""
+reaches the nodes only as job steps (srun) from that login host. Units run
+as pyxis + enroot steps (NVIDIA's default): the world is one `srun
+--mpi=pmix` step of 16 tasks, `trtllm-llmapi-launch trtllm-serve` in each."""
 
 from llmdeploy.inventory import Cluster, Model, Slurm, VerifySettings
 from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
-from sim.paths import cluster_dir, sim_deploy, sim_nodes, sim_ssh
+from sim.paths import sim_deploy, sim_nodes, sim_ssh
 
 cluster = Cluster(
     name="sim-b200-slurm",
@@ -18,6 +20,6 @@ cluster = Cluster(
     verify=VerifySettings(nccl_min_busbw=300),
     deploy=sim_deploy(),
     slurm=Slurm(login="sim-b200-slurm-login", partition="gpu", time_limit="1-00:00:00"),
-    # mpirun inside the allocation reaches the other node with the simulator's ssh_config
-    profile=trtllm_qwen38_fp8("qwen3.8-low-latency.yaml", launch_ssh_config=str(cluster_dir("sim-b200-slurm") / "ssh_config")),
+    # one srun --mpi=pmix step forms the world: no mpirun, no SSH between the nodes
+    profile=trtllm_qwen38_fp8("qwen3.8-low-latency.yaml"),
 )

@@ -53,7 +53,12 @@ class Transport(Protocol):
     (``Runner.stream``). ``forward_dest(node, dest)``: the address a port
     forward over ``carrier(node)``'s connection asks for to reach ``dest``
     as ``node`` sees it. ``close()``: what the transport holds for this
-    runner is given back. ``holder``: whether commands may go through the
+    runner is given back. ``world(nodes, tasks, argv, env, timeout)``: ``argv`` as
+    one MPI world of ``tasks`` processes on each of ``nodes``, its ranks
+    wired up by the launcher (no mpirun, no SSH between the nodes; ``env``:
+    node name -> variables for that node's processes), output and exit
+    code; None when the transport has no such launch (the caller runs
+    mpirun on the first node instead). ``holder``: whether commands may go through the
     cluster's connection holder (``ssh.persist_s``, ``llmdeploy/mux.py``)."""
 
     holder: bool
@@ -71,6 +76,9 @@ class Transport(Protocol):
     def follow(self, node: "Node", command: str, name: str) -> "tuple[Node, str]": ...
 
     def forward_dest(self, node: "Node", dest: str) -> str: ...
+
+    def world(self, nodes: "list[Node]", tasks: int, argv: list[str], env: dict[str, dict[str, str]],
+              timeout: float | None) -> tuple[str, str, int] | None: ...
 
     def close(self) -> None: ...
 

@@ -316,6 +316,13 @@ class Runner:
         :class:`ConnectionLost` (an UnreachableError). The transport carries it."""
         return self.transport.exec(node, command, timeout, stdin, on_line)
 
+    def world(self, nodes: list[Node], tasks: int, argv: list[str], env: dict[str, dict[str, str]],
+              timeout: float | None = None) -> tuple[str, str, int] | None:
+        """``argv`` as one MPI world of ``tasks`` processes on each of
+        ``nodes``, wired up by the cluster's launcher (``Transport.world``);
+        None when it has no such launch (mpirun then starts the world)."""
+        return self.transport.world(nodes, tasks, argv, env, timeout)
+
     def stream(self, node: Node, command: str, name: str = "follow") -> int:
         """Run a command that prints until it is stopped (a log followed), its
         output straight to this terminal; its exit code."""

@@ -53,6 +53,11 @@ class SshTransport:
     def forward_dest(self, node: Node, dest: str) -> str:
         return dest
 
+    def world(self, nodes: list[Node], tasks: int, argv: list[str], env: dict[str, dict[str, str]],
+              timeout: float | None) -> tuple[str, str, int] | None:
+        """No launcher wires a world over SSH: mpirun on the first node starts it (its daemons over SSH)."""
+        return None
+
     def close(self) -> None:
         """The runner closes its own connections; the transport holds nothing else."""
 

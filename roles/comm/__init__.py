@@ -455,6 +455,20 @@ def all_reduce_command(cluster: Cluster, args: str) -> str:
     ]) + "\n"
 
 
+def all_reduce_world(cluster: Cluster, args: str) -> tuple[list[Node], int, list[str], dict[str, dict[str, str]]] | None:
+    """``all_reduce_perf`` as a world the cluster's launcher starts itself
+    (``Runner.world``): (the nodes, processes per node, the program's
+    arguments, each node's variables: its NCCL_SOCKET_IFNAME and
+    ALL_REDUCE_ENV), one rank per GPU as :func:`all_reduce_command` places
+    them. None for one node, or nodes with different numbers of processes
+    (a launch of the same count on every node cannot place them): mpirun."""
+    ranks = all_reduce_ranks(cluster, args)
+    if len(ranks) < 2 or len({k for _, k, _ in ranks}) != 1:
+        return None
+    env = {n.name: {"NCCL_SOCKET_IFNAME": nccl_ifname(cluster, n), **ALL_REDUCE_ENV} for n, _, _ in ranks}
+    return [n for n, _, _ in ranks], ranks[0][1], ["all_reduce_perf", *shlex.split(args)], env
+
+
 # nccl-tests' and NCCL's own lines (nccl-tests src/common.h NCCLCHECK/TESTCHECK;
 # NCCL src/debug.cc "host:pid:tid [dev] file:line (func) NCCL WARN msg")
 _NCCL_WARN = re.compile(r"^(?P<host>[^\s:]+):\d+:\d+ \[\d+\] (?:\S+:\d+ )?(?:\(\S+\) )?NCCL WARN (?P<msg>.+)$", re.M)
@@ -465,6 +479,9 @@ _MPI_PROC = re.compile(r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]\s*\n\s*Exit
 _MPI_SIGNAL = re.compile(r"mpirun noticed that process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) exited on signal (?P<sig>\d+)")
 _SSH = re.compile(r"^(?:ssh: (?:Could not resolve hostname (?P<host>[^:\s]+)|connect to host (?P<chost>\S+) port \d+)[^\n]*"
                   r"|Host key verification failed\.|[^\n]*Permission denied \(publickey[^\n]*|[^\n]*REMOTE HOST IDENTIFICATION HAS CHANGED[^\n]*)$", re.M)
+# a world the launcher started itself: its own line for each node's tasks that ended badly
+# ("<launcher>: error: <node>: task 9: Exited with exit code 137", "...: tasks 8-15: Killed")
+_LAUNCHED_TASKS = re.compile(r"^\S+: error: (?P<host>[^\s:]+): (?P<tasks>tasks? [0-9,-]+): (?P<what>.+)$", re.M)
 _ORTE_DAEMONS = ("ORTE was unable to reliably start one or more daemons", "An ORTE daemon has unexpectedly failed",
                  "ORTE has lost communication with a remote daemon", "ORTE does not know how to route")
 
@@ -514,6 +531,10 @@ def all_reduce_failure(cluster: Cluster, args: str, hostnames: dict[str, str | N
                 add(f"{node}: all_reduce_perf: {what} '{m.group('msg')}'")
     for m in _MPI_SIGNAL.finditer(text):
         add(f"{node_of_rank(int(m.group('rank')))}: rank {m.group('rank')} was killed by signal {m.group('sig')}")
+    for m in _LAUNCHED_TASKS.finditer(text):
+        node = node_of_host(m.group("host")) or f"host {m.group('host')}"
+        if not named(node):
+            add(f"{node}: {m.group('tasks')} (ranks): {m.group('what').strip()}")
     m = _MPI_PROC.search(text)
     if m and not named(node_of_rank(int(m.group("rank")))):
         add(f"{node_of_rank(int(m.group('rank')))}: rank {m.group('rank')} exited with status {m.group('code')}")

@@ -124,24 +124,88 @@ def test_prepare_and_verify_comm_as_job_steps(sim_cluster):
 
 
 @pytest.mark.slow
+def _ranks(job: str) -> dict[int, tuple[int, dict[str, str]]]:
+    """{PMIX_RANK: (pid, environment)} of the trtllm-serve ranks of ``job`` on
+    this machine (the simulated hosts share its process table; enroot makes no pid namespace)."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split("=", 1) for v in f.read().decode(errors="replace").split("\0") if "=" in v)
+        except OSError:
+            continue
+        if b"trtllm-serve" in cmd[:6] and env.get("SLURM_JOB_ID") == job and "PMIX_RANK" in env:
+            out[int(env["PMIX_RANK"])] = (int(pid), env)
+    return out
+
+
+def _enroot_containers(cluster: str = SIM_CLUSTER) -> str:
+    """``enroot list`` on every node (a step of its own), as an operator would look."""
+    return login(f"srun -N{len(NODES)} -w {','.join(NODES)} --gres=gpu:8 enroot list", cluster)
+
+
+def nothing_left_pyxis() -> None:
+    """No job, no step, no enroot container, no rank, no unit's record on any node."""
+    assert jobs() == [] and login("squeue --noheader --all --steps").strip() == ""
+    assert [r for r in _ranks_all()] == []
+    assert _enroot_containers() .strip() == ""
+    assert jobs() == []  # enroot list's own step and allocation are gone too
+    for node in NODES:
+        assert hostview.containers(SIM_CLUSTER, node) == {}
+        assert not list(_base(node).glob("releases/*/units/*/labels"))
+
+
+def _ranks_all() -> list[int]:
+    """The pids of trtllm-serve ranks of any job."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"trtllm-serve" in f.read().split(b"\0")[:6]:
+                    out.append(int(pid))
+        except OSError:
+            continue
+    return out
+
+
 def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_path):
+    """pyxis (the NVIDIA default): the release is a job; its world one
+    ``srun --mpi=pmix`` step of 16 tasks in enroot containers (no Docker
+    container, no mpirun); a killed rank is named by status; restart,
+    rollback and stop; nothing left."""
     res = _deploy()
     assert res.returncode == 0, res.stdout + res.stderr
     a = _ledger()[-1]["release"]
     (job,) = jobs()
     assert job.name == slurm.release_job_name(SIM_CLUSTER, a) and job.state == "RUNNING"
-    # one step per unit: each node's container; and the release's reader (status, top and the watcher read through it)
-    assert sorted(n for n, _ in unit_steps(job).values()) == [f"{SIM_CLUSTER}-{a}"] * 2, job.steps
-    assert sorted(nodes for _, nodes in unit_steps(job).values()) == NODES
+    # one step for the world over both nodes; and the release's reader (status, top and the watcher read through it)
+    assert list(unit_steps(job).values()) == [(f"{SIM_CLUSTER}-{a}", "sim-b200-slurm-[0-1]")], job.steps
     assert [n for n, _ in job.steps.values()].count(reader.STEP_NAME) == 1, job.steps
+    (sid,) = unit_steps(job)
+    shown = login(f"scontrol show step {sid}")
+    assert " Tasks=16 " in shown and "TRES=" in shown, shown
+    ranks = _ranks(job.id)
+    assert sorted(ranks) == list(range(16)), sorted(ranks)
+    for rank, (_, env) in ranks.items():
+        # block distribution: ranks 0-7 on node 0, 8-15 on node 1; each its node's 8 GPUs as Slurm set them
+        assert env["SLURMD_NODENAME"] == NODES[rank // 8] and env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7", (rank, env)
+        assert "OMPI_MCA_orte_hnp_uri" not in env  # not started by mpirun
+    assert all(_containers(n) == {} for n in NODES)  # no Docker container: the step is the container
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     doc = json.loads(res.stdout)
     assert res.returncode == 0 and doc["healthy"] and doc["slurm"]["job"] == job.id, doc
     assert doc["slurm"]["time_limit"] == "1-00:00:00", doc["slurm"]
-    # the live view and the logs, read as steps of the release's job
+    # the live view, the logs (a pyxis unit's log has no times: --since is refused by name) and bench
     assert top_once(SIM_CLUSTER, NODES)["system"] == "trtllm-serve"
     res = run_invoke("logs", "--cluster", SIM_CLUSTER, "--tail", "5")
     assert res.returncode == 0 and f"{NODES[1]} | " in res.stdout, res.stdout + res.stderr
+    res = run_invoke("logs", "--cluster", SIM_CLUSTER, "--since", "5m")
+    assert res.returncode != 0 and "--since 5m: a pyxis unit's log is a file without times" in res.stderr, res.stdout + res.stderr
+    res = run_invoke("bench", "--cluster", SIM_CLUSTER, "--concurrency", "2", "--requests", "4", "--input-tokens", "16",
+                     "--output-tokens", "8", timeout=200)
+    assert res.returncode == 0, res.stdout + res.stderr
     (job_now,) = jobs()
     assert job_now.id == job.id
 
@@ -149,39 +213,44 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
     inv = tmp_path / "inventory"
     inv.mkdir()
     text = (REPO / "inventory" / "sim_b200_slurm.py").read_text()
-    old = 'trtllm_qwen38_fp8("qwen3.8-low-latency.yaml", '
+    old = 'trtllm_qwen38_fp8("qwen3.8-low-latency.yaml"'
     assert old in text
-    (inv / "sim_b200_slurm.py").write_text(text.replace(old, old + 'overrides={"max_batch_size": 4}, '))
+    (inv / "sim_b200_slurm.py").write_text(text.replace(old, old + ', overrides={"max_batch_size": 4}'))
     res = _deploy("--skip-prepare", env={"LLMDEPLOY_INVENTORY": str(inv)})
     assert res.returncode == 0, res.stdout + res.stderr
     b = _ledger()[-1]["release"]
     (job_b,) = jobs()
     assert a != b and job_b.name == slurm.release_job_name(SIM_CLUSTER, b) and job_b.id != job.id
 
-    # the step's own process on node 1 killed: the step is gone, status names it
-    kill_step(SIM_CLUSTER, NODES[1], f"{SIM_CLUSTER}-{b}", 2)
+    # rank 9 (node 1) killed: srun ends the world (--kill-on-bad-exit), status exits 1 and names the task
+    pid, env = _ranks(job_b.id)[9]
+    os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + 60
+    while time.monotonic() < end and (unit_steps(jobs()[0]) or _ranks(job_b.id)):
+        time.sleep(0.3)
+    assert not unit_steps(jobs()[0]) and _ranks(job_b.id) == {}
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     doc = json.loads(res.stdout)
     assert res.returncode == 1 and not doc["healthy"], doc
-    assert "job step" in doc["nodes"][NODES[1]]["reason"] and f"{SIM_CLUSTER}-{b}" in doc["nodes"][NODES[1]]["reason"], doc
-    text_out = run_invoke("status", "--cluster", SIM_CLUSTER).stdout
-    assert NODES[1] in text_out and "job step" in text_out
+    reason = doc["nodes"][NODES[1]]["reason"]
+    assert "its step ended" in reason and f"{NODES[1]}: task 9: Exited with exit code 137" in reason, reason
 
     res = run_invoke("restart", "--cluster", SIM_CLUSTER, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     assert res.returncode == 0, res.stdout
-    # the release restarted whole: its units are steps again, of the release's job
+    # the release restarted whole: its world one step again, of the release's job
     (job_r,) = jobs()
-    assert job_r.name == slurm.release_job_name(SIM_CLUSTER, b) and len(unit_steps(job_r)) == 2, job_r
+    assert job_r.name == slurm.release_job_name(SIM_CLUSTER, b) and len(unit_steps(job_r)) == 1, job_r
+    assert sorted(_ranks(job_r.id)) == list(range(16))
 
     res = run_invoke("rollback", "--cluster", SIM_CLUSTER, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"serving, release {a}, healthy" in res.stdout
     (job_a,) = jobs()
-    assert job_a.name == slurm.release_job_name(SIM_CLUSTER, a) and len(unit_steps(job_a)) == 2
+    assert job_a.name == slurm.release_job_name(SIM_CLUSTER, a) and len(unit_steps(job_a)) == 1
 
     res = run_invoke("stop", "--cluster", SIM_CLUSTER, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    nothing_left(SIM_CLUSTER, NODES)
+    nothing_left_pyxis()
     assert run_invoke("status", "--cluster", SIM_CLUSTER).returncode == 1

@@ -17,7 +17,9 @@ runs the flows (a fresh runner, SSH connection and transport each, as a new
 import contextlib
 import io
 import json
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -27,7 +29,6 @@ from flows import status as status_flow
 from llmdeploy.inventory import load_cluster
 from llmdeploy.launchers.slurm import commands as slurm
 from llmdeploy.launchers.slurm import reader
-from sim import hostview
 from sim.paths import cluster_dir
 from sim.slurm import slurm_dir
 from tests.conftest import run_invoke
@@ -82,7 +83,7 @@ def test_200_status_calls_create_a_handful_of_steps(sim_cluster):
     # one reader step beside the units' steps, a task on each node
     (first_reader,) = reader_steps(job)
     assert job.steps[first_reader][1] in ("sim-b200-slurm-[0-1]", ",".join(NODES)), job.steps
-    assert len(b200.unit_steps(job)) == 2
+    assert len(b200.unit_steps(job)) == 1  # the world: one pmix step over both nodes (pyxis)
 
     # the watcher's last reads and deploy's own are over: from here on only status reads
     time.sleep(3)
@@ -100,12 +101,16 @@ def test_200_status_calls_create_a_handful_of_steps(sim_cluster):
     (job_now,) = b200.jobs()
     assert reader_steps(job_now) == [first_reader], job_now.steps  # the same reader all along
 
-    # a container stopped behind the tool's back: once the reader's age limit has passed since
-    # the stop, no record from before it may answer, so the next status shows it
-    # (the unit's step ends with its container: status names that too; the state is the read's)
+    # a rank killed behind the tool's back (the world's step ends): once the reader's age limit has
+    # passed since, no record from before it may answer, so the next status shows it
+    # (the unit's step ends with its world: status names that too; the state is the read's)
     container = f"{SIM_CLUSTER}-{rid}"
     limit = reader.max_age(load_cluster(SIM_CLUSTER).slurm.reader_period_s)
-    hostview.docker(SIM_CLUSTER, NODES[1], "stop", "-t", "1", container)
+    pid, _ = b200._ranks(job.id)[8]
+    os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + 60
+    while b200._ranks(job.id) and time.monotonic() < end:
+        time.sleep(0.2)
     time.sleep(limit + 0.5)
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     state = json.loads(res.stdout)["nodes"][NODES[1]]["units"][container]["state"]
@@ -141,5 +146,5 @@ def test_200_status_calls_create_a_handful_of_steps(sim_cluster):
     assert b200.login(f"test -d {d} && echo there || echo gone").strip() == "there"
     res = run_invoke("stop", "--cluster", SIM_CLUSTER, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    b200.nothing_left(SIM_CLUSTER, NODES)
+    b200.nothing_left_pyxis()
     assert b200.login(f"test -d {d} && echo there || echo gone").strip() == "gone"

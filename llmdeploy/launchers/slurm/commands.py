@@ -173,12 +173,13 @@ def parse_sinfo(out: str, names: list[str]) -> dict[str, NodeState]:
 # -- allocations -------------------------------------------------------------------------
 def salloc_command(cluster: Cluster, names: list[str], job_name: str, time_limit: str | None = None) -> str:
     """An allocation of ``names`` for one command's steps, without a shell
-    (salloc --no-shell: the job holds the nodes until scancel or its limit).
-    Prints ``salloc: Granted job allocation <id>`` on stderr."""
+    (salloc --no-shell: the job holds the nodes until scancel or its limit),
+    whole (--exclusive: verify-comm's world runs a task per GPU in it, as the
+    release's job does). Prints ``salloc: Granted job allocation <id>`` on stderr."""
     s = cluster.slurm
     assert s is not None
     args = ["salloc", "--no-shell", f"--job-name={job_name}", f"--nodes={len(names)}", f"--nodelist={hostlist(names)}",
-            "--ntasks-per-node=1", f"--immediate={max(1, int(s.alloc_timeout_s))}", *gres_args(cluster), *where_args(cluster)]
+            "--ntasks-per-node=1", "--exclusive", f"--immediate={max(1, int(s.alloc_timeout_s))}", *gres_args(cluster), *where_args(cluster)]
     args.append(f"--time={time_limit or s.command_time_limit}")
     return " ".join(q(a) for a in args)
 
@@ -383,6 +384,24 @@ def srun_one_command(cluster: Cluster, job_id: str, name: str, step_name: str, c
     args = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={name}", *gres_args(cluster),
             f"--job-name={step_safe(step_name)}", "bash", "-c", command]
     return " ".join(q(a) for a in args)
+
+
+def world_command(cluster: Cluster, job_id: str, names: list[str], tasks: int, argv: list[str], env: dict[str, dict[str, str]]) -> str:
+    """On the login host: ``argv`` as one MPI world, ``tasks`` tasks on each
+    of ``names`` (Slurm's names), wired up by PMIx (``srun --mpi=pmix``, as
+    nccl-tests and TensorRT-LLM run on Slurm); each task first sets its
+    node's ``env`` (by SLURMD_NODENAME). srun's output and exit status."""
+    for node_env in env.values():
+        for k in node_env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                raise ValueError(f"not a variable name: {k!r}")
+    cases = "".join(f"  {q(n)}) " + "".join(f"export {q(f'{k}={v}')}; " for k, v in sorted(env.get(n, {}).items())) + ";;\n"
+                    for n in names)
+    script = f'case "$SLURMD_NODENAME" in\n{cases}esac\nexec "$@"\n'
+    args = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(names)}", f"--ntasks={len(names) * tasks}",
+            f"--ntasks-per-node={tasks}", f"--nodelist={hostlist(names)}", *gres_args(cluster), "--mpi=pmix", "--kill-on-bad-exit=1",
+            f"--job-name={step_safe(argv[0] if argv else 'world')}", "bash", "-c", script, "llmdeploy-world", *argv]
+    return " ".join(q(a) for a in args) + " < /dev/null"
 
 
 def step_safe(name: str) -> str:

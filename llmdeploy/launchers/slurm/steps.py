@@ -89,6 +89,22 @@ class SlurmSteps:
         """The forward leaves the login host: the node's own loopback is its serving address from there."""
         return str(node.ip) if dest.startswith("127.") else dest
 
+    def world(self, nodes: list[Node], tasks: int, argv: list[str], env: dict[str, dict[str, str]],
+              timeout: float | None) -> tuple[str, str, int] | None:
+        """``argv`` as one ``srun --mpi=pmix`` step of ``tasks`` tasks on each
+        node, in this command's allocation (or the release's job): PMIx wires
+        the ranks (srun's block distribution: the first node's are ranks 0 to
+        tasks-1), each node's ``env`` set in its tasks, no SSH between nodes."""
+        for n in nodes:
+            self.refuse_unusable(n)
+        try:
+            job = self.allocation(nodes)
+        except AllocationError as exc:
+            raise UnreachableError(str(exc)) from exc
+        command = slurm.world_command(self.c, job, [self.c.slurm_name(n) for n in nodes], tasks, argv,
+                                      {self.c.slurm_name(n): env.get(n.name, {}) for n in nodes})
+        return self.login_exec(command, timeout)
+
     # -- the login host ---------------------------------------------------------------
     def login_exec(self, command: str, timeout: float | None = None, stdin: bytes | None = None,
                    read: bool = False) -> tuple[str, str, int]:
