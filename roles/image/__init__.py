@@ -18,10 +18,12 @@ import shlex
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
-from roles import counted, fail_odd_ones, hosts_text, progress_echo, progress_line
+from llmdeploy.sections import counted
+from llmdeploy.unitscripts import IMAGE_MARK
+from roles import fail_odd_ones, hosts_text, progress_echo, progress_line
 from roles.facts import excerpt
 
-MARK = "@@llmdeploy-image@@"
+MARK = IMAGE_MARK
 INSPECT = "{{.Id}} {{json .RepoDigests}}"
 
 # docker pull's lines without a terminal: "<layer>: Pulling fs layer",
