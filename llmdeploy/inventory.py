@@ -535,6 +535,14 @@ class Cluster(Strict):
             problems.append(("slurm.container", "pyxis imports images from a registry (enroot): image.tarball is loaded by docker on each node; "
                                                 "use container 'docker' or drop image.tarball"))
         elif s.container == "pyxis":
+            if self.image.distribute:
+                problems.append(("image.distribute", "sends the image down the nodes' chain with docker save and docker load; pyxis imports it "
+                                                     "on each node from the registry (enroot): drop image.distribute or use container 'docker'"))
+            wheels = self.profile.wheel_set()
+            if wheels and wheels.pins:
+                problems.append(("slurm.container", f"the profile pins wheels ({', '.join(wheels.pins[:3])}{', ...' if len(wheels.pins) > 3 else ''}), "
+                                                    "which prepare installs into a derived docker image; with pyxis that is not built: "
+                                                    "use container 'docker' or pin no wheels"))
             # planned (docs/slurm.md): each unit's docker run options (devices, mounts,
             # environment file, host network) as srun --container-image/--container-mounts/--container-env
             problems.append(("slurm.container", "'pyxis' (srun --container-image) is planned, not built yet: this version starts "
