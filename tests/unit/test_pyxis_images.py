@@ -29,7 +29,7 @@ from roles import facts, image, progress_line, record, runtime
 from roles import release as release_role
 from systems.common import serving_image
 from tests.unit.test_pyxis_units import Node as UnitsNode
-from tests.unit.test_pyxis_units import start_time
+from tests.unit.test_pyxis_units import start_time, until
 
 SHELLS = ["sh", "bash"]
 RID = "20260101T000000Z-abcdef01"
@@ -331,8 +331,6 @@ def _run_unit(n: UnitsNode, container: str, sqsh: str) -> None:
                          env={"PATH": os.environ["PATH"]}, start_new_session=True)
     n.procs.append(p)
     task = Path(n.release()) / "units" / container / "task.0"
-    from tests.unit.test_pyxis_units import until
-
     until(lambda: task.exists(), what=f"{container} started")
 
 
