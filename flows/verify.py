@@ -37,7 +37,6 @@ picture, and the document with its detail, go into a local folder
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from collections import Counter
 from pathlib import Path
@@ -253,8 +252,7 @@ def all_reduce(cluster: Cluster, runner: Runner, hostnames: dict[str, str | None
         world = comm.all_reduce_world(cluster, vs.all_reduce_args)
         got = runner.world(*world, timeout) if world else None
         if got is not None:
-            nodes, tasks, argv, _ = world
-            cmd = f"{shlex.join(argv)} ({tasks} ranks on each of {', '.join(n.name for n in nodes)}, started by the cluster's launcher)"
+            cmd = comm.world_text(world)
             out, err, code = got
         else:
             cmd = comm.all_reduce_command(cluster, vs.all_reduce_args)

@@ -279,7 +279,8 @@ class Slurm(Strict):
     # how a unit's container starts on its node: "pyxis" (each unit a step
     # with srun --container-image, enroot) or "docker" (srun runs the unit's
     # docker run there); None: the platform's vendor's default (NVIDIA:
-    # pyxis; Ascend: docker, the only one its units run with)
+    # pyxis, or docker for a cluster that needs what only docker does: an
+    # image tarball or chain, wheels in a derived image; Ascend: docker)
     container: Literal["docker", "pyxis"] | None = None
     # the nodes' accelerators as Slurm's generic resources (gres.conf Name=):
     # every job and step asks for ``--gres=<gres>:<per node>``; None: the
@@ -538,13 +539,29 @@ class Cluster(Strict):
         except LlmdeployError:
             return problems  # the platform's own problem is named where it is checked
         if s.container is None:
-            s.container = allowed[0]
+            # the vendor's first that can run the cluster as planned (what only docker does keeps it on docker)
+            s.container = next((c for c in allowed if not self._pyxis_problems(c)), allowed[-1])
         elif s.container not in allowed:
             problems.append(("slurm.container", f"{s.container!r}: {self.platform}'s units run under Slurm with {' or '.join(map(repr, allowed))} "
                                                 "(the README, \"Clusters run by Slurm\")"))
-        if s.container == "pyxis" and self.image.tarball:
-            problems.append(("slurm.container", "pyxis imports images from a registry (enroot): image.tarball is loaded by docker on each node; "
-                                                "use container 'docker' or drop image.tarball"))
+        return problems + self._pyxis_problems(s.container)
+
+    def _pyxis_problems(self, container: str) -> list[tuple[str, str]]:
+        """What a cluster on ``container`` asks for that a pyxis step cannot give (nothing for docker)."""
+        if container != "pyxis":
+            return []
+        if self.image.tarball:
+            return [("slurm.container", "pyxis imports images from a registry (enroot): image.tarball is loaded by docker on each node; "
+                                        "use container 'docker' or drop image.tarball")]
+        problems = []
+        if self.image.distribute:
+            problems.append(("image.distribute", "sends the image down the nodes' chain with docker save and docker load; pyxis imports it "
+                                                 "on each node from the registry (enroot): drop image.distribute or use container 'docker'"))
+        wheels = self.profile.wheel_set()
+        if wheels and wheels.pins:
+            problems.append(("slurm.container", f"the profile pins wheels ({', '.join(wheels.pins[:3])}{', ...' if len(wheels.pins) > 3 else ''}), "
+                                                "which prepare installs into a derived docker image; with pyxis that is not built: "
+                                                "use container 'docker' or pin no wheels"))
         return problems
 
     def slurm_name(self, node: Node) -> str:

@@ -153,7 +153,23 @@ class UnitRuntime(Protocol):
     named unit's command. ``status_script``, ``top_script``,
     ``logs_script``, ``follow_command``: status's, top's and logs' reads.
     ``bundle_sections(containers, max_bytes)``: a failure bundle's files of
-    each unit, ``(file name, shell command)``. A builder raises
+    each unit, ``(file name, shell command)``.
+
+    The units' image and engine, as prepare, facts and the release's reads
+    see them: ``image_script(ref, check)``, what a node runs to have image
+    ``ref`` the way its units run it, printing ``unitscripts.IMAGE_MARK``'s
+    lines (``check``: read-only, what it would do; the facts script probes
+    with it); None: Docker's pull or load (``roles.image``).
+    ``image_id_script()``: shell that defines ``llmdeploy_image_id REF``,
+    which prints the ID of image REF on the node (the config digest, Docker's
+    image ID) and fails when the node lacks it (REF as a release records it:
+    a reference, or what prepare recorded for the units to run).
+    ``engine_script()``: the engine that runs the units, a line
+    ``<name> version <version>`` per part (``-``: a version the node cannot
+    tell), failing with the reason when the node cannot run them (a
+    section of the facts script: it must not exit the script).
+    ``running_script()``: the names of the cluster's units that run on the
+    node, one a line. A builder raises
     ``LlmdeployError`` for what its runtime cannot do (a pyxis unit's log
     has no times: ``logs --since``).
 
@@ -189,6 +205,14 @@ class UnitRuntime(Protocol):
     def follow_command(self, container: str, opts: list[str]) -> str: ...
 
     def bundle_sections(self, containers: list[str], max_bytes: int) -> list[tuple[str, str]]: ...
+
+    def image_script(self, ref: str, check: bool) -> str | None: ...
+
+    def image_id_script(self) -> str: ...
+
+    def engine_script(self) -> str: ...
+
+    def running_script(self) -> str: ...
 
 
 class LauncherPlugin(Protocol):

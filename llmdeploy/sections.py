@@ -3,7 +3,8 @@ section starts with a marker line and ends with its command's exit status
 (:func:`section`, :func:`split_sections`), and the small readers every
 facts parser shares (numbers, CPU lists, a device topology's CPU affinity).
 The roles and the platforms (``platforms/<vendor>/``) build and read their
-scripts with these.
+scripts with these; and a long command's progress lines read from its own
+output (:func:`counted`), for the roles' scripts and a launcher's alike.
 
 Core: imports nothing above ``llmdeploy``.
 """
@@ -11,6 +12,9 @@ Core: imports nothing above ``llmdeploy``.
 from __future__ import annotations
 
 import re
+import shlex
+
+from .runner import PROGRESS_MARK
 
 MARK = "@@llmdeploy@@"
 
@@ -116,3 +120,19 @@ def placed(devices: list[dict], topo_text: str, prefix: str, cpu_nodes: dict[int
         d["numa"] = numa_of(d["cpu_affinity"], cpu_nodes)
     return devices
 
+
+def counted(command: str, awk: str) -> str:
+    """Shell: ``command`` (stdout and stderr together) read by ``awk``, which
+    passes every line on to stderr and prints progress lines (to stderr too)
+    from them; the exit status is the command's (the shell hands it to awk
+    in a last line of its own, which awk exits with). ``awk``: the program's
+    rules, with the mark in ``m``."""
+    return (
+        f'{{ {command} 2>&1; echo "{_RC} $?"; }} | '
+        f"awk -v m={shlex.quote(PROGRESS_MARK)} -v r={_RC} {shlex.quote(_AWK_HEAD + awk + _AWK_TAIL)} >&2"
+    )
+
+
+_RC = "@@llmdeploy-rc@@"
+_AWK_HEAD = '$1 == r { rc = $2; next }\n{ print; fflush() }\n'
+_AWK_TAIL = '\nEND { exit (rc == "" ? 1 : rc) }\n'

@@ -40,6 +40,13 @@ STATES = {"created", "restarting", "running", "removing", "paused", "exited", "d
 # the signals a unit is sent (a drain's TERM, and what a server reads as "reopen logs" and the like)
 SIGNALS = ("TERM", "INT", "USR1", "USR2", "HUP")
 
+# What a runtime's image script prints (``UnitRuntime.image_script``, read by
+# roles.image): ``IMAGE_MARK <state> <image ID> <JSON list of repo digests>``
+# (state present, pulled, loaded, imported), or ``IMAGE_MARK would-<what>``
+# in a check; and, when the units run another thing than the reference
+# (an imported file), ``IMAGE_MARK serving <what they run>``.
+IMAGE_MARK = "@@llmdeploy-image@@"
+
 # a runtime's command printing ``<status> <exit code>`` of one unit (its name given quoted); fails when there is none
 StateCommand = Callable[[str], str]
 

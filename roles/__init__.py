@@ -159,20 +159,3 @@ def progress_line(line: str) -> Progress | None:
         return None
     label = parts[3].strip() if len(parts) > 3 else ""
     return done, total, parts[2], label[:48] + ("..." if len(label) > 48 else "")
-
-
-def counted(command: str, awk: str) -> str:
-    """Shell: ``command`` (stdout and stderr together) read by ``awk``, which
-    passes every line on to stderr and prints progress lines (to stderr too)
-    from them; the exit status is the command's (the shell hands it to awk
-    in a last line of its own, which awk exits with). ``awk``: the program's
-    rules, with the mark in ``m``."""
-    return (
-        f'{{ {command} 2>&1; echo "{_RC} $?"; }} | '
-        f"awk -v m={shlex.quote(PROGRESS_MARK)} -v r={_RC} {shlex.quote(_AWK_HEAD + awk + _AWK_TAIL)} >&2"
-    )
-
-
-_RC = "@@llmdeploy-rc@@"
-_AWK_HEAD = '$1 == r { rc = $2; next }\n{ print; fflush() }\n'
-_AWK_TAIL = '\nEND { exit (rc == "" ? 1 : rc) }\n'

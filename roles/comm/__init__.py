@@ -469,6 +469,12 @@ def all_reduce_world(cluster: Cluster, args: str) -> tuple[list[Node], int, list
     return [n for n, _, _ in ranks], ranks[0][1], ["all_reduce_perf", *shlex.split(args)], env
 
 
+def world_text(world: tuple[list[Node], int, list[str], dict[str, dict[str, str]]]) -> str:
+    """How the verify report shows a launched world (``all_reduce_world``): its command and where its ranks ran."""
+    nodes, tasks, argv, _ = world
+    return f"{shlex.join(argv)} ({tasks} ranks on each of {', '.join(n.name for n in nodes)}, started by the cluster's launcher)"
+
+
 # nccl-tests' and NCCL's own lines (nccl-tests src/common.h NCCLCHECK/TESTCHECK;
 # NCCL src/debug.cc "host:pid:tid [dev] file:line (func) NCCL WARN msg")
 _NCCL_WARN = re.compile(r"^(?P<host>[^\s:]+):\d+:\d+ \[\d+\] (?:\S+:\d+ )?(?:\(\S+\) )?NCCL WARN (?P<msg>.+)$", re.M)

@@ -20,7 +20,12 @@ from llmdeploy.sections import cpulist as _cpulist  # noqa: F401
 from roles import from_facts, in_one_piece, keep_progress_fd, progress_line
 
 def build(cluster: Cluster, node: Node) -> str:
-    """The facts script for one node (POSIX sh, read-only)."""
+    """The facts script for one node (POSIX sh, read-only). The container
+    engine and this cluster's running units are the units' runtime's to
+    read (``roles.runtime``: docker, or a launcher's own)."""
+    from roles import runtime  # roles.runtime reads sections with this module's split_sections
+
+    rt = runtime.of(cluster)
     model = shlex.quote(cluster.model.path)
     parts = [
         section("hostname", "hostname"),
@@ -33,12 +38,13 @@ def build(cluster: Cluster, node: Node) -> str:
         section("df", f"p={model}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -Pk \"$p\""),
         section("addr", "ip -o -4 addr show"),
         section("link", "ip -o link show"),
-        section("docker", "docker --version"),
+        # the section keeps docker's name whatever the runtime (what reads the facts knows it so)
+        section("docker", rt.engine_script().rstrip()),
         # free space where the tool keeps releases and logs
         section("df_base", f"p={shlex.quote(cluster.base_dir)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -Pk \"$p\""),
         # TCP listeners, and this cluster's serving containers (ports they hold are ours)
         section("listen", "ss -Htln"),
-        section("ours", f"docker ps --filter label=llmdeploy.cluster={shlex.quote(cluster.name)} --format '{{{{.Names}}}}'"),
+        section("ours", rt.running_script().rstrip()),
     ]
     vendor = vendor_of(cluster)
     parts += vendor.facts_lines(cluster, node)
@@ -175,7 +181,7 @@ def parse(cluster: Cluster, node: Node, stdout: str) -> dict:
     mismatch = platform_mismatch(cluster, node, facts, s)
     if mismatch:
         facts["platform_mismatch"] = mismatch
-    facts["problems"] = mismatch + _problems(cluster, node, facts)
+    facts["problems"] = mismatch + _problems(cluster, node, facts, s)
     return facts
 
 
@@ -215,10 +221,19 @@ def _host_facts(s: dict[str, tuple[str, int | None]], node: Node, cpu_nodes: dic
     facts["nics"] = parse_addrs(text("addr") or "", text("link") or "")
     serving = next((n for n in facts["nics"] if n["name"] == node.nic), None)
     facts["nic"] = serving
-    dv = text("docker") or ""
-    m = re.search(r"version ([^,\s]+)", dv)
-    facts["container_engine"] = f"docker {m.group(1)}" if m else None
+    facts["container_engine"] = engine(text("docker") or "")
     return facts
+
+
+def engine(text: str) -> str | None:
+    """The container engine from its section (``UnitRuntime.engine_script``):
+    each line ``<name> version <version>[, ...]`` (docker's own: ``Docker
+    version 26.1.3, build b72abbb``) as ``<name> <version>``, the parts
+    joined with " + " (``-``: a version the node cannot tell, the name
+    alone); None when no line says one."""
+    parts = [m.group(1).lower() + ("" if m.group(2) == "-" else f" {m.group(2)}")
+             for m in re.finditer(r"^(\S+) version ([^,\s]+)", text, re.M)]
+    return " + ".join(parts) or None
 
 
 def _unreadable(cluster: Cluster, node: Node, s: dict[str, tuple[str, int | None]], accel: list[dict], facts: dict) -> dict[str, str]:
@@ -308,7 +323,7 @@ def platform_mismatch(cluster: Cluster, node: Node, facts: dict, s: dict[str, tu
     return out
 
 
-def _problems(cluster: Cluster, node: Node, facts: dict) -> list[str]:
+def _problems(cluster: Cluster, node: Node, facts: dict, s: dict[str, tuple[str, int | None]]) -> list[str]:
     """What the facts say is wrong for serving; the facts task reports them."""
     out = []
     if node.devices and len(facts["devices"]) < node.devices:
@@ -320,7 +335,11 @@ def _problems(cluster: Cluster, node: Node, facts: dict) -> list[str]:
         out += [f"{facts['accelerator'].upper()} {d['id']}: {d['health']}" for d in facts["devices"] if str(d.get("health")).startswith("unreadable")]
     out += nic_problems(node, facts)
     if facts["container_engine"] is None:
-        out.append("no container engine (docker --version failed)")
+        # what the engine's section said last (its failure: docker missing, the runtime's reason)
+        text, rc = s.get("docker", ("", None))
+        said = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        why = said[-1][:200] if said else ("no answer" if rc is None else f"exit {rc}")
+        out.append(f"no container engine ({why})")
     return out
 
 

@@ -8,7 +8,15 @@ loaded image has none).
 While a pull or a load runs, progress lines say how far it got: a pull the
 layers done (pulled, or already there) of the layers known so far, read from
 docker's own lines (without a terminal it prints one per layer state, no
-byte counts); a load the bytes of the tarball read into ``docker load``."""
+byte counts); a load the bytes of the tarball read into ``docker load``.
+
+That is Docker's way. A cluster whose units' runtime has its own
+(``UnitRuntime.image_script``: a pyxis cluster imports the image once per
+node with enroot, into a squashfs file named by its ID) runs the runtime's
+script instead, which prints the same lines (``unitscripts.IMAGE_MARK``),
+plus what the units run (``serving``: the imported file), which prepare
+records as the node's ``serving_ref``. The ID compared is the same on
+both: the image's config digest."""
 
 from __future__ import annotations
 
@@ -18,10 +26,12 @@ import shlex
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
-from roles import counted, fail_odd_ones, hosts_text, progress_echo, progress_line
+from llmdeploy.sections import counted
+from llmdeploy.unitscripts import IMAGE_MARK
+from roles import fail_odd_ones, hosts_text, progress_echo, progress_line, runtime
 from roles.facts import excerpt
 
-MARK = "@@llmdeploy-image@@"
+MARK = IMAGE_MARK
 INSPECT = "{{.Id}} {{json .RepoDigests}}"
 
 # docker pull's lines without a terminal: "<layer>: Pulling fs layer",
@@ -41,8 +51,17 @@ $1 ~ /^[0-9a-f]+:$/ {
 LOAD_PIECE = 16 * 1024 * 1024
 
 
+def _own(cluster: Cluster, check: bool) -> str | None:
+    """The units' runtime's own script for the image (None: Docker's, here)."""
+    return runtime.of(cluster).image_script(cluster.image.ref, check)
+
+
 def probe(cluster: Cluster, node: Node | None = None) -> str:
-    """Is the image there (read-only): the first part of ``build``."""
+    """Is the image there (read-only): the first part of ``build`` (the
+    runtime's own check, which says no more than what it would do)."""
+    own = _own(cluster, True)
+    if own is not None:
+        return own
     return "\n".join(_inspect_lines(cluster)) + "\n"
 
 
@@ -56,6 +75,9 @@ def _inspect_lines(cluster: Cluster) -> list[str]:
 
 
 def build(cluster: Cluster, check: bool = False) -> str:
+    own = _own(cluster, check)
+    if own is not None:
+        return own
     tar = cluster.image.tarball
     lines = _inspect_lines(cluster)
     if tar:
@@ -105,6 +127,9 @@ def parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostRe
     if not isinstance(digests, list):
         digests = []
     data = {"ref": cluster.image.ref, "id": image_id, "repo_digests": digests or [], "state": state}
+    serving = re.search(rf"^{re.escape(MARK)} serving (/.*)$", out, re.M)
+    if serving:  # what the units run, when not the reference (the runtime's imported file)
+        data["serving_ref"] = serving.group(1)
     if state == "present":
         return HostResult(node.name, OK, msg=f"present {image_id[:19]}", data=data)
     if state.startswith("would-"):
@@ -121,7 +146,7 @@ def ensure_step(ctx) -> Step:
             key=lambda r: (r.data or {}).get("id"),
             describe=lambda h, mine, ref, agreeing: (
                 f"image {cluster.image.ref} is {mine} here but {ref} on {hosts_text(agreeing)}: another build "
-                f"(remove it here with docker rmi and prepare again, or fix this node's registry mirror)"
+                f"(remove {_remove(results[h])} and prepare again, or fix this node's registry mirror)"
             ),
         )
 
@@ -142,6 +167,12 @@ def ensure_step(ctx) -> Step:
     )
 
 
+def _remove(r: HostResult) -> str:
+    """How the node's copy of the image is removed: its imported file, or docker rmi."""
+    served = (r.data or {}).get("serving_ref")
+    return f"{served} here" if served else "it here with docker rmi"
+
+
 def accessories(cluster: Cluster) -> list[str]:
     """Images node 0 needs besides the serving image (Dynamo's etcd and NATS
     when the tool starts them); none for the other profiles."""
@@ -153,6 +184,11 @@ def accessories_build(cluster: Cluster, node: Node, check: bool) -> str | None:
     """Pull (or, in check mode, say it would pull) each accessory image node 0 lacks."""
     refs = accessories(cluster)
     if node.name != cluster.node0.name or not refs:
+        return None
+    if runtime.of(cluster).image_script(refs[0], True) is not None:
+        # a runtime with images of its own starts these units from their
+        # references (a pyxis step imports its image as it starts): not built
+        # here yet, the host is skipped
         return None
     lines = []
     for ref in refs:

@@ -1,5 +1,7 @@
 """What prepare decided for each node, written on the node for the start step
-and for ``invoke check``: the image ID and the image to run, the NUMA
+and for ``invoke check``: the image ID and the image to run (what the
+image step says the units run, an imported file on a pyxis cluster; else
+the image with its wheels), the NUMA
 binding, the environment file, the NIC. Deterministic content (no time
 stamps), so an unchanged cluster is an unchanged file."""
 
@@ -25,7 +27,9 @@ def content(cluster: Cluster, node: Node, image: dict | None, binding: dict | No
         "image": {
             "ref": cluster.image.ref,
             "id": (image or {}).get("id"),
-            "serving_ref": wheels.serving_ref(cluster),
+            # what the units run: what the image step says they run (the
+            # runtime's imported file), else the image with its wheels
+            "serving_ref": (image or {}).get("serving_ref") or wheels.serving_ref(cluster),
         },
         "binding": binding or {},
         "env_file": commenv.env_path(cluster, node),

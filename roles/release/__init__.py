@@ -15,6 +15,7 @@ import shlex
 from llmdeploy.inventory import Cluster
 from llmdeploy.lock import audit_path
 from llmdeploy.release import append_script, current_link, ledger_path, release_dir, releases_dir
+from roles import runtime
 from roles.facts import section, split_sections
 
 
@@ -56,24 +57,27 @@ def parse_ledger_read(out: str) -> tuple[str, str | None] | None:
     return s["ledger"][0], current
 
 
-def _problems(d: str) -> str:
+def _problems(d: str, image_id: str) -> str:
     """Lines ``missing <file>``/``missing image <ref>``/``image <ref> is ...``
     for what release directory ``d`` needs and lacks: the files its
     release.json lists (else those every release had before plans were
-    recorded), its image with the recorded ID and its serving image."""
+    recorded), its image with the recorded ID and its serving image, as the
+    units' runtime has them (``image_id``: its ``image_id_script``, which
+    defines ``llmdeploy_image_id``)."""
     q = shlex.quote
     listed = f"sed -n '/\"files\": \\[/,/\\]/p' {q(d)}/release.json 2>/dev/null | grep -o '\"[^\"]*\"' | tr -d '\"' | grep -vx files"
     return (
         f"for f in env release.json $({listed}); do [ -f {q(d)}/\"$f\" ] || echo \"missing {d}/$f\"; done\n"
         f"[ -f {q(d)}/plan.json ] || for f in run.sh serve.sh; do [ -f {q(d)}/$f ] || echo \"missing {d}/$f\"; done\n"
-        f"if [ -f {q(d)}/release.json ]; then\n"
+        + image_id
+        + f"if [ -f {q(d)}/release.json ]; then\n"
         f"  img=$(sed -n 's/.*\"image\": \"\\([^\"]*\\)\".*/\\1/p' {q(d)}/release.json)\n"
         f"  want=$(sed -n 's/.*\"image_id\": \"\\([^\"]*\\)\".*/\\1/p' {q(d)}/release.json)\n"
-        "  have=$(docker image inspect --format '{{.Id}}' \"$img\" 2>/dev/null)\n"
+        '  have=$(llmdeploy_image_id "$img")\n'
         '  [ -n "$have" ] || echo "missing image $img"\n'
         '  [ -z "$have" ] || [ -z "$want" ] || [ "$have" = "$want" ] || echo "image $img is $have, the release ran $want"\n'
         f"  simg=$(sed -n 's/.*\"serving_image\": \"\\([^\"]*\\)\".*/\\1/p' {q(d)}/release.json)\n"
-        '  [ -z "$simg" ] || docker image inspect "$simg" >/dev/null 2>&1 || echo "missing image $simg"\n'
+        '  [ -z "$simg" ] || llmdeploy_image_id "$simg" >/dev/null 2>&1 || echo "missing image $simg"\n'
         "fi"
     )
 
@@ -96,7 +100,7 @@ def release_script(cluster: Cluster, rid: str) -> str:
     d = release_dir(cluster, rid)
     q = shlex.quote
     return "\n".join([
-        section("problems", _problems(d)),
+        section("problems", _problems(d, runtime.of(cluster).image_id_script())),
         section("meta", f"cat {q(d)}/release.json"),
         section("plan", f"cat {q(d)}/plan.json 2>/dev/null || true"),
         section("attempts", _attempts(d)),

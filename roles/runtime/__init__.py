@@ -13,6 +13,7 @@ from llmdeploy import launcher
 from llmdeploy.inventory import Cluster
 from llmdeploy.launcher import UnitRuntime
 from llmdeploy.release import releases_dir
+from llmdeploy.unitscripts import LABEL
 from roles import containers as ctr
 from roles import status
 
@@ -69,6 +70,18 @@ class Docker:
             out += [(f"{stem}.log", f"docker logs {shlex.quote(c)} 2>&1 | tail -c {int(max_bytes)}"),
                     (f"{stem}.inspect.json", f"docker inspect {shlex.quote(c)} 2>&1")]
         return out
+
+    def image_script(self, ref: str, check: bool) -> str | None:
+        return None  # docker pull or load (roles.image)
+
+    def image_id_script(self) -> str:
+        return "llmdeploy_image_id() { docker image inspect --format '{{.Id}}' \"$1\" 2>/dev/null; }\n"
+
+    def engine_script(self) -> str:
+        return "docker --version"
+
+    def running_script(self) -> str:
+        return f"docker ps --filter label={LABEL}.cluster={shlex.quote(self.c.name)} --format '{{{{.Names}}}}'"
 
 
 def of(cluster: Cluster) -> UnitRuntime:

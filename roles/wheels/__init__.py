@@ -18,7 +18,8 @@ import shlex
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
-from roles import counted, progress_line
+from llmdeploy.sections import counted
+from roles import progress_line
 from roles.facts import excerpt
 
 MARK = "@@llmdeploy-wheels@@"

@@ -245,6 +245,18 @@ class _Node0:
         self.sent.append((node.name, command))
         return self.answer
 
+    def world(self, nodes, tasks, argv, env, timeout=None):
+        """Over SSH no launcher wires a world: mpirun on node 0 does (Transport.world)."""
+        return None
+
+
+class _Launched(_Node0):
+    """A launcher that starts the world itself (Slurm's srun --mpi=pmix): what it ran, what it printed."""
+
+    def world(self, nodes, tasks, argv, env, timeout=None):
+        self.sent.append(([n.name for n in nodes], tasks, argv, env))
+        return self.answer
+
 
 def test_verify_comm_judges_the_world_and_names_the_node():
     from sim.standins import nccl_tests as nt
@@ -277,3 +289,20 @@ def test_verify_comm_judges_the_world_and_names_the_node():
     run = _Node0(good)
     perf = verify.all_reduce(c, run, {"sim-b200-0": "sim-b200-0", "sim-b200-1": "gpu-b17"})
     assert run.sent == [("sim-b200-0", comm.all_reduce_command(c, ARGS))] and perf["ok"]
+
+
+def test_a_world_the_launcher_starts_runs_without_mpirun_and_names_the_failed_tasks():
+    """Where the transport launches worlds (Runner.world), all_reduce_perf is
+    one, a rank per GPU on each node with that node's NCCL_SOCKET_IFNAME, no
+    mpirun and no launch agent; the tasks the launcher says ended are named
+    by their node."""
+    c = load_cluster("sim-b200-slurm")
+    said = ("srun: error: sim-b200-slurm-1: task 9: Exited with exit code 137\n"
+            "srun: error: sim-b200-slurm-1: tasks 8,10-15: Killed\n")
+    r = _Launched("", said, 137)
+    perf = verify.all_reduce(c, r, {n.name: n.name for n in c.nodes})
+    ((nodes, tasks, argv, env),) = r.sent
+    assert nodes == ["sim-b200-slurm-0", "sim-b200-slurm-1"] and tasks == 8 and argv[0] == "all_reduce_perf"
+    assert env["sim-b200-slurm-1"]["NCCL_SOCKET_IFNAME"] == "ens1f0" and "mpirun" not in " ".join(argv)
+    assert not perf["ok"] and "sim-b200-slurm-1: task 9 (ranks): Exited with exit code 137" in perf["failures"][0], perf["failures"]
+    assert perf["command"].startswith("all_reduce_perf ") and "started by the cluster's launcher" in perf["command"]

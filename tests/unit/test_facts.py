@@ -147,7 +147,7 @@ def test_parse_marks_problems():
     f = facts.parse(c, node, out)
     assert "NIC enp189s0f0 is down (state DOWN)" in f["problems"]
     assert "NIC enp189s0f0 does not own 192.0.2.10 (no interface has 192.0.2.10; it has 192.0.2.99/24)" in f["problems"]
-    assert "no container engine (docker --version failed)" in f["problems"]
+    assert "no container engine (sh: docker: not found)" in f["problems"]
     assert "0 of 16 NPUs visible" in f["problems"]
 
 

@@ -18,7 +18,8 @@ from llmdeploy import report
 from llmdeploy.inventory import load_cluster
 from llmdeploy.releaseplan import Probe, ReleasePlan
 from llmdeploy.runner import PROGRESS_MARK, HostResult, without_progress
-from roles import counted, image, in_one_piece, keep_progress_fd, model, progress_echo, progress_line, wheels
+from llmdeploy.sections import counted
+from roles import image, in_one_piece, keep_progress_fd, model, progress_echo, progress_line, wheels
 from roles.facts import section, split_sections
 
 M = PROGRESS_MARK

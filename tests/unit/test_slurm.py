@@ -298,3 +298,23 @@ def test_the_end_of_a_step_is_srun_s_own_words(tmp_path):
     out = subprocess.run(["sh", "-c", slurm.step_end_command(str(tmp_path), "w")], capture_output=True, text=True).stdout
     assert out.splitlines() == ["srun: error: n0: task 0: Exited with exit code 137", "srun: error: n1: tasks 8-15: Killed"]
     assert subprocess.run(["sh", "-c", slurm.step_end_command(str(tmp_path), "other")], capture_output=True, text=True).stdout == ""
+
+
+def test_a_world_is_one_pmix_step_with_each_nodes_variables(b200, tmp_path):
+    """Transport.world on Slurm: one srun --mpi=pmix over the nodes, tasks per
+    node, GRES; each task sets its node's variables (by SLURMD_NODENAME), run
+    here by bash as a task would run it."""
+    text = slurm.world_command(b200, "42", ["sim-b200-slurm-0", "sim-b200-slurm-1"], 8, ["all_reduce_perf", "-b", "8"],
+                               {"sim-b200-slurm-0": {"NCCL_SOCKET_IFNAME": "ens1f0"}, "sim-b200-slurm-1": {"NCCL_SOCKET_IFNAME": "a b;$(x)"}})
+    args = shlex.split(text.removesuffix(" < /dev/null"))
+    assert args[:8] == ["srun", "--jobid=42", "--overlap", "--nodes=2", "--ntasks=16", "--ntasks-per-node=8",
+                        "--nodelist=sim-b200-slurm-0,sim-b200-slurm-1", "--gres=gpu:8"]
+    assert "--mpi=pmix" in args and "--kill-on-bad-exit=1" in args and args[-3:] == ["all_reduce_perf", "-b", "8"]
+    i = args.index("bash")
+    script, argv = args[i + 2], args[i + 3:]
+    for node, want in (("sim-b200-slurm-0", "ens1f0"), ("sim-b200-slurm-1", "a b;$(x)")):
+        res = subprocess.run(["bash", "-c", script, *argv[:1], "printenv", "NCCL_SOCKET_IFNAME"], capture_output=True, text=True,
+                             env={"SLURMD_NODENAME": node, "PATH": "/usr/bin:/bin"})
+        assert res.stdout == want + "\n", res
+    with pytest.raises(ValueError):
+        slurm.world_command(b200, "42", ["n0"], 1, ["x"], {"n0": {"A;B": "1"}})

@@ -141,6 +141,9 @@ def nvidia_record(busbw=180.0):
         def exec(self, node, command, timeout=None):
             return out, "", 0
 
+        def world(self, nodes, tasks, argv, env, timeout=None):
+            return None  # mpirun on node 0, as over SSH
+
     detail = {"vendor": "nvidia", "platform": c.platform_info.name, "device": "gpu", "devices": {n.name: n.devices for n in c.nodes}}
     perf = verify.all_reduce(c, Node0(), {n.name: n.name for n in c.nodes}, detail)
     pairs = [{"from": a.name, "nic": a.nic or c.nic, "to": b.name, "ip": str(b.ip), "mtu": 9000, "reply": True, "full_mtu": True, "ok": True,

@@ -15,7 +15,10 @@ Docker runs on the node.
 - ``pyxis.py`` and ``units.py`` (not used by deploy yet): a unit's docker run
   line as a pyxis step, the wrapper its step runs so that the unit keeps a
   record on its node, and the node's scripts that read and stop such units
-  with the Docker scripts' output; pure.
+  with the Docker scripts' output; pure;
+- ``images.py`` (prepare's image step on a pyxis cluster, not reachable yet:
+  the inventory refuses pyxis): the image imported once per node with enroot
+  into a squashfs file named by its ID, the node's engine check; pure.
 """
 
 from __future__ import annotations

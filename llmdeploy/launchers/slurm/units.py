@@ -58,7 +58,7 @@ from ... import release
 from ... import unitscripts as us
 from ...errors import LlmdeployError
 from ...inventory import Cluster
-from . import pyxis
+from . import images, pyxis
 from .commands import STARTED_MARK
 
 q = shlex.quote
@@ -161,6 +161,15 @@ llu_units() {
     llu_labels; [ "$cl" = "$1" ] || continue
     printf '%s|%s|%s\n' "$ph" "${d##*/}" "$svc"
   done | sort -t'|' -k1,1nr -k2,2
+}
+# llu_running CLUSTER RELEASES_DIR: the name of each unit of the cluster that runs (docker ps)
+llu_running() {
+  for d in "$2"/*/units/*; do
+    [ -f "$d/labels" ] || continue
+    llu_labels; [ "$cl" = "$1" ] || continue
+    llu_state; [ "$st" = running ] && printf '%s\n' "${d##*/}"
+  done
+  true
 }
 # llu_top CLUSTER RELEASES_DIR: a roles.status.TOP_FORMAT line of each (/name|status|started|service|release)
 llu_top() {
@@ -281,13 +290,17 @@ BEGIN {
   zero = "0001-01-01T00:00:00Z"
   started = first(d "/started"); if (started == "") started = zero
   finished = (st == "exited") ? first(d "/finished") : ""; if (finished == "") finished = zero
-  image = "\"" first(d "/image") "\""
+  image = first(d "/image")
+  # the image's ID (Docker's .Image): an imported file is named by it (images.py: <hex>.sqsh)
+  id = image; sub(/.*\//, "", id)
+  id = (id ~ /^[0-9a-f]+\.sqsh$/ && length(id) == 69) ? "\"sha256:" substr(id, 1, 64) "\"" : "\"" image "\""
+  image = "\"" image "\""
   env = (pid > 0) ? list("/proc/" pid "/environ", 0) : "[]"
   printf "{\"Name\":%s,\"Created\":\"%s\",\"State\":{\"Status\":%s,\"Running\":%s,\"Paused\":false,\"Restarting\":false," \
          "\"OOMKilled\":false,\"Dead\":false,\"Pid\":%d,\"ExitCode\":%d,\"Error\":\"\",\"StartedAt\":\"%s\",\"FinishedAt\":\"%s\"}," \
          "\"Image\":%s,\"Config\":{\"Image\":%s,\"Labels\":%s,\"Env\":%s,\"Cmd\":%s},\"HostConfig\":{\"Runtime\":\"pyxis\"}}\n", \
          jstr("/" name), started, jstr(st), (st == "running") ? "true" : "false", pid, code, started, finished,
-         image, image, labels(d "/labels"), env, list(d "/cmd", 0)
+         id, image, labels(d "/labels"), env, list(d "/cmd", 0)
 }
 """
 
@@ -500,9 +513,17 @@ def inspect_script(releases_dir: str, containers: list[str]) -> str:
 def status_script(cluster: Cluster) -> str:
     """``roles.status.status_script`` with every unit of the cluster on this
     node as a docker inspect JSON line (section inspect): Name, State
-    (Status, Running, Pid, ExitCode, StartedAt, FinishedAt), Image,
-    Config (Image, Labels, Env, Cmd)."""
+    (Status, Running, Pid, ExitCode, StartedAt, FinishedAt), Image (the
+    image's ID, as Docker's, when the step runs an imported file,
+    ``images.py``; else what it runs), Config (Image: what it runs, Labels,
+    Env, Cmd)."""
     return INSPECT_FUNCS + us.status_script(cluster, f"llu_inspect_all {q(cluster.name)} {q(release.releases_dir(cluster))}")
+
+
+def running_script(cluster: Cluster) -> str:
+    """The names of the cluster's units that run on this node, one a line
+    (the facts' ``docker ps`` of the cluster's containers)."""
+    return FUNCS + f"llu_running {q(cluster.name)} {q(release.releases_dir(cluster))}"
 
 
 def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None = None) -> str:
@@ -598,3 +619,15 @@ class PyxisUnits:
             stem = "container" if len(containers) == 1 else c
             out += [(f"{stem}.log", log_tail_script(self.rds, c, max_bytes)), (f"{stem}.inspect.json", inspect_script(self.rds, [c]))]
         return out
+
+    def image_script(self, ref: str, check: bool) -> str | None:
+        return images.import_script(images.images_dir(self.c), ref, check)
+
+    def image_id_script(self) -> str:
+        return images.image_id_script(images.images_dir(self.c))
+
+    def engine_script(self) -> str:
+        return images.engine_script()
+
+    def running_script(self) -> str:
+        return running_script(self.c)
