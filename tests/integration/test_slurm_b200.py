@@ -118,8 +118,15 @@ def test_prepare_and_verify_comm_as_job_steps(sim_cluster):
     res = run_invoke("verify-comm", "--cluster", SIM_CLUSTER, "--json", timeout=600)
     doc = json.loads(res.stdout)
     assert res.returncode == 0, doc
-    # all_reduce_perf from node 0 over both nodes, its daemons over SSH inside the allocation
-    assert doc["all_reduce"]["ok"] and "-H 198.19.25.11:8" in doc["all_reduce"]["command"], doc["all_reduce"]
+    # all_reduce_perf as one srun --mpi=pmix world over both nodes (no mpirun, no SSH between them)
+    assert doc["all_reduce"]["ok"] and doc["all_reduce"]["command"].startswith("all_reduce_perf "), doc["all_reduce"]
+    assert "8 ranks on each of sim-b200-slurm-0, sim-b200-slurm-1" in doc["all_reduce"]["command"] and "mpirun" not in doc["all_reduce"]["command"]
+    # prepare imported the image with enroot once per node: the squashfs its config digest names, Docker's image id
+    got = json.loads(run_invoke("facts", "--cluster", SIM_CLUSTER, "--json").stdout)
+    assert all((h["facts"].get("container_engine") or "").startswith("enroot ") for h in got["hosts"].values()), got["hosts"]
+    for node in NODES:
+        (sqsh,) = list((_base(node) / "images").glob("*.sqsh"))
+        assert len(sqsh.stem) == 64 and hostview.containers(SIM_CLUSTER, node) == {}
     assert jobs() == []
 
 

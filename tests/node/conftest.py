@@ -9,7 +9,7 @@ import pytest
 import testinfra
 
 from llmdeploy.inventory import load_cluster
-from roles import record
+from roles import record, runtime
 
 
 @pytest.fixture(scope="session")
@@ -48,5 +48,5 @@ def node0_prepared(node0, cluster):
 @pytest.fixture
 def serving(host, cluster):
     """Names of this cluster's serving containers running on the host."""
-    out = host.check_output("docker ps --filter label=llmdeploy.cluster=%s --format '{{.Names}}'", cluster.name)
+    out = host.check_output(runtime.of(cluster).running_script())
     return out.split()

@@ -2,10 +2,12 @@
 with pytest-testinfra (run by `invoke check --cluster NAME`)."""
 
 import re
+import shlex
 
 import pytest
 
-from roles import budget, commenv, model, wheels
+from roles import budget, commenv, model, runtime, wheels
+from roles.containers import parse_states
 from roles.facts import parse_listen
 
 
@@ -15,7 +17,8 @@ def test_prepared_record_is_for_this_node(prepared, node):
 
 
 def test_image_present_with_the_cluster_digest(host, cluster, prepared, node0_prepared):
-    cmd = host.run("docker image inspect --format '{{.Id}}' %s", cluster.image.ref)
+    # the units' runtime says what the image's ID is on the node (docker's; or the squashfs enroot imported, pyxis)
+    cmd = host.run(runtime.of(cluster).image_id_script() + "llmdeploy_image_id " + shlex.quote(cluster.image.ref))
     assert cmd.rc == 0, f"image {cluster.image.ref} is missing: {cmd.stderr.strip()}"
     image_id = cmd.stdout.strip()
     assert image_id == prepared["image"]["id"], "the image changed since prepare recorded it"
@@ -82,7 +85,7 @@ def test_current_release_container_running(host, cluster):
     if not link.exists:
         pytest.skip("nothing deployed yet")
     name = f"{cluster.name}-{link.linked_to.rsplit('/', 1)[-1]}"
-    out = host.run("docker inspect --format '{{.State.Status}} {{.State.ExitCode}}' %s", name)
-    if out.rc != 0:
+    state, code = parse_states(host.run(runtime.of(cluster).states_script([name])).stdout).get(name, ("missing", ""))
+    if state == "missing":
         pytest.skip(f"{name} is not here: the cluster is stopped")
-    assert out.stdout.split()[0] == "running", f"{name} is {out.stdout.strip()}"
+    assert state == "running", f"{name} is {state} {code}"
