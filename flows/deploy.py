@@ -32,7 +32,7 @@ import systems
 from flows import bench, verify
 from flows.releases import serving_plan
 from flows.engine import Engine, Outcome, unit_key
-from llmdeploy import lock, report
+from llmdeploy import launcher, lock, report
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
 from llmdeploy.release import (
@@ -41,13 +41,16 @@ from llmdeploy.release import (
     ledger_path,
     ledger_record,
     new_id,
+    release_dir,
     set_current_script,
     write_payload,
     write_script,
 )
 from llmdeploy.releaseplan import ReleasePlan
 from llmdeploy.runner import Runner, Step, UnreachableError
+from llmdeploy.report import mask
 from llmdeploy.serving import ReleaseFile
+from roles import runtime
 
 DRAFT_ID = "00000000T000000Z-00000000"
 # a part of the placeholder that no release id has (its date): left after the id is set, a system derived something from it
@@ -94,6 +97,12 @@ def check_doc(cluster: Cluster, plan: ReleasePlan, chash: str, secrets: list[str
         for s in plan.services
     ]
     doc["ready"] = [p.describe() for p in plan.ready]
+    # how the cluster's launcher starts them (Slurm: each step's srun line), beside each unit's own command
+    rd = release_dir(cluster, plan.release)
+    rt = runtime.of(cluster)
+    steps = launcher.of(cluster).start_lines(cluster, plan, lambda u: rt.start_script(rd, u.container, u.run_file, 1) or "")
+    if steps:
+        doc["launch_steps"] = [{"what": what, "command": mask(line, secrets)} for what, line in steps]
     return doc
 
 
@@ -111,6 +120,9 @@ def print_check(con: Console, doc: dict, labels: dict[str, str]) -> None:
         for name, text in (p.get("files") or {}).items():
             con.print(f"  [dim]{escape(name)}:[/]")
             con.print(escape(text.rstrip()), soft_wrap=True)
+    for step in doc.get("launch_steps") or []:
+        con.print(f"[bold]step[/] {escape(step['what'])}:")
+        con.print(f"  {escape(step['command'])}", soft_wrap=True)
     con.print("start order: " + " -> ".join(f"{s['name']} ({s['restart']})" for s in doc["services"]) + "; ready: " + ", ".join(doc["ready"]))
     con.print("check mode: nothing was read from or changed on any node")
 

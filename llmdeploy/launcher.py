@@ -228,7 +228,10 @@ class LauncherPlugin(Protocol):
     nodes)``: a context in which an outside SSH client may log in to
     ``nodes``. ``runtime(cluster)``: the :class:`UnitRuntime` of the
     cluster's units when the launcher has its own, None for Docker's
-    (``roles/runtime``)."""
+    (``roles/runtime``). ``start_lines(cluster, plan, script)``: what
+    ``deploy --check`` prints of how the launcher starts the plan's units
+    ((what, command line) each; ``script(unit)``: a unit's start on its
+    node), empty when a unit's own docker run is all there is."""
 
     NAME: str
     MPIRUN_ARGS: tuple[str, ...]
@@ -242,6 +245,8 @@ class LauncherPlugin(Protocol):
     def admitted(self, cluster: "Cluster", nodes: "list[Node]") -> ContextManager[Any]: ...
 
     def runtime(self, cluster: "Cluster") -> UnitRuntime | None: ...
+
+    def start_lines(self, cluster: "Cluster", plan: "ReleasePlan", script: Callable[["Unit"], str]) -> list[tuple[str, str]]: ...
 
 
 

@@ -126,3 +126,8 @@ def admitted(cluster: Cluster, nodes: list[Node]) -> ContextManager[Any]:
 def runtime(cluster: Cluster) -> None:
     """Each unit is a container of the node's dockerd (the default runtime, ``roles/runtime``)."""
     return None
+
+
+def start_lines(cluster: Cluster, plan: ReleasePlan, script: Callable[[Unit], str]) -> list[tuple[str, str]]:
+    """Each unit starts by its node's run.sh (its docker run, already shown): no launch line of the launcher's own."""
+    return []

@@ -81,6 +81,7 @@ def test_a_hook_with_other_parameters_is_refused(monkeypatch):
     mod.gateway = lambda cluster: None
     mod.admitted = lambda cluster, nodes: None
     mod.runtime = lambda cluster: None
+    mod.start_lines = lambda cluster, plan, script: []
     monkeypatch.setitem(sys.modules, "llmdeploy.launchers.odd", mod)
     monkeypatch.setitem(launcher._registry().LAUNCHERS, "odd", "odd")
     with pytest.raises(TypeError, match=r"llmdeploy.launchers.odd.launcher\(runner, say\) does not match the interface: expected launcher\(cluster, runner, say\)"):

@@ -318,3 +318,18 @@ def test_a_world_is_one_pmix_step_with_each_nodes_variables(b200, tmp_path):
         assert res.stdout == want + "\n", res
     with pytest.raises(ValueError):
         slurm.world_command(b200, "42", ["n0"], 1, ["x"], {"n0": {"A;B": "1"}})
+
+
+def test_deploy_check_prints_each_steps_srun_line(b200):
+    """deploy --check on a pyxis cluster: the world's one step, its exact
+    srun line (the release's job as JOB), read from no node; SSH clusters have none."""
+    from flows import deploy
+
+    _, chash, plan = deploy.plan_release(b200, {}, b200.image.ref)
+    doc = deploy.check_doc(b200, plan, chash, [])
+    (step,) = doc["launch_steps"]
+    assert step["what"] == f"world: sim-b200-slurm-{plan.release} on sim-b200-slurm-0, sim-b200-slurm-1"
+    assert step["command"].startswith("srun --jobid=JOB --overlap --nodes=2 --ntasks=16 --ntasks-per-node=8 ") and "--mpi=pmix" in step["command"]
+    ssh = load_cluster("sim-b200")
+    _, chash, plan = deploy.plan_release(ssh, {}, ssh.image.ref)
+    assert "launch_steps" not in deploy.check_doc(ssh, plan, chash, [])

@@ -23,12 +23,15 @@ Docker runs on the node.
 
 from __future__ import annotations
 
+import shlex
 from contextlib import contextmanager
 from typing import Any, Callable, ContextManager, Iterator
 
 from ...inventory import Cluster, Node
+from ...releaseplan import ReleasePlan, Unit
 from ...runner import Runner
-from .jobs import SlurmJobs
+from .commands import unit_srun_args
+from .jobs import SlurmJobs, plan_steps
 from .steps import SlurmSteps
 from .units import PyxisUnits
 
@@ -69,3 +72,15 @@ def admitted(cluster: Cluster, nodes: list[Node]) -> ContextManager[Any]:
 def runtime(cluster: Cluster) -> PyxisUnits | None:
     """A pyxis cluster's units are steps' processes (``units.py``); Docker's units are Docker's (None)."""
     return PyxisUnits(cluster) if cluster.slurm.container == "pyxis" else None
+
+
+def start_lines(cluster: Cluster, plan: ReleasePlan, script: Callable[[Unit], str]) -> list[tuple[str, str]]:
+    """Each step that starts the plan's units, as its srun line (``deploy
+    --check``): the steps of the release's job (``--jobid=JOB``: the job is
+    made at deploy), first attempts; ``script(unit)``: a Docker unit's start."""
+    shown = []
+    for svc in plan.services:
+        for step, units in plan_steps(cluster, plan, svc.units, script, lambda u: 1):
+            hosts = ", ".join(u.host for u in units)
+            shown.append((f"{svc.name}: {step.name} on {hosts}", " ".join(shlex.quote(a) for a in unit_srun_args(cluster, "JOB", step))))
+    return shown

@@ -488,6 +488,13 @@ def step_shape_args(u: UnitStep) -> list[str]:
     return [f"--nodes={len(nodes)}", f"--ntasks={len(nodes) * u.tasks}", f"--ntasks-per-node={u.tasks}", f"--nodelist={','.join(nodes)}"]
 
 
+def unit_srun_args(cluster: Cluster, job_id: str, u: UnitStep) -> list[str]:
+    """The srun that runs a unit's step (``start_units_script``; what ``deploy --check`` prints)."""
+    return ["srun", f"--jobid={job_id}", "--overlap", *step_shape_args(u), *gres_args(cluster),
+            f"--job-name={step_safe(u.name)}", "--kill-on-bad-exit=1", *([f"--mpi={u.mpi}"] if u.mpi else []),
+            *(u.args or ["bash", "-c", u.script])]
+
+
 def start_units_script(cluster: Cluster, job_id: str, units: list[UnitStep], wait_s: float) -> str:
     """On the login host: each unit as a step of the release's job, its srun
     in the background (setsid: it outlives this SSH session; the step lives
@@ -496,9 +503,7 @@ def start_units_script(cluster: Cluster, job_id: str, units: list[UnitStep], wai
     or ``failed <node>/<name> <what its log says>`` per unit; exit 1 if any failed."""
     lines = ["set -u", "pids=''"]
     for u in units:
-        args = ["srun", f"--jobid={job_id}", "--overlap", *step_shape_args(u), *gres_args(cluster),
-                f"--job-name={step_safe(u.name)}", "--kill-on-bad-exit=1", *([f"--mpi={u.mpi}"] if u.mpi else []),
-                *(u.args or ["bash", "-c", u.script])]
+        args = unit_srun_args(cluster, job_id, u)
         lines.append(f"mkdir -p {q(u.log.rsplit('/', 1)[0])}")
         lines.append(f"setsid nohup {' '.join(q(a) for a in args)} > {q(u.log)} 2>&1 < /dev/null &")
         lines.append("pids=\"$pids $!\"")

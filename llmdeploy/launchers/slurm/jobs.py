@@ -31,6 +31,50 @@ from . import units as units_mod
 Failure = tuple[str, str] | None
 
 
+def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: Callable[[Unit], str],
+               number: Callable[[Unit], int]) -> list[tuple[slurm.UnitStep, list[Unit]]]:
+    """The steps that start ``units``, each with the units it starts. With
+    Docker, each unit's step runs ``script(unit)`` (its docker run) and
+    holds the container. With pyxis, each unit's docker run line
+    (``Unit.show["container_command"]``) is its step's container
+    (``pyxis.py``, ``units.unit_step_args``), and a world's units
+    (``Service.world``) are one step over their nodes, ``Unit.tasks`` on
+    each, wired by PMIx. LlmdeployError: a unit pyxis cannot run as planned. Pure."""
+    logdir = slurm.login_log_dir(cluster, plan.release)
+    if cluster.slurm.container != "pyxis":
+        return [(slurm.UnitStep(node=cluster.slurm_name(cluster.node(u.host)), name=u.container,
+                                script=slurm.unit_step_body(script(u), u.container, cluster.deploy.stop_timeout_s),
+                                log=f"{logdir}/{u.host}.{u.container}.attempt-{number(u)}.step.log"), [u]) for u in units]
+    rd = release_dir(cluster, plan.release)
+    groups: list[list[Unit]] = []
+    for u in units:
+        world = plan.service_of(u).world
+        same = next((g for g in groups if world and plan.service_of(g[0]).world and g[0].container == u.container), None)
+        if same is not None:
+            same.append(u)
+        else:
+            groups.append([u])
+    out = []
+    for group in groups:
+        first = group[0]
+        line = first.show.get("container_command")
+        if not line:
+            raise LlmdeployError(f"{first.container} on {first.host}: its plan has no container command to run as a pyxis step")
+        odd = [u for u in group if u.show.get("container_command") != line or u.tasks != first.tasks]
+        if odd:
+            raise LlmdeployError(f"world {first.container}: {odd[0].host}'s unit differs from {first.host}'s (a pyxis world is one step: "
+                                 f"every node the same container, command and number of tasks)")
+        run = pyxis.docker_run(line, first.container)
+        n = number(first)
+        args = units_mod.unit_step_args(run, rd, first.container, n, f"{plan.release}.{first.container}")
+        world = len(group) > 1 or plan.service_of(first).world
+        out.append((slurm.UnitStep(node=cluster.slurm_name(cluster.node(first.host)), name=first.container, script="", args=args,
+                                   nodes=[cluster.slurm_name(cluster.node(u.host)) for u in group], tasks=first.tasks,
+                                   mpi="pmix" if world else None,
+                                   log=f"{logdir}/{first.host}.{first.container}.attempt-{n}.step.log"), group))
+    return out
+
+
 class SlurmJobs:
     def __init__(self, cluster: Cluster, runner: Runner, say: Callable[[str], None]):
         self.c = cluster
@@ -137,46 +181,8 @@ class SlurmJobs:
 
     def unit_steps(self, plan: ReleasePlan, units: list[Unit], script: Callable[[Unit], str],
                    number: Callable[[Unit], int]) -> list[tuple[slurm.UnitStep, list[Unit]]]:
-        """The steps that start ``units``, each with the units it starts. With
-        Docker, each unit's step runs ``script(unit)`` (its docker run) and
-        holds the container. With pyxis, each unit's docker run line
-        (``Unit.show["container_command"]``) is its step's container
-        (``pyxis.py``, ``units.unit_step_args``), and a world's units
-        (``Service.world``) are one step over their nodes, ``Unit.tasks`` on
-        each, wired by PMIx. LlmdeployError: a unit pyxis cannot run as planned."""
-        logdir = slurm.login_log_dir(self.c, plan.release)
-        if self.c.slurm.container != "pyxis":
-            return [(slurm.UnitStep(node=self.c.slurm_name(self.c.node(u.host)), name=u.container,
-                                    script=slurm.unit_step_body(script(u), u.container, self.c.deploy.stop_timeout_s),
-                                    log=f"{logdir}/{u.host}.{u.container}.attempt-{number(u)}.step.log"), [u]) for u in units]
-        rd = release_dir(self.c, plan.release)
-        groups: list[list[Unit]] = []
-        for u in units:
-            world = plan.service_of(u).world
-            same = next((g for g in groups if world and plan.service_of(g[0]).world and g[0].container == u.container), None)
-            if same is not None:
-                same.append(u)
-            else:
-                groups.append([u])
-        out = []
-        for group in groups:
-            first = group[0]
-            line = first.show.get("container_command")
-            if not line:
-                raise LlmdeployError(f"{first.container} on {first.host}: its plan has no container command to run as a pyxis step")
-            odd = [u for u in group if u.show.get("container_command") != line or u.tasks != first.tasks]
-            if odd:
-                raise LlmdeployError(f"world {first.container}: {odd[0].host}'s unit differs from {first.host}'s (a pyxis world is one step: "
-                                     f"every node the same container, command and number of tasks)")
-            run = pyxis.docker_run(line, first.container)
-            n = number(first)
-            args = units_mod.unit_step_args(run, rd, first.container, n, f"{plan.release}.{first.container}")
-            world = len(group) > 1 or plan.service_of(first).world
-            out.append((slurm.UnitStep(node=self.c.slurm_name(self.c.node(first.host)), name=first.container, script="", args=args,
-                                       nodes=[self.c.slurm_name(self.c.node(u.host)) for u in group], tasks=first.tasks,
-                                       mpi="pmix" if world else None,
-                                       log=f"{logdir}/{first.host}.{first.container}.attempt-{n}.step.log"), group))
-        return out
+        """The steps that start ``units`` (``plan_steps``)."""
+        return plan_steps(self.c, plan, units, script, number)
 
     def end(self, keep_release: str | None) -> list[str]:
         """Cancel every release job of the cluster but ``keep_release``'s:
