@@ -9,12 +9,17 @@ from pathlib import Path
 SSHD = "/usr/sbin/sshd"
 
 
-def sshd_config(listen: list[str], hdir: Path, cdir: Path, env: dict[str, str]) -> str:
+def sshd_config(listen: list[str], hdir: Path, cdir: Path, env: dict[str, str], deny_from: list[str] = ()) -> str:
     """sshd's configuration: listening on ``listen`` (addresses, port 22),
     its host key and pid file in the host's directory ``hdir``, the cluster's
-    one client key; ``env`` is set for every session (SetEnv)."""
+    one client key; ``env`` is set for every session (SetEnv). ``deny_from``:
+    addresses no one logs in from (``DenyUsers *@ADDR``, sshd_config(5):
+    USER@HOST patterns match the client's address): a Slurm compute node
+    refuses the other compute nodes, as a site without pam_slurm_adopt does
+    (its clients see "Permission denied (publickey)")."""
     return "\n".join(
         [
+            *([f"DenyUsers {' '.join('*@' + ip for ip in deny_from)}"] if deny_from else []),
             *[f"ListenAddress {ip}:22" for ip in listen],
             f"HostKey {hdir / 'ssh_host_ed25519_key'}",
             f"PidFile {hdir / 'sshd.pid'}",

@@ -18,7 +18,7 @@ from llmdeploy.connect import make_connection
 from llmdeploy.inventory import load_cluster
 from llmdeploy.launchers.slurm import pyxis
 from sim import slurm as sim_slurm
-from sim.paths import cluster_dir
+from sim.paths import cluster_dir, netns_name
 from tests.conftest import run_invoke
 
 from .conftest import netns_list
@@ -243,6 +243,30 @@ def test_trtllm_world_is_one_pmix_step_in_pyxis_containers(sim_cluster):
     while any("_world" in ok(f"srun -w {n} -N1 enroot list") for n in NODES) and time.monotonic() < end:
         time.sleep(0.5)
     assert not any("_world" in ok(f"srun -w {n} -N1 enroot list") for n in NODES)
+
+
+def _ssh_from(host: str, to: str, address: str | None = None) -> subprocess.CompletedProcess:
+    """``ssh <to> true`` run on simulated host ``host`` (its network namespace), with the cluster's key and ssh_config
+    (``address``: the address to connect to instead of ``to``'s in the ssh_config, its host key still ``to``'s)."""
+    state = json.loads((cluster_dir(SIM_CLUSTER) / "state.json").read_text())
+    netns = state["login"]["netns"] if host == LOGIN else netns_name(SIM_CLUSTER, host)
+    cfg = str(cluster_dir(SIM_CLUSTER) / "ssh_config")
+    where = ["-o", f"HostName={address}", "-o", f"HostKeyAlias={to}"] if address else []
+    return subprocess.run(["ip", "netns", "exec", netns, "ssh", "-F", cfg, "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", *where, to, "true"],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_compute_nodes_refuse_ssh_from_one_another(sim_cluster):
+    """As on a site without pam_slurm_adopt: a compute node's sshd refuses the
+    other compute nodes (by the management and the data address), while its
+    steps still run, and the login host still logs in to the nodes."""
+    cluster = load_cluster(SIM_CLUSTER)
+    refused = _ssh_from(NODES[0], NODES[1])
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused
+    refused = _ssh_from(NODES[1], NODES[0], str(cluster.nodes[0].ip))  # the data network too
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused
+    assert _ssh_from(LOGIN, NODES[1]).returncode == 0  # the same key and client from the login host
+    assert ok(f"srun -N1 -w {NODES[1]} hostname").strip() == NODES[1]
 
 
 def test_down_leaves_nothing(sim_cluster):
