@@ -41,7 +41,7 @@ INTEGRATION = REPO / "tests" / "integration"
 # the README's names of the serving systems -> their profiles' kind
 SYSTEMS = {"vLLM-Ascend": "vllm-ascend", "TensorRT-LLM": "trtllm-serve", "Dynamo": "dynamo", "SGLang": "sglang"}
 # the README's launcher columns -> whether the cluster has a Slurm controller
-LAUNCHERS = {"SSH + Docker": False, "Slurm + Docker": True}
+LAUNCHERS = {"SSH + Docker": False, "Slurm": True}
 
 
 def _reference_module():
