@@ -136,7 +136,7 @@ def prepare(c, cluster, check=False, diff=False, limit=None, json=False, no_chec
 )
 @_guard
 def check_nodes(c, cluster, limit=None, select=None):
-    """Node acceptance tests (tests/node, pytest-testinfra over the inventory's SSH settings)."""
+    """Node acceptance tests (tests/node, pytest-testinfra over the inventory's SSH settings, or through the cluster's launcher)."""
     return _flow("app").check(cluster, limit=limit, select=select)
 
 

@@ -1,12 +1,25 @@
 """``invoke check``: the node acceptance tests (``tests/node``) run with
 pytest-testinfra against the cluster's hosts.
 
-testinfra's ssh backend drives the ``ssh`` binary. It gets an ssh_config
-written here from the inventory's own SSH settings (user, port, key,
-known_hosts, jump host; values the inventory leaves unset are resolved from
-its ssh_config the way the runner resolves them), with host-key checking on
-and one shared master connection per host. Hosts run in parallel through
-pytest-xdist. The result is read back from pytest's JUnit XML, per host.
+How testinfra reaches a node is the cluster's launcher's choice
+(``LauncherPlugin.outside_ssh``):
+
+- over SSH of its own (the default launcher): testinfra's ssh backend drives
+  the ``ssh`` binary. It gets an ssh_config written here from the
+  inventory's own SSH settings (user, port, key, known_hosts, jump host;
+  values the inventory leaves unset are resolved from its ssh_config the way
+  the runner resolves them), with host-key checking on and one shared master
+  connection per host;
+- through the tool's runner (a launcher whose nodes admit no outside SSH:
+  Slurm's, whose commands are job steps from the login host): the
+  ``runner://`` backend (``flows/checkhost.py``), each command
+  ``Runner.exec`` on the node. What the launcher holds for the command (an
+  allocation) is held here, around the whole run, and handed to the pytest
+  processes in their environment (``LauncherPlugin.handoff``).
+
+Hosts run in parallel through pytest-xdist. The result is read back from
+pytest's JUnit XML, per host (the tests' ids name the scheme: ``[ssh://node]``,
+``[runner://node]``).
 """
 
 from __future__ import annotations
@@ -24,13 +37,26 @@ import paramiko
 from rich.console import Console
 from rich.markup import escape
 
+from flows.checkhost import CLUSTER_ENV
+from flows.checkhost import SCHEME as RUNNER
 from flows.plan import select_nodes
 from llmdeploy import launcher, report
 from llmdeploy.inventory import Cluster, Node
+from llmdeploy.runner import UnreachableError
 from llmdeploy.sshfiles import known_hosts_files
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_TESTS = REPO / "tests" / "node"
+# testinfra's own ssh backend (the ``ssh`` binary)
+SSH = "ssh"
+# at most this many pytest-xdist workers (one per host below it)
+MAX_WORKERS = 8
+
+
+def scheme(cluster: Cluster) -> str:
+    """The testinfra connection check uses on ``cluster``: ``ssh`` when its
+    launcher lets an SSH client of its own log in to the nodes, else the tool's runner."""
+    return SSH if launcher.of(cluster).outside_ssh(cluster) else RUNNER
 
 
 def _user_ssh_config(cluster: Cluster) -> paramiko.SSHConfig:
@@ -44,10 +70,7 @@ def ssh_config_text(cluster: Cluster, nodes: list[Node], control_dir: str) -> st
     user_cfg = _user_ssh_config(cluster)
     ssh = cluster.ssh
     blocks = ["# written by llmdeploy check from the inventory; used with ssh -F"]
-    # the nodes through the host the cluster's launcher reaches them through, if any
-    # (a login host that admits the owner of a job on the node: check holds one meanwhile)
-    login = launcher.of(cluster).gateway(cluster)
-    for node in ([login] if login is not None else []) + list(nodes):
+    for node in nodes:
         found = user_cfg.lookup(node.address)
         identities = [ssh.identity_file] if ssh.identity_file else list(found.get("identityfile", []))
         lines = [
@@ -69,39 +92,43 @@ def ssh_config_text(cluster: Cluster, nodes: list[Node], control_dir: str) -> st
             "    ControlPersist 60",
         ]
         jump = ssh.jump_host or found.get("proxyjump")
-        if login is not None and node is not login:
-            jump = login.name
         if jump:
             lines.append(f"    ProxyJump {jump}")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 
 
-def pytest_command(cluster: Cluster, nodes: list[Node], ssh_config: str, junit: str, select: str | None = None) -> list[str]:
+def pytest_command(cluster: Cluster, nodes: list[Node], junit: str, ssh_config: str | None = None, select: str | None = None) -> list[str]:
+    """pytest over ``nodes`` with the cluster's connection (``scheme``); ``ssh_config``: the one ``ssh_config_text`` wrote, for ``ssh``."""
+    connection = scheme(cluster)
     cmd = [
         sys.executable, "-m", "pytest", str(NODE_TESTS),
         "-p", "no:cacheprovider", "-q", "--tb=line", "--no-header",
-        f"--hosts={','.join('ssh://' + n.name for n in nodes)}",
-        f"--ssh-config={ssh_config}",
-        f"--junitxml={junit}",
+        f"--hosts={','.join(f'{connection}://{n.name}' for n in nodes)}",
     ]
+    if connection == SSH:
+        if ssh_config is None:
+            raise ValueError("testinfra's ssh backend needs the ssh_config check writes")
+        cmd.append(f"--ssh-config={ssh_config}")
+    cmd.append(f"--junitxml={junit}")
     if len(nodes) > 1:
-        cmd += ["-n", str(min(len(nodes), 8))]
+        cmd += ["-n", str(min(len(nodes), MAX_WORKERS))]
     if select:
         cmd += ["-k", select]
     return cmd
 
 
-def parse_junit(path: str, hosts: list[str]) -> dict[str, dict]:
-    """Per host: passed, failed [(test, message)], skipped."""
+def parse_junit(path: str, hosts: list[str], connection: str = SSH) -> dict[str, dict]:
+    """Per host: passed, failed [(test, message)], skipped; ``connection``: the
+    scheme in the tests' ids (``test_x[<connection>://<host>]``)."""
     out = {h: {"passed": 0, "failed": [], "skipped": 0} for h in hosts}
     root = ET.parse(path).getroot()
     for case in root.iter("testcase"):
         name = case.get("name", "")
-        m = re.search(r"\[ssh://(.+?)\]$", name)
+        m = re.search(rf"\[{re.escape(connection)}://(.+?)\]$", name)
         host = m.group(1) if m else None
         if host not in out:
-            host = next((h for h in hosts if f"ssh://{h}" in name), None)
+            host = next((h for h in hosts if f"{connection}://{h}" in name), None)
         if host is None:
             continue
         test = name.split("[", 1)[0]
@@ -120,33 +147,45 @@ def run(cluster: Cluster, limit: str | None = None, con: Console | None = None, 
     """Run the node tests; print pytest's summary per host; 0 only when all passed."""
     con = con or report.console()
     nodes = select_nodes(cluster, limit)
-    # what the cluster's launcher holds while the tests log in (an allocation of the nodes, say)
-    with launcher.of(cluster).admitted(cluster, nodes):
-        return _run(cluster, nodes, con, quiet, select)
+    # what the cluster's launcher holds on the nodes while the tests run (an allocation, say), handed to pytest's processes
+    try:
+        with launcher.of(cluster).handoff(cluster, nodes) as handed:
+            return _run(cluster, nodes, con, quiet, select, handed)
+    except UnreachableError as exc:
+        con.print(f"[bold red]check failed to run[/]: {escape(str(exc))}")
+        return 1
 
 
-def _run(cluster: Cluster, nodes: list[Node], con: Console, quiet: bool, select: str | None) -> int:
+def _pytest(cluster: Cluster, nodes: list[Node], tmp: str, junit: str, select: str | None, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """pytest in a subprocess, over the ssh_config written into ``tmp`` (its
+    master connections closed after it) or through the runner."""
+    def pytest(ssh_config: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(pytest_command(cluster, nodes, junit, ssh_config, select),
+                              cwd=REPO, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+
+    if scheme(cluster) != SSH:
+        return pytest()
+    control = os.path.join(tmp, "cm")
+    os.mkdir(control, 0o700)
+    cfg = os.path.join(tmp, "ssh_config")
+    Path(cfg).write_text(ssh_config_text(cluster, nodes, control))
+    try:
+        return pytest(cfg)
+    finally:
+        # close the shared master connections (ControlPersist) now
+        for n in nodes:
+            subprocess.run(["ssh", "-F", cfg, "-O", "exit", n.name], capture_output=True, stdin=subprocess.DEVNULL)
+
+
+def _run(cluster: Cluster, nodes: list[Node], con: Console, quiet: bool, select: str | None, handed: dict[str, str]) -> int:
     with tempfile.TemporaryDirectory(prefix="llmdeploy-check-") as tmp:
-        control = os.path.join(tmp, "cm")
-        os.mkdir(control, 0o700)
-        cfg = os.path.join(tmp, "ssh_config")
-        Path(cfg).write_text(ssh_config_text(cluster, nodes, control))
         junit = os.path.join(tmp, "junit.xml")
-        env = dict(os.environ, LLMDEPLOY_NODE_TESTS=cluster.name, PYTHONPATH=str(REPO))
-        try:
-            proc = subprocess.run(
-                pytest_command(cluster, nodes, cfg, junit, select),
-                cwd=REPO, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-            )
-        finally:
-            # close the shared master connections (ControlPersist) now
-            gateway = launcher.of(cluster).gateway(cluster)
-            for n in nodes + ([gateway] if gateway is not None else []):
-                subprocess.run(["ssh", "-F", cfg, "-O", "exit", n.name], capture_output=True, stdin=subprocess.DEVNULL)
+        env = dict(os.environ, **handed, **{CLUSTER_ENV: cluster.name, "PYTHONPATH": str(REPO)})
+        proc = _pytest(cluster, nodes, tmp, junit, select, env)
         if not os.path.exists(junit):
             con.print(f"[bold red]check failed to run[/] (pytest exit {proc.returncode}):\n{escape(proc.stdout[-2000:])}{escape(proc.stderr[-2000:])}")
             return 1
-        per_host = parse_junit(junit, [n.name for n in nodes])
+        per_host = parse_junit(junit, [n.name for n in nodes], scheme(cluster))
     failed_any = proc.returncode != 0
     if not quiet:
         rows = []

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
+from typing import TYPE_CHECKING, Callable, ContextManager, Protocol
 
 from .errors import LlmdeployError
 from .plugin import check
@@ -222,16 +222,22 @@ class LauncherPlugin(Protocol):
     ``mpirun`` needs when it runs through this transport (verify-comm's
     all_reduce). ``transport(runner)`` and ``launcher(cluster, runner, say)``: the
     runner's :class:`Transport` and the engine's :class:`Launcher` (``say``:
-    how the launcher tells the operator what it did). ``gateway(cluster)``:
-    the host an outside SSH client (``invoke check``'s testinfra) reaches the
-    nodes through, None when it reaches them directly. ``admitted(cluster,
-    nodes)``: a context in which an outside SSH client may log in to
-    ``nodes``. ``runtime(cluster)``: the :class:`UnitRuntime` of the
-    cluster's units when the launcher has its own, None for Docker's
-    (``roles/runtime``). ``start_lines(cluster, plan, script)``: what
-    ``deploy --check`` prints of how the launcher starts the plan's units
-    ((what, command line) each; ``script(unit)``: a unit's start on its
-    node), empty when a unit's own docker run is all there is."""
+    how the launcher tells the operator what it did). ``outside_ssh(cluster)``:
+    whether an SSH client of its own (``invoke check``'s testinfra, its ssh
+    backend) may log in to the nodes, directly or through the inventory's
+    jump host; else ``invoke check``'s commands go through the tool's runner
+    (``flows/checkhost.py``), as every other command's do.
+    ``handoff(cluster, nodes)``: entered by a command whose runners work in
+    child processes (``invoke check``'s pytest workers), what the launcher
+    holds on ``nodes`` meanwhile (Slurm: the release's job, or an allocation
+    of the command's own), given back when it exits; it yields the
+    environment that hands it to those processes, whose transports then use
+    it instead of holding their own. ``runtime(cluster)``: the
+    :class:`UnitRuntime` of the cluster's units when the launcher has its
+    own, None for Docker's (``roles/runtime``). ``start_lines(cluster, plan,
+    script)``: what ``deploy --check`` prints of how the launcher starts the
+    plan's units ((what, command line) each; ``script(unit)``: a unit's start
+    on its node), empty when a unit's own docker run is all there is."""
 
     NAME: str
     MPIRUN_ARGS: tuple[str, ...]
@@ -240,9 +246,9 @@ class LauncherPlugin(Protocol):
 
     def launcher(self, cluster: "Cluster", runner: "Runner", say: Callable[[str], None]) -> Launcher: ...
 
-    def gateway(self, cluster: "Cluster") -> "Node | None": ...
+    def outside_ssh(self, cluster: "Cluster") -> bool: ...
 
-    def admitted(self, cluster: "Cluster", nodes: "list[Node]") -> ContextManager[Any]: ...
+    def handoff(self, cluster: "Cluster", nodes: "list[Node]") -> ContextManager[dict[str, str]]: ...
 
     def runtime(self, cluster: "Cluster") -> UnitRuntime | None: ...
 

@@ -12,7 +12,7 @@ and lets ``status`` read the containers alone.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager
+from typing import Callable, ContextManager
 
 from ..inventory import Cluster, Node
 from ..launcher import ReleaseView
@@ -113,14 +113,16 @@ def launcher(cluster: Cluster, runner: Runner, say: Callable[[str], None]) -> Do
     return DockerUnits(cluster, runner, say)
 
 
-def gateway(cluster: Cluster) -> Node | None:
-    """An outside SSH client reaches each node directly (or through the inventory's jump host)."""
-    return None
+def outside_ssh(cluster: Cluster) -> bool:
+    """The nodes are SSH hosts: ``invoke check``'s testinfra logs in to each
+    one itself (its ssh backend, one master connection per host), directly or
+    through the inventory's jump host."""
+    return True
 
 
-def admitted(cluster: Cluster, nodes: list[Node]) -> ContextManager[Any]:
-    """Logging in to a node needs nothing held."""
-    return contextlib.nullcontext()
+def handoff(cluster: Cluster, nodes: list[Node]) -> ContextManager[dict[str, str]]:
+    """Nothing is held on the nodes for a command: nothing to hand to its child processes."""
+    return contextlib.nullcontext({})
 
 
 def runtime(cluster: Cluster) -> None:

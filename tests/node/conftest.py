@@ -1,6 +1,11 @@
 """Fixtures of the node acceptance tests: the cluster (from the inventory
 named by LLMDEPLOY_NODE_TESTS), the node behind testinfra's ``host``, what
-prepare recorded on it, and node 0 for cross-node comparisons."""
+prepare recorded on it, and node 0 for cross-node comparisons.
+
+testinfra reaches the hosts the way ``invoke check`` chose (flows/check.py):
+its ssh backend (``--hosts=ssh://...``), or the tool's runner
+(``runner://...``, flows/checkhost.py, registered here in every pytest
+process, its runners closed when the process's session ends)."""
 
 import json
 import os
@@ -8,8 +13,15 @@ import os
 import pytest
 import testinfra
 
+from flows import checkhost
 from llmdeploy.inventory import load_cluster
 from roles import record, runtime
+
+checkhost.register()
+
+
+def pytest_unconfigure(config):
+    checkhost.close()
 
 
 @pytest.fixture(scope="session")
@@ -35,9 +47,9 @@ def prepared(host, cluster):
 
 
 @pytest.fixture
-def node0(request, cluster):
-    """testinfra host for node 0, over the same ssh_config."""
-    return testinfra.get_host(f"ssh://{cluster.node0.name}", ssh_config=request.config.option.ssh_config)
+def node0(host, request, cluster):
+    """testinfra host for node 0, the way ``host`` is reached (the same ssh_config, or the same runner)."""
+    return testinfra.get_host(f"{host.backend.get_connection_type()}://{cluster.node0.name}", ssh_config=request.config.option.ssh_config)
 
 
 @pytest.fixture

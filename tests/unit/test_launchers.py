@@ -69,7 +69,7 @@ def test_a_module_that_lacks_a_hook_is_refused(monkeypatch):
     mod.transport = lambda runner: None
     monkeypatch.setitem(sys.modules, "llmdeploy.launchers.half", mod)
     monkeypatch.setitem(launcher._registry().LAUNCHERS, "half", "half")
-    with pytest.raises(TypeError, match=r"llmdeploy.launchers.half is no launcher: it lacks launcher, gateway, admitted"):
+    with pytest.raises(TypeError, match=r"llmdeploy.launchers.half is no launcher: it lacks launcher, outside_ssh, handoff"):
         launcher.plugin("half")
 
 
@@ -78,8 +78,8 @@ def test_a_hook_with_other_parameters_is_refused(monkeypatch):
     mod.NAME, mod.MPIRUN_ARGS = "odd", ()
     mod.transport = lambda runner: None
     mod.launcher = lambda runner, say: None
-    mod.gateway = lambda cluster: None
-    mod.admitted = lambda cluster, nodes: None
+    mod.outside_ssh = lambda cluster: True
+    mod.handoff = lambda cluster, nodes: None
     mod.runtime = lambda cluster: None
     mod.start_lines = lambda cluster, plan, script: []
     monkeypatch.setitem(sys.modules, "llmdeploy.launchers.odd", mod)

@@ -195,7 +195,7 @@ def test_testinfra_ssh_config_from_the_inventory(tmp_path):
         assert f"    {line}" in block.splitlines()
     off = c.model_copy(update={"ssh": c.ssh.model_copy(update={"keepalive_s": 0})})
     assert "    ServerAliveInterval 0" in check.ssh_config_text(off, c.nodes[:1], "/tmp/cm").splitlines()
-    cmd = check.pytest_command(c, c.nodes[:2], "/tmp/cfg", "/tmp/j.xml")
+    cmd = check.pytest_command(c, c.nodes[:2], "/tmp/j.xml", "/tmp/cfg")
     assert f"--hosts=ssh://{c.nodes[0].name},ssh://{c.nodes[1].name}" in cmd and "--ssh-config=/tmp/cfg" in cmd
 
 

@@ -202,19 +202,6 @@ def test_unit_step_holds_its_container_and_reports_its_exit(tmp_path):
     assert (tmp_path / "stops").read_text() == "stopped\n"
 
 
-def test_check_reaches_a_slurm_clusters_nodes_through_its_login_host(b200, tmp_path):
-    """invoke check's ssh_config: the login host's own block, every node behind it (ProxyJump)."""
-    from flows.check import ssh_config_text
-
-    text = ssh_config_text(b200, b200.nodes, str(tmp_path))
-    blocks = {b.splitlines()[0]: b for b in text.split("\n\n") if b.startswith("Host ")}
-    assert set(blocks) == {"Host sim-b200-slurm-login", "Host sim-b200-slurm-0", "Host sim-b200-slurm-1"}
-    assert "ProxyJump" not in blocks["Host sim-b200-slurm-login"]
-    for n in b200.nodes:
-        assert "    ProxyJump sim-b200-slurm-login" in blocks[f"Host {n.name}"].splitlines()
-        assert "    StrictHostKeyChecking yes" in blocks[f"Host {n.name}"].splitlines()
-
-
 def test_steps_end_last_started_first_with_sigterm_then_scancel():
     text = slurm.scancel_steps_command(["42.3", "42.1"], 65)
     assert text.index("--signal=TERM 42.3") < text.index("scancel 42.3") < text.index("--signal=TERM 42.1")

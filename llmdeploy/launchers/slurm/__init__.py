@@ -6,7 +6,8 @@ Docker runs on the node.
 - ``commands.py``: the command lines (srun, sbatch, salloc, squeue, sinfo,
   scancel) and the readers of their output; pure;
 - ``steps.py``: the transport (``SlurmSteps``): a step over many nodes as one
-  srun from the login host, the allocation, Slurm's node states;
+  srun from the login host, the allocation (and the job a command hands to
+  its child processes, ``handoff``), Slurm's node states;
 - ``jobs.py``: the launcher (``SlurmJobs``): the release's job, its units as
   steps, stopping them last-started first, what status adds;
 - ``reader.py``: the release's reader, one more step of its job that reads
@@ -25,14 +26,16 @@ from __future__ import annotations
 
 import shlex
 from contextlib import contextmanager
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Callable, ContextManager, Iterator
 
+from ...errors import UnreachableError
 from ...inventory import Cluster, Node
 from ...releaseplan import ReleasePlan, Unit
 from ...runner import Runner
+from . import steps
 from .commands import unit_srun_args
 from .jobs import SlurmJobs, plan_steps
-from .steps import SlurmSteps
+from .steps import AllocationError, SlurmSteps
 from .units import PyxisUnits
 
 NAME = "slurm"
@@ -52,21 +55,34 @@ def launcher(cluster: Cluster, runner: Runner, say: Callable[[str], None]) -> Sl
     return SlurmJobs(cluster, runner, say)
 
 
-def gateway(cluster: Cluster) -> Node | None:
-    """The nodes through the login host (where pam_slurm_adopt admits the owner of a job on the node)."""
-    return cluster.slurm.login_node()
+def outside_ssh(cluster: Cluster) -> bool:
+    """The nodes are reached as job steps from the login host only: a site
+    without pam_slurm_adopt refuses an SSH login to a node, and with it the
+    login would need a job of the user's on the node. ``invoke check``'s
+    commands are steps too (through the runner, ``flows/checkhost.py``)."""
+    return False
 
 
 @contextmanager
-def _in_allocation(cluster: Cluster, nodes: list[Node]) -> Iterator[None]:
+def _handed(cluster: Cluster, nodes: list[Node]) -> Iterator[dict[str, str]]:
     with Runner(cluster, nodes=nodes) as runner:
-        runner.transport.allocation(nodes)
-        yield
+        t = runner.transport
+        try:
+            job = t.allocation(nodes)
+        except AllocationError as exc:
+            raise UnreachableError(str(exc)) from exc
+        yield steps.handed_env(cluster.name, job, t.release)
+    # the runner's close gave back the allocation when it was this command's own (scancel); a release's job stays
 
 
-def admitted(cluster: Cluster, nodes: list[Node]) -> ContextManager[Any]:
-    """The nodes in an allocation (the release's job, or one of this command's own) while an outside client logs in."""
-    return _in_allocation(cluster, nodes)
+def handoff(cluster: Cluster, nodes: list[Node]) -> ContextManager[dict[str, str]]:
+    """The job the child processes' steps run in: the running release's job,
+    else an allocation of this command's own (one for all of them: a salloc
+    of each would wait for the others', ``--exclusive``), cancelled when the
+    command is done with it; a killed command's ends at its time limit
+    (``slurm.command_time_limit``). Its id goes to the children in
+    ``steps.HANDED_ENV``."""
+    return _handed(cluster, nodes)
 
 
 def runtime(cluster: Cluster) -> PyxisUnits | None:

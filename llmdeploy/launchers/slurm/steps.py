@@ -10,10 +10,18 @@ step, when the reader's latest records answer it; else it runs as a step.
 A record answers only when its run started after this process's last
 change on the cluster's nodes (``changed``: every step that is not a
 standing read, a unit's start, a step's end), so the engine never reads
-back a state from before what it just did."""
+back a state from before what it just did.
+
+A command whose runners work in child processes (``invoke check``'s pytest
+workers) holds the allocation itself and hands it to them in the environment
+(``HANDED_ENV``, :func:`handed_env`): a transport made in such a process
+runs its steps in that job and gives back nothing of it (a nested salloc of
+theirs would wait for the parent's whole, ``--exclusive`` allocation)."""
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 import threading
 import time
@@ -40,6 +48,27 @@ RESTART_EVERY_S = 30.0
 # squeue's answer read with sinfo's in one command answers the command's next
 # look at the queue for this long, if nothing else was sent to the login host in between
 QUEUE_FRESH_S = 2.0
+# the job a parent command hands to the transports of its child processes: JSON {"cluster", "job", "release"}
+HANDED_ENV = "LLMDEPLOY_SLURM_JOB"
+
+
+def handed_env(cluster: str, job: str, release: str | None) -> dict[str, str]:
+    """The environment that hands ``job`` (``release``'s job, or the parent's own allocation: None) to a child process's transports of ``cluster``."""
+    return {HANDED_ENV: json.dumps({"cluster": cluster, "job": job, "release": release})}
+
+
+def handed(cluster: str) -> tuple[str, str | None] | None:
+    """(job, release) this process was handed for ``cluster`` by its parent (``handed_env``), None when none was."""
+    raw = os.environ.get(HANDED_ENV)
+    if not raw:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("cluster") != cluster or not doc.get("job"):
+        return None
+    return str(doc["job"]), doc.get("release")
 
 
 class SlurmSteps:
@@ -61,6 +90,10 @@ class SlurmSteps:
         self.states: dict[str, slurm.NodeState] = {}
         self._queue: tuple[float, list[slurm.Job]] | None = None  # (when, squeue's jobs): see squeue(recent=True)
         self._lock = threading.RLock()  # one allocation, also when threads (top's refresh, a probe) ask at once
+        got = handed(self.c.name)
+        if got is not None:
+            # the parent command's job (its allocation, or the release's): the steps run in it, and the parent gives it back
+            self.job, self.release = got
 
     # -- the transport (llmdeploy.launcher.Transport) ----------------------------------------
     def hosts(self, nodes: list[Node]) -> list[Node]:
