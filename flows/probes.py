@@ -45,18 +45,32 @@ UNREADABLE = (ValueError, KeyError, AttributeError, TypeError, RecursionError)
 def http_via_ssh(runner: Runner, node: Node, port: int, method: str, path: str, body: dict | None, timeout: float,
                  headers: dict[str, str] | None = None, dest: str = "127.0.0.1") -> tuple[int, bytes]:
     """One HTTP request to ``dest:port`` as seen from ``node`` (default: its
-    own loopback) over its SSH connection."""
-    hc = _http_over_ssh(runner, node, port, dest, timeout)
+    own loopback) over its SSH connection. Interrupted (KeyboardInterrupt),
+    its channel is left open and the connection given up (``connect.left_open``,
+    ``Runner.abandon``)."""
+    hc = None
     try:
+        hc = _http_over_ssh(runner, node, port, dest, timeout)
         data = json.dumps(body).encode() if body is not None else None
         hdrs = dict(headers or {})
         if data:
             hdrs.setdefault("Content-Type", "application/json")
         hc.request(method, path, body=data, headers=hdrs)
         resp = hc.getresponse()
-        return resp.status, resp.read()
-    finally:
-        hc.close()
+        status, answer = resp.status, resp.read()
+    except Exception:
+        if hc is not None:
+            hc.close()
+        raise
+    except BaseException:
+        from llmdeploy.connect import left_open
+
+        if hc is not None and isinstance(hc.sock, _ChannelSocket):
+            left_open(hc.sock.chan)
+        runner.abandon(runner.transport.carrier(node))
+        raise
+    hc.close()
+    return status, answer
 
 
 class _ChannelRaw(io.RawIOBase):

@@ -471,9 +471,26 @@ def run_channel(
         chan.exec_command(command)
         out, err = _read_to_eof(chan, memoryview(stdin or b""), end, _Lines.pair(on_line))
         code = _exit_status(chan, end)
-        return _decoded(out), _decoded(err), code
-    finally:
+    except Exception:
         chan.close()
+        raise
+    except BaseException:
+        left_open(chan)
+        raise
+    chan.close()
+    return _decoded(out), _decoded(err), code
+
+
+def left_open(chan: paramiko.Channel) -> None:
+    """A channel whose command was interrupted (KeyboardInterrupt: Ctrl-C,
+    SIGTERM) is never closed by this process: the interrupt may have landed
+    inside paramiko right after it took a lock of the channel or of its
+    transport and before its ``try`` (it is raised at the first check after
+    the lock's acquire returns), and a close would wait for that lock
+    forever, here or when the channel is collected (paramiko's ``__del__``
+    closes it). The caller gives the whole connection up instead
+    (``Runner.abandon``)."""
+    chan.close = lambda: None  # type: ignore[method-assign]
 
 
 def _decoded(chunks: list[bytes]) -> str:

@@ -66,6 +66,16 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _close_connection(conn: Connection) -> None:
+    """Close a Fabric connection and its jump host's (Fabric's close leaves that one open)."""
+    for c in (conn, conn.gateway):
+        if c is not None and not isinstance(c, str):
+            try:
+                c.close()
+            except Exception:
+                pass
+
+
 @dataclass
 class HostResult:
     host: str
@@ -195,6 +205,7 @@ class Runner:
         self.lines = lines
         check_ssh_config(cluster)
         self._conns: dict[str, Connection] | None = None
+        self._shared: dict = {}  # what every connection's make_connection shares (its Config, the known_hosts)
         self._build_lock = threading.Lock()
         self.unreachable: dict[str, str] = {}
         # hosts left out of later steps (failed earlier), with the reason
@@ -227,9 +238,30 @@ class Runner:
         with self._build_lock:
             if self._conns is None:
                 cx = _cx()
-                shared: dict = {}
-                self._conns = {n.name: cx.make_connection(self.cluster, n, shared) for n in self._ssh_hosts}
+                self._conns = {n.name: cx.make_connection(self.cluster, n, self._shared) for n in self._ssh_hosts}
             return self._conns
+
+    def abandon(self, node: Node) -> None:
+        """Give ``node``'s SSH connection up after an interrupt (Ctrl-C, or
+        SIGTERM: a KeyboardInterrupt) ended this thread's use of it. The
+        interrupt may have landed inside paramiko right after it took a lock
+        of the connection and before its ``try`` (the transport's send lock,
+        say: an interrupt is raised at the first check after the lock's
+        acquire returns): every later command on that connection, the
+        interrupted flow's stop, ledger line and lock release among them,
+        would wait for that lock forever. The commands after this get a new
+        connection; the old one is closed on a thread of its own that nothing
+        waits for (its close may wait for such a lock too)."""
+        with self._build_lock:
+            conns = self._conns
+            old = conns.get(node.name) if conns is not None else None
+            if old is None:
+                return
+            try:
+                conns[node.name] = _cx().make_connection(self.cluster, node, self._shared)
+            except Exception:  # it was built before: never, but the interrupt must go on being raised
+                return
+        threading.Thread(target=_close_connection, args=(old,), name=f"llmdeploy-abandon-{node.name}", daemon=True).start()
 
     def _no_holder(self, exc: BaseException) -> None:
         """Without a holder the commands connect directly: said once."""
@@ -250,13 +282,7 @@ class Runner:
         self.transport.close()  # what the transport holds for this command (an allocation of its own, say)
         self._pool.shutdown(wait=False, cancel_futures=True)
         for conn in (self._conns or {}).values():
-            # a jump host's connection too: Fabric's close leaves it open
-            for c in (conn, conn.gateway):
-                if c is not None and not isinstance(c, str):
-                    try:
-                        c.close()
-                    except Exception:
-                        pass
+            _close_connection(conn)
 
     # -- execution -------------------------------------------------------------
     def connection_name(self, node: Node) -> str:
@@ -349,6 +375,17 @@ class Runner:
             held = self._exec_held(node, command, deadline, stdin, on_line)
             if held is not None:
                 return held
+        try:
+            return self._exec_ssh(node, command, deadline, stdin, on_line)
+        except KeyboardInterrupt:
+            # it may have landed inside paramiko holding a lock of this connection: see abandon
+            self.abandon(node)
+            raise
+
+    def _exec_ssh(
+        self, node: Node, command: str, deadline: float, stdin: str | bytes | None, on_line: Callable[[str, str], None] | None,
+    ) -> tuple[str, str, int, tuple[float, str] | None]:
+        """``_exec`` over this runner's own SSH connection to ``node``."""
         was_open = self.connections[node.name].is_connected
         cx = _cx()
         conn = self._open(node)
