@@ -476,8 +476,10 @@ def _up(cluster: Cluster, echo) -> dict:
         path = f"{bindir}:{SYSTEM_PATH}"
         env = {"PATH": path, "LLMDEPLOY_SIM_HOST": node.name, "LLMDEPLOY_SIM_HOSTDIR": str(hdir), **slurm.node_env(cluster, cdir)}
         # also on the data network, reachable only from the other simulated hosts (jump-host paths)
-        # a Slurm cluster's compute nodes refuse SSH from one another (no pam_slurm_adopt): worlds start by srun --mpi=pmix
-        others = [a for n in cluster.nodes if n is not node for a in (mgmt_ip(str(n.ip)), str(n.ip))] if cluster.slurm else []
+        # a Slurm cluster's compute nodes refuse SSH from one another and from the login host (a site
+        # without pam_slurm_adopt): worlds start by srun --mpi=pmix, invoke check's commands are job steps
+        others = ([a for n in cluster.nodes if n is not node for a in (mgmt_ip(str(n.ip)), str(n.ip))] + list(slurm.login_ips(cluster))
+                  if cluster.slurm else [])
         _write(hdir / "sshd_config", sshd.sshd_config([m_ip, str(node.ip)], hdir, cdir, env, deny_from=others))
         binds = [f"mount --bind {shlex.quote(str(root / d.lstrip('/')))} {shlex.quote(d)}" for d in PRIVATE_DIRS]
         q = lambda p: shlex.quote(str(p))  # noqa: E731

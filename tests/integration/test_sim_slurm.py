@@ -258,14 +258,16 @@ def _ssh_from(host: str, to: str, address: str | None = None) -> subprocess.Comp
 
 def test_compute_nodes_refuse_ssh_from_one_another(sim_cluster):
     """As on a site without pam_slurm_adopt: a compute node's sshd refuses the
-    other compute nodes (by the management and the data address), while its
-    steps still run, and the login host still logs in to the nodes."""
+    other compute nodes (by the management and the data address) and the
+    login host, while its steps still run (invoke check's commands are steps
+    too: test_slurm_b200)."""
     cluster = load_cluster(SIM_CLUSTER)
     refused = _ssh_from(NODES[0], NODES[1])
     assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused
     refused = _ssh_from(NODES[1], NODES[0], str(cluster.nodes[0].ip))  # the data network too
     assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused
-    assert _ssh_from(LOGIN, NODES[1]).returncode == 0  # the same key and client from the login host
+    refused = _ssh_from(LOGIN, NODES[1])
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused
     assert ok(f"srun -N1 -w {NODES[1]} hostname").strip() == NODES[1]
 
 

@@ -261,3 +261,8 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
     assert res.returncode == 0, res.stdout + res.stderr
     nothing_left_pyxis()
     assert run_invoke("status", "--cluster", SIM_CLUSTER).returncode == 1
+    # prepare (with its node acceptance tests), verify-comm, deploy, status, top, logs, bench, restart,
+    # rollback and stop reached the nodes as job steps only: no SSH login to a compute node at all
+    for node in NODES:
+        log = (host_dir(SIM_CLUSTER, node) / "sshd.log").read_text()
+        assert "Accepted " not in log, log[-2000:]
