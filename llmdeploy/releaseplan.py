@@ -122,6 +122,9 @@ class Unit:
     show: dict[str, Any] = field(default_factory=dict)
     # the tasks (ranks) of its command on its host when its service is a world (``Service.world``)
     tasks: int = 1
+    # the accelerators it uses on its host (a scheduler's launcher asks for as many: Slurm's GRES);
+    # None: every one the node has; 0: none (a control plane, a frontend)
+    devices: int | None = None
 
     @property
     def run_file(self) -> str:

@@ -231,7 +231,7 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
             url = urlparse(prof.etcd_endpoints.split(",")[0])
             return [Service(name="etcd", units=[], started=Probe(name="external etcd /health", kind="http", host=n0.name, ip=url.hostname,
                                                                  port=url.port or 2379, path="/health", check="json", arg="health=true"))]
-        unit = Unit(host=n0.name, container=container(cluster, rid, "etcd"), prefix="etcd.", role="control-plane",
+        unit = Unit(host=n0.name, container=container(cluster, rid, "etcd"), prefix="etcd.", role="control-plane", devices=0,
                     show={"container_command": shlex.join(etcd_args(cluster, prof, rid, phase)), "image": prof.etcd_image})
         return [Service(name="etcd", units=[unit], started=Probe(name="etcd /health", kind="http", host=n0.name, port=prof.etcd_port,
                                                                  path="/health", check="json", arg="health=true"))]
@@ -241,7 +241,7 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
             # the monitoring port of an external NATS is not known: its client port must accept a connection
             return [Service(name="nats", units=[], started=Probe(name="external NATS client port", kind="port", host=n0.name,
                                                                  ip=url.hostname, port=url.port or 4222))]
-        unit = Unit(host=n0.name, container=container(cluster, rid, "nats"), prefix="nats.", role="control-plane",
+        unit = Unit(host=n0.name, container=container(cluster, rid, "nats"), prefix="nats.", role="control-plane", devices=0,
                     show={"container_command": shlex.join(nats_args(cluster, prof, rid, phase)), "image": prof.nats_image})
         return [Service(name="nats", units=[unit], started=Probe(name="NATS /healthz", kind="http", host=n0.name, port=prof.nats_monitor_port,
                                                                  path="/healthz", check="json", arg="status=ok"))]
@@ -249,7 +249,7 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
         image = serving_image(cluster, n0, prepared)
         cmd = trtllm_run_args(cluster, prof, rid, container(cluster, rid, "frontend"), "frontend", "frontend", phase, image,
                               f"{rd}/frontend.env", ["sh", f"{rd}/frontend.sh"])
-        unit = Unit(host=n0.name, container=container(cluster, rid, "frontend"), prefix="frontend.", role="frontend",
+        unit = Unit(host=n0.name, container=container(cluster, rid, "frontend"), prefix="frontend.", role="frontend", devices=0,
                     show={"container_command": shlex.join(cmd), "image": image,
                           "serve_command": f"python3 -m dynamo.frontend --http-port {prof.frontend_port} --router-mode kv --router-session-affinity-ttl-secs 14400"})
         return [Service(name="frontend", units=[unit])]

@@ -320,3 +320,23 @@ def test_deploy_check_prints_each_steps_srun_line(b200):
     ssh = load_cluster("sim-b200")
     _, chash, plan = deploy.plan_release(ssh, {}, ssh.image.ref)
     assert "launch_steps" not in deploy.check_doc(ssh, plan, chash, [])
+
+
+def test_each_unit_asks_for_the_accelerators_it_uses():
+    """Per-unit GRES: Dynamo's etcd, NATS and frontend use no GPU and ask for
+    none (under ConstrainDevices their steps see none); its workers ask for
+    the node's 4. On Slurm a cluster that pins wheels stays on docker."""
+    from llmdeploy.launchers.slurm.jobs import plan_steps
+
+    d = load_cluster("sim-gb300-1p2d").model_dump()
+    d["slurm"] = {"login": "login01", "partition": "gpu"}
+    c = Cluster.model_validate(d)
+    assert c.slurm.container == "docker"
+    plan = _pyxis_plan(c)
+    gres = {}
+    for svc in plan.services:
+        for step, _ in plan_steps(c, plan, svc.units, lambda u: "true\n", lambda u: 1):
+            gres[svc.name] = [a for a in slurm.unit_srun_args(c, "42", step) if a.startswith("--gres")]
+    assert gres["etcd"] == gres["nats"] == gres["frontend"] == [], gres
+    assert gres["prefill0"] == gres["decode0"] == ["--gres=gpu:4"], gres
+    assert slurm.gres_args(c, 2) == ["--gres=gpu:2"] and slurm.gres_args(c, 9) == ["--gres=gpu:4"]

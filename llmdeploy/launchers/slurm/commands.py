@@ -86,17 +86,21 @@ def where_args(cluster: Cluster) -> list[str]:
     return args
 
 
-def gres_args(cluster: Cluster) -> list[str]:
+def gres_args(cluster: Cluster, devices: int | None = None) -> list[str]:
     """``--gres=<name>:<count>`` (per node in salloc, sbatch and srun): every
     job and every step asks for the nodes' accelerators (their count: the
     inventory's ``devices``, the smallest when nodes differ). A job's steps do
     not inherit GRES that an exclusive job got implicitly (srun(1)), and
     under ConstrainDevices a step sees only what it asked for. Empty when
-    the inventory says the site has none (``slurm.gres_per_node = 0``)."""
+    the inventory says the site has none (``slurm.gres_per_node = 0``).
+    ``devices``: a unit's own count (``Unit.devices``: 0 for one that uses
+    none, an etcd say), at most the nodes'."""
     s = cluster.slurm
     assert s is not None
     # one count for every job and step (srun's --gres is per node): the fewest any node has
     count = min(n.devices or cluster.platform_info.devices for n in cluster.nodes) if s.gres_per_node is None else s.gres_per_node
+    if devices is not None:
+        count = min(count, devices)
     if not count:
         return []
     # by default the vendor's word for one accelerator ("gpu", "npu"), as sites name their GRES (gres.conf Name=)
@@ -478,6 +482,8 @@ class UnitStep:
     nodes: list[str] = field(default_factory=list)
     tasks: int = 1
     mpi: str | None = None
+    # the accelerators it asks for on each node (``Unit.devices``); None: all of them
+    devices: int | None = None
 
 
 def step_shape_args(u: UnitStep) -> list[str]:
@@ -490,7 +496,7 @@ def step_shape_args(u: UnitStep) -> list[str]:
 
 def unit_srun_args(cluster: Cluster, job_id: str, u: UnitStep) -> list[str]:
     """The srun that runs a unit's step (``start_units_script``; what ``deploy --check`` prints)."""
-    return ["srun", f"--jobid={job_id}", "--overlap", *step_shape_args(u), *gres_args(cluster),
+    return ["srun", f"--jobid={job_id}", "--overlap", *step_shape_args(u), *gres_args(cluster, u.devices),
             f"--job-name={step_safe(u.name)}", "--kill-on-bad-exit=1", *([f"--mpi={u.mpi}"] if u.mpi else []),
             *(u.args or ["bash", "-c", u.script])]
 

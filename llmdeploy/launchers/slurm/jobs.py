@@ -44,7 +44,7 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
     if cluster.slurm.container != "pyxis":
         return [(slurm.UnitStep(node=cluster.slurm_name(cluster.node(u.host)), name=u.container,
                                 script=slurm.unit_step_body(script(u), u.container, cluster.deploy.stop_timeout_s),
-                                log=f"{logdir}/{u.host}.{u.container}.attempt-{number(u)}.step.log"), [u]) for u in units]
+                                log=f"{logdir}/{u.host}.{u.container}.attempt-{number(u)}.step.log", devices=u.devices), [u]) for u in units]
     rd = release_dir(cluster, plan.release)
     groups: list[list[Unit]] = []
     for u in units:
@@ -70,7 +70,7 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
         world = len(group) > 1 or plan.service_of(first).world
         out.append((slurm.UnitStep(node=cluster.slurm_name(cluster.node(first.host)), name=first.container, script="", args=args,
                                    nodes=[cluster.slurm_name(cluster.node(u.host)) for u in group], tasks=first.tasks,
-                                   mpi="pmix" if world else None,
+                                   mpi="pmix" if world else None, devices=first.devices,
                                    log=f"{logdir}/{first.host}.{first.container}.attempt-{n}.step.log"), group))
     return out
 
