@@ -280,7 +280,7 @@ class Slurm(Strict):
     # with srun --container-image, enroot) or "docker" (srun runs the unit's
     # docker run there); None: the platform's vendor's default (NVIDIA:
     # pyxis, or docker for a cluster that needs what only docker does: an
-    # image tarball or chain, wheels in a derived image; Ascend: docker)
+    # image tarball or chain; Ascend: docker)
     container: Literal["docker", "pyxis"] | None = None
     # the nodes' accelerators as Slurm's generic resources (gres.conf Name=):
     # every job and step asks for ``--gres=<gres>:<per node>``; None: the
@@ -558,10 +558,10 @@ class Cluster(Strict):
             problems.append(("image.distribute", "sends the image down the nodes' chain with docker save and docker load; pyxis imports it "
                                                  "on each node from the registry (enroot): drop image.distribute or use container 'docker'"))
         wheels = self.profile.wheel_set()
-        if wheels and wheels.pins:
-            problems.append(("slurm.container", f"the profile pins wheels ({', '.join(wheels.pins[:3])}{', ...' if len(wheels.pins) > 3 else ''}), "
-                                                "which prepare installs into a derived docker image; with pyxis that is not built: "
-                                                "use container 'docker' or pin no wheels"))
+        if wheels and wheels.pins and wheels.wheel_dir and not re.fullmatch(r"/[^\s:]*", wheels.wheel_dir):
+            # enroot mounts it (start --mount SRC:DST:...): a path with no space or colon
+            problems.append(("profile.wheel_dir", f"{wheels.wheel_dir!r}: with pyxis, enroot mounts the wheel directory while pip installs "
+                                                  "the wheels, which takes an absolute path without spaces or colons"))
         return problems
 
     def slurm_name(self, node: Node) -> str:

@@ -98,6 +98,33 @@ class ReleaseView:
     show: Callable[["Console"], None] = lambda con: None
 
 
+@dataclass(frozen=True)
+class Wheels:
+    """Pinned wheels to install into the units' image once per node
+    (prepare's wheels step, ``roles.wheels``), as a runtime's
+    ``wheels_script`` is given them: the same command whatever the runtime.
+
+    ``ref``: the base image, as the inventory names it (what the image step
+    has on the node). ``name``: what tells the image with the wheels from
+    its base (``wheels-<hash of the base reference and the pins>``: one
+    name per base and pins; ``[A-Za-z0-9_.-]``). ``install``: the argv that
+    installs them in a writable container of the base, as root, on the
+    node's network (pip with its index options). ``progress``: the awk rules
+    that read how far ``install`` got from its lines (``sections.counted``).
+    ``mounts``: (directory on the node, path in the container) mounted
+    read-only while ``install`` runs (a directory of wheels), each a
+    directory the node must have. ``verify``: the argv that, run in the
+    result, prints ``unitscripts.WHEELS_MARK versions <JSON>`` and fails
+    unless the pinned versions are installed."""
+
+    ref: str
+    name: str
+    install: tuple[str, ...]
+    progress: str
+    mounts: tuple[tuple[str, str], ...]
+    verify: tuple[str, ...]
+
+
 class Launcher(Protocol):
     """How the engine (``flows/engine.py``) starts, watches and stops a
     release's units on a cluster (one per engine).
@@ -169,7 +196,12 @@ class UnitRuntime(Protocol):
     tell), failing with the reason when the node cannot run them (a
     section of the facts script: it must not exit the script).
     ``running_script()``: the names of the cluster's units that run on the
-    node, one a line. A builder raises
+    node, one a line. ``wheels_script(wheels, check)``: what a node runs to
+    have the image its units run with the pinned wheels installed
+    (:class:`Wheels`), once, printing ``unitscripts.WHEELS_MARK``'s lines
+    (``serving``: what the units run, which prepare records as the node's
+    ``serving_ref``; ``check``: read-only, what it would do); None: Docker's
+    derived image (``docker run`` + pip + ``docker commit``, ``roles.wheels``). A builder raises
     ``LlmdeployError`` for what its runtime cannot do (a pyxis unit's log
     has no times: ``logs --since``).
 
@@ -213,6 +245,8 @@ class UnitRuntime(Protocol):
     def engine_script(self) -> str: ...
 
     def running_script(self) -> str: ...
+
+    def wheels_script(self, wheels: Wheels, check: bool) -> str | None: ...
 
 
 class LauncherPlugin(Protocol):

@@ -47,6 +47,13 @@ SIGNALS = ("TERM", "INT", "USR1", "USR2", "HUP")
 # (an imported file), ``IMAGE_MARK serving <what they run>``.
 IMAGE_MARK = "@@llmdeploy-image@@"
 
+# What a runtime's wheels script prints (``UnitRuntime.wheels_script``, read
+# by roles.wheels): ``WHEELS_MARK state <state>`` (present, built; or
+# would-build in a check), ``WHEELS_MARK versions <JSON>`` (what the
+# ``verify`` command of the wheels prints: the installed versions), and
+# ``WHEELS_MARK serving <what the units run>`` (the image with the wheels).
+WHEELS_MARK = "@@llmdeploy-wheels@@"
+
 # a runtime's command printing ``<status> <exit code>`` of one unit (its name given quoted); fails when there is none
 StateCommand = Callable[[str], str]
 

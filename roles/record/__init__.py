@@ -1,7 +1,8 @@
 """What prepare decided for each node, written on the node for the start step
 and for ``invoke check``: the image ID and the image to run (what the
-image step says the units run, an imported file on a pyxis cluster; else
-the image with its wheels), the NUMA
+wheels step says the units run, the runtime's file with the wheels on a
+pyxis cluster; else what the image step says, an imported file on a pyxis
+cluster; else the image with its wheels), the NUMA
 binding, the environment file, the NIC. Deterministic content (no time
 stamps), so an unchanged cluster is an unchanged file."""
 
@@ -18,7 +19,9 @@ def prepared_path(cluster: Cluster) -> str:
     return f"{cluster.base_dir}/{cluster.name}/prepared.json"
 
 
-def content(cluster: Cluster, node: Node, image: dict | None, binding: dict | None) -> str:
+def content(cluster: Cluster, node: Node, image: dict | None, binding: dict | None, built: dict | None = None) -> str:
+    """The node's record: ``image``, ``binding`` and ``built`` are the
+    image, numa and wheels steps' data on the node (None: not run)."""
     doc = {
         "cluster": cluster.name,
         "node": node.name,
@@ -27,9 +30,10 @@ def content(cluster: Cluster, node: Node, image: dict | None, binding: dict | No
         "image": {
             "ref": cluster.image.ref,
             "id": (image or {}).get("id"),
-            # what the units run: what the image step says they run (the
-            # runtime's imported file), else the image with its wheels
-            "serving_ref": (image or {}).get("serving_ref") or wheels.serving_ref(cluster),
+            # what the units run: what the wheels step says they run (the
+            # runtime's file with the wheels), else what the image step says
+            # (the runtime's imported file), else the image with its wheels
+            "serving_ref": (built or {}).get("serving_ref") or (image or {}).get("serving_ref") or wheels.serving_ref(cluster),
         },
         "binding": binding or {},
         "env_file": commenv.env_path(cluster, node),
@@ -46,7 +50,7 @@ def write_step(ctx):
         "record",
         lambda node: (
             prepared_path(cluster),
-            content(cluster, node, ctx.data("image", node.name), ctx.data("numa", node.name)),
+            content(cluster, node, ctx.data("image", node.name), ctx.data("numa", node.name), ctx.data("wheels", node.name)),
             0o644,
         ),
         check=ctx.check,

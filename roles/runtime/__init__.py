@@ -11,7 +11,7 @@ import shlex
 
 from llmdeploy import launcher
 from llmdeploy.inventory import Cluster
-from llmdeploy.launcher import UnitRuntime
+from llmdeploy.launcher import UnitRuntime, Wheels
 from llmdeploy.release import releases_dir
 from llmdeploy.unitscripts import LABEL
 from roles import containers as ctr
@@ -82,6 +82,9 @@ class Docker:
 
     def running_script(self) -> str:
         return f"docker ps --filter label={LABEL}.cluster={shlex.quote(self.c.name)} --format '{{{{.Names}}}}'"
+
+    def wheels_script(self, wheels: Wheels, check: bool) -> str | None:
+        return None  # a derived image: docker run + pip + docker commit (roles.wheels)
 
 
 def of(cluster: Cluster) -> UnitRuntime:

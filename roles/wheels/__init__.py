@@ -4,6 +4,15 @@ profile's ai-dynamo and ai-dynamo-runtime): installed once into a derived image 
 seed does, with ``importlib.metadata`` inside the image. The derived image is
 what the start step runs. Profiles without wheels skip this step.
 
+That is Docker's way. A cluster whose units' runtime has its own
+(``UnitRuntime.wheels_script``: on a pyxis cluster, the imported squashfs
+file with the wheels installed by enroot, exported to a file of its own)
+runs the runtime's script instead, with the same pip command and the same
+check (:func:`spec`), which prints the same lines plus what the units run
+(``serving``: the file), which prepare records as the node's
+``serving_ref``. Either way the nodes must agree on the image with the
+wheels and the versions in it: a node with another is named.
+
 While pip runs, progress lines say the wheels collected (their number is
 not known before pip has resolved them all), then the wheels installed of
 the wheels pip said it installs (pip prints nothing per package while it
@@ -17,12 +26,14 @@ import re
 import shlex
 
 from llmdeploy.inventory import Cluster, Node
+from llmdeploy.launcher import Wheels
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
 from llmdeploy.sections import counted
-from roles import progress_line
+from llmdeploy.unitscripts import WHEELS_MARK
+from roles import fail_odd_ones, hosts_text, progress_line, runtime
 from roles.facts import excerpt
 
-MARK = "@@llmdeploy-wheels@@"
+MARK = WHEELS_MARK
 CONTAINER_WHEELS = "/wheels"
 
 # pip's lines without a terminal: "Collecting <req>" (or "Processing <file>")
@@ -39,12 +50,16 @@ def pins(cluster: Cluster) -> dict[str, str]:
     return ws.by_name() if ws else {}
 
 
+def pins_hash(cluster: Cluster) -> str:
+    """What names the image with the wheels besides its base: a hash of the base reference and the pins."""
+    return hashlib.sha256(json.dumps([cluster.image.ref, sorted(pins(cluster).items())]).encode()).hexdigest()[:10]
+
+
 def derived_ref(cluster: Cluster) -> str:
     """The image with the wheels installed: named for the cluster, the base tag and the pins."""
     base = cluster.image.ref
-    h = hashlib.sha256(json.dumps([base, sorted(pins(cluster).items())]).encode()).hexdigest()[:10]
     tag = re.sub(r"[^A-Za-z0-9_.-]", "-", base.rsplit(":", 1)[-1] if ":" in base.rsplit("/", 1)[-1] else "latest")[:80]
-    return f"llmdeploy/{cluster.name}:{tag}-wheels-{h}"
+    return f"llmdeploy/{cluster.name}:{tag}-wheels-{pins_hash(cluster)}"
 
 
 def serving_ref(cluster: Cluster) -> str:
@@ -65,32 +80,48 @@ def _verify_py(want: dict[str, str], report: list[str]) -> str:
     )
 
 
-def build(cluster: Cluster, check: bool = False) -> str | None:
+def spec(cluster: Cluster) -> Wheels | None:
+    """The wheels to install as every runtime installs them (None: the
+    profile pins none): pip's command with the profile's index options (or
+    its wheel directory, mounted at ``CONTAINER_WHEELS``, without an index),
+    and the check of the versions in the result."""
     want = pins(cluster)
     if not want:
-        return None  # the profile pins no wheels: the runner skips the host
+        return None
     ws = cluster.profile.wheel_set()
-    tag = shlex.quote(derived_ref(cluster))
-    name = shlex.quote(f"llmdeploy-wheels-{cluster.name}")
     if ws.wheel_dir:
         src = ["--no-index", "--find-links", CONTAINER_WHEELS]
-        mount = f"-v {shlex.quote(ws.wheel_dir)}:{CONTAINER_WHEELS}:ro "
+        mounts: tuple[tuple[str, str], ...] = ((ws.wheel_dir, CONTAINER_WHEELS),)
     else:
         src = ["--index-url", ws.index_url]
         for url in ws.extra_index_urls:
             src += ["--extra-index-url", url]
-        mount = ""
+        mounts = ()
     # unbuffered: pip's lines come as it prints them (its progress), not at
     # its end (in the command, not the container's environment: docker commit
     # keeps that in the derived image)
-    pip = " ".join(shlex.quote(a) for a in ["env", "PYTHONUNBUFFERED=1", "python3", "-m", "pip", "install", "--pre", "--no-cache-dir", *src, *ws.pins])
+    install = ("env", "PYTHONUNBUFFERED=1", "python3", "-m", "pip", "install", "--pre", "--no-cache-dir", *src, *ws.pins)
+    return Wheels(ref=cluster.image.ref, name=f"wheels-{pins_hash(cluster)}", install=install, progress=PIP_AWK,
+                  mounts=mounts, verify=("python3", "-c", _verify_py(want, ws.report)))
+
+
+def build(cluster: Cluster, check: bool = False) -> str | None:
+    w = spec(cluster)
+    if w is None:
+        return None  # the profile pins no wheels: the runner skips the host
+    own = runtime.of(cluster).wheels_script(w, check)
+    if own is not None:
+        return own
+    tag = shlex.quote(derived_ref(cluster))
+    name = shlex.quote(f"llmdeploy-wheels-{cluster.name}")
+    mount = "".join(f"-v {shlex.quote(src)}:{shlex.quote(dst)}:ro " for src, dst in w.mounts)
     lines = [
         f"tag={tag}",
-        f"verify() {{ docker run --rm \"$1\" python3 -c {shlex.quote(_verify_py(want, ws.report))}; }}",
+        f"verify() {{ docker run --rm \"$1\" {shlex.join(w.verify)}; }}",
         f'if docker image inspect "$tag" >/dev/null 2>&1 && verify "$tag"; then echo "{MARK} state present"; exit 0; fi',
     ]
-    if ws.wheel_dir:
-        lines.append(f'[ -d {shlex.quote(ws.wheel_dir)} ] || {{ echo "wheel directory {ws.wheel_dir} is missing" >&2; exit 3; }}')
+    for src, _ in w.mounts:
+        lines.append(f'[ -d {shlex.quote(src)} ] || {{ echo "wheel directory {src} is missing" >&2; exit 3; }}')
     if check:
         lines.append(f'echo "{MARK} state would-install"')
         return "\n".join(lines) + "\n"
@@ -98,7 +129,7 @@ def build(cluster: Cluster, check: bool = False) -> str | None:
         f"docker rm -f {name} >/dev/null 2>&1",
         # the host network, as the serving containers have: the index is
         # reached the way the node reaches it (no bridge network needed)
-        counted(f"docker run --name {name} --network host {mount}{shlex.quote(cluster.image.ref)} {pip}", PIP_AWK)
+        counted(f"docker run --name {name} --network host {mount}{shlex.quote(cluster.image.ref)} {shlex.join(w.install)}", w.progress)
         + f" || {{ rc=$?; docker rm -f {name} >/dev/null 2>&1; exit $rc; }}",
         f'docker commit {name} "$tag" >/dev/null && docker rm {name} >/dev/null || exit $?',
         f'echo "{MARK} state installed"',
@@ -111,34 +142,67 @@ def parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostRe
     want = pins(cluster)
     states = re.findall(rf"^{re.escape(MARK)} state (\S+)$", out, re.M)
     vm = re.findall(rf"^{re.escape(MARK)} versions (.*)$", out, re.M)
+    served = re.findall(rf"^{re.escape(MARK)} serving (\S.*)$", out, re.M)
     try:
         versions = json.loads(vm[-1]) if vm else {}
     except (ValueError, RecursionError):
         versions = None
     unreadable = f"unreadable versions {excerpt(vm[-1])}" if vm and not isinstance(versions, dict) else ""
     versions = versions if isinstance(versions, dict) else {}
-    data = {"image": derived_ref(cluster), "versions": versions, "pins": want}
+    # what the units run: the runtime's own file, else Docker's derived image
+    data = {"image": served[-1] if served else derived_ref(cluster), "versions": versions, "pins": want}
+    if served:
+        data["serving_ref"] = served[-1]
     if code != 0 or not states:
         wrong = [f"{k} is {versions.get(k)} (pinned {v})" for k, v in want.items() if vm and not unreadable and versions.get(k) != v]
         lines = [ln for ln in err.strip().splitlines() if ln.strip() and not ln.startswith("WARNING")]
         said = f"exit {code}: unreadable output {excerpt(out)}" if out.strip() else f"exit {code}"
         reason = "; ".join(wrong) or unreadable or (lines[-1] if lines else said)
         return HostResult(node.name, FAILED, msg=f"wheels: {reason}", data=data)
-    state = states[-1]
+    state = data["state"] = states[-1]
     shown = ", ".join(f"{k}=={versions.get(k, v)}" for k, v in want.items())
     if state == "present":
         return HostResult(node.name, OK, msg=f"{shown} in {data['image']}", data=data)
-    if state == "would-install":
-        return HostResult(node.name, CHANGED, msg=f"would install {', '.join(f'{k}=={v}' for k, v in want.items())}", data=data)
+    if state.startswith("would-"):  # would-install (a derived image), would-build (the runtime's own)
+        into = f" into {served[-1]}" if served else ""
+        return HostResult(node.name, CHANGED, msg=f"would install {', '.join(f'{k}=={v}' for k, v in want.items())}{into}", data=data)
     return HostResult(node.name, CHANGED, msg=f"installed {shown} into {data['image']}", data=data)
+
+
+def _built(r: HostResult) -> tuple[str, str] | None:
+    """What a node's image with the wheels is, to compare across the nodes:
+    its name and the versions in it (None: not built, a check)."""
+    data = r.data or {}
+    if str(data.get("state", "")).startswith("would-") or "image" not in data:
+        return None
+    return data["image"], json.dumps(data.get("versions") or {}, sort_keys=True)
+
+
+def _versions_text(doc: str) -> str:
+    return ", ".join(f"{k}=={v}" if v is not None else f"no {k}" for k, v in json.loads(doc).items()) or "none"
 
 
 def install_step(ctx) -> Step:
     cluster = ctx.cluster
+
+    def same_image(results):
+        def describe(h, mine, ref, agreeing):
+            img = mine[0]
+            if img != ref[0]:
+                what = f"the image with the wheels is {img} here but {ref[0]} on {hosts_text(agreeing)}"
+            else:
+                what = f"{img} holds {_versions_text(mine[1])} here but {_versions_text(ref[1])} on {hosts_text(agreeing)}"
+            served = (results[h].data or {}).get("serving_ref")
+            remove = f"remove {served} here" if served else f"remove it here with docker rmi {img}"
+            return f"wheels: {what}: another build ({remove} and prepare again)"
+
+        fail_odd_ones(results, key=_built, describe=describe)
+
     return Step(
         name="wheels",
         build=lambda node: build(cluster, ctx.check),
         parse=lambda node, out, err, code: parse(cluster, node, out, err, code),
+        aggregate=same_image,
         timeout=max(cluster.ssh.command_timeout, 1800.0),
         progress=progress_line,
     )

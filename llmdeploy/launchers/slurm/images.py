@@ -12,6 +12,8 @@ its releases and prepare's record are)::
     images/<hex>.sqsh      the image, named by its ID: sha256:<hex>, the config digest
     images/refs/<ref>      the ID a reference was imported as (the reference with / as +)
     images/.import.XXXXXX  an import under way: enroot's cache of its own, the file it writes
+    images/<hex>-<name>.sqsh, .versions   the image with the profile's wheels, and their versions (wheels.py)
+    images/.wheels.XXXXXX  a build of one under way
 
 The ID is the image's config digest, which is Docker's image ID for the same
 image: release records, drift checks and both runtimes speak the same ID.
@@ -168,13 +170,28 @@ def import_script(images: str, ref: str, check: bool = False) -> str:
     ]) + "\n"
 
 
+# lli_built FILE: id= the ID of the base of an image with wheels installed
+# (wheels.py: <64 hex of the base's ID>-<name>.sqsh, a squashfs); fails for anything else.
+BUILT_FUNCS = r"""lli_built() {
+  id=; lli_h=${1##*/}; lli_n=${lli_h#*-}; lli_h=${lli_h%%-*}
+  case $lli_h in ''|*[!0-9a-f]*) return 1 ;; esac
+  [ "${#lli_h}" -eq 64 ] || return 1
+  case $lli_n in ?*.sqsh) ;; *) return 1 ;; esac
+  [ -f "$1" ] && [ "$(head -c 4 "$1" 2>/dev/null)" = hsqs ] || return 1
+  id=sha256:$lli_h
+}
+"""
+
+
 def image_id_script(images: str) -> str:
     """Shell that defines ``llmdeploy_image_id REF``: the ID of REF, an
-    imported file (a path) or a reference imported here; fails when it is not."""
-    return FUNCS + (
+    imported file (a path) or a reference imported here; fails when it is
+    not. A file with wheels installed in it (``wheels.py``) has no config
+    of its own: it answers its base's ID (what a release checks of it is that it is there)."""
+    return FUNCS + BUILT_FUNCS + (
         "llmdeploy_image_id() {\n"
         '  case $1 in\n'
-        '    /*) lli_file "$1" ;;\n'
+        '    /*) lli_file "$1" || lli_built "$1" ;;\n'
         f'    *) case $1 in *+*|\'\') return 1 ;; esac; lli_ref {q(images)} "$(printf \'%s\' "$1" | tr / +)" ;;\n'
         "  esac && echo \"$id\"\n"
         "}\n"

@@ -58,7 +58,9 @@ from ... import release
 from ... import unitscripts as us
 from ...errors import LlmdeployError
 from ...inventory import Cluster
+from ...launcher import Wheels
 from . import images, pyxis
+from . import wheels as wheels_builder
 from .commands import STARTED_MARK
 
 q = shlex.quote
@@ -622,6 +624,9 @@ class PyxisUnits:
 
     def image_script(self, ref: str, check: bool) -> str | None:
         return images.import_script(images.images_dir(self.c), ref, check)
+
+    def wheels_script(self, wheels: Wheels, check: bool) -> str | None:
+        return wheels_builder.wheels_script(images.images_dir(self.c), self.c.name, wheels, check)
 
     def image_id_script(self) -> str:
         return images.image_id_script(images.images_dir(self.c))
