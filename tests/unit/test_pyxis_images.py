@@ -450,7 +450,7 @@ def test_the_inventory_refuses_what_pyxis_cannot_run():
         Cluster.model_validate(d)
     said = str(err.value)
     assert "image.distribute" in said and "docker save" in said and "planned" not in said
-    g = load_cluster("sim-gb300-1p2d").model_dump()
+    g = load_cluster("sim-gb300-3p2d").model_dump()
     g["slurm"] = slurm
     assert Cluster.model_validate(g).slurm.container == "pyxis"
     g["slurm"] = {**slurm, "container": "docker"}

@@ -179,8 +179,9 @@ echo "Successfully installed $done_"  # pip/_internal/commands/install.py:927
 
 
 def pyxis_dynamo(base: Path, container: str | None = "pyxis", **profile) -> Cluster:
-    """sim-gb300-1p2d (Dynamo: ai-dynamo and ai-dynamo-runtime pinned) on a Slurm site's pyxis, its base directory in ``base``."""
-    d = load_cluster("sim-gb300-1p2d").model_dump()
+    """sim-gb300-3p2d (Dynamo: ai-dynamo and ai-dynamo-runtime pinned; every worker on one node) on a Slurm
+    site's pyxis, its base directory in ``base``."""
+    d = load_cluster("sim-gb300-3p2d").model_dump()
     d["slurm"] = {**load_cluster("sim-b200-slurm").model_dump()["slurm"], "container": container}
     d["profile"].update(profile)
     # the base directory with a space in it (the scripts quote it), which the inventory would not take

@@ -340,3 +340,21 @@ def test_each_unit_asks_for_the_accelerators_it_uses():
     assert gres["etcd"] == gres["nats"] == gres["frontend"] == [], gres
     assert gres["prefill0"] == gres["decode0"] == ["--gres=gpu:4"], gres
     assert slurm.gres_args(c, 2) == ["--gres=gpu:2"] and slurm.gres_args(c, 9) == ["--gres=gpu:4"]
+
+
+def test_dynamo_groups_across_nodes_keep_docker_on_slurm():
+    """Dynamo's multi-node worker groups start with mpirun entering Docker
+    containers, not built as one pyxis launch: left to the platform, such a
+    cluster runs Docker; asked for pyxis, it is refused by field and why. A
+    topology whose groups are each on one node runs on pyxis (wheels built
+    into the squashfs)."""
+    def on_slurm(name, container):
+        d = load_cluster(name).model_dump()
+        d["slurm"] = {"login": "login01", "partition": "gpu", "container": container}
+        return Cluster.model_validate(d)
+
+    assert on_slurm("sim-gb300-1p2d", None).slurm.container == "docker"
+    with pytest.raises(ValueError) as err:
+        on_slurm("sim-gb300-1p2d", "pyxis")
+    assert "slurm.container" in str(err.value) and "decode0, decode1" in str(err.value), err.value
+    assert on_slurm("sim-gb300-3p2d", None).slurm.container == "pyxis"
