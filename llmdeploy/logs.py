@@ -60,7 +60,9 @@ def bundle_script(cluster: Cluster, node: Node, release_dir: str, units: list[tu
     sections += list(vendor_of(cluster).LOG_FILES.items())
     out = []
     for name, cmd in sections:
-        out.append(f"echo '{MARK} {name}'; {{ {cmd} ; }} 2>&1")
+        # the command may be a script of many lines (a runtime's own, which may exit): a subshell of its own,
+        # closed on a line of its own
+        out.append(f"echo '{MARK} {name}'; (\n{cmd.rstrip()}\n) 2>&1")
     # earlier attempts and the rendered files of the release (env values are
     # masked locally before anything is written)
     out.append(

@@ -440,3 +440,22 @@ def test_the_step_mounts_its_release_directory_and_runs_the_wrapper():
         units.unit_command(run, rd, "../escape", 1)
     with pytest.raises(ValueError):
         units.states_script("/r", ["a/b"])
+
+
+def test_a_failure_bundle_runs_the_pyxis_units_scripts(tmp_path):
+    """The bundle's sections are scripts of many lines on pyxis: the node's
+    part of the bundle is one script bash runs (a section's group closes on
+    a line of its own), and a unit without a record still gives the others."""
+    import subprocess
+
+    from llmdeploy import logs
+    from llmdeploy.inventory import load_cluster
+    from llmdeploy.launchers.slurm.units import PyxisUnits
+
+    c = load_cluster("sim-b200-slurm")
+    sections = PyxisUnits(c).bundle_sections(["a-1", "b-2"], 1000) + [("extra.txt", "echo one\necho two\n")]
+    script = logs.bundle_script(c, c.nodes[0], str(tmp_path / "rel"), sections)
+    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    files = logs.split_bundle(res.stdout)
+    assert {"a-1.log", "a-1.inspect.json", "b-2.log", "b-2.inspect.json", "extra.txt", "kernel.log", "node.txt"} <= set(files), (res.stderr, files)
+    assert files["extra.txt"].split() == ["one", "two"]

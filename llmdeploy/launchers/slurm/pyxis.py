@@ -17,6 +17,8 @@ by itself is dropped, and each is named here:
 - ``--ulimit``: Slurm gives the tasks the limits of srun's environment
   (slurm.conf PropagateResourceLimits);
 - ``--shm-size``: the node's /dev/shm is the container's (enroot's mounts.d);
+- a Docker container's own filesystem is writable: the step's is too
+  (``--container-writable``; pyxis's containers are read-only otherwise);
 - ``--label``, ``--name``: the step's name and ``--container-name`` say
   which unit it is (the labels are kept, ``DockerRun.labels``: what the
   unit is to the tool, its cluster, release, service, role and stop phase,
@@ -196,7 +198,8 @@ def step_options(run: DockerRun, container_name: str, image: str | None = None) 
     if not run.command:
         raise LlmdeployError(f"{container_name}: the docker run line has no command (pyxis does not run the image's entrypoint here)")
     args = [f"--container-image={image_uri(image or run.image)}", f"--container-name={container_name}",
-            "--no-container-mount-home", f"--container-env={','.join(DEVICE_VARIABLES)}"]
+            # a Docker container's own filesystem is writable (etcd makes its data directory in it): so is the step's
+            "--container-writable", "--no-container-mount-home", f"--container-env={','.join(DEVICE_VARIABLES)}"]
     if run.mounts:
         args.append(f"--container-mounts={','.join(run.mounts)}")
     if run.workdir:
