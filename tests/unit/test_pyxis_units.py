@@ -446,16 +446,31 @@ def test_a_failure_bundle_runs_the_pyxis_units_scripts(tmp_path):
     """The bundle's sections are scripts of many lines on pyxis: the node's
     part of the bundle is one script bash runs (a section's group closes on
     a line of its own), and a unit without a record still gives the others."""
-    import subprocess
-
     from llmdeploy import logs
-    from llmdeploy.inventory import load_cluster
-    from llmdeploy.launchers.slurm.units import PyxisUnits
 
     c = load_cluster("sim-b200-slurm")
-    sections = PyxisUnits(c).bundle_sections(["a-1", "b-2"], 1000) + [("extra.txt", "echo one\necho two\n")]
+    sections = units.PyxisUnits(c).bundle_sections(["a-1", "b-2"], 1000) + [("extra.txt", "echo one\necho two\n")]
     script = logs.bundle_script(c, c.nodes[0], str(tmp_path / "rel"), sections)
     res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     files = logs.split_bundle(res.stdout)
     assert {"a-1.log", "a-1.inspect.json", "b-2.log", "b-2.inspect.json", "extra.txt", "kernel.log", "node.txt"} <= set(files), (res.stderr, files)
     assert files["extra.txt"].split() == ["one", "two"]
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_a_unit_that_is_no_world_sees_no_step_variables(tmp_path, plain):
+    """A pyxis unit that is not a launched world starts with the environment
+    Docker would give it: no SLURM_*, PMIX_*, PMI_* or OMPI_* (an mpirun in it,
+    Dynamo's worker group on one node, would take the step for its allocation
+    and find one slot); Slurm's CUDA_VISIBLE_DEVICES stays. A world keeps them (PMIx)."""
+    rd = str(tmp_path / "rel")
+    run = pyxis.docker_run("docker run -d --name c img env", "c")
+    argv = units.unit_command(run, rd, "c", 1, plain=plain)
+    step_env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_LOCALID": "0", "SLURMD_NODENAME": "n0", "PMIX_RANK": "0",
+                "OMPI_MCA_x": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
+    res = subprocess.run(argv, capture_output=True, text=True, env=step_env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    seen = dict(line.split("=", 1) for line in (tmp_path / "rel" / "logs" / "c.log").read_text().splitlines() if "=" in line)
+    assert seen["CUDA_VISIBLE_DEVICES"] == "0,1"
+    gone = {"SLURM_JOB_ID", "SLURM_LOCALID", "SLURMD_NODENAME", "PMIX_RANK", "OMPI_MCA_x"}
+    assert (gone & set(seen)) == (set() if plain else gone), seen

@@ -66,8 +66,9 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
                                  f"every node the same container, command and number of tasks)")
         run = pyxis.docker_run(line, first.container)
         n = number(first)
-        args = units_mod.unit_step_args(run, rd, first.container, n, f"{plan.release}.{first.container}")
         world = len(group) > 1 or plan.service_of(first).world
+        # a unit that is not a launched world sees no Slurm variables (an mpirun in it is its own, as in Docker)
+        args = units_mod.unit_step_args(run, rd, first.container, n, f"{plan.release}.{first.container}", plain=not world)
         out.append((slurm.UnitStep(node=cluster.slurm_name(cluster.node(first.host)), name=first.container, script="", args=args,
                                    nodes=[cluster.slurm_name(cluster.node(u.host)) for u in group], tasks=first.tasks,
                                    mpi="pmix" if world else None, devices=first.devices,

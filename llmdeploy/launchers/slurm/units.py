@@ -328,7 +328,15 @@ INSPECT_FUNCS = FUNCS + _INSPECT_FUNCS
 
 
 # -- the step: the wrapper in the container ------------------------------------------------
-def unit_command(run: pyxis.DockerRun, release_dir: str, container: str, attempt: int, image: str | None = None) -> list[str]:
+# what a step's tasks have that a Docker container's process has not: the step's Slurm, PMI and MPI
+# variables (a unit that is not a launched world gets the environment Docker would give it: an
+# mpirun in it must not take the step for its allocation, OpenMPI's ras/slurm and ess/slurm)
+PLAIN = ("set -f; for llu_v in $(env); do case $llu_v in SLURM_*=*|SLURMD_*=*|PMIX_*=*|PMI_*=*|OMPI_*=*) unset \"${llu_v%%=*}\" ;; esac; done\n"
+         "unset llu_v; set +f\n")
+
+
+def unit_command(run: pyxis.DockerRun, release_dir: str, container: str, attempt: int, image: str | None = None,
+                 plain: bool = False) -> list[str]:
     """A unit's command in its step's container (every task of it): the
     unit's command (``run``, after its environment files and ``-e`` values,
     ``pyxis.environment``) run by a wrapper that keeps the unit's record
@@ -349,7 +357,9 @@ def unit_command(run: pyxis.DockerRun, release_dir: str, container: str, attempt
     reaches every process of the step) and from the node's scripts here
     (by the recorded pid); the wrapper catches SIGTERM, SIGINT and SIGHUP
     (its command's are then the default ones) to outlive them and write the
-    exit code, then exits with it."""
+    exit code, then exits with it. ``plain``: a unit that is not a launched
+    world starts without the step's Slurm, PMI and MPI variables, as Docker's
+    process would (``PLAIN``)."""
     if int(attempt) < 1:
         raise ValueError(f"attempt numbers start at 1: {attempt!r}")
     u = record_dir(release_dir, container)
@@ -364,6 +374,7 @@ def unit_command(run: pyxis.DockerRun, release_dir: str, container: str, attempt
         # this shell's pid is the command's once it execs it: recorded first, so the unit reads as running from now on
         + 'me=$(llu_start $$) && w=$(llu_start $PPID) || { echo "llmdeploy: no /proc/$$/stat: the unit cannot be recorded" >&2; exit 125; }\n'
         + "printf '%s %s %s %s\\n' $$ \"$me\" $PPID \"$w\" > \"$u/.task.$i\" && mv -f \"$u/.task.$i\" \"$u/task.$i\" || exit 125\n"
+        + (PLAIN if plain else "")
         + pyxis.environment(run)
         + f'[ "$i" != 0 ] || echo {q(STARTED_MARK)} {q(container)} >&3\n'
         + 'exec 3>&-\nexec "$@"\n'
@@ -424,7 +435,7 @@ def _mounted(mounts: list[str], path: str) -> bool:
 
 
 def unit_step_args(run: pyxis.DockerRun, release_dir: str, container: str, attempt: int, container_name: str,
-                   image: str | None = None) -> list[str]:
+                   image: str | None = None, plain: bool = False) -> list[str]:
     """The pyxis options and the wrapped command of a unit's step
     (``unit_command``). The release directory is mounted at its own path
     when the unit's line does not: the wrapper writes the unit's record and
@@ -434,7 +445,7 @@ def unit_step_args(run: pyxis.DockerRun, release_dir: str, container: str, attem
         raise LlmdeployError(f"{container}: release directory {release_dir}: a path with a comma cannot be a pyxis mount")
     if not _mounted(run.mounts, release_dir):
         run = dataclasses.replace(run, mounts=[*run.mounts, f"{release_dir}:{release_dir}"])
-    return [*pyxis.step_options(run, container_name, image), *unit_command(run, release_dir, container, attempt, image)]
+    return [*pyxis.step_options(run, container_name, image), *unit_command(run, release_dir, container, attempt, image, plain)]
 
 
 # -- the node's side: what roles.containers does with docker ----------------------------------
