@@ -27,7 +27,8 @@ def current_read(cluster: Cluster) -> Step:
 
 def status_read(cluster: Cluster) -> Step:
     """``invoke status``'s read of each node (the runtime's ``status_script``, ``roles/runtime``)."""
-    return Step(name="status", build=lambda n: runtime.of(cluster).status_script(), standing=True)
+    rt = runtime.of(cluster)
+    return Step(name="status", build=lambda n: rt.status_script(), standing=True)
 
 
 def top_read(cluster: Cluster, plan: ReleasePlan | None, timeout: float | None = None) -> Step:

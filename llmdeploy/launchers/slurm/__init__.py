@@ -1,7 +1,8 @@
 """The Slurm launcher: a cluster whose inventory has a ``slurm`` section.
 Commands reach its nodes as job steps from its login host, a release is a
-job that holds its nodes, and each unit is a step of it whose container
-Docker runs on the node.
+job that holds its nodes, and each unit is a step of it: a pyxis
+container of the step (``container="pyxis"``, an MPI world one PMIx step
+over its nodes) or a container Docker runs on the node.
 
 - ``commands.py``: the command lines (srun, sbatch, salloc, squeue, sinfo,
   scancel) and the readers of their output; pure;
@@ -13,13 +14,14 @@ Docker runs on the node.
 - ``reader.py``: the release's reader, one more step of its job that reads
   the nodes for status, top and the watcher (its scripts and the reader of
   what it leaves on the login host); pure;
-- ``pyxis.py`` and ``units.py`` (not used by deploy yet): a unit's docker run
+- ``pyxis.py`` and ``units.py`` (``container="pyxis"``): a unit's docker run
   line as a pyxis step, the wrapper its step runs so that the unit keeps a
   record on its node, and the node's scripts that read and stop such units
-  with the Docker scripts' output; pure;
-- ``images.py`` (prepare's image step on a pyxis cluster, not reachable yet:
-  the inventory refuses pyxis): the image imported once per node with enroot
-  into a squashfs file named by its ID, the node's engine check; pure.
+  with the Docker scripts' output (``PyxisUnits``, the runtime); pure;
+- ``images.py`` and ``wheels.py`` (prepare's image and wheels steps on a
+  pyxis cluster): the image imported once per node with enroot into a
+  squashfs file named by its ID, the pinned wheels built into one of its
+  own, the node's engine check; pure.
 """
 
 from __future__ import annotations

@@ -402,10 +402,10 @@ def world_command(cluster: Cluster, job_id: str, names: list[str], tasks: int, a
     cases = "".join(f"  {q(n)}) " + "".join(f"export {q(f'{k}={v}')}; " for k, v in sorted(env.get(n, {}).items())) + ";;\n"
                     for n in names)
     script = f'case "$SLURMD_NODENAME" in\n{cases}esac\nexec "$@"\n'
-    args = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(names)}", f"--ntasks={len(names) * tasks}",
-            f"--ntasks-per-node={tasks}", f"--nodelist={hostlist(names)}", *gres_args(cluster), "--mpi=pmix", "--kill-on-bad-exit=1",
-            f"--job-name={step_safe(argv[0] if argv else 'world')}", "bash", "-c", script, "llmdeploy-world", *argv]
-    return " ".join(q(a) for a in args) + " < /dev/null"
+    # the same step a launched world of units is (its shape, GRES, PMIx), its command the program
+    step = UnitStep(node=names[0], name=argv[0] if argv else "world", script="", log="", args=["bash", "-c", script, "llmdeploy-world", *argv],
+                    nodes=names, tasks=tasks, mpi="pmix")
+    return " ".join(q(a) for a in unit_srun_args(cluster, job_id, step)) + " < /dev/null"
 
 
 def step_safe(name: str) -> str:

@@ -6,7 +6,8 @@ its steps in reverse order, then the job.
 The engine (flows/engine.py) stays the one for every launcher: it calls
 here where a launcher differs (holding the job, starting a unit, ending the
 jobs, what status adds); what runs on the nodes is the same containers and
-the same scripts, sent as job steps (``steps.py``). Once the job holds the
+the same scripts, sent as job steps (``steps.py``), or with pyxis each
+unit's container as its step (``plan_steps``). Once the job holds the
 nodes, one more step of it, the release's reader (``reader.py``), answers
 status's, top's and the watcher's reads.
 """
