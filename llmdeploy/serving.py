@@ -116,14 +116,6 @@ class ServingProfile(Strict):
         """{profile field: port} of every port the profile binds somewhere."""
         return {}
 
-    def launched_worlds(self, cluster: "Cluster") -> str | None:
-        """Why this system's plan on ``cluster`` cannot start its MPI worlds
-        as a launcher's own (one launch over the nodes, each rank's place
-        from the launcher: Slurm's ``srun --mpi=pmix`` on pyxis), None when it
-        can or has none across nodes. A cluster that leaves its runtime to the
-        platform then keeps Docker; one that asks for that runtime is refused with it."""
-        return None
-
     # --- prepare ---------------------------------------------------------------
     def node_ports(self, cluster: "Cluster", node: "Node") -> dict[int, str]:
         """Ports serving binds on ``node`` -> the inventory field they come from

@@ -319,7 +319,7 @@ def run(argv: list[str]) -> int:
     if size > 1:
         rdv = trtllm_sim.rendezvous_of(env, system_port or None)
         if rdv is None:
-            tlog(f"cannot find rank 0: no OMPI_MCA_orte_hnp_uri (nor SLURM_LAUNCH_NODE_IPADDR) in the environment of a world of {size} ranks", "E")
+            tlog(f"cannot find rank 0: no OMPI_MCA_orte_hnp_uri (nor SLURM_STEP_NODELIST) in the environment of a world of {size} ranks", "E")
             return 1
     else:
         rdv = trtllm_sim.one_rank_world(env)

@@ -46,7 +46,7 @@ from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
-from roles import commenv, containers
+from roles import commenv, containers, runtime
 from roles.mpi import launch_agent_args, tcp_if_args
 from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
 # the workers are TensorRT-LLM engines: its configuration merge and launch mounts
@@ -179,11 +179,26 @@ def mpirun_args(cluster: Cluster, prof: DynamoProfile, rid: str, w: dynamo.Worke
                               commenv.node_specific(cluster) + ["CUDA_VISIBLE_DEVICES"])
     for name in exported:
         args += ["-x", name]
+    return args, task_command(cluster, prof, rid, w, first, prepared)
+
+
+def task_command(cluster: Cluster, prof: DynamoProfile, rid: str, w: dynamo.Worker, node: Node, prepared: Prepared) -> str:
+    """What each rank of ``w`` on ``node`` runs: ``[numactl -m 0,1]
+    trtllm-llmapi-launch python3 -m dynamo.trtllm --model-path "$MODEL_PATH" ...``
+    (after mpirun's options, or as a task of the group's one PMIx launch)."""
     # --model-path is the seed's spelling; ai-dynamo 1.6.1 still takes it, as
     # the obsolete alias of --model (dynamo/trtllm/backend_args.py), so the seed's line stays
-    tail = shlex.join(membind(cluster, prof, first, prepared) + [
+    return shlex.join(membind(cluster, prof, node, prepared) + [
         "trtllm-llmapi-launch", "python3", "-m", "dynamo.trtllm"]) + ' --model-path "$MODEL_PATH" ' + shlex.join(worker_args(cluster, prof, rid, w))
-    return args, tail
+
+
+def pmix_world(cluster: Cluster) -> bool:
+    """Whether the cluster's runtime starts each worker group itself, every
+    rank a task of one launch over the group's nodes with its rank from the
+    launcher (Slurm's ``srun --mpi=pmix`` on pyxis, as Dynamo documents for
+    multi-node TensorRT-LLM workers on Slurm), instead of mpirun from the
+    group's first container entering the others."""
+    return runtime.of(cluster).worlds
 
 
 def worker_args(cluster: Cluster, prof: DynamoProfile, rid: str, w: dynamo.Worker) -> list[str]:
@@ -254,6 +269,7 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
                           "serve_command": f"python3 -m dynamo.frontend --http-port {prof.frontend_port} --router-mode kv --router-session-affinity-ttl-secs 14400"})
         return [Service(name="frontend", units=[unit])]
     if name in ("prefill", "decode"):
+        pmix = pmix_world(cluster)
         out = []
         for w in dynamo.placement(cluster, prof):
             if w.role != name:
@@ -262,19 +278,26 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
             mpirun, tail = mpirun_args(cluster, prof, rid, w, prepared)
             for i, (host, gpus) in enumerate(w.nodes):
                 node = cluster.node(host)
-                image = serving_image(cluster, node, prepared)
                 launcher = i == 0
+                # a PMIx group's line is the same on every node (one launch): its first node's image, which prepare made every node's
+                image = serving_image(cluster, cluster.node(w.rank0_node) if pmix else node, prepared)
+                script = f"{w.name}.{'task' if pmix else 'serve' if launcher else 'hold'}.sh"
                 cmd = trtllm_run_args(cluster, prof, rid, container(cluster, rid, w.name), w.name, w.role, phase, image,
-                                      f"{rd}/{w.name}.env", ["sh", f"{rd}/{w.name}.{'serve' if launcher else 'hold'}.sh"],
-                                      ssh=launcher and len(w.nodes) > 1, ranks=",".join(map(str, gpus)))
+                                      f"{rd}/{w.name}.env", ["sh", f"{rd}/{script}"], ssh=launcher and len(w.nodes) > 1 and not pmix,
+                                      ranks=f"0-{w.ranks - 1}" if pmix else ",".join(map(str, gpus)))
                 show = {"container_command": shlex.join(cmd), "image": image, "ranks": f"{w.ranks} ({len(gpus)} here)",
                         "cuda_visible_devices": w.cuda_visible_devices(host), "system_port": w.system_port}
-                if launcher:
+                if pmix:
+                    # every task of the group's one launch runs its node's task.sh: the setup, the merge, then this
+                    note, show["numactl"] = membind_shown(cluster, prof, node, prepared)
+                    show["serve_command"] = note + task_command(cluster, prof, rid, w, node, prepared)
+                elif launcher:
                     note, show["numactl"] = membind_shown(cluster, prof, node, prepared)
                     show["serve_command"] = f"{shlex.join(mpirun)} <-x every variable of {PROFILE_ENV}> {note}{tail}"
-                units.append(Unit(host=host, container=container(cluster, rid, w.name), prefix=f"{w.name}.", order=1 if launcher else 0,
-                                  role=w.role, show=show))
-            out.append(Service(name=w.name, units=units, restart="group"))
+                # a PMIx group starts at once (one launch, a task per GPU here); mpirun's starts its holders first
+                units.append(Unit(host=host, container=container(cluster, rid, w.name), prefix=f"{w.name}.",
+                                  order=0 if pmix or not launcher else 1, role=w.role, show=show, tasks=len(gpus) if pmix else 1))
+            out.append(Service(name=w.name, units=units, restart="group", world=pmix))
         return out
     raise LlmdeployError(f"playbooks/serve-dynamo.yaml: dynamo has no service {name!r} (etcd, nats, frontend, prefill, decode)")
 
@@ -329,8 +352,16 @@ def probe(cluster: Cluster, profile: DynamoProfile, name: str) -> list[Probe]:
     prof = profile
     n0 = cluster.node0.name
     workers = dynamo.placement(cluster, prof)
-    if name == "frontend_health":
+    if name in ("frontend_health", "frontend_settled"):
         want = [{"name": w.name, "role": w.role, "host": w.rank0_node, "port": w.system_port} for w in workers]
+        if name == "frontend_settled":
+            # the first check again, once every worker says it is ready: a worker group started again after a
+            # SIGKILL left its old instance listed until that etcd lease expires, and while the new one was not
+            # listed yet the count was already right (seen on a restart --service of a killed decode group:
+            # healthy, then status listed 2 decode instances for 1 worker); by now the new one is listed, so
+            # the count holds only once the old is gone. It waits for that (wait_body), it does not fail on it
+            return [Probe(name="frontend /health lists exactly the workers", kind="http", host=n0, port=prof.frontend_port,
+                          path="/health", check="dynamo_health", arg=json.dumps(want), wait_body=True)]
         return [Probe(name="frontend /health lists every worker", kind="http", host=n0, port=prof.frontend_port, path="/health",
                       check="dynamo_health", arg=json.dumps(want))]
     if name == "worker_health":
@@ -354,7 +385,7 @@ def probe(cluster: Cluster, profile: DynamoProfile, name: str) -> list[Probe]:
         return [Probe(name=f"{w.name} /metrics", kind="http", host=w.rank0_node, port=w.system_port, path="/metrics", check="prometheus")
                 for w in workers]
     raise LlmdeployError(f"playbooks/serve-{KIND}.yaml: {KIND} has no readiness probe {name!r} "
-                         "(frontend_health, worker_health, models, chat, worker_metrics)")
+                         "(frontend_health, worker_health, models, chat, worker_metrics, frontend_settled)")
 
 
 # The component each role's workers register under when the plan passes no
@@ -414,7 +445,7 @@ def files(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, prepared:
         for u in units:
             svc = plan.service_of(u)
             # a worker's holder merges its config first: the group's mpirun may enter as soon as run.sh returns
-            holder = u.role in ("prefill", "decode") and u.order == 0 and len(svc.units) > 1
+            holder = u.role in ("prefill", "decode") and u.order == 0 and len(svc.units) > 1 and not svc.world
             f[u.run_file] = ReleaseFile(render("run.sh.j2", what=f"{u.container} ({svc.name})", release=plan.release, host=n.name,
                                     command=u.show["container_command"], container=shlex.quote(u.container),
                                     wait_for_file=shlex.quote(f"{rd}/{svc.name}.config.yaml") if holder else ""), 0o755)
@@ -427,15 +458,19 @@ def files(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, prepared:
             f[trtllm.MERGE_SCRIPT_NAME] = ReleaseFile(trtllm.merge_script(), 0o644)
         for w in workers_here:
             launcher = w.rank0_node == n.name
+            pmix = plan.service(w.name).world
             f[f"{w.name}.env"] = ReleaseFile(env_text(cluster, n, env_of(cluster, prof, n, w), w.name), commenv.env_mode(cluster))
             f[f"{w.name}.overrides.yaml"] = ReleaseFile(dynamo.role_yaml(cluster, prof, w), 0o644)
             mpirun, tail = mpirun_args(cluster, prof, plan.release, w, prepared)
-            f[f"{w.name}.{'serve' if launcher else 'hold'}.sh"] = ReleaseFile(render(
+            # pmix: every rank runs it (its node's setup and merge, then its command); else the group's first node's runs
+            # mpirun, the others' hold the ranks mpirun's launch agent brings
+            mode = "task" if pmix else "serve" if launcher else "hold"
+            f[f"{w.name}.{mode}.sh"] = ReleaseFile(render(
                 "dynamo/worker.sh.j2", worker=w.name, role=w.role, profile=w.profile, ranks=w.ranks, release=plan.release, cluster=cluster.name,
-                launcher=launcher, setup=setup(dynamo.worker_env(cluster, w, n.name), dynamo.worker_unsets(prof)), merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(prof, w),
+                mode=mode, setup=setup(dynamo.worker_env(cluster, w, n.name), dynamo.worker_unsets(prof)), merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(prof, w),
                 overrides=shlex.quote(f"{rd}/{w.name}.overrides.yaml"), config=shlex.quote(f"{rd}/{w.name}.config.yaml"),
-                profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=tail), 0o755)
-            if len(w.nodes) > 1:
+                profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=task_command(cluster, prof, plan.release, w, n, prepared) if pmix else tail), 0o755)
+            if len(w.nodes) > 1 and not pmix:
                 f[f"{w.name}.mpi-agent.sh"] = ReleaseFile(launch_agent(cluster, plan.release, container(cluster, plan.release, w.name), w.node_names,
                                                             prof.launch_ssh_config), 0o755)
                 if launcher:

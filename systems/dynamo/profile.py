@@ -374,16 +374,6 @@ class DynamoProfile(ServingProfile):
         return workers
 
     # --- the serving-system interface (llmdeploy.serving) -----------------------
-    def launched_worlds(self, cluster: Cluster) -> str | None:
-        """A worker group across nodes starts with mpirun, whose launch agent
-        enters each node's Docker container (``docker exec``): not built as a
-        launcher's own world yet."""
-        spanning = [w.name for w in self.placement(cluster.nodes) if len(w.nodes) > 1]
-        if spanning:
-            return (f"Dynamo's worker groups across nodes ({', '.join(spanning)}) start with mpirun entering each node's Docker "
-                    "container; as one launch over the nodes (pyxis) they are not built yet")
-        return None
-
     def problems(self, cluster: Cluster) -> list[tuple[str, str]]:
         """The platform is GB300 (the seed's only one); the topology fits the nodes (GPU masks, ranks = TP x PP,
         nodes and GPUs, ports per node); TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS is no secret either."""

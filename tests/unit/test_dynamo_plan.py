@@ -857,7 +857,10 @@ def test_readiness_probes_are_the_seeds_checks():
     chat = by[(front, "/v1/chat/completions", "POST")]
     assert chat.body == body and chat.headers["x-dynamo-session-id"] == headers["x-dynamo-session-id"]
     assert chat.check == "answer"
-    assert len(ready) == 1 + 2 + 1 + 1 + 2
+    # last, the first check again, waiting (not failing) until the frontend lists exactly the workers
+    last = ready[-1]
+    assert (last.path, last.check, last.arg, last.wait_body) == ("/health", "dynamo_health", first.arg, True) and not first.wait_body
+    assert len(ready) == 1 + 2 + 1 + 1 + 2 + 1
     # every curl of the seed is one of them, on the same port and path
     for tokens in seed_curls():
         u = _url(tokens)

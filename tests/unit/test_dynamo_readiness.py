@@ -218,9 +218,35 @@ def test_the_model_list_may_lag_the_workers(monkeypatch):
     c = cluster_of("1P1D-B8")
     _, _, plan = dep.plan_release(c, {}, "sha256:x")
     (models,) = [p for p in plan.ready if p.path == "/v1/models"]
-    assert models.wait_body and not [p.name for p in plan.ready if p.wait_body and p is not models]
+    # the only other probe that waits on its body: the frontend's list again, last (test_a_restarted_group_...)
+    assert models.wait_body and [p.name for p in plan.ready if p.wait_body and p is not models] == ["frontend /health lists exactly the workers"]
     # a release whose frontend lists the workers but no model yet keeps waiting, then fails by its deadline
     fake = FakeDynamo(c, lambda *a: (0, 0))
     fake.models = lambda: []
     ok, out, _ = watch(fake, monkeypatch, ready_timeout_s=0.3)
     assert not ok and out.reason.startswith("not ready within 0.3s (") and "does not list" in out.reason, out.reason
+
+
+def test_a_restarted_group_is_ready_only_once_its_old_instance_is_gone(monkeypatch):
+    """A decode group SIGKILLed and started again: its old instance is still
+    listed (its lease) while the new one is not yet, so the frontend's count
+    is right before the new worker has registered. Readiness then waits, at
+    its end, until the frontend lists exactly one instance per worker: the
+    release is not called ready while status would list a gone instance."""
+    c = cluster_of("1P1D-B8")
+    calls = {"frontend": 0}
+
+    class Restarted(FakeDynamo):
+        def instances(self):
+            calls["frontend"] += 1
+            out = [i for i in super().instances() if i["component"] != "backend"]
+            stale = {"component": "backend", "endpoint": "generate", "namespace": self.c.profile.namespace, "instance_id": 1}
+            new = [i for i in super().instances() if i["component"] == "backend"]
+            # the first answer: the old instance only; then old and new; from the sixth on the lease has expired
+            return out + ([stale] if calls["frontend"] < 6 else []) + (new if calls["frontend"] > 1 else [])
+
+    fake = Restarted(c, lambda n, p, d: (0, 0))
+    ok, out, plan = watch(fake, monkeypatch)
+    assert ok, out.reason
+    assert calls["frontend"] >= 6  # it waited for the lease, not failed on the extra instance
+    assert probes.body_problem(plan.ready[-1], fake.answer(c.node0.name, c.profile.frontend_port, "GET", "/health", None)[1]) is None

@@ -325,36 +325,60 @@ def test_deploy_check_prints_each_steps_srun_line(b200):
 def test_each_unit_asks_for_the_accelerators_it_uses():
     """Per-unit GRES: Dynamo's etcd, NATS and frontend use no GPU and ask for
     none (under ConstrainDevices their steps see none); its workers ask for
-    the node's 4. On Slurm a cluster that pins wheels stays on docker."""
+    the node's 4, on pyxis and on docker alike."""
     from llmdeploy.launchers.slurm.jobs import plan_steps
 
-    d = load_cluster("sim-gb300-1p2d").model_dump()
-    d["slurm"] = {"login": "login01", "partition": "gpu"}
-    c = Cluster.model_validate(d)
-    assert c.slurm.container == "docker"
+    pyxis = load_cluster("sim-gb300-1p2d-slurm")
+    for c in (pyxis, _with(pyxis, container="docker")):
+        plan = _pyxis_plan(c)
+        gres = {}
+        for svc in plan.services:
+            for step, _ in plan_steps(c, plan, svc.units, lambda u: "true\n", lambda u: 1):
+                gres.setdefault(svc.name, []).append([a for a in slurm.unit_srun_args(c, "42", step) if a.startswith("--gres")])
+        assert gres["etcd"] == gres["nats"] == gres["frontend"] == [[]], (c.slurm.container, gres)
+        assert gres["prefill0"] == [["--gres=gpu:4"]] and gres["decode0"] in ([["--gres=gpu:4"]], [["--gres=gpu:4"]] * 2), gres
+    assert slurm.gres_args(pyxis, 2) == ["--gres=gpu:2"] and slurm.gres_args(pyxis, 9) == ["--gres=gpu:4"]
+
+
+def test_dynamo_worker_groups_on_pyxis_are_one_pmix_step_each():
+    """Dynamo on pyxis (sim-gb300-1p2d-slurm, NVIDIA's default): every worker
+    group is one ``srun --mpi=pmix`` step over its nodes, a task per GPU,
+    each running its node's task.sh (the seed's setup, the per-task merge,
+    then ``trtllm-llmapi-launch python3 -m dynamo.trtllm``), as Dynamo
+    documents for multi-node TensorRT-LLM workers on Slurm: no mpirun, no
+    hostfile, no launch agent, no SSH files. On docker the same cluster keeps
+    mpirun from the group's first container."""
+    from llmdeploy.launchers.slurm.jobs import plan_steps
+
+    c = load_cluster("sim-gb300-1p2d-slurm")
+    assert c.slurm.container == "pyxis"
     plan = _pyxis_plan(c)
-    gres = {}
-    for svc in plan.services:
-        for step, _ in plan_steps(c, plan, svc.units, lambda u: "true\n", lambda u: 1):
-            gres[svc.name] = [a for a in slurm.unit_srun_args(c, "42", step) if a.startswith("--gres")]
-    assert gres["etcd"] == gres["nats"] == gres["frontend"] == [], gres
-    assert gres["prefill0"] == gres["decode0"] == ["--gres=gpu:4"], gres
-    assert slurm.gres_args(c, 2) == ["--gres=gpu:2"] and slurm.gres_args(c, 9) == ["--gres=gpu:4"]
-
-
-def test_dynamo_groups_across_nodes_keep_docker_on_slurm():
-    """Dynamo's multi-node worker groups start with mpirun entering Docker
-    containers, not built as one pyxis launch: left to the platform, such a
-    cluster runs Docker; asked for pyxis, it is refused by field and why. A
-    topology whose groups are each on one node runs on pyxis (wheels built
-    into the squashfs)."""
-    def on_slurm(name, container):
-        d = load_cluster(name).model_dump()
-        d["slurm"] = {"login": "login01", "partition": "gpu", "container": container}
-        return Cluster.model_validate(d)
-
-    assert on_slurm("sim-gb300-1p2d", None).slurm.container == "docker"
-    with pytest.raises(ValueError) as err:
-        on_slurm("sim-gb300-1p2d", "pyxis")
-    assert "slurm.container" in str(err.value) and "decode0, decode1" in str(err.value), err.value
-    assert on_slurm("sim-gb300-3p2d", None).slurm.container == "pyxis"
+    rd = f"/var/lib/llmdeploy/sim-gb300-1p2d-slurm/releases/{RID}"
+    decode0 = plan.service("decode0")
+    assert decode0.world and decode0.restart == "group" and [u.tasks for u in decode0.units] == [4, 4]
+    assert {u.order for u in decode0.units} == {0} and len({u.show["container_command"] for u in decode0.units}) == 1
+    (step, units), = plan_steps(c, plan, decode0.units, lambda u: "", lambda u: 1)
+    assert [u.host for u in units] == ["sim-gb300-1p2d-slurm-1", "sim-gb300-1p2d-slurm-2"]
+    args = slurm.unit_srun_args(c, "42", step)
+    assert args[:8] == ["srun", "--jobid=42", "--overlap", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4",
+                        "--nodelist=sim-gb300-1p2d-slurm-1,sim-gb300-1p2d-slurm-2", "--gres=gpu:4"]
+    assert "--mpi=pmix" in args and args[-2:] == ["sh", f"{rd}/decode0.task.sh"] and not any("/root/.ssh" in a for a in args)
+    for node in ("sim-gb300-1p2d-slurm-1", "sim-gb300-1p2d-slurm-2"):
+        files = plan.files[node]
+        assert not {"decode0.serve.sh", "decode0.hold.sh", "decode0.hostfile", "decode0.mpi-agent.sh"} & set(files), sorted(files)
+        task = files["decode0.task.sh"][0]
+        assert task.index(". \"$CONFIG_DIR/qwen3.5-gb300-agentic.env\"") < task.index("unset TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL")
+        assert "export DYN_SYSTEM_PORT=8082" in task and "mpirun" not in task
+        assert f'tmp={rd}/decode0.config.yaml.task-${{SLURM_PROCID:-$$}}' in task and f'mv -f "$tmp" {rd}/decode0.config.yaml' in task
+        # no prepare record here: no numactl (a prepared node's record decides it, per node)
+        assert task.rstrip().endswith("\nexec trtllm-llmapi-launch python3 -m dynamo.trtllm --model-path \"$MODEL_PATH\" "
+                                      "--served-model-name nvidia/Qwen3.5-397B-A17B-NVFP4-V2 --disaggregation-mode decode "
+                                      f"--extra-engine-args {rd}/decode0.config.yaml --publish-metrics"), task
+    # the prefill group on one node is a world of its 4 ranks too; the control plane and frontend are plain steps
+    prefill0 = plan.service("prefill0")
+    assert prefill0.world and [u.tasks for u in prefill0.units] == [4]
+    assert not plan.service("frontend").world and not plan.service("etcd").world
+    docker = _pyxis_plan(_with(c, container="docker"))
+    d0 = docker.service("decode0")
+    assert not d0.world and [u.order for u in d0.units] == [1, 0] and d0.units[0].show["serve_command"].startswith("mpirun ")
+    assert "decode0.mpi-agent.sh" in docker.files["sim-gb300-1p2d-slurm-1"]

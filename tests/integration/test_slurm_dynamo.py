@@ -1,0 +1,132 @@
+"""Dynamo 1P2D on five simulated GB300 hosts run by a real Slurm controller,
+on pyxis + enroot (issue 29, "Done when"): etcd, NATS and the frontend (the
+real ai-dynamo frontend, from the squashfs prepare built with the pinned
+wheels) are steps of their own on node 0; prefill0 and the TP8 decode
+groups are each one ``srun --mpi=pmix`` step, a task per GPU, no mpirun, no
+Docker container, no SSH between the nodes. A killed decode rank is named by
+status; that group alone is restarted; stop leaves nothing."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from llmdeploy.launchers.slurm import commands as slurm
+from llmdeploy.release import parse_ledger
+from sim import hostview
+from sim.paths import host_dir
+from tests.conftest import run_invoke
+from tests.integration.test_slurm_b200 import jobs, login, unit_steps
+
+SIM_CLUSTER = "sim-gb300-1p2d-slurm"
+NODES = [f"{SIM_CLUSTER}-{i}" for i in range(5)]
+GROUPS = {"prefill0": NODES[:1], "decode0": NODES[1:3], "decode1": NODES[3:5]}
+
+
+def _ranks(job: str, worker: str) -> dict[int, tuple[int, dict[str, str]]]:
+    """{PMIX_RANK: (pid, environment)} of ``worker``'s dynamo.trtllm ranks in ``job``
+    (the simulated hosts share this machine's process table; enroot makes no pid namespace)."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split("=", 1) for v in f.read().decode(errors="replace").split("\0") if "=" in v)
+        except OSError:
+            continue
+        # the worker by its own role settings (--extra-engine-args .../<worker>.config.yaml)
+        if b"dynamo.trtllm" in cmd[:4] and env.get("SLURM_JOB_ID") == job and "PMIX_RANK" in env \
+                and any(a.endswith(f"/{worker}.config.yaml".encode()) for a in cmd):
+            out[int(env["PMIX_RANK"])] = (int(pid), env)
+    return out
+
+
+def _mpi_processes() -> list[str]:
+    """mpirun or OpenMPI daemons on this machine (none may run: the groups are PMIx launches)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv0 = os.path.basename(f.read().split(b"\0")[0].decode(errors="replace"))
+        except (OSError, IndexError):
+            continue
+        if argv0 in ("mpirun", "orted", "prted", "prterun"):
+            found.append(f"{pid} {argv0}")
+    return found
+
+
+@pytest.mark.slow
+def test_dynamo_1p2d_on_pyxis_worker_groups_are_pmix_steps(sim_cluster):
+    res = run_invoke("deploy", "--cluster", SIM_CLUSTER, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "(dynamo: etcd -> nats -> frontend -> prefill0 -> decode0 -> decode1)" in res.stdout, res.stdout
+    base = host_dir(SIM_CLUSTER, NODES[0]) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}"
+    rid = parse_ledger((base / "ledger.jsonl").read_text())[-1]["release"]
+    (job,) = jobs(SIM_CLUSTER)
+    assert job.name == slurm.release_job_name(SIM_CLUSTER, rid) and job.state == "RUNNING"
+    steps = {name.removeprefix(f"{SIM_CLUSTER}-{rid}-"): nodes for name, nodes in unit_steps(job).values()}
+    assert steps == {"etcd": NODES[0], "nats": NODES[0], "frontend": NODES[0], "prefill0": NODES[0],
+                     "decode0": f"{SIM_CLUSTER}-[1-2]", "decode1": f"{SIM_CLUSTER}-[3-4]"}, job.steps
+    for sid, (name, _) in unit_steps(job).items():
+        shown = login(f"scontrol show step {sid}", SIM_CLUSTER)
+        tasks = {"decode0": 8, "decode1": 8, "prefill0": 4}.get(name.rsplit("-", 1)[-1], 1)
+        assert f" Tasks={tasks} " in shown, shown
+    for worker, nodes in GROUPS.items():
+        ranks = _ranks(job.id, worker)
+        assert sorted(ranks) == list(range(4 * len(nodes))), (worker, sorted(ranks))
+        for rank, (_, env) in ranks.items():
+            # block distribution, 4 tasks a node; each node's 4 GPUs; ranks from PMIx, not from mpirun
+            assert env["SLURMD_NODENAME"] == nodes[rank // 4] and env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3", (worker, rank, env)
+            assert "OMPI_MCA_orte_hnp_uri" not in env and "OMPI_COMM_WORLD_RANK" not in env, (worker, rank)
+            assert env["TLLM_SPAWN_PROXY_PROCESS"] == "1"  # under trtllm-llmapi-launch
+    assert _mpi_processes() == []
+    assert all(hostview.containers(SIM_CLUSTER, n) == {} for n in NODES)  # no Docker container: each step is its containers
+    # no hostfile, no launch agent: only each node's task.sh
+    rd = host_dir(SIM_CLUSTER, NODES[1]) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}/releases/{rid}"
+    assert (rd / "decode0.task.sh").exists() and not list(rd.glob("decode0.hostfile")) and not list(rd.glob("*.mpi-agent.sh"))
+    res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == 0 and doc["healthy"] and doc["slurm"]["job"] == job.id, doc
+    assert sorted(u["service"] for n in NODES for u in doc["nodes"][n]["units"].values()) == sorted(
+        ["etcd", "nats", "frontend", "prefill0", "decode0", "decode0", "decode1", "decode1"])
+
+    # rank 6 of decode1 (node 4) killed: srun ends that group's step (--kill-on-bad-exit); status exits 1 and names the task
+    pid, _ = _ranks(job.id, "decode1")[6]
+    os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + 60
+    while time.monotonic() < end and (_ranks(job.id, "decode1") or len(unit_steps(jobs(SIM_CLUSTER)[0])) == 6):
+        time.sleep(0.3)
+    assert _ranks(job.id, "decode1") == {} and len(unit_steps(jobs(SIM_CLUSTER)[0])) == 5
+    res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == 1 and not doc["healthy"], doc
+    reason = doc["nodes"][NODES[4]]["reason"]
+    assert "its step ended" in reason and f"{NODES[4]}: task 6: Exited with exit code 137" in reason, reason
+    # the other groups were not touched
+    assert sorted(_ranks(job.id, "decode0")) == list(range(8))
+
+    # that group alone, started again as one step of the same job; healthy (the frontend lists it again)
+    res = run_invoke("restart", "--cluster", SIM_CLUSTER, "--service", "decode1", timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (job_r,) = jobs(SIM_CLUSTER)
+    assert job_r.id == job.id and len(unit_steps(job_r)) == 6, job_r.steps
+    assert sorted(_ranks(job.id, "decode1")) == list(range(8))
+    # the killed group's rank 0 left its etcd lease (SIGKILL: no deregistration): restart's readiness waited until
+    # the frontend no longer listed that instance, so status agrees at once
+    res = run_invoke("status", "--cluster", SIM_CLUSTER)
+    assert res.returncode == 0, res.stdout
+
+    res = run_invoke("stop", "--cluster", SIM_CLUSTER, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert jobs(SIM_CLUSTER) == [] and login("squeue --noheader --all --steps", SIM_CLUSTER).strip() == ""
+    assert [w for w in GROUPS if _ranks(job.id, w)] == [] and _mpi_processes() == []
+    enroot = login(f"srun -N{len(NODES)} -w {','.join(NODES)} enroot list", SIM_CLUSTER)
+    assert enroot.strip() == "" and jobs(SIM_CLUSTER) == []
+    for node in NODES:
+        assert hostview.containers(SIM_CLUSTER, node) == {}
+        assert not [p for p, (_, _, name) in hostview.processes(SIM_CLUSTER, node).items() if name]
+        # prepare, its node tests, deploy, status, restart and stop reached the nodes as job steps only
+        assert "Accepted " not in (host_dir(SIM_CLUSTER, node) / "sshd.log").read_text(), node
