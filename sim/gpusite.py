@@ -365,8 +365,10 @@ def enroot_conf(node_dir: Path, ssl_cert_file: Path | None = None) -> str:
     lines += [
         "# one processor for parallel tasks and for mksquashfs (default: nproc): many nodes share this machine",
         "ENROOT_MAX_PROCESSORS 1",
-        "# mksquashfs options (default: -comp lzo -noD -exit-on-error); -processors is mksquashfs's own",
-        "ENROOT_SQUASH_OPTIONS -comp gzip -noD -exit-on-error -processors 1",
+        "# mksquashfs options (default: -comp lzo -noD -exit-on-error); -processors is mksquashfs's own. lz4, as",
+        "# sites that import often pick: the pinned Dynamo wheels' 931 MB tree took 29.5 s of CPU with gzip, 1.5 s",
+        "# with lz4 (mksquashfs 4.5.1 here); five simulated nodes import at once on this machine's CPUs",
+        "ENROOT_SQUASH_OPTIONS -comp lz4 -noD -exit-on-error -processors 1",
         # no ENROOT_ALLOW_HTTP: "yes" makes enroot speak plain HTTP to every registry (enroot's
         # docker.sh: curl to port 80, "Failed to connect to nvcr.io port 80"); the simulated
         # registries answer HTTPS under the simulator's CA (SSL_CERT_FILE below)

@@ -140,7 +140,7 @@ def test_enroot_conf_keeps_each_node_apart():
         "ENROOT_DATA_PATH": "/sim/c1/hosts/n0/enroot/data",
         "ENROOT_TEMP_PATH": "/sim/c1/hosts/n0/enroot/tmp",
         "ENROOT_MAX_PROCESSORS": "1",
-        "ENROOT_SQUASH_OPTIONS": "-comp gzip -noD -exit-on-error -processors 1",
+        "ENROOT_SQUASH_OPTIONS": "-comp lz4 -noD -exit-on-error -processors 1",
     }
     assert gpusite.enroot_conf(Path("/sim/c1/hosts/n1")) != text
     with_ca = gpusite.enroot_conf(Path("/n"), ssl_cert_file=Path("/ca dir/ca.pem"))
@@ -236,4 +236,4 @@ def test_enroot_reads_the_node_conf_as_written(tmp_path):
     assert res.returncode == 0, res.stderr
     node = tmp_path / "node with space" / "enroot"
     assert res.stdout.splitlines() == [str(node / "runtime"), str(node / "cache"), str(node / "data"), str(node / "tmp"), "1",
-                                       "-comp gzip -noD -exit-on-error -processors 1", "/ca/ca.pem"]
+                                       "-comp lz4 -noD -exit-on-error -processors 1", "/ca/ca.pem"]
