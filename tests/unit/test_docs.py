@@ -132,7 +132,7 @@ def test_the_matrix_reader_sees_the_tests_it_must_see():
     tests = integration_tests()
     assert tests["test_deploy_a3.py"] == ("sim-a3", True)
     assert tests["test_facts_a2.py"] == ("sim-a2", False)
-    assert deploying_tests()[("trtllm-serve", "b200", True)] == ["test_slurm_b200.py", "test_slurm_reader.py"]
+    assert deploying_tests()[("trtllm-serve", "b200", True)] == ["test_slurm_b200.py"]
 
 
 def test_every_tick_of_the_matrix_has_an_integration_test():
