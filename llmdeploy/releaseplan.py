@@ -141,6 +141,9 @@ class Service:
     # its units are one MPI world that the runtime starts as one (``UnitRuntime.worlds``): every unit the
     # same container and command, ``Unit.tasks`` ranks on each host, their ranks from the launcher (PMIx)
     world: bool = False
+    # a world's ranks meet through MPI (the launcher's PMIx: ``srun --mpi=pmix``); False: through the
+    # system's own rendezvous (SGLang's torch.distributed store), each task its node rank from the launcher
+    mpi: bool = True
 
     def hosts(self) -> list[str]:
         out: list[str] = []
@@ -238,6 +241,7 @@ class ReleasePlan:
                     started=Probe(**s["started"]) if s.get("started") else None,
                     restart=s.get("restart", "each"),
                     world=bool(s.get("world", False)),
+                    mpi=bool(s.get("mpi", True)),
                 )
             )
         return cls(

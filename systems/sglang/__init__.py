@@ -6,6 +6,11 @@ as SGLang's multi-node docs give it). Node rank 0 hosts torch.distributed's
 store and, once every node joined and loaded, the HTTP API; the others serve
 SGLang's health endpoint on their own port.
 
+Where the runtime starts a world itself (Slurm on pyxis, ``UnitRuntime.worlds``)
+the world is one launch instead: one task per node, the same line on every
+node (``task.sh``: ``--node-rank "$SLURM_NODEID"``, as SGLang's Slurm example
+passes it), the ranks meeting at the store, not through MPI (``Service.mpi``).
+
 One world: a lost node ends it on every node, so the service's restart
 policy is ``group`` (every unit stopped and the world started again, with
 backoff). Node 0's container starts first (it hosts the store), then the
@@ -21,13 +26,14 @@ import shlex
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
-from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFiles
-from roles import containers
-from systems.common import container_check_node, container_files, container_meta, nic_signature, openai_probe, serving_image
+from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
+from roles import containers, runtime
+from systems.common import container_check_node, container_files, container_meta, nic_signature, openai_probe, render, serving_image
 
 from .profile import KIND, SglangProfile
 
 PROFILE = SglangProfile
+TASK_FILE = "task.sh"
 LABELS = {"node_rank": "node rank"}
 # how messages name a unit of node 0's role
 ROLE_LABELS = {"node0": "node 0"}
@@ -63,14 +69,19 @@ def env_file(cluster: Cluster, rid: str) -> str:
     return f"{release_dir(cluster, rid)}/env"
 
 
-def server_args(cluster: Cluster, prof: SglangProfile, node: Node) -> list[str]:
+# what a task of one launch over the nodes passes as --node-rank: the node's index in its step (srun(1))
+SLURM_NODE_RANK = '"$SLURM_NODEID"'
+
+
+def server_args(cluster: Cluster, prof: SglangProfile, node: Node | None) -> list[str]:
     """``python3 -m sglang.launch_server`` and its flags for ``node`` (SGLang's
     multi-node docs; ``prof``: the cluster's profile, as the hook that builds
-    the plan received it)."""
-    rank = cluster.nodes.index(node)
+    the plan received it). ``node`` None: the same line for every node of one
+    launch, ``--node-rank`` a placeholder for the launcher's (``task_command``)."""
+    rank = str(cluster.nodes.index(node)) if node is not None else "NODE_RANK"
     args = ["python3", "-m", "sglang.launch_server", "--model-path", cluster.model.path, "--served-model-name", prof.served_model_name,
             "--tp", str(prof.tp), "--dist-init-addr", f"{cluster.node0.ip}:{prof.dist_port}", "--nnodes", str(len(cluster.nodes)),
-            "--node-rank", str(rank), "--host", prof.host, "--port", str(prof.port)]
+            "--node-rank", rank, "--host", prof.host, "--port", str(prof.port)]
     if prof.ep is not None:
         args += ["--ep", str(prof.ep)]
     if prof.enable_dp_attention:
@@ -88,13 +99,31 @@ def server_args(cluster: Cluster, prof: SglangProfile, node: Node) -> list[str]:
     return args
 
 
+def task_command(cluster: Cluster, prof: SglangProfile) -> str:
+    """What every node's task of one launch runs (``task.sh``): the server
+    with ``--node-rank "$SLURM_NODEID"``, as SGLang's Slurm example passes
+    it; node rank 0, Slurm's first node of the step, is node 0 (the store)."""
+    args = server_args(cluster, prof, None)
+    i = args.index("--node-rank") + 1
+    return shlex.join(args[:i]) + " " + SLURM_NODE_RANK + " " + shlex.join(args[i + 1:])
+
+
+def one_launch(cluster: Cluster) -> bool:
+    """Whether the cluster's runtime starts the world itself, one task per
+    node with its node rank from the launcher (Slurm on pyxis: one step over
+    the nodes), instead of a container per node with its rank written in."""
+    return runtime.of(cluster).worlds
+
+
 def docker_run_args(cluster: Cluster, prof: SglangProfile, node: Node, rid: str, image: str, stop_phase: int) -> list[str]:
     """SGLang's multi-node ``docker run`` (``--gpus all --network host --ipc=host
     --shm-size 32g -v ~/.cache/huggingface:...``), detached, named for the
-    cluster and release, with the release's environment file; logs are kept."""
-    rank = cluster.nodes.index(node)
+    cluster and release, with the release's environment file; logs are kept.
+    In one launch the line is every node's: its labels say the world, the command is ``task.sh``."""
+    one = one_launch(cluster)
+    rank = f"0-{len(cluster.nodes) - 1}" if one else cluster.nodes.index(node)
     args = ["docker", "run", "-d", "--name", container_name(cluster, rid),
-            *containers.labels(cluster.name, rid, "world", cluster.role_of(node), stop_phase, node_rank=rank),
+            *containers.labels(cluster.name, rid, "world", "world" if one else cluster.role_of(node), stop_phase, node_rank=rank),
             "--gpus", "all", "--network", "host", "--ipc=host", "--shm-size", prof.shm_size]
     if prof.privileged:
         args.append("--privileged")
@@ -103,20 +132,26 @@ def docker_run_args(cluster: Cluster, prof: SglangProfile, node: Node, rid: str,
         if not path.startswith("/root/.cache/"):
             args += ["-v", f"{path}:{path}:ro"]
     args += ["--env-file", env_file(cluster, rid), image]
+    if one:
+        return args + ["sh", f"{release_dir(cluster, rid)}/{TASK_FILE}"]
     return args + server_args(cluster, prof, node)
 
 
 def services(cluster: Cluster, profile: SglangProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared, rid: str) -> list[Service]:
-    """One world over ``nodes``: node 0's container first (it hosts the store), then the others."""
+    """One world over ``nodes``: node 0's container first (it hosts the store), then the others;
+    or, where the runtime starts a world itself (pyxis), one launch of a task per node."""
+    one = one_launch(cluster)
     units = []
     for n in nodes:
-        image = serving_image(cluster, n, prepared)
+        # one launch: one line for every node, node 0's image (which prepare made every node's)
+        image = serving_image(cluster, cluster.node0 if one else n, prepared)
         units.append(Unit(host=n.name, container=container_name(cluster, rid), role=cluster.role_of(n),
-                          order=0 if n is cluster.node0 else 1,
+                          order=0 if n is cluster.node0 or one else 1,
                           show={"node_rank": cluster.nodes.index(n), "image": image,
                                 "container_command": shlex.join(docker_run_args(cluster, profile, n, rid, image, entry.stop_phase)),
-                                "serve_command": shlex.join(server_args(cluster, profile, n))}))
-    return [Service(name=entry.name, units=units, restart="group")]
+                                "serve_command": task_command(cluster, profile) if one else shlex.join(server_args(cluster, profile, n))}))
+    # its ranks meet at node 0's torch.distributed store, not through MPI
+    return [Service(name=entry.name, units=units, restart="group", world=one, mpi=False)]
 
 
 def entry_port(cluster: Cluster, profile: SglangProfile) -> int:
@@ -158,6 +193,10 @@ def files(cluster: Cluster, profile: SglangProfile, plan: ReleasePlan, prepared:
         u = plan.units(n.name)[0]
         meta = container_meta(cluster, plan.release, plan.system, n, u, image_id, {"node_rank": u.show["node_rank"]})
         out[n.name] = container_files(cluster, plan.release, n, u.show, "this node's SGLang container", meta)
+        if plan.service_of(u).world:
+            # every node's task runs it (one launch): the server with the node rank Slurm gives the task
+            out[n.name][TASK_FILE] = ReleaseFile(render("sglang/task.sh.j2", release=plan.release, cluster=cluster.name,
+                                                        command=u.show["serve_command"]), 0o755)
     return out
 
 

@@ -382,3 +382,38 @@ def test_dynamo_worker_groups_on_pyxis_are_one_pmix_step_each():
     d0 = docker.service("decode0")
     assert not d0.world and [u.order for u in d0.units] == [1, 0] and d0.units[0].show["serve_command"].startswith("mpirun ")
     assert "decode0.mpi-agent.sh" in docker.files["sim-gb300-1p2d-slurm-1"]
+
+
+def test_sglang_on_pyxis_is_one_step_a_task_per_node_its_rank_slurms():
+    """SGLang on pyxis: the world is one step over the nodes, one task per
+    node, no --mpi (its ranks meet at node 0's torch.distributed store),
+    every task ``--node-rank "$SLURM_NODEID"`` as SGLang's Slurm example
+    passes it; the plan keeps that through its JSON. On docker each node's
+    container keeps its rank written in."""
+    from llmdeploy.launchers.slurm.jobs import plan_steps
+    from llmdeploy.releaseplan import ReleasePlan
+
+    d = load_cluster("sim-h200-sglang").model_dump()
+    d["slurm"] = {"login": "login01", "partition": "gpu"}
+    c = Cluster.model_validate(d)
+    assert c.slurm.container == "pyxis"
+    plan = _pyxis_plan(c)
+    (svc,) = plan.services
+    assert svc.world and not svc.mpi and [u.tasks for u in svc.units] == [1, 1] and {u.order for u in svc.units} == {0}
+    assert len({u.show["container_command"] for u in svc.units}) == 1
+    again = ReleasePlan.from_json(plan.to_json()).services[0]
+    assert again.world and not again.mpi
+    (step, units), = plan_steps(c, plan, svc.units, lambda u: "", lambda u: 1)
+    args = slurm.unit_srun_args(c, "42", step)
+    assert args[3:7] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=sim-h200-sglang-0,sim-h200-sglang-1"]
+    assert not [a for a in args if a.startswith("--mpi")] and args[-2:] == ["sh", f"/var/lib/llmdeploy/sim-h200-sglang/releases/{RID}/task.sh"]
+    task = plan.files["sim-h200-sglang-1"]["task.sh"][0]
+    assert ' --nnodes 2 --node-rank "$SLURM_NODEID" --host 0.0.0.0 --port 30000 ' in task and task.rstrip().splitlines()[-1].startswith(
+        "exec python3 -m sglang.launch_server ")
+    # run as a task would: without Slurm's node id it refuses, naming it
+    res = subprocess.run(["sh", "-c", task], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert res.returncode == 2 and "SLURM_NODEID is not set" in res.stderr
+    docker = _pyxis_plan(_with(c, container="docker"))
+    (dsvc,) = docker.services
+    assert not dsvc.world and [u.order for u in dsvc.units] == [0, 1] and "task.sh" not in docker.files["sim-h200-sglang-1"]
+    assert "--node-rank 1 " in dsvc.units[1].show["container_command"]

@@ -40,7 +40,8 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
     (``Unit.show["container_command"]``) is its step's container
     (``pyxis.py``, ``units.unit_step_args``), and a world's units
     (``Service.world``) are one step over their nodes, ``Unit.tasks`` on
-    each, wired by PMIx. LlmdeployError: a unit pyxis cannot run as planned. Pure."""
+    each, wired by PMIx (unless ``Service.mpi`` is off: the system's own
+    rendezvous, each task's node rank Slurm's). LlmdeployError: a unit pyxis cannot run as planned. Pure."""
     logdir = slurm.login_log_dir(cluster, plan.release)
     if cluster.slurm.container != "pyxis":
         return [(slurm.UnitStep(node=cluster.slurm_name(cluster.node(u.host)), name=u.container,
@@ -72,7 +73,7 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
         args = units_mod.unit_step_args(run, rd, first.container, n, f"{plan.release}.{first.container}", plain=not world)
         out.append((slurm.UnitStep(node=cluster.slurm_name(cluster.node(first.host)), name=first.container, script="", args=args,
                                    nodes=[cluster.slurm_name(cluster.node(u.host)) for u in group], tasks=first.tasks,
-                                   mpi="pmix" if world else None, devices=first.devices,
+                                   mpi="pmix" if world and plan.service_of(first).mpi else None, devices=first.devices,
                                    log=f"{logdir}/{first.host}.{first.container}.attempt-{n}.step.log"), group))
     return out
 
