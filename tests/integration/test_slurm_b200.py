@@ -139,9 +139,10 @@ def test_prepare_and_verify_comm_as_job_steps(sim_cluster):
     assert jobs() == []
 
 
-def _ranks(job: str) -> dict[int, tuple[int, dict[str, str]]]:
-    """{PMIX_RANK: (pid, environment)} of the trtllm-serve ranks of ``job`` on
-    this machine (the simulated hosts share its process table; enroot makes no pid namespace)."""
+def pmix_ranks(job: str, is_rank) -> dict[int, tuple[int, dict[str, str]]]:
+    """{PMIX_RANK: (pid, environment)} of the processes of ``job`` on this
+    machine whose argv ``is_rank(argv)`` accepts (the simulated hosts share
+    its process table; enroot makes no pid namespace)."""
     out = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -151,9 +152,14 @@ def _ranks(job: str) -> dict[int, tuple[int, dict[str, str]]]:
                 env = dict(v.split("=", 1) for v in f.read().decode(errors="replace").split("\0") if "=" in v)
         except OSError:
             continue
-        if b"trtllm-serve" in cmd[:6] and env.get("SLURM_JOB_ID") == job and "PMIX_RANK" in env:
+        if env.get("SLURM_JOB_ID") == job and "PMIX_RANK" in env and is_rank(cmd):
             out[int(env["PMIX_RANK"])] = (int(pid), env)
     return out
+
+
+def _ranks(job: str) -> dict[int, tuple[int, dict[str, str]]]:
+    """The trtllm-serve ranks of ``job`` (``pmix_ranks``)."""
+    return pmix_ranks(job, lambda cmd: b"trtllm-serve" in cmd[:6])
 
 
 def _enroot_containers(cluster: str = SIM_CLUSTER) -> str:

@@ -18,7 +18,7 @@ from llmdeploy.release import parse_ledger
 from sim import hostview
 from sim.paths import host_dir
 from tests.conftest import run_invoke
-from tests.integration.test_slurm_b200 import jobs, login, unit_steps
+from tests.integration.test_slurm_b200 import jobs, login, pmix_ranks, unit_steps
 
 SIM_CLUSTER = "sim-gb300-1p2d-slurm"
 NODES = [f"{SIM_CLUSTER}-{i}" for i in range(5)]
@@ -26,22 +26,9 @@ GROUPS = {"prefill0": NODES[:1], "decode0": NODES[1:3], "decode1": NODES[3:5]}
 
 
 def _ranks(job: str, worker: str) -> dict[int, tuple[int, dict[str, str]]]:
-    """{PMIX_RANK: (pid, environment)} of ``worker``'s dynamo.trtllm ranks in ``job``
-    (the simulated hosts share this machine's process table; enroot makes no pid namespace)."""
-    out = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(v.split("=", 1) for v in f.read().decode(errors="replace").split("\0") if "=" in v)
-        except OSError:
-            continue
-        # the worker by its own role settings (--extra-engine-args .../<worker>.config.yaml)
-        if b"dynamo.trtllm" in cmd[:4] and env.get("SLURM_JOB_ID") == job and "PMIX_RANK" in env \
-                and any(a.endswith(f"/{worker}.config.yaml".encode()) for a in cmd):
-            out[int(env["PMIX_RANK"])] = (int(pid), env)
-    return out
+    """{PMIX_RANK: (pid, environment)} of ``worker``'s dynamo.trtllm ranks in ``job``, the worker
+    known by its own role settings (--extra-engine-args .../<worker>.config.yaml)."""
+    return pmix_ranks(job, lambda cmd: b"dynamo.trtllm" in cmd[:4] and any(a.endswith(f"/{worker}.config.yaml".encode()) for a in cmd))
 
 
 def _mpi_processes() -> list[str]:
