@@ -96,7 +96,9 @@ def check_doc(cluster: Cluster, plan: ReleasePlan, chash: str, secrets: list[str
          "units": [{"host": u.host, "container": u.container, "role": u.role, "order": u.order} for u in s.units]}
         for s in plan.services
     ]
-    doc["ready"] = [p.describe() for p in plan.ready]
+    # a probe that reads the same URL as another (Dynamo's frontend /health, first and last) says which it is
+    said = [p.describe() for p in plan.ready]
+    doc["ready"] = [f"{d} ({p.name})" if said.count(d) > 1 else d for d, p in zip(said, plan.ready)]
     # how the cluster's launcher starts them (Slurm: each step's srun line), beside each unit's own command
     rd = release_dir(cluster, plan.release)
     rt = runtime.of(cluster)

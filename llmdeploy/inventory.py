@@ -554,6 +554,9 @@ class Cluster(Strict):
             return [("slurm.container", "pyxis imports images from a registry (enroot): image.tarball is loaded by docker on each node; "
                                         "use container 'docker' or drop image.tarball")]
         problems = []
+        why = self.profile.launched_worlds(self)
+        if why:
+            problems.append(("slurm.container", f"'pyxis': {why}; use container 'docker'"))
         if self.image.distribute:
             problems.append(("image.distribute", "sends the image down the nodes' chain with docker save and docker load; pyxis imports it "
                                                  "on each node from the registry (enroot): drop image.distribute or use container 'docker'"))

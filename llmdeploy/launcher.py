@@ -205,10 +205,11 @@ class UnitRuntime(Protocol):
     ``LlmdeployError`` for what its runtime cannot do (a pyxis unit's log
     has no times: ``logs --since``).
 
-    ``worlds``: whether the runtime starts an MPI world (a service whose
-    units are one, ``Service.world``) as one start over its nodes, each task
-    given its rank by the launcher (PMIx); otherwise a world's launch unit
-    runs mpirun, which reaches the other units itself."""
+    ``worlds``: whether the runtime starts a world (a service whose units
+    are one, ``Service.world``) as one start over its nodes, each task given
+    its place by the launcher (its MPI rank through PMIx when ``Service.mpi``);
+    otherwise a world's launch unit runs mpirun, which reaches the other
+    units itself, or each node's unit joins the others (SGLang's store)."""
 
     worlds: bool
 

@@ -138,11 +138,11 @@ class Service:
     after: list[str] = field(default_factory=list)
     started: Probe | None = None
     restart: RestartPolicy = "each"
-    # its units are one MPI world that the runtime starts as one (``UnitRuntime.worlds``): every unit the
-    # same container and command, ``Unit.tasks`` ranks on each host, their ranks from the launcher (PMIx)
+    # its units are one world that the runtime starts as one (``UnitRuntime.worlds``): every unit the
+    # same container and command, ``Unit.tasks`` tasks on each host, each task's place from the launcher
     world: bool = False
-    # a world's ranks meet through MPI (the launcher's PMIx: ``srun --mpi=pmix``); False: through the
-    # system's own rendezvous (SGLang's torch.distributed store), each task its node rank from the launcher
+    # a world's ranks meet through MPI, their ranks from the launcher's PMIx (``srun --mpi=pmix``); False:
+    # through the system's own rendezvous (SGLang's torch.distributed store; ``--mpi=none``)
     mpi: bool = True
 
     def hosts(self) -> list[str]:

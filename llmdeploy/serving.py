@@ -116,6 +116,14 @@ class ServingProfile(Strict):
         """{profile field: port} of every port the profile binds somewhere."""
         return {}
 
+    def launched_worlds(self, cluster: "Cluster") -> str | None:
+        """Why this system's worlds on ``cluster`` cannot each be one launch
+        over their nodes (Slurm's one step on pyxis: the same command and the
+        same number of tasks on every node), None when they can or it has
+        none. A cluster that leaves its runtime to the platform then keeps
+        Docker; one that asks for that runtime is refused with it."""
+        return None
+
     # --- prepare ---------------------------------------------------------------
     def node_ports(self, cluster: "Cluster", node: "Node") -> dict[int, str]:
         """Ports serving binds on ``node`` -> the inventory field they come from

@@ -17,7 +17,13 @@ Services, in the playbook's order (``playbooks/serve-dynamo.yaml``):
   trtllm-llmapi-launch python3 -m dynamo.trtllm --model-path "$MODEL_PATH"
   --served-model-name <profile.served_model_name> ... --publish-metrics``; the
   others hold its ranks (entered by mpirun's launch agent, as for
-  trtllm-serve). A group that dies is restarted as a group.
+  trtllm-serve). A group that dies is restarted as a group. Where the
+  runtime starts a world itself (Slurm on pyxis) a group is instead one
+  ``srun --mpi=pmix`` launch over its nodes, a task per GPU, each running
+  its node's ``<worker>.task.sh`` (the setup, a per-task merge, then
+  ``[numactl -m 0,1] trtllm-llmapi-launch python3 -m dynamo.trtllm ...``),
+  as Dynamo documents for multi-node TensorRT-LLM workers on Slurm: no
+  mpirun, no launch agent, no hostfile.
 
 Every container of the TensorRT-LLM image gets the seed's ``docker run``
 flags and mounts, an environment file with the seed's setup block, sources
@@ -30,8 +36,9 @@ Ready: the frontend's ``/health`` body lists one ``generate`` instance per
 worker (it answers 200 "healthy" even with none), every worker's system port
 ``/health`` (ready with DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS, which the plan
 sets), ``/v1/models`` lists the served model, the seed's chat request with an
-``x-dynamo-session-id`` answers, then every worker's ``/metrics`` answers
-Prometheus text. None of it depends on which workers the router picked:
+``x-dynamo-session-id`` answers, every worker's ``/metrics`` answers
+Prometheus text, and last the frontend's ``/health`` again, waited for until
+it lists exactly one instance per worker (``frontend_settled``). None of it depends on which workers the router picked:
 ``trtllm_kv_cache_utilization`` is not waited for (see ``probe``).
 """
 
@@ -46,9 +53,9 @@ from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
-from roles import commenv, containers, runtime
+from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
-from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
+from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, one_launch, render, serving_image
 # the workers are TensorRT-LLM engines: its configuration merge and launch mounts
 from systems.trtllm import config as trtllm
 from systems.trtllm import ssh_mounts_for
@@ -192,15 +199,6 @@ def task_command(cluster: Cluster, prof: DynamoProfile, rid: str, w: dynamo.Work
         "trtllm-llmapi-launch", "python3", "-m", "dynamo.trtllm"]) + ' --model-path "$MODEL_PATH" ' + shlex.join(worker_args(cluster, prof, rid, w))
 
 
-def pmix_world(cluster: Cluster) -> bool:
-    """Whether the cluster's runtime starts each worker group itself, every
-    rank a task of one launch over the group's nodes with its rank from the
-    launcher (Slurm's ``srun --mpi=pmix`` on pyxis, as Dynamo documents for
-    multi-node TensorRT-LLM workers on Slurm), instead of mpirun from the
-    group's first container entering the others."""
-    return runtime.of(cluster).worlds
-
-
 def worker_args(cluster: Cluster, prof: DynamoProfile, rid: str, w: dynamo.Worker) -> list[str]:
     """``dynamo.trtllm``'s arguments after the seed's ``--model-path "$MODEL_PATH"``.
 
@@ -269,7 +267,7 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
                           "serve_command": f"python3 -m dynamo.frontend --http-port {prof.frontend_port} --router-mode kv --router-session-affinity-ttl-secs 14400"})
         return [Service(name="frontend", units=[unit])]
     if name in ("prefill", "decode"):
-        pmix = pmix_world(cluster)
+        pmix = one_launch(cluster)
         out = []
         for w in dynamo.placement(cluster, prof):
             if w.role != name:
@@ -469,7 +467,8 @@ def files(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, prepared:
                 "dynamo/worker.sh.j2", worker=w.name, role=w.role, profile=w.profile, ranks=w.ranks, release=plan.release, cluster=cluster.name,
                 mode=mode, setup=setup(dynamo.worker_env(cluster, w, n.name), dynamo.worker_unsets(prof)), merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(prof, w),
                 overrides=shlex.quote(f"{rd}/{w.name}.overrides.yaml"), config=shlex.quote(f"{rd}/{w.name}.config.yaml"),
-                profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=task_command(cluster, prof, plan.release, w, n, prepared) if pmix else tail), 0o755)
+                profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=task_command(cluster, prof, plan.release, w, n, prepared) if pmix else tail,
+                rank0_host=w.rank0_node, rank0_slurm=cluster.slurm_name(cluster.node(w.rank0_node))), 0o755)
             if len(w.nodes) > 1 and not pmix:
                 f[f"{w.name}.mpi-agent.sh"] = ReleaseFile(launch_agent(cluster, plan.release, container(cluster, plan.release, w.name), w.node_names,
                                                             prof.launch_ssh_config), 0o755)

@@ -374,6 +374,17 @@ class DynamoProfile(ServingProfile):
         return workers
 
     # --- the serving-system interface (llmdeploy.serving) -----------------------
+    def launched_worlds(self, cluster: Cluster) -> str | None:
+        """A worker group is one launch over its nodes: a task per GPU, the
+        same number on each node. A group with more GPUs on one of its nodes
+        than on another (the inventory's GPU masks) cannot be one."""
+        uneven = [f"{w.name} ({', '.join(f'{len(g)} on {h}' for h, g in w.nodes)})" for w in self.placement(cluster.nodes)
+                  if len({len(g) for _, g in w.nodes}) > 1]
+        if uneven:
+            return (f"worker groups with unequal GPUs per node, {'; '.join(uneven)}: one srun step starts the same number "
+                    "of tasks on each of its nodes")
+        return None
+
     def problems(self, cluster: Cluster) -> list[tuple[str, str]]:
         """The platform is GB300 (the seed's only one); the topology fits the nodes (GPU masks, ranks = TP x PP,
         nodes and GPUs, ports per node); TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS is no secret either."""

@@ -8,8 +8,13 @@ SGLang's health endpoint on their own port.
 
 Where the runtime starts a world itself (Slurm on pyxis, ``UnitRuntime.worlds``)
 the world is one launch instead: one task per node, the same line on every
-node (``task.sh``: ``--node-rank "$SLURM_NODEID"``, as SGLang's Slurm example
-passes it), the ranks meeting at the store, not through MPI (``Service.mpi``).
+node (``sh <release>/task.sh``), the ranks meeting at the store, not through
+MPI (``Service.mpi``). Each node's ``task.sh`` holds that node's server line:
+its node rank is the inventory's, checked against the node Slurm ran the
+task on (SLURMD_NODENAME), not SGLang's Slurm example's ``$SLURM_NODEID``:
+Slurm numbers a step's nodes in its own order (srun(1) ``--nodelist``: "the
+node names will be sorted by Slurm"), which need not be the inventory's, and
+node rank 0 must be node 0, where ``--dist-init-addr`` points.
 
 One world: a lost node ends it on every node, so the service's restart
 policy is ``group`` (every unit stopped and the world started again, with
@@ -27,8 +32,8 @@ from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
-from roles import containers, runtime
-from systems.common import container_check_node, container_files, container_meta, nic_signature, openai_probe, render, serving_image
+from roles import containers
+from systems.common import container_check_node, container_files, container_meta, nic_signature, one_launch, openai_probe, render, serving_image
 
 from .profile import KIND, SglangProfile
 
@@ -69,16 +74,11 @@ def env_file(cluster: Cluster, rid: str) -> str:
     return f"{release_dir(cluster, rid)}/env"
 
 
-# what a task of one launch over the nodes passes as --node-rank: the node's index in its step (srun(1))
-SLURM_NODE_RANK = '"$SLURM_NODEID"'
-
-
-def server_args(cluster: Cluster, prof: SglangProfile, node: Node | None) -> list[str]:
+def server_args(cluster: Cluster, prof: SglangProfile, node: Node) -> list[str]:
     """``python3 -m sglang.launch_server`` and its flags for ``node`` (SGLang's
     multi-node docs; ``prof``: the cluster's profile, as the hook that builds
-    the plan received it). ``node`` None: the same line for every node of one
-    launch, ``--node-rank`` a placeholder for the launcher's (``task_command``)."""
-    rank = str(cluster.nodes.index(node)) if node is not None else "NODE_RANK"
+    the plan received it)."""
+    rank = str(cluster.nodes.index(node))
     args = ["python3", "-m", "sglang.launch_server", "--model-path", cluster.model.path, "--served-model-name", prof.served_model_name,
             "--tp", str(prof.tp), "--dist-init-addr", f"{cluster.node0.ip}:{prof.dist_port}", "--nnodes", str(len(cluster.nodes)),
             "--node-rank", rank, "--host", prof.host, "--port", str(prof.port)]
@@ -97,22 +97,6 @@ def server_args(cluster: Cluster, prof: SglangProfile, node: Node | None) -> lis
     if prof.mem_fraction_static is not None:
         args += ["--mem-fraction-static", f"{prof.mem_fraction_static:g}"]
     return args
-
-
-def task_command(cluster: Cluster, prof: SglangProfile) -> str:
-    """What every node's task of one launch runs (``task.sh``): the server
-    with ``--node-rank "$SLURM_NODEID"``, as SGLang's Slurm example passes
-    it; node rank 0, Slurm's first node of the step, is node 0 (the store)."""
-    args = server_args(cluster, prof, None)
-    i = args.index("--node-rank") + 1
-    return shlex.join(args[:i]) + " " + SLURM_NODE_RANK + " " + shlex.join(args[i + 1:])
-
-
-def one_launch(cluster: Cluster) -> bool:
-    """Whether the cluster's runtime starts the world itself, one task per
-    node with its node rank from the launcher (Slurm on pyxis: one step over
-    the nodes), instead of a container per node with its rank written in."""
-    return runtime.of(cluster).worlds
 
 
 def docker_run_args(cluster: Cluster, prof: SglangProfile, node: Node, rid: str, image: str, stop_phase: int) -> list[str]:
@@ -149,7 +133,7 @@ def services(cluster: Cluster, profile: SglangProfile, entry: PlaybookEntry, nod
                           order=0 if n is cluster.node0 or one else 1,
                           show={"node_rank": cluster.nodes.index(n), "image": image,
                                 "container_command": shlex.join(docker_run_args(cluster, profile, n, rid, image, entry.stop_phase)),
-                                "serve_command": task_command(cluster, profile) if one else shlex.join(server_args(cluster, profile, n))}))
+                                "serve_command": shlex.join(server_args(cluster, profile, n))}))
     # its ranks meet at node 0's torch.distributed store, not through MPI
     return [Service(name=entry.name, units=units, restart="group", world=one, mpi=False)]
 
@@ -192,10 +176,15 @@ def files(cluster: Cluster, profile: SglangProfile, plan: ReleasePlan, prepared:
     for n in cluster.nodes:
         u = plan.units(n.name)[0]
         meta = container_meta(cluster, plan.release, plan.system, n, u, image_id, {"node_rank": u.show["node_rank"]})
+        if plan.service_of(u).world:
+            # what the one launch runs on every node (status --diff compares it with the running command)
+            line = shlex.split(u.show["container_command"])
+            meta["command"] = line[line.index(u.show["image"]) + 1:]
         out[n.name] = container_files(cluster, plan.release, n, u.show, "this node's SGLang container", meta)
         if plan.service_of(u).world:
-            # every node's task runs it (one launch): the server with the node rank Slurm gives the task
-            out[n.name][TASK_FILE] = ReleaseFile(render("sglang/task.sh.j2", release=plan.release, cluster=cluster.name,
+            # this node's task of the one launch: this node's own server line, once Slurm's node name agrees
+            out[n.name][TASK_FILE] = ReleaseFile(render("sglang/task.sh.j2", release=plan.release, cluster=cluster.name, host=n.name,
+                                                        rank=u.show["node_rank"], slurm_name=cluster.slurm_name(n),
                                                         command=u.show["serve_command"]), 0o755)
     return out
 

@@ -29,9 +29,9 @@ from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
-from roles import commenv, containers, runtime
+from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
-from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, openai_probe, render, serving_image
+from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, one_launch, openai_probe, render, serving_image
 
 from . import config as trtllm
 from . import eplb
@@ -113,14 +113,6 @@ def mpirun_args(cluster: Cluster, prof: TrtllmProfile, rid: str) -> list[str]:
     return args
 
 
-def pmix_world(cluster: Cluster) -> bool:
-    """Whether the cluster's runtime starts the world itself, every rank a
-    task of one launch with its rank from the launcher (Slurm's ``srun
-    --mpi=pmix``, as TensorRT-LLM documents for Slurm: ``trtllm-llmapi-launch
-    trtllm-serve`` in every task), instead of mpirun from node 0's container."""
-    return runtime.of(cluster).worlds
-
-
 def task_args(cluster: Cluster, prof: TrtllmProfile, rid: str) -> list[str]:
     """What every rank of a PMIx world runs (``task.sh`` execs it after the node's config merge)."""
     rd = release_dir(cluster, rid)
@@ -149,7 +141,7 @@ def docker_run_args(cluster: Cluster, prof: TrtllmProfile, node: Node, rid: str,
     container reads its files and writes the merged config."""
     rd = release_dir(cluster, rid)
     multi = len(placement(cluster, prof)) > 1
-    pmix = pmix_world(cluster)
+    pmix = one_launch(cluster)
     # a PMIx world is one launch of the same line on every node: its labels say the world, not the node's part
     role, shown = ("world", _ranks_text(range(prof.tp * prof.pp))) if pmix else ("launcher" if launcher else "ranks", _ranks_text(ranks))
     args = ["docker", "run", "-d", "--name", container_name(cluster, rid),
@@ -178,7 +170,7 @@ def units(cluster: Cluster, prof: TrtllmProfile, service: str, nodes: list[Node]
     if service != "world":
         raise LlmdeployError(f"playbooks/serve-trtllm-serve.yaml: trtllm-serve has one service, 'world', not {service!r}")
     rd = release_dir(cluster, rid)
-    pmix = pmix_world(cluster)
+    pmix = one_launch(cluster)
     out = []
     for node, slots, ranks in placement(cluster, prof):
         if node not in nodes:
@@ -204,7 +196,7 @@ def units(cluster: Cluster, prof: TrtllmProfile, service: str, nodes: list[Node]
 def services(cluster: Cluster, profile: TrtllmProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared,
              rid: str) -> list[Service]:
     made, started = units(cluster, profile, entry.name, nodes, prepared, rid, entry)
-    return [Service(name=entry.name, units=made, started=started, world=pmix_world(cluster))]
+    return [Service(name=entry.name, units=made, started=started, world=one_launch(cluster))]
 
 
 def entry_port(cluster: Cluster, profile: TrtllmProfile) -> int:
@@ -283,6 +275,7 @@ def files(cluster: Cluster, profile: TrtllmProfile, plan: ReleasePlan, prepared:
         if pmix:
             # every rank runs it: its node's merge (once per node, atomically), then trtllm-llmapi-launch trtllm-serve
             files[SERVE_FILES["task"]] = ReleaseFile(render("trtllm/task.sh.j2", command=shlex.join(task_args(cluster, prof, plan.release)),
+                                                            rank0_host=cluster.node0.name, rank0_slurm=cluster.slurm_name(cluster.node0),
                                                             **merge), 0o755)
         elif len(placement(cluster, prof)) > 1:
             files[SERVE_FILES["agent"]] = ReleaseFile(launch_agent(cluster, plan.release, u.container, [node.name for node, _, _ in placement(cluster, prof)],

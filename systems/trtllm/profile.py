@@ -241,6 +241,14 @@ class TrtllmProfile(NcclEnvironment, ServingProfile):
         node 0 first (rank 0, the HTTP server), nodes with no slot left out."""
         return [(name, count) for name, count in self.slots_by_node(nodes).items() if count > 0]
 
+    def launched_worlds(self, cluster: Cluster) -> str | None:
+        """The world is one launch over its nodes: the same number of ranks on each."""
+        placed = self.ranks(cluster.nodes)
+        if len({count for _, count in placed}) > 1:
+            return (f"the world has unequal ranks per node ({', '.join(f'{count} on {name}' for name, count in placed)}): "
+                    "one srun step starts the same number of tasks on each of its nodes")
+        return None
+
     def ports(self) -> dict[str, int]:
         # the HTTP server runs on rank 0's host only
         return {"port": self.port}

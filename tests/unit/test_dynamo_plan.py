@@ -865,7 +865,10 @@ def test_readiness_probes_are_the_seeds_checks():
     for tokens in seed_curls():
         u = _url(tokens)
         assert (u.port, u.path, "POST" if "-d" in tokens else "GET") in by
-    assert check_json()["ready"] == [p.describe() for p in ready]
+    # deploy --check names the two reads of the frontend's /health apart
+    shown = check_json()["ready"]
+    assert shown[0] == f"{first.describe()} ({first.name})" and shown[-1] == f"{last.describe()} ({last.name})"
+    assert shown[1:-1] == [p.describe() for p in ready[1:-1]]
 
 
 # --- 3P1D across seven nodes ------------------------------------------------------------------------

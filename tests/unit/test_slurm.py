@@ -2,6 +2,7 @@
 as each task of a step would run it), sinfo and squeue readers, the command
 lines (llmdeploy/launchers/slurm/commands.py)."""
 
+import json
 import shlex
 import subprocess
 
@@ -336,7 +337,9 @@ def test_each_unit_asks_for_the_accelerators_it_uses():
             for step, _ in plan_steps(c, plan, svc.units, lambda u: "true\n", lambda u: 1):
                 gres.setdefault(svc.name, []).append([a for a in slurm.unit_srun_args(c, "42", step) if a.startswith("--gres")])
         assert gres["etcd"] == gres["nats"] == gres["frontend"] == [[]], (c.slurm.container, gres)
-        assert gres["prefill0"] == [["--gres=gpu:4"]] and gres["decode0"] in ([["--gres=gpu:4"]], [["--gres=gpu:4"]] * 2), gres
+        # pyxis: decode0 one step over its two nodes; docker: a step per node's container
+        assert gres["prefill0"] == [["--gres=gpu:4"]], gres
+        assert gres["decode0"] == [["--gres=gpu:4"]] * (1 if c.slurm.container == "pyxis" else 2), (c.slurm.container, gres)
     assert slurm.gres_args(pyxis, 2) == ["--gres=gpu:2"] and slurm.gres_args(pyxis, 9) == ["--gres=gpu:4"]
 
 
@@ -384,17 +387,20 @@ def test_dynamo_worker_groups_on_pyxis_are_one_pmix_step_each():
     assert "decode0.mpi-agent.sh" in docker.files["sim-gb300-1p2d-slurm-1"]
 
 
-def test_sglang_on_pyxis_is_one_step_a_task_per_node_its_rank_slurms():
+def test_sglang_on_pyxis_is_one_step_a_task_per_node():
     """SGLang on pyxis: the world is one step over the nodes, one task per
-    node, no --mpi (its ranks meet at node 0's torch.distributed store),
-    every task ``--node-rank "$SLURM_NODEID"`` as SGLang's Slurm example
-    passes it; the plan keeps that through its JSON. On docker each node's
-    container keeps its rank written in."""
+    node, ``--mpi=none`` (its ranks meet at node 0's torch.distributed
+    store); each node's task.sh holds its own node rank, checked against
+    the node Slurm ran it on (Slurm numbers a step's nodes in its own
+    order); the plan keeps that through its JSON; release.json records
+    what runs, so status --diff finds no drift. On docker each node's
+    container keeps its rank written in its line."""
+    from flows.status import _command_drift
     from llmdeploy.launchers.slurm.jobs import plan_steps
     from llmdeploy.releaseplan import ReleasePlan
 
     d = load_cluster("sim-h200-sglang").model_dump()
-    d["slurm"] = {"login": "login01", "partition": "gpu"}
+    d["slurm"] = {"login": "login01", "partition": "gpu", "nodelist": ["gpu-b", "gpu-a"]}
     c = Cluster.model_validate(d)
     assert c.slurm.container == "pyxis"
     plan = _pyxis_plan(c)
@@ -405,15 +411,71 @@ def test_sglang_on_pyxis_is_one_step_a_task_per_node_its_rank_slurms():
     assert again.world and not again.mpi
     (step, units), = plan_steps(c, plan, svc.units, lambda u: "", lambda u: 1)
     args = slurm.unit_srun_args(c, "42", step)
-    assert args[3:7] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=sim-h200-sglang-0,sim-h200-sglang-1"]
-    assert not [a for a in args if a.startswith("--mpi")] and args[-2:] == ["sh", f"/var/lib/llmdeploy/sim-h200-sglang/releases/{RID}/task.sh"]
-    task = plan.files["sim-h200-sglang-1"]["task.sh"][0]
-    assert ' --nnodes 2 --node-rank "$SLURM_NODEID" --host 0.0.0.0 --port 30000 ' in task and task.rstrip().splitlines()[-1].startswith(
-        "exec python3 -m sglang.launch_server ")
-    # run as a task would: without Slurm's node id it refuses, naming it
-    res = subprocess.run(["sh", "-c", task], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
-    assert res.returncode == 2 and "SLURM_NODEID is not set" in res.stderr
+    assert args[3:7] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=gpu-b,gpu-a"]
+    task_sh = f"/var/lib/llmdeploy/sim-h200-sglang/releases/{RID}/task.sh"
+    assert "--mpi=none" in args and args[-2:] == ["sh", task_sh]
+    for i, node in enumerate(["sim-h200-sglang-0", "sim-h200-sglang-1"]):
+        task = plan.files[node]["task.sh"][0]
+        assert task.rstrip().splitlines()[-1] == "exec " + plan.units(node)[0].show["serve_command"]
+        assert f" --nnodes 2 --node-rank {i} --host 0.0.0.0 --port 30000 " in task
+        # run as a task would: on its own Slurm node it execs the server (here: a stand-in that prints its argv)
+        fake = 'python3() { echo "ran $*"; }; '
+        ok = subprocess.run(["sh", "-c", fake + task.replace("exec python3", "python3")], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": ["gpu-b", "gpu-a"][i]})
+        assert ok.returncode == 0 and f"--node-rank {i} " in ok.stdout, ok
+        # on another node (or outside Slurm) it refuses, naming both
+        res = subprocess.run(["sh", "-c", task], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "gpu-z"})
+        assert res.returncode == 2 and f"runs on gpu-z, not on {['gpu-b', 'gpu-a'][i]}: node rank {i} is {node}'s" in res.stderr, res
+        # release.json: what the step runs, as status --diff reads a unit's command
+        meta = json.loads(plan.files[node]["release.json"][0])
+        assert meta["command"] == ["sh", task_sh] and _command_drift(meta, {"Config": {"Cmd": ["sh", task_sh]}}) == []
     docker = _pyxis_plan(_with(c, container="docker"))
     (dsvc,) = docker.services
     assert not dsvc.world and [u.order for u in dsvc.units] == [0, 1] and "task.sh" not in docker.files["sim-h200-sglang-1"]
     assert "--node-rank 1 " in dsvc.units[1].show["container_command"]
+
+
+def test_an_mpi_worlds_rank_0_must_be_node_0():
+    """srun puts rank 0 on the first of the step's nodes in Slurm's order;
+    the probes ask node 0: a task.sh whose rank 0 lands elsewhere says so."""
+    plan = _pyxis_plan(load_cluster("sim-b200-slurm"))
+    task = plan.files["sim-b200-slurm-1"]["task.sh"][0]
+    res = subprocess.run(["sh", "-c", task], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "SLURM_PROCID": "0", "SLURMD_NODENAME": "sim-b200-slurm-1"})
+    assert res.returncode == 2 and "rank 0 runs on sim-b200-slurm-1, not on sim-b200-slurm-0" in res.stderr, res
+    dplan = _pyxis_plan(load_cluster("sim-gb300-1p2d-slurm"))
+    dtask = dplan.files["sim-gb300-1p2d-slurm-1"]["decode0.task.sh"][0]
+    assert "!= sim-gb300-1p2d-slurm-1 ]" in dtask  # decode0's rank 0: its first node
+
+
+def test_a_world_pyxis_cannot_launch_keeps_docker_and_is_found_before_anything_stops():
+    """A Dynamo group with unequal GPUs on its nodes cannot be one step (the
+    same tasks on every node): left to the platform such a cluster runs
+    Docker, asked for pyxis it is refused by field. And whatever else a
+    pyxis plan cannot start as is found by the launcher's preflight, before
+    the serving release is stopped."""
+    from llmdeploy.launchers.slurm.jobs import SlurmJobs
+
+    d = load_cluster("sim-gb300-1p2d-slurm").model_dump()
+    n = [f"sim-gb300-1p2d-slurm-{i}" for i in range(5)]
+    # decode0 on 4 + 2 + 2 GPUs, decode1 on 2 + 2 + 4 (the inventory's masks)
+    d["profile"]["workers"] = [{"gpus": {n[0]: [0, 1, 2, 3]}}, {"gpus": {n[1]: [0, 1, 2, 3], n[2]: [0, 1], n[3]: [0, 1]}},
+                               {"gpus": {n[2]: [2, 3], n[3]: [2, 3], n[4]: [0, 1, 2, 3]}}]
+    uneven = Cluster.model_validate({**d, "slurm": {**d["slurm"], "container": None}})
+    assert uneven.slurm.container == "docker"
+    with pytest.raises(ValueError) as err:
+        Cluster.model_validate({**d, "slurm": {**d["slurm"], "container": "pyxis"}})
+    assert "slurm.container" in str(err.value) and "decode0 (4 on sim-gb300-1p2d-slurm-1, 2 on sim-gb300-1p2d-slurm-2, 2 on" in str(err.value), err.value
+
+    c = load_cluster("sim-gb300-1p2d-slurm")
+    plan = _pyxis_plan(c)
+    odd = plan.service("decode0").units[1]
+    odd.show["container_command"] += " x"
+
+    class NoSlurm:
+        def node_states(self, names):
+            raise AssertionError("preflight read Slurm although the plan cannot start")
+
+    jobs = SlurmJobs(c, type("R", (), {"transport": NoSlurm()})(), print)
+    where, why = jobs.preflight(plan)
+    assert where == c.slurm.login and "world" in why and "nothing was stopped" in why, why

@@ -1,8 +1,8 @@
 """The Slurm launcher: a cluster whose inventory has a ``slurm`` section.
 Commands reach its nodes as job steps from its login host, a release is a
 job that holds its nodes, and each unit is a step of it: a pyxis
-container of the step (``container="pyxis"``, an MPI world one PMIx step
-over its nodes) or a container Docker runs on the node.
+container of the step (``container="pyxis"``, a world one step over its
+nodes, through PMIx for an MPI one) or a container Docker runs on the node.
 
 - ``commands.py``: the command lines (srun, sbatch, salloc, squeue, sinfo,
   scancel) and the readers of their output; pure;

@@ -40,8 +40,8 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
     (``Unit.show["container_command"]``) is its step's container
     (``pyxis.py``, ``units.unit_step_args``), and a world's units
     (``Service.world``) are one step over their nodes, ``Unit.tasks`` on
-    each, wired by PMIx (unless ``Service.mpi`` is off: the system's own
-    rendezvous, each task's node rank Slurm's). LlmdeployError: a unit pyxis cannot run as planned. Pure."""
+    each, wired by PMIx (``--mpi=none`` when ``Service.mpi`` is off: the
+    system's own rendezvous, SGLang's). LlmdeployError: a unit pyxis cannot run as planned. Pure."""
     logdir = slurm.login_log_dir(cluster, plan.release)
     if cluster.slurm.container != "pyxis":
         return [(slurm.UnitStep(node=cluster.slurm_name(cluster.node(u.host)), name=u.container,
@@ -73,7 +73,8 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
         args = units_mod.unit_step_args(run, rd, first.container, n, f"{plan.release}.{first.container}", plain=not world)
         out.append((slurm.UnitStep(node=cluster.slurm_name(cluster.node(first.host)), name=first.container, script="", args=args,
                                    nodes=[cluster.slurm_name(cluster.node(u.host)) for u in group], tasks=first.tasks,
-                                   mpi="pmix" if world and plan.service_of(first).mpi else None, devices=first.devices,
+                                   # a world not of MPI says so: the site's MpiDefault (often pmix) does not apply
+                                   mpi=("pmix" if plan.service_of(first).mpi else "none") if world else None, devices=first.devices,
                                    log=f"{logdir}/{first.host}.{first.container}.attempt-{n}.step.log"), group))
     return out
 
@@ -92,8 +93,14 @@ class SlurmJobs:
         return [self.c.slurm_name(n) for n in self.c.nodes if n.name in hosts]
 
     def preflight(self, plan: ReleasePlan) -> Failure:
-        """Before anything stops: every node of the plan can be given to a new
-        job (Slurm's own state; a draining node runs its jobs but takes no new one)."""
+        """Before anything stops: the plan's units can be its steps (a pyxis
+        world the same line and tasks on every node), and every node of the
+        plan can be given to a new job (Slurm's own state; a draining node
+        runs its jobs but takes no new one)."""
+        try:
+            plan_steps(self.c, plan, plan.units(), lambda u: "", lambda u: 1)
+        except LlmdeployError as exc:
+            return self.c.slurm.login, f"{exc}: release {plan.release} cannot start as planned (nothing was stopped)"
         try:
             states = self.s.node_states(self.nodes_of(plan))
         except UnreachableError as exc:

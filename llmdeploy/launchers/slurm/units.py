@@ -583,7 +583,7 @@ class PyxisUnits:
     """A pyxis cluster's units as the node's scripts here read and stop them;
     their start is the launcher's (a step, ``jobs.SlurmJobs.start_units``)."""
 
-    # a world is one srun --mpi=pmix step over its nodes (jobs.SlurmJobs.unit_steps)
+    # a world is one step over its nodes, srun --mpi=pmix for an MPI one (jobs.plan_steps)
     worlds = True
 
     def __init__(self, cluster: Cluster):
