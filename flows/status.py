@@ -22,15 +22,18 @@ from llmdeploy.inventory import Cluster
 from llmdeploy.launcher import ReleaseView
 from llmdeploy.releaseplan import ReleasePlan, Unit
 from llmdeploy.runner import Runner
+from roles import runtime
 from roles.containers import LABEL
 from roles.status import docker_problem, parse_status, started_at
 
 
-def drift(plan: ReleasePlan, st: dict, c: dict | None, main: bool, secret_keys: set[str] = frozenset()) -> list[str]:
+def drift(plan: ReleasePlan, st: dict, c: dict | None, main: bool, secret_keys: set[str] = frozenset(),
+          own_env: tuple[str, ...] = ()) -> list[str]:
     """How a running container differs from the current release's record.
     A host's main unit (prefix "") is compared with release.json (image,
     command) and the env file; other units with their release label. Secret
-    values are never shown."""
+    values are never shown. ``own_env``: the variables the units' runtime
+    sets itself, compared only where the release sets them too."""
     meta = st["meta"] or {}
     if c is None:
         return ["the release's container is missing"]
@@ -42,11 +45,12 @@ def drift(plan: ReleasePlan, st: dict, c: dict | None, main: bool, secret_keys: 
         out.append(f"container label {LABEL}.release={labels.get(f'{LABEL}.release')!r}, current release {st['release']}")
     if not main:
         return out
-    return out + _env_drift(plan, st, c, secret_keys) + _command_drift(meta, c)
+    return out + _env_drift(plan, st, c, secret_keys, own_env) + _command_drift(meta, c)
 
 
-def _env_drift(plan: ReleasePlan, st: dict, c: dict, secret_keys: set[str]) -> list[str]:
-    env = dict(x.split("=", 1) for x in (c.get("Config") or {}).get("Env", []) if "=" in x)
+def _env_drift(plan: ReleasePlan, st: dict, c: dict, secret_keys: set[str], own_env: tuple[str, ...] = ()) -> list[str]:
+    env = {k: v for k, v in (x.split("=", 1) for x in (c.get("Config") or {}).get("Env", []) if "=" in x)
+           if k not in own_env or k in st["env"]}
     prefixes = tuple(plan.drift_env_prefixes)
     out = []
     for k in sorted(set(st["env"]) | set(k for k in env if k in st["env"] or (prefixes and k.startswith(prefixes)))):
@@ -146,7 +150,7 @@ def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, 
     for i, u in enumerate(units):
         c = st["containers"].get(u.container)
         state, role = held.unit_state(docker_state or _state(c), u), u.role or plan.service_of(u).name
-        drifts = drift(plan, st, c, u.prefix == "", set(cluster.secret_env)) if show_diff else []
+        drifts = drift(plan, st, c, u.prefix == "", set(cluster.secret_env), runtime.of(cluster).own_env) if show_diff else []
         bad = bad or state != "running" or bool(drifts)
         if state != "running" and doc["state"] == "running":
             doc["state"] = state

@@ -212,6 +212,9 @@ class UnitRuntime(Protocol):
     units itself, or each node's unit joins the others (SGLang's store)."""
 
     worlds: bool
+    # variables the runtime itself puts in a unit's environment (Slurm's GPU mask on pyxis): status --diff
+    # counts them only where the release sets them too
+    own_env: tuple[str, ...]
 
     def start_script(self, release_dir: str, container: str, run_file: str, attempt: int) -> str | None: ...
 

@@ -23,6 +23,8 @@ class Docker:
 
     # an MPI world starts from its launch container (mpirun reaches the others)
     worlds = False
+    # nothing in a container's environment is Docker's own (--gpus sets no CUDA_ variable)
+    own_env: tuple[str, ...] = ()
 
     def __init__(self, cluster: Cluster):
         self.c = cluster

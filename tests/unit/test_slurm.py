@@ -479,3 +479,24 @@ def test_a_world_pyxis_cannot_launch_keeps_docker_and_is_found_before_anything_s
     jobs = SlurmJobs(c, type("R", (), {"transport": NoSlurm()})(), print)
     where, why = jobs.preflight(plan)
     assert where == c.slurm.login and "world" in why and "nothing was stopped" in why, why
+
+
+def test_status_diff_leaves_slurms_gpu_mask_to_slurm():
+    """On pyxis Slurm sets CUDA_VISIBLE_DEVICES for a step's GRES: status
+    --diff does not call it drift where the release does not set it, and
+    compares it where the release does (a Dynamo worker's mask)."""
+    from flows.status import drift
+    from llmdeploy.launchers.slurm.units import PyxisUnits
+
+    d = load_cluster("sim-h200-sglang").model_dump()
+    d["slurm"] = {"login": "login01", "partition": "gpu"}
+    c = Cluster.model_validate(d)
+    plan = _pyxis_plan(c)
+    own = PyxisUnits(c).own_env
+    assert own == ("CUDA_VISIBLE_DEVICES",)
+    st = {"meta": {}, "release": plan.release, "env": {"NCCL_SOCKET_IFNAME": "ens1f0"}}
+    c_ = {"Config": {"Labels": {"llmdeploy.release": plan.release}, "Env": ["NCCL_SOCKET_IFNAME=ens1f0", "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"]}}
+    assert drift(plan, st, c_, True, set(), own) == []
+    assert drift(plan, st, c_, True, set(), ()) == ["environment CUDA_VISIBLE_DEVICES: running '0,1,2,3,4,5,6,7', release None"]
+    st["env"]["CUDA_VISIBLE_DEVICES"] = "0,1"
+    assert drift(plan, st, c_, True, set(), own) == ["environment CUDA_VISIBLE_DEVICES: running '0,1,2,3,4,5,6,7', release '0,1'"]
