@@ -143,6 +143,7 @@ def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, 
         return [row], {"release": st["release"], "state": "missing", "drift": [], "units": {}, "reason": why}, bad
     doc = {"release": st["release"], "state": "running", "image_id": None, "uptime": "-", "drift": [], "units": {}, "reason": None}
     rows, whys, bad = [], [], False
+    own_env = runtime.of(cluster).own_env
     # docker could not list the containers (its daemon does not answer): say so, not "missing"
     docker_state, docker_why = docker_problem(name, st["docker_error"]) if st.get("docker_error") else (None, None)
     if docker_why:
@@ -150,7 +151,7 @@ def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, 
     for i, u in enumerate(units):
         c = st["containers"].get(u.container)
         state, role = held.unit_state(docker_state or _state(c), u), u.role or plan.service_of(u).name
-        drifts = drift(plan, st, c, u.prefix == "", set(cluster.secret_env), runtime.of(cluster).own_env) if show_diff else []
+        drifts = drift(plan, st, c, u.prefix == "", set(cluster.secret_env), own_env) if show_diff else []
         bad = bad or state != "running" or bool(drifts)
         if state != "running" and doc["state"] == "running":
             doc["state"] = state

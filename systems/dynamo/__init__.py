@@ -273,7 +273,8 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
             if w.role != name:
                 continue
             units = []
-            mpirun, tail = mpirun_args(cluster, prof, rid, w, prepared)
+            # mpirun's line only where mpirun starts the group
+            mpirun, tail = mpirun_args(cluster, prof, rid, w, prepared) if not pmix else ([], "")
             for i, (host, gpus) in enumerate(w.nodes):
                 node = cluster.node(host)
                 launcher = i == 0
@@ -285,13 +286,11 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
                                       ranks=f"0-{w.ranks - 1}" if pmix else ",".join(map(str, gpus)))
                 show = {"container_command": shlex.join(cmd), "image": image, "ranks": f"{w.ranks} ({len(gpus)} here)",
                         "cuda_visible_devices": w.cuda_visible_devices(host), "system_port": w.system_port}
-                if pmix:
-                    # every task of the group's one launch runs its node's task.sh: the setup, the merge, then this
+                if pmix or launcher:
                     note, show["numactl"] = membind_shown(cluster, prof, node, prepared)
-                    show["serve_command"] = note + task_command(cluster, prof, rid, w, node, prepared)
-                elif launcher:
-                    note, show["numactl"] = membind_shown(cluster, prof, node, prepared)
-                    show["serve_command"] = f"{shlex.join(mpirun)} <-x every variable of {PROFILE_ENV}> {note}{tail}"
+                    # pmix: every task of the group's one launch runs its node's task.sh (the setup, the merge, then this)
+                    show["serve_command"] = (note + task_command(cluster, prof, rid, w, node, prepared) if pmix
+                                             else f"{shlex.join(mpirun)} <-x every variable of {PROFILE_ENV}> {note}{tail}")
                 # a PMIx group starts at once (one launch, a task per GPU here); mpirun's starts its holders first
                 units.append(Unit(host=host, container=container(cluster, rid, w.name), prefix=f"{w.name}.",
                                   order=0 if pmix or not launcher else 1, role=w.role, show=show, tasks=len(gpus) if pmix else 1))
@@ -459,7 +458,8 @@ def files(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, prepared:
             pmix = plan.service(w.name).world
             f[f"{w.name}.env"] = ReleaseFile(env_text(cluster, n, env_of(cluster, prof, n, w), w.name), commenv.env_mode(cluster))
             f[f"{w.name}.overrides.yaml"] = ReleaseFile(dynamo.role_yaml(cluster, prof, w), 0o644)
-            mpirun, tail = mpirun_args(cluster, prof, plan.release, w, prepared)
+            # pmix: this node's command for each of its tasks; else mpirun's line and the ranks' command after it
+            mpirun, tail = mpirun_args(cluster, prof, plan.release, w, prepared) if not pmix else ([], task_command(cluster, prof, plan.release, w, n, prepared))
             # pmix: every rank runs it (its node's setup and merge, then its command); else the group's first node's runs
             # mpirun, the others' hold the ranks mpirun's launch agent brings
             mode = "task" if pmix else "serve" if launcher else "hold"
@@ -467,7 +467,7 @@ def files(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, prepared:
                 "dynamo/worker.sh.j2", worker=w.name, role=w.role, profile=w.profile, ranks=w.ranks, release=plan.release, cluster=cluster.name,
                 mode=mode, setup=setup(dynamo.worker_env(cluster, w, n.name), dynamo.worker_unsets(prof)), merge=shlex.quote(f"{rd}/{trtllm.MERGE_SCRIPT_NAME}"), base=dynamo.base_yaml_name(prof, w),
                 overrides=shlex.quote(f"{rd}/{w.name}.overrides.yaml"), config=shlex.quote(f"{rd}/{w.name}.config.yaml"),
-                profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=task_command(cluster, prof, plan.release, w, n, prepared) if pmix else tail,
+                profile_env=PROFILE_ENV, mpirun=shlex.join(mpirun), tail=tail,
                 rank0_host=w.rank0_node, rank0_slurm=cluster.slurm_name(cluster.node(w.rank0_node))), 0o755)
             if len(w.nodes) > 1 and not pmix:
                 f[f"{w.name}.mpi-agent.sh"] = ReleaseFile(launch_agent(cluster, plan.release, container(cluster, plan.release, w.name), w.node_names,

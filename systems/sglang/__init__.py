@@ -78,10 +78,10 @@ def server_args(cluster: Cluster, prof: SglangProfile, node: Node) -> list[str]:
     """``python3 -m sglang.launch_server`` and its flags for ``node`` (SGLang's
     multi-node docs; ``prof``: the cluster's profile, as the hook that builds
     the plan received it)."""
-    rank = str(cluster.nodes.index(node))
+    rank = cluster.nodes.index(node)
     args = ["python3", "-m", "sglang.launch_server", "--model-path", cluster.model.path, "--served-model-name", prof.served_model_name,
             "--tp", str(prof.tp), "--dist-init-addr", f"{cluster.node0.ip}:{prof.dist_port}", "--nnodes", str(len(cluster.nodes)),
-            "--node-rank", rank, "--host", prof.host, "--port", str(prof.port)]
+            "--node-rank", str(rank), "--host", prof.host, "--port", str(prof.port)]
     if prof.ep is not None:
         args += ["--ep", str(prof.ep)]
     if prof.enable_dp_attention:
