@@ -12,6 +12,8 @@ by ``down``; ``up`` first removes what a crashed earlier run left.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 
 from llmdeploy.errors import SimError
-from llmdeploy.inventory import Cluster
+from llmdeploy.inventory import Cluster, list_clusters
 
 from . import curated, dockerd, gpusite, hardware, images, model, netns, slurm, sshd
 from . import links as links_
@@ -327,28 +329,29 @@ def _up(cluster: Cluster, echo) -> dict:
     _write(cdir / "authorized_keys", (cdir / "id_ed25519.pub").read_text(), 0o600)
     # mount points on this machine: remembered across clusters, removed (if
     # still empty) when the last simulated cluster goes down
-    made_file = sim_root() / "created_dirs.json"
-    made = json.loads(made_file.read_text()) if made_file.exists() else []
-    for d in PRIVATE_DIRS:
-        # every directory made (parents too), so that down removes them all
-        parts = Path(d).parts
-        for k in range(2, len(parts) + 1):
-            p = str(Path(*parts[:k]))
-            if not os.path.isdir(p):
-                os.mkdir(p)
-                made.append(p)
-    ascend = cluster.platform_info.vendor == "ascend"
-    # mount points for each Ascend host's own files (empty files and
-    # directories here): /etc/hccn.conf and what the seed's docker run bind-mounts
-    for point in ([HCCN_CONF, *ASCEND_HOST_FILES] if ascend else []):
-        if not os.path.exists(point):
-            Path(point).touch()
-            made.append(point)
-    for point in (ASCEND_HOST_DIRS if ascend else []):
-        if not os.path.exists(point):
-            os.mkdir(point)
-            made.append(point)
-    made_file.write_text(json.dumps(sorted(set(made))))
+    with _mount_points_lock():
+        made_file = sim_root() / "created_dirs.json"
+        made = json.loads(made_file.read_text()) if made_file.exists() else []
+        for d in PRIVATE_DIRS:
+            # every directory made (parents too), so that down removes them all
+            parts = Path(d).parts
+            for k in range(2, len(parts) + 1):
+                p = str(Path(*parts[:k]))
+                if not os.path.isdir(p):
+                    os.mkdir(p)
+                    made.append(p)
+        ascend = cluster.platform_info.vendor == "ascend"
+        # mount points for each Ascend host's own files (empty files and
+        # directories here): /etc/hccn.conf and what the seed's docker run bind-mounts
+        for point in ([HCCN_CONF, *ASCEND_HOST_FILES] if ascend else []):
+            if not os.path.exists(point):
+                Path(point).touch()
+                made.append(point)
+        for point in (ASCEND_HOST_DIRS if ascend else []):
+            if not os.path.exists(point):
+                os.mkdir(point)
+                made.append(point)
+        made_file.write_text(json.dumps(sorted(set(made))))
 
     gw = _mgmt_gateway(cluster)
     mb, db = links["mgmt_bridge"], links["data_bridge"]
@@ -619,10 +622,11 @@ def down(name: str, echo=print) -> bool:
             state = json.loads((cdir / "state.json").read_text())
         except ValueError:
             state = {}
-    # namespaces: from the state, and any left with our prefix (crashed runs)
-    prefix = f"lds-{name}-"
-    listed = _sh("ip", "netns", "list", check=False).stdout.split("\n")
-    namespaces = {line.split()[0] for line in listed if line.startswith(prefix)}
+    # namespaces: from the state, and any left with our prefix (crashed runs),
+    # except those of another cluster whose name begins with ours (sim-a3's
+    # prefix lds-sim-a3- is also the start of every sim-a3-slurm host's)
+    listed = _sh("ip", "netns", "list", check=False).stdout
+    namespaces = namespaces_of(name, listed, _cluster_names())
     # the hosts and a Slurm cluster's login host
     recorded = [*state.get("hosts", {}).values(), *([state["login"]] if state.get("login") else [])]
     namespaces |= {h["netns"] for h in recorded}
@@ -666,28 +670,72 @@ def down(name: str, echo=print) -> bool:
     if cdir.exists():
         shutil.rmtree(cdir, ignore_errors=True)
         removed = True
-    # mount points made on this machine, once no simulated cluster is left
+    # mount points made on this machine, once no simulated cluster is left:
+    # none recorded and no simulated host's namespace (a crashed run's hosts
+    # still use them; removing an empty directory that is a mount point in
+    # another mount namespace unmounts it there)
     root = sim_root()
     made_file = root / "created_dirs.json"
-    if not running() and made_file.exists():
-        # deepest first: a parent made for a mount point goes after its children
-        for d in sorted(json.loads(made_file.read_text()), key=lambda p: (-p.count("/"), p)):
-            try:
-                if os.path.isfile(d):
-                    if os.path.getsize(d) == 0:
-                        os.remove(d)
-                else:
-                    os.rmdir(d)
-            except OSError:
-                pass
-        made_file.unlink()
-        try:
-            root.rmdir()
-        except OSError:
-            pass
+    with _mount_points_lock():
+        if made_file.exists() and not running() and not _host_namespaces():
+            _remove_mount_points(made_file)
     if removed:
         echo(f"sim {name}: removed")
     return removed
+
+
+def namespaces_of(name: str, listed: str, clusters: list[str]) -> set[str]:
+    """The namespaces in ``ip netns list``'s output ``listed`` that carry the
+    cluster ``name``'s prefix (``lds-<name>-``), but not those of another of
+    ``clusters`` whose own prefix begins with it: sim-a3-slurm's hosts are
+    lds-sim-a3-slurm-..., and sim.down of sim-a3 must leave them running."""
+    prefix = f"lds-{name}-"
+    longer = tuple(f"lds-{o}-" for o in clusters if o != name and f"lds-{o}-".startswith(prefix))
+    names = (line.split()[0] for line in listed.splitlines() if line.strip())
+    return {ns for ns in names if ns.startswith(prefix) and not (longer and ns.startswith(longer))}
+
+
+def _remove_mount_points(made_file: Path) -> None:
+    # deepest first: a parent made for a mount point goes after its children
+    for d in sorted(json.loads(made_file.read_text()), key=lambda p: (-p.count("/"), p)):
+        try:
+            if os.path.isfile(d):
+                if os.path.getsize(d) == 0:
+                    os.remove(d)
+            else:
+                os.rmdir(d)
+        except OSError:
+            pass
+    made_file.unlink()
+
+
+@contextlib.contextmanager
+def _mount_points_lock():
+    """The machine's mount points (created_dirs.json) are shared by every
+    simulated cluster: one sim.up adds to them while another's sim.down may
+    remove them, so both hold this lock."""
+    root = sim_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "created_dirs.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _host_namespaces() -> list[str]:
+    """Every simulated host's network namespace on this machine, of any cluster."""
+    listed = _sh("ip", "netns", "list", check=False).stdout.splitlines()
+    return [line.split()[0] for line in listed if line.startswith("lds-") and line.split()[0] != images.BUILDER_NS]
+
+
+def _cluster_names() -> list[str]:
+    """Every cluster the inventory names, and every simulated cluster with a
+    directory here (made before its hosts, removed after them)."""
+    root = sim_root()
+    here = {p.name for p in root.iterdir() if p.is_dir()} if root.exists() else set()
+    return sorted(here | set(list_clusters()))
 
 
 def shape(cluster: Cluster, mbit: float | None, registry: bool = True) -> None:
