@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -39,6 +40,40 @@ def sim_possible() -> str | None:
     if not Path("/usr/sbin/sshd").exists():
         return "sshd is missing (run scripts/setup.sh)"
     return None
+
+
+def sim_pids(cluster: str, node: str | None = None) -> set[int]:
+    """The pids of every process in the simulated ``cluster``'s hosts (its login
+    host too), or in ``node`` only: those in their network namespaces, as the
+    cluster's state records them. The simulated hosts share this machine's
+    process table, and another cluster may be up beside this one (the suite
+    runs two at a time), so a test never looks at every process on the machine."""
+    from sim.paths import cluster_dir
+
+    state = json.loads((cluster_dir(cluster) / "state.json").read_text())
+    hosts = {**state.get("hosts", {}), **({state["login"]["name"]: state["login"]} if state.get("login") else {})}
+    pids: set[int] = set()
+    for name, host in hosts.items():
+        if node in (None, name):
+            out = subprocess.run(["ip", "netns", "pids", host["netns"]], capture_output=True, text=True).stdout
+            pids |= {int(p) for p in out.split()}
+    return pids
+
+
+def pytest_collection_modifyitems(config, items):
+    """One pytest-xdist group per simulated cluster (scripts/test.sh runs the
+    suite with ``--dist loadgroup``): every test of a cluster, whichever module
+    or class names it in SIM_CLUSTER, runs on one worker, one after another,
+    while another worker runs another cluster's tests or the unit tests. Two
+    modules that bring up the same cluster can never run at once."""
+    integration = REPO / "tests" / "integration"
+    for item in items:
+        name = getattr(item.cls, "SIM_CLUSTER", None) or getattr(item.module, "SIM_CLUSTER", None)
+        # a module may name a cluster for its simulated tests only (tests/reliability's
+        # loopback and property tests run anywhere, beside the rest)
+        on_sim = {"sim_cluster", "sim_class_cluster"} & set(getattr(item, "fixturenames", ()))
+        if name and (on_sim or integration in Path(str(item.fspath)).resolve().parents):
+            item.add_marker(pytest.mark.xdist_group(name=name))
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from tests.conftest import run_invoke
 
 from .conftest import netns_list
 
-NAME = "sim-gb300-agentic"
+SIM_CLUSTER = "sim-gb300-agentic"
 
 
 def _links():
@@ -24,7 +24,7 @@ def _cluster_pids() -> dict[int, str]:
     """pid -> command name of every process in the cluster's hosts' namespaces
     (sshd, dockerd, containerd, the shims, the containers: they use the host network)."""
     out = {}
-    for ns in (line.split()[0] for line in netns_list().splitlines() if line.startswith(f"lds-{NAME}-")):
+    for ns in (line.split()[0] for line in netns_list().splitlines() if line.startswith(f"lds-{SIM_CLUSTER}-")):
         for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
             try:
                 out[int(pid)] = Path(f"/proc/{pid}/comm").read_text().strip()
@@ -48,13 +48,13 @@ def _alive(pids: dict[int, str]) -> dict[int, str]:
 
 
 def test_down_removes_everything_and_up_survives_a_crash():
-    sid = short_id(NAME)
+    sid = short_id(SIM_CLUSTER)
     try:
-        assert run_invoke("sim.up", "--cluster", NAME).returncode == 0
-        assert f"lds-{NAME}-" in netns_list()
+        assert run_invoke("sim.up", "--cluster", SIM_CLUSTER).returncode == 0
+        assert f"lds-{SIM_CLUSTER}-" in netns_list()
         # over SSH, as the tool reaches it: a real Docker Engine (server and client), with a container running
-        cfg = str(cluster_dir(NAME) / "ssh_config")
-        ssh = ["ssh", "-F", cfg, "-o", "BatchMode=yes", load_cluster(NAME).nodes[0].name]
+        cfg = str(cluster_dir(SIM_CLUSTER) / "ssh_config")
+        ssh = ["ssh", "-F", cfg, "-o", "BatchMode=yes", load_cluster(SIM_CLUSTER).nodes[0].name]
         got = subprocess.run([*ssh, "docker version --format '{{.Server.Version}} {{.Server.Os}}'; "
                               "docker run -d --network host --name lifecycle quay.io/coreos/etcd:v3.5.17 sleep 600"],
                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
@@ -63,23 +63,23 @@ def test_down_removes_everything_and_up_survives_a_crash():
         first = _cluster_pids()
         assert {"sshd", "dockerd", "containerd", "sleep"} <= set(first.values()), first
         # a crash: the state file is gone, namespaces and processes are not
-        shutil.rmtree(cluster_dir(NAME))
-        res = run_invoke("sim.up", "--cluster", NAME)
+        shutil.rmtree(cluster_dir(SIM_CLUSTER))
+        res = run_invoke("sim.up", "--cluster", SIM_CLUSTER)
         assert res.returncode == 0, res.stderr
         assert _alive(first) == {}, "the crashed run's processes are left"
         second = _cluster_pids()
-        res = run_invoke("facts", "--cluster", NAME, "--json")
+        res = run_invoke("facts", "--cluster", SIM_CLUSTER, "--json")
         assert res.returncode == 0, res.stderr
     finally:
-        res = run_invoke("sim.down", "--cluster", NAME)
+        res = run_invoke("sim.down", "--cluster", SIM_CLUSTER)
     assert res.returncode == 0
-    assert f"lds-{NAME}-" not in netns_list()
+    assert f"lds-{SIM_CLUSTER}-" not in netns_list()
     assert f"ld{sid}" not in _links()
-    assert not cluster_dir(NAME).exists()
-    ps = subprocess.run(["pgrep", "-af", f"llmdeploy-sim/{NAME}/"], capture_output=True, text=True).stdout
+    assert not cluster_dir(SIM_CLUSTER).exists()
+    ps = subprocess.run(["pgrep", "-af", f"llmdeploy-sim/{SIM_CLUSTER}/"], capture_output=True, text=True).stdout
     assert ps.strip() == ""
     # no daemon, container or cgroup of its hosts is left
-    assert not dockerd.cgroup_dirs(cgroup_parent(NAME, "")), "containers' cgroups are left"
+    assert not dockerd.cgroup_dirs(cgroup_parent(SIM_CLUSTER, "")), "containers' cgroups are left"
     assert _alive(second) == {}
 
 

@@ -19,7 +19,7 @@ from llmdeploy.inventory import load_cluster
 from llmdeploy.launchers.slurm import pyxis
 from sim import slurm as sim_slurm
 from sim.paths import cluster_dir, netns_name
-from tests.conftest import run_invoke
+from tests.conftest import run_invoke, sim_pids
 
 from .conftest import netns_list
 
@@ -181,9 +181,10 @@ def _ranks_of(job: str) -> dict[int, dict[str, str]]:
 
 
 def _rank_pids(job: str) -> dict[str, dict[str, str]]:
-    """{pid: environment} of the trtllm-serve processes of ``job``'s ranks."""
+    """{pid: environment} of the trtllm-serve processes of ``job``'s ranks (in this cluster's hosts:
+    another simulated Slurm cluster numbers its jobs from 1 too)."""
     out = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in map(str, sorted(sim_pids(SIM_CLUSTER))):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             env = dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0") if "=" in v)

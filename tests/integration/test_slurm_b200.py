@@ -28,7 +28,7 @@ from llmdeploy.release import parse_ledger
 from sim import hostview
 from sim.paths import cluster_dir, host_dir
 from sim.slurm import slurm_dir
-from tests.conftest import REPO, run_invoke
+from tests.conftest import REPO, run_invoke, sim_pids
 from tests.integration.conftest import top_once
 
 SIM_CLUSTER = "sim-b200-slurm"
@@ -139,12 +139,12 @@ def test_prepare_and_verify_comm_as_job_steps(sim_cluster):
     assert jobs() == []
 
 
-def pmix_ranks(job: str, is_rank) -> dict[int, tuple[int, dict[str, str]]]:
-    """{PMIX_RANK: (pid, environment)} of the processes of ``job`` on this
-    machine whose argv ``is_rank(argv)`` accepts (the simulated hosts share
-    its process table; enroot makes no pid namespace)."""
+def pmix_ranks(job: str, is_rank, cluster: str = SIM_CLUSTER) -> dict[int, tuple[int, dict[str, str]]]:
+    """{PMIX_RANK: (pid, environment)} of the processes of ``job`` in ``cluster``'s
+    hosts whose argv ``is_rank(argv)`` accepts (the simulated hosts share this
+    machine's process table; enroot makes no pid namespace)."""
     out = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in sorted(sim_pids(cluster)):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().split(b"\0")
@@ -179,9 +179,9 @@ def nothing_left_pyxis() -> None:
 
 
 def _ranks_all() -> list[int]:
-    """The pids of trtllm-serve ranks of any job."""
+    """The pids of trtllm-serve ranks of any job in the cluster's hosts."""
     out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in sorted(sim_pids(SIM_CLUSTER)):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if b"trtllm-serve" in f.read().split(b"\0")[:6]:

@@ -17,7 +17,7 @@ from llmdeploy.launchers.slurm import commands as slurm
 from llmdeploy.release import parse_ledger
 from sim import hostview
 from sim.paths import host_dir
-from tests.conftest import run_invoke
+from tests.conftest import run_invoke, sim_pids
 from tests.integration.test_slurm_b200 import jobs, login, pmix_ranks, unit_steps
 
 SIM_CLUSTER = "sim-gb300-1p2d-slurm"
@@ -28,13 +28,14 @@ GROUPS = {"prefill0": NODES[:1], "decode0": NODES[1:3], "decode1": NODES[3:5]}
 def _ranks(job: str, worker: str) -> dict[int, tuple[int, dict[str, str]]]:
     """{PMIX_RANK: (pid, environment)} of ``worker``'s dynamo.trtllm ranks in ``job``, the worker
     known by its own role settings (--extra-engine-args .../<worker>.config.yaml)."""
-    return pmix_ranks(job, lambda cmd: b"dynamo.trtllm" in cmd[:4] and any(a.endswith(f"/{worker}.config.yaml".encode()) for a in cmd))
+    return pmix_ranks(job, lambda cmd: b"dynamo.trtllm" in cmd[:4] and any(a.endswith(f"/{worker}.config.yaml".encode()) for a in cmd),
+                      SIM_CLUSTER)
 
 
 def _mpi_processes() -> list[str]:
-    """mpirun or OpenMPI daemons on this machine (none may run: the groups are PMIx launches)."""
+    """mpirun or OpenMPI daemons in the cluster's hosts (none may run: the groups are PMIx launches)."""
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in sorted(sim_pids(SIM_CLUSTER)):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv0 = os.path.basename(f.read().split(b"\0")[0].decode(errors="replace"))

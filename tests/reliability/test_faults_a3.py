@@ -10,13 +10,14 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from llmdeploy.release import parse_ledger_checked, parse_lines
 from sim import hardware, hostview
 from sim.paths import cluster_dir, host_dir, netns_name
-from tests.conftest import INVOKE, REPO, run_invoke, tool_env
+from tests.conftest import INVOKE, REPO, run_invoke, sim_pids, tool_env
 
 SIM_CLUSTER = "sim-a3"
 NODES = [f"sim-a3-{i}" for i in range(4)]
@@ -190,12 +191,26 @@ def test_a_hanging_command_meets_its_deadline_and_only_that_host_fails(healthy, 
     assert all(doc["hosts"][n]["status"] == "ok" for n in ("sim-a3-0", "sim-a3-1", "sim-a3-3")), doc["hosts"]
     # the runner sent SIGTERM to what the command left on the node, or says that it may still run there
     for _ in range(20):
-        if "npu-smi" not in _ssh("sim-a3-2", "ps -eo args | grep -v grep | grep 'sim.standins npu-smi' || true").stdout:
+        if not (left := _npu_smi("sim-a3-2")):
             break
         time.sleep(0.5)
     else:
         assert "may still run" in host["msg"] or "left alone" in host["msg"], host["msg"]
-        _ssh("sim-a3-2", "pkill -f 'sim.standins npu-smi' || true")
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _npu_smi(node: str) -> list[int]:
+    """The npu-smi stand-ins running in ``node`` (only there: the simulated
+    hosts share this machine's process table with every other cluster's)."""
+    out = []
+    for pid in sim_pids(SIM_CLUSTER, node):
+        try:
+            if b"sim.standins\0npu-smi" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            pass
+    return out
 
 
 # --- signals -----------------------------------------------------------------------------------
