@@ -186,7 +186,8 @@ class UnitRuntime(Protocol):
     see them: ``image_script(ref, check)``, what a node runs to have image
     ``ref`` the way its units run it, printing ``unitscripts.IMAGE_MARK``'s
     lines (``check``: read-only, what it would do; the facts script probes
-    with it); None: Docker's pull or load (``roles.image``).
+    with it): the cluster's image on every node, and each of the profile's
+    accessory images on node 0; None: Docker's pull or load (``roles.image``).
     ``image_id_script()``: shell that defines ``llmdeploy_image_id REF``,
     which prints the ID of image REF on the node (the config digest, Docker's
     image ID) and fails when the node lacks it (REF as a release records it:

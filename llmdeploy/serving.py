@@ -216,10 +216,14 @@ class PlaybookEntry:
 class PreparedNode:
     """What prepare recorded on a node (its ``prepared.json``) that a plan
     builder uses: the image its serving containers run (the pulled image with
-    the system's wheels) and the NUMA binding prepare decided."""
+    the system's wheels), the NUMA binding prepare decided, and
+    ``accessories``: {accessory image reference: the file prepare imported it
+    as}, on a runtime with images of its own (pyxis; empty on Docker, whose
+    units run the references)."""
 
     serving_ref: str | None = None
     binding: dict = field(default_factory=dict)
+    accessories: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_record(cls, record: dict | None) -> "PreparedNode | None":
@@ -229,7 +233,10 @@ class PreparedNode:
         image = record.get("image") if isinstance(record.get("image"), dict) else {}
         binding = record.get("binding") if isinstance(record.get("binding"), dict) else {}
         ref = image.get("serving_ref")
-        return cls(serving_ref=ref if isinstance(ref, str) and ref else None, binding=dict(binding))
+        acc = image.get("accessories") if isinstance(image.get("accessories"), dict) else {}
+        # a file is a path (a unit's image as pyxis takes it), never a reference
+        acc = {k: v for k, v in acc.items() if isinstance(k, str) and isinstance(v, str) and v.startswith("/") and "\n" not in v}
+        return cls(serving_ref=ref if isinstance(ref, str) and ref else None, binding=dict(binding), accessories=acc)
 
 
 @dataclass(frozen=True)

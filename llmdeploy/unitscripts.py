@@ -44,7 +44,9 @@ SIGNALS = ("TERM", "INT", "USR1", "USR2", "HUP")
 # roles.image): ``IMAGE_MARK <state> <image ID> <JSON list of repo digests>``
 # (state present, pulled, loaded, imported), or ``IMAGE_MARK would-<what>``
 # in a check; and, when the units run another thing than the reference
-# (an imported file), ``IMAGE_MARK serving <what they run>``.
+# (an imported file), ``IMAGE_MARK serving <what they run>``. roles.image's
+# accessories script puts ``IMAGE_MARK accessory <ref>`` before the lines of
+# each accessory image's script and ``IMAGE_MARK accessory-exit <ref> <status>`` after.
 IMAGE_MARK = "@@llmdeploy-image@@"
 
 # What a runtime's wheels script prints (``UnitRuntime.wheels_script``, read

@@ -58,6 +58,15 @@ def serving_image(cluster: Cluster, node, prepared: Prepared) -> str:
     return (rec.serving_ref if rec else None) or wheels.serving_ref(cluster)
 
 
+def accessory_image(node, prepared: Prepared, ref: str) -> str:
+    """What a node's unit of accessory image ``ref`` (Dynamo's etcd, NATS)
+    runs: the file prepare imported it as (a pyxis node's record), else the
+    reference (Docker; a node not read, as in ``deploy --check``; a record
+    of before, or of another reference)."""
+    rec = prepared.of(node.name)
+    return (rec.accessories.get(ref) if rec else None) or ref
+
+
 def openai_probe(kind: str, host: str, port: int, name: str, served: str, chat_body: dict, chat_check: str) -> Probe:
     """The readiness probe ``name`` of an OpenAI-compatible server on ``host:port``
     that serves the model as ``served``: ``health`` (``/health`` 200), ``models``

@@ -16,7 +16,14 @@ node with enroot, into a squashfs file named by its ID) runs the runtime's
 script instead, which prints the same lines (``unitscripts.IMAGE_MARK``),
 plus what the units run (``serving``: the imported file), which prepare
 records as the node's ``serving_ref``. The ID compared is the same on
-both: the image's config digest."""
+both: the image's config digest.
+
+A profile's accessory images (``accessory_images()``: Dynamo's etcd and
+NATS, run on node 0) are had on node 0 by the accessories step: pulled with
+Docker; on a runtime with images of its own, each imported by that
+runtime's script as the serving image is, and the file each was imported
+as recorded in node 0's record (``record``: ``image.accessories``), which
+their units run (``systems.common.accessory_image``)."""
 
 from __future__ import annotations
 
@@ -112,28 +119,33 @@ def load_lines(tar: str) -> list[str]:
 
 
 def parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostResult:
+    return _parse_ref(cluster.image.ref, node, out, err, code)
+
+
+def _parse_ref(ref: str, node: Node, out: str, err: str, code: int) -> HostResult:
+    """``parse`` of one image script's output for image ``ref``."""
     m = re.search(rf"^{re.escape(MARK)} (\S+)(?: (sha256:[0-9a-f]+) (.*))?$", out, re.M)
     if code != 0 or not m:
         lines = [ln for ln in err.strip().splitlines() if ln.strip()]
         said = f"exit {code}: unreadable output {excerpt(out)}" if out.strip() else f"exit {code}"
-        return HostResult(node.name, FAILED, msg=f"image {cluster.image.ref}: {lines[-1] if lines else said}")
+        return HostResult(node.name, FAILED, msg=f"image {ref}: {lines[-1] if lines else said}")
     state, image_id = m.group(1), m.group(2)
     if image_id is None and not state.startswith("would-"):  # the ID cut short or garbled
-        return HostResult(node.name, FAILED, msg=f"image {cluster.image.ref}: unreadable image ID in {excerpt(m.group(0))}")
+        return HostResult(node.name, FAILED, msg=f"image {ref}: unreadable image ID in {excerpt(m.group(0))}")
     try:
         digests = json.loads(m.group(3)) if m.group(3) else []
     except (ValueError, RecursionError):
         digests = []
     if not isinstance(digests, list):
         digests = []
-    data = {"ref": cluster.image.ref, "id": image_id, "repo_digests": digests or [], "state": state}
+    data = {"ref": ref, "id": image_id, "repo_digests": digests or [], "state": state}
     serving = re.search(rf"^{re.escape(MARK)} serving (/.*)$", out, re.M)
     if serving:  # what the units run, when not the reference (the runtime's imported file)
         data["serving_ref"] = serving.group(1)
     if state == "present":
         return HostResult(node.name, OK, msg=f"present {image_id[:19]}", data=data)
     if state.startswith("would-"):
-        return HostResult(node.name, CHANGED, msg=f"would {state[6:]} {cluster.image.ref}", data=data)
+        return HostResult(node.name, CHANGED, msg=f"would {state[6:]} {ref}", data=data)
     return HostResult(node.name, CHANGED, msg=f"{state} {image_id[:19]}", data=data)
 
 
@@ -180,16 +192,33 @@ def accessories(cluster: Cluster) -> list[str]:
     return list(fn()) if fn else []
 
 
+def _own_images(cluster: Cluster, refs: list[str]) -> bool:
+    """Whether the units' runtime has images of its own (a pyxis cluster's imported files)."""
+    return bool(refs) and runtime.of(cluster).image_script(refs[0], True) is not None
+
+
+# a pyxis node's accessories script: each image's own script (the serving
+# image's: it may exit early) in a subshell, its output between a line that
+# names the image and one with the subshell's status
+ACCESSORY = "accessory"
+ACCESSORY_EXIT = "accessory-exit"
+# the accessories step's name: what later steps read its data by (the record)
+ACCESSORIES_STEP = "accessory images"
+
+
 def accessories_build(cluster: Cluster, node: Node, check: bool) -> str | None:
-    """Pull (or, in check mode, say it would pull) each accessory image node 0 lacks."""
+    """Pull (or, in check mode, say it would pull) each accessory image node
+    0 lacks. A runtime with images of its own (pyxis) has each imported by
+    its ``image_script`` instead, the serving image's import (one file per
+    image, named by its ID; in check mode, what it would do): each script in
+    a subshell of its own, its output after ``MARK accessory <ref>`` and
+    followed by ``MARK accessory-exit <ref> <status>``; the first that fails
+    ends the script with its status."""
     refs = accessories(cluster)
     if node.name != cluster.node0.name or not refs:
         return None
-    if runtime.of(cluster).image_script(refs[0], True) is not None:
-        # a runtime with images of its own starts these units from their
-        # references (a pyxis step imports its image as it starts): not built
-        # here yet, the host is skipped
-        return None
+    if _own_images(cluster, refs):
+        return _own_accessories(cluster, refs, check)
     lines = []
     for ref in refs:
         q = shlex.quote(ref)
@@ -199,7 +228,24 @@ def accessories_build(cluster: Cluster, node: Node, check: bool) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+def _own_accessories(cluster: Cluster, refs: list[str], check: bool) -> str:
+    """``accessories_build`` on a runtime with images of its own."""
+    rt, q = runtime.of(cluster), shlex.quote
+    lines = []
+    for ref in refs:
+        lines += [
+            f"echo {q(f'{MARK} {ACCESSORY} {ref}')}",
+            "(",
+            rt.image_script(ref, check).rstrip("\n"),
+            ")",
+            f'rc=$?; echo {q(f"{MARK} {ACCESSORY_EXIT} {ref}")} "$rc"; [ "$rc" -eq 0 ] || exit "$rc"',
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def accessories_parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostResult:
+    if _own_images(cluster, accessories(cluster)):
+        return _own_accessories_parse(cluster, node, out, err, code)
     states = re.findall(rf"^{re.escape(MARK)} (\S+) (\S+)$", out, re.M)
     if code != 0:
         lines = [ln for ln in err.strip().splitlines() if ln.strip()]
@@ -213,10 +259,66 @@ def accessories_parse(cluster: Cluster, node: Node, out: str, err: str, code: in
     return HostResult(node.name, OK, msg=f"present: {', '.join(ref for _, ref in states)}", data=dict((ref, st) for st, ref in states))
 
 
+def _own_accessories_parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostResult:
+    """The accessories script of a runtime with images of its own: each
+    image's section read as the serving image's output (``parse``), an
+    image answered only by a whole section (its exit line says 0); data
+    ``{"states": {ref: state}, "files": {ref: the file its units run}}``
+    (no file for one that would be imported)."""
+    sections: dict[str, list[str]] = {}
+    exits: dict[str, str] = {}
+    current = None
+    head, tail = f"{MARK} {ACCESSORY} ", f"{MARK} {ACCESSORY_EXIT} "
+    for line in out.splitlines():
+        if line.startswith(head):
+            current = line[len(head):]
+            sections[current] = []
+        elif line.startswith(tail):
+            ref, _, rc = line[len(tail):].rpartition(" ")
+            exits[ref] = rc
+            current = None
+        elif current is not None:
+            sections[current].append(line)
+    if code != 0:
+        # the import that failed (its script's last words are the last on stderr), else the last one begun
+        failed = [ref for ref, rc in exits.items() if rc != "0"]
+        ref = failed[-1] if failed else (list(sections)[-1] if sections else None)
+        if ref is None:
+            lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+            return HostResult(node.name, FAILED, msg=f"accessory images: {lines[-1] if lines else f'exit {code}'}")
+        return _parse_ref(ref, node, "\n".join(sections.get(ref, [])), err, code)
+    states, files = {}, {}
+    for ref in accessories(cluster):
+        if ref not in sections or exits.get(ref) != "0":  # every image answers, whole
+            return HostResult(node.name, FAILED, msg=f"no answer for {ref}: unreadable output {excerpt(out)}")
+        r = _parse_ref(ref, node, "\n".join(sections[ref]), "", 0)
+        if r.failed:
+            return r
+        st = r.data["state"]
+        if not st.startswith("would-"):
+            if "serving_ref" not in r.data:  # what its unit would run is not known
+                return HostResult(node.name, FAILED, msg=f"image {ref}: {st} but no file named: unreadable output {excerpt(out)}")
+            files[ref] = r.data["serving_ref"]
+        states[ref] = st
+    data = {"states": states, "files": files}
+    changed = [f"{st} {ref}" for ref, st in states.items() if st != "present"]
+    if changed:
+        return HostResult(node.name, CHANGED, msg="; ".join(changed), data=data)
+    return HostResult(node.name, OK, msg=f"present: {', '.join(states)}", data=data)
+
+
+def accessory_files(data) -> dict[str, str]:
+    """{reference: the file its units run} from the accessories step's data
+    on a node: what a runtime with images of its own imported; {} for
+    Docker's data ({reference: state}: its units run the references) or none."""
+    files = data.get("files") if isinstance(data, dict) else None
+    return dict(files) if isinstance(files, dict) else {}
+
+
 def accessories_step(ctx) -> Step:
     cluster = ctx.cluster
     return Step(
-        name="accessory images",
+        name=ACCESSORIES_STEP,
         build=lambda node: accessories_build(cluster, node, ctx.check),
         parse=lambda node, out, err, code: accessories_parse(cluster, node, out, err, code),
         timeout=max(cluster.ssh.command_timeout, 3600.0),

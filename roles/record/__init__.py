@@ -3,15 +3,18 @@ and for ``invoke check``: the image ID and the image to run (what the
 wheels step says the units run, the runtime's file with the wheels on a
 pyxis cluster; else what the image step says, an imported file on a pyxis
 cluster; else the image with its wheels), the NUMA
-binding, the environment file, the NIC. Deterministic content (no time
-stamps), so an unchanged cluster is an unchanged file."""
+binding, the environment file, the NIC; on a pyxis cluster's node 0, the
+file each accessory image (Dynamo's etcd and NATS) was imported as, which
+its unit runs (``image.accessories``; nothing on a Docker cluster, whose
+units run the references). Deterministic content (no time stamps), so an
+unchanged cluster is an unchanged file."""
 
 from __future__ import annotations
 
 import json
 
 from llmdeploy.inventory import Cluster, Node
-from roles import commenv, wheels
+from roles import commenv, image as image_role, wheels
 from roles.files import put_step, sum_probe
 
 
@@ -19,9 +22,12 @@ def prepared_path(cluster: Cluster) -> str:
     return f"{cluster.base_dir}/{cluster.name}/prepared.json"
 
 
-def content(cluster: Cluster, node: Node, image: dict | None, binding: dict | None, built: dict | None = None) -> str:
+def content(cluster: Cluster, node: Node, image: dict | None, binding: dict | None, built: dict | None = None,
+            accessories: dict[str, str] | None = None) -> str:
     """The node's record: ``image``, ``binding`` and ``built`` are the
-    image, numa and wheels steps' data on the node (None: not run)."""
+    image, numa and wheels steps' data on the node (None: not run);
+    ``accessories``: {accessory image reference: the file it was imported
+    as} (``image.accessory_files``; none: no key)."""
     doc = {
         "cluster": cluster.name,
         "node": node.name,
@@ -41,6 +47,8 @@ def content(cluster: Cluster, node: Node, image: dict | None, binding: dict | No
         "nic": node.nic,
         "ip": str(node.ip),
     }
+    if accessories:
+        doc["image"]["accessories"] = dict(accessories)
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
@@ -50,7 +58,8 @@ def write_step(ctx):
         "record",
         lambda node: (
             prepared_path(cluster),
-            content(cluster, node, ctx.data("image", node.name), ctx.data("numa", node.name), ctx.data("wheels", node.name)),
+            content(cluster, node, ctx.data("image", node.name), ctx.data("numa", node.name), ctx.data("wheels", node.name),
+                    image_role.accessory_files(ctx.data(image_role.ACCESSORIES_STEP, node.name))),
             0o644,
         ),
         check=ctx.check,

@@ -4,7 +4,10 @@ NVL72 Agentic Disaggregated Serving") as a release plan.
 Services, in the playbook's order (``playbooks/serve-dynamo.yaml``):
 
 - ``etcd`` and ``nats``: the control plane on node 0, each in a container of
-  its own image (like Kamal's accessories), data under the release directory;
+  its own image (like Kamal's accessories: prepare pulls them on node 0, or
+  on pyxis imports each into a file that its unit runs, recorded in node
+  0's prepare record), their state in the container, not the release
+  directory (``ETCD_DATA``, ``NATS_DATA``);
   when the inventory names existing endpoints they are not started, only
   their health is checked (from node 0) before anything else starts;
 - ``frontend``: ``python3 -m dynamo.frontend --http-port 8000 --router-mode kv
@@ -55,7 +58,7 @@ from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, U
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
-from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, one_launch, render, serving_image
+from systems.common import accessory_image, hostfile, launch_agent, mpi_exports, nic_signature, nics, one_launch, render, serving_image
 # the workers are TensorRT-LLM engines: its configuration merge and launch mounts
 from systems.trtllm import config as trtllm
 from systems.trtllm import ssh_mounts_for
@@ -147,13 +150,15 @@ def trtllm_run_args(cluster: Cluster, prof: DynamoProfile, rid: str, name: str, 
     return args
 
 
-def etcd_args(cluster: Cluster, prof: DynamoProfile, rid: str, stop_phase: int) -> list[str]:
+def etcd_args(cluster: Cluster, prof: DynamoProfile, rid: str, stop_phase: int, image: str | None = None) -> list[str]:
+    """etcd's ``docker run`` on node 0; ``image``: what it runs (the file
+    prepare imported ``prof.etcd_image`` as, ``accessory_image``), else the reference."""
     n0 = cluster.node0
     rd = release_dir(cluster, rid)
     peer = f"http://127.0.0.1:{prof.etcd_peer_port}"
     return ["docker", "run", "-d", "--name", container(cluster, rid, "etcd"),
             *containers.labels(cluster.name, rid, "etcd", "control-plane", stop_phase),
-            "--network", "host", "-v", f"{rd}:{rd}", prof.etcd_image,
+            "--network", "host", "-v", f"{rd}:{rd}", image or prof.etcd_image,
             "etcd", "--name", f"{cluster.name}-etcd", "--data-dir", ETCD_DATA,
             "--listen-client-urls", f"http://0.0.0.0:{prof.etcd_port}",
             "--advertise-client-urls", f"http://{n0.ip}:{prof.etcd_port}",
@@ -161,11 +166,12 @@ def etcd_args(cluster: Cluster, prof: DynamoProfile, rid: str, stop_phase: int) 
             "--initial-cluster", f"{cluster.name}-etcd={peer}"]
 
 
-def nats_args(cluster: Cluster, prof: DynamoProfile, rid: str, stop_phase: int) -> list[str]:
+def nats_args(cluster: Cluster, prof: DynamoProfile, rid: str, stop_phase: int, image: str | None = None) -> list[str]:
+    """NATS's ``docker run`` on node 0; ``image`` as for ``etcd_args``."""
     rd = release_dir(cluster, rid)
     return ["docker", "run", "-d", "--name", container(cluster, rid, "nats"),
             *containers.labels(cluster.name, rid, "nats", "control-plane", stop_phase),
-            "--network", "host", "-v", f"{rd}:{rd}", prof.nats_image,
+            "--network", "host", "-v", f"{rd}:{rd}", image or prof.nats_image,
             "nats-server", "-js", "-p", str(prof.nats_port), "-m", str(prof.nats_monitor_port), "-sd", NATS_DATA]
 
 
@@ -244,8 +250,9 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
             url = urlparse(prof.etcd_endpoints.split(",")[0])
             return [Service(name="etcd", units=[], started=Probe(name="external etcd /health", kind="http", host=n0.name, ip=url.hostname,
                                                                  port=url.port or 2379, path="/health", check="json", arg="health=true"))]
+        image = accessory_image(n0, prepared, prof.etcd_image)
         unit = Unit(host=n0.name, container=container(cluster, rid, "etcd"), prefix="etcd.", role="control-plane", devices=0,
-                    show={"container_command": shlex.join(etcd_args(cluster, prof, rid, phase)), "image": prof.etcd_image})
+                    show={"container_command": shlex.join(etcd_args(cluster, prof, rid, phase, image)), "image": image})
         return [Service(name="etcd", units=[unit], started=Probe(name="etcd /health", kind="http", host=n0.name, port=prof.etcd_port,
                                                                  path="/health", check="json", arg="health=true"))]
     if name == "nats":
@@ -254,8 +261,9 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
             # the monitoring port of an external NATS is not known: its client port must accept a connection
             return [Service(name="nats", units=[], started=Probe(name="external NATS client port", kind="port", host=n0.name,
                                                                  ip=url.hostname, port=url.port or 4222))]
+        image = accessory_image(n0, prepared, prof.nats_image)
         unit = Unit(host=n0.name, container=container(cluster, rid, "nats"), prefix="nats.", role="control-plane", devices=0,
-                    show={"container_command": shlex.join(nats_args(cluster, prof, rid, phase)), "image": prof.nats_image})
+                    show={"container_command": shlex.join(nats_args(cluster, prof, rid, phase, image)), "image": image})
         return [Service(name="nats", units=[unit], started=Probe(name="NATS /healthz", kind="http", host=n0.name, port=prof.nats_monitor_port,
                                                                  path="/healthz", check="json", arg="status=ok"))]
     if name == "frontend":

@@ -266,6 +266,7 @@ class DynamoProfile(ServingProfile):
     nats_server: str | None = Field(default=None, pattern=rf"^{_NATS_URL_RE}$")
     # the control plane the tool starts on node 0 (unless the endpoints above
     # are given): one container each, pulled by prepare like Kamal's accessories
+    # (on pyxis imported into a file each, which their units run)
     etcd_image: str = Field(default="quay.io/coreos/etcd:v3.5.17", pattern=IMAGE_RE.pattern)
     nats_image: str = Field(default="nats:2.10.24-alpine", pattern=IMAGE_RE.pattern)
     # the ssh_config mpirun's launch agent uses to reach the other nodes of a

@@ -8,24 +8,28 @@ directory of its own in tmp_path."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import types
 from pathlib import Path
 
 import pytest
 
+from flows import deploy as dep
 from flows import status as status_flow
 from flows.plan import Context
 from llmdeploy.inventory import Cluster, load_cluster
-from llmdeploy.launchers.slurm import images, pyxis, units
+from llmdeploy.launchers.slurm import images, jobs, pyxis, units
 from llmdeploy.release import release_dir, releases_dir
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult
-from llmdeploy.serving import Prepared
-from roles import facts, image, progress_line, record, runtime
+from llmdeploy.serving import Prepared, PreparedNode
+from roles import commenv, facts, image, progress_line, record, runtime
+from roles import wheels as wheels_role
 from roles import release as release_role
 from systems.common import serving_image
 from tests.unit.test_pyxis_units import Node as UnitsNode
@@ -47,13 +51,17 @@ esac
 out=; uri=
 while [ $# -gt 0 ]; do case $1 in -o|--output) out=$2; shift 2 ;; *) uri=$1; shift ;; esac; done  # enroot.in:352-392
 echo "$uri" >> "$FAKE_ENROOT_LOG"
+# the image's config: FAKE_ENROOT_CONFIG, or with FAKE_ENROOT_PER_URI one of each URI's own (another image each)
+config=$FAKE_ENROOT_CONFIG
+[ -z "${FAKE_ENROOT_PER_URI-}" ] || config="{\"uri\":\"$uri\",${FAKE_ENROOT_CONFIG#?}"
 # src/docker.sh:463-466: the output file must not exist
 [ ! -e "$out" ] || { echo "[ERROR] File already exists: $out" >&2; exit 1; }
 # enroot.in:106: the cache is made (mkdir -p "${ENROOT_CACHE_PATH}"); its default is ~/.cache/enroot (enroot.in:82)
 cache=${ENROOT_CACHE_PATH:?the tool runs the import with a cache of its own}
 mkdir -p "$cache"
 echo "[INFO] Querying registry for permission grant" >&2  # src/docker.sh:33 (common::log, src/common.sh:36-57: "[INFO] msg" on stderr)
-if [ -n "${FAKE_ENROOT_FAIL-}" ]; then
+# FAKE_ENROOT_FAIL: every import fails; FAKE_ENROOT_FAIL_URI: that URI's
+if [ -n "${FAKE_ENROOT_FAIL-}" ] || [ "${FAKE_ENROOT_FAIL_URI-}" = "$uri" ]; then
   # mksquashfs cut short leaves its output behind; enroot's trap removes only its temporary directory (src/docker.sh:469)
   printf 'hsqs-cut-short' > "$out"
   # src/common.sh:133: common::curl's error on a 401
@@ -65,7 +73,7 @@ echo "[INFO] Fetching image manifest list" >&2  # src/docker.sh:146
 echo "[INFO] Fetching image manifest" >&2  # src/docker.sh:156
 # src/docker.sh:166-167 and 94-127: the config blob, checked against its digest, kept in the
 # cache under the digest's hex, zstd-compressed (not a zstd layer: gzip -d -f passes it through, :113-115)
-printf '%s' "$FAKE_ENROOT_CONFIG" > "$cache/.config"
+printf '%s' "$config" > "$cache/.config"
 h=$(sha256sum < "$cache/.config"); h=${h%% *}
 zstd -q -f -o "$cache/$h" "$cache/.config" && rm -f "$cache/.config"
 # a gzip layer: named by the hash of the gzip bytes, kept as zstd of the tar (src/docker.sh:113-126)
@@ -78,7 +86,7 @@ echo "[INFO] Extracting image layers..." >&2  # src/docker.sh:315
 echo "[INFO] Converting whiteouts..." >&2  # src/docker.sh:321
 echo "[INFO] Creating squashfs filesystem..." >&2  # src/docker.sh:482
 # src/docker.sh:485: enroot-mksquashovlfs writes the squashfs (its magic "hsqs" first)
-printf 'hsqs%s' "$FAKE_ENROOT_CONFIG" > "$out"
+printf 'hsqs%s' "$config" > "$out"
 """
 
 # srun --help on a node: with the pyxis SPANK plug-in's options (pyxis 0.24 args.c:47-54) or without
@@ -271,11 +279,270 @@ def test_the_record_runs_the_imported_file(site):
     assert json.loads(record.content(d, d.nodes[0], {"id": sha(CONFIG)}, {}))["image"]["serving_ref"] == d.image.ref
 
 
-def test_accessory_images_are_left_to_their_steps_on_pyxis():
+# --- the accessory images (Dynamo's etcd and NATS) -------------------------------------------
+ETCD, NATS = "quay.io/coreos/etcd:v3.5.17", "nats:2.10.24-alpine"
+FAIL_401 = "[ERROR] URL https://nvcr.io/v2/nvidia/x/manifests/1 returned error code: 401 Unauthorized"
+
+
+def dynamo_pyxis(base: Path) -> Cluster:
+    """sim-gb300-1p2d-slurm (Dynamo 1P2D on pyxis: etcd and NATS on node 0), its base directory in ``base``."""
+    return load_cluster("sim-gb300-1p2d-slurm").model_copy(update={"base_dir": str(base)})
+
+
+def _config(ref: str) -> str:
+    """The config the stand-in enroot imports ``ref`` with under FAKE_ENROOT_PER_URI (another image each)."""
+    return '{"uri":"%s",%s' % (images.import_uri(ref), CONFIG[1:])
+
+
+def _accessories(c: Cluster, res: subprocess.CompletedProcess) -> HostResult:
+    return image.accessories_parse(c, c.node0, res.stdout, res.stderr, res.returncode)
+
+
+def test_the_accessories_script_runs_each_images_own_import_apart(tmp_path):
+    """On pyxis node 0's accessories script is, for each image in order,
+    a line naming it, then the serving image's own script for it in a
+    subshell (it exits early when the image is there), then a line with its
+    status, which ends the script unless 0; read-only in check mode; nothing of Docker's."""
+    c = dynamo_pyxis(tmp_path)
+    rt = runtime.of(c)
+    assert image.accessories(c) == [ETCD, NATS]
+    for check in (False, True):
+        script = image.accessories_build(c, c.node0, check)
+        want = "".join(f"echo '@@llmdeploy-image@@ accessory {ref}'\n(\n{rt.image_script(ref, check)})\n"
+                       f"""rc=$?; echo '@@llmdeploy-image@@ accessory-exit {ref}' "$rc"; [ "$rc" -eq 0 ] || exit "$rc"\n"""
+                       for ref in (ETCD, NATS))
+        assert script == want
+        assert "docker pull" not in script and "docker image" not in script
+        assert ("enroot import" in script) is not check
+        assert all(image.accessories_build(c, n, check) is None for n in c.nodes[1:])
+    # with the endpoints given, nothing to import
+    ext = c.model_copy(update={"profile": c.profile.model_copy(update={"etcd_endpoints": "http://192.0.2.5:2379", "nats_server": "nats://192.0.2.5:4222"})})
+    assert image.accessories(ext) == [] and image.accessories_build(ext, ext.node0, False) is None
+
+
+def test_a_docker_cluster_pulls_its_accessory_images_as_before():
     c = load_cluster("sim-gb300-1p2d")
-    assert image.accessories(c) and image.accessories_build(c, c.nodes[0], False) is not None
-    c2 = c.model_copy(update={"slurm": load_cluster("sim-b200-slurm").slurm.model_copy(update={"container": "pyxis"})})
-    assert image.accessories_build(c2, c2.nodes[0], False) is None
+    script = image.accessories_build(c, c.node0, False)
+    assert "enroot" not in script and "accessory" not in script
+    assert f"docker pull {ETCD}" in script and f'echo "@@llmdeploy-image@@ pulled {NATS}"' in script
+    assert image.accessories_build(c, c.node0, True) == (
+        f"if docker image inspect --format '{{{{.Id}}}}' {ETCD} >/dev/null 2>&1; then echo \"@@llmdeploy-image@@ present {ETCD}\"; "
+        f"else echo \"@@llmdeploy-image@@ would-pull {ETCD}\"; fi\n"
+        f"if docker image inspect --format '{{{{.Id}}}}' {NATS} >/dev/null 2>&1; then echo \"@@llmdeploy-image@@ present {NATS}\"; "
+        f"else echo \"@@llmdeploy-image@@ would-pull {NATS}\"; fi\n")
+    r = image.accessories_parse(c, c.node0, f"@@llmdeploy-image@@ present {ETCD}\n@@llmdeploy-image@@ pulled {NATS}\n", "", 0)
+    assert r.status == CHANGED and r.msg == f"pulled {NATS}" and r.data == {ETCD: "present", NATS: "pulled"}
+    assert image.accessory_files(r.data) == {} and image.accessory_files({"files": "pulled"}) == {}
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_accessory_images_are_imported_once_on_node_0(site, shell):
+    c = dynamo_pyxis(site.tmp / "n0")
+    imgs = Path(images.images_dir(c))
+    per_uri = {"FAKE_ENROOT_PER_URI": "1"}
+    # check: what it would do, nothing changed
+    res = site.run(image.accessories_build(c, c.node0, True), shell, **per_uri)
+    assert res.returncode == 0, res.stderr
+    r = _accessories(c, res)
+    assert r.status == CHANGED and r.msg == f"would-import {ETCD}; would-import {NATS}"
+    assert r.data == {"states": {ETCD: "would-import", NATS: "would-import"}, "files": {}}
+    assert site.imports() == [] and not imgs.exists()
+    # imported, each its own file named by its ID
+    res = site.run(image.accessories_build(c, c.node0, False), shell, **per_uri)
+    assert res.returncode == 0, res.stderr
+    assert site.imports() == ["docker://quay.io#coreos/etcd:v3.5.17", "docker://nats:2.10.24-alpine"]
+    files = {ref: f"{imgs}/{sha(_config(ref))[7:]}.sqsh" for ref in (ETCD, NATS)}
+    r = _accessories(c, res)
+    assert r.status == CHANGED and r.msg == f"imported {ETCD}; imported {NATS}", r.msg
+    assert r.data == {"states": {ETCD: "imported", NATS: "imported"}, "files": files}
+    assert image.accessory_files(r.data) == files and len(set(files.values())) == 2
+    for ref, f in files.items():
+        assert Path(f).read_bytes().startswith(b"hsqs")
+        assert (imgs / "refs" / images.ref_key(ref)).read_text() == sha(_config(ref)) + "\n"
+    # again: present, the same files, no import; and a check says so too
+    for check in (False, True):
+        again = site.run(image.accessories_build(c, c.node0, check), shell, **per_uri)
+        assert again.returncode == 0, again.stderr
+        r = _accessories(c, again)
+        assert r.status == OK and r.msg == f"present: {ETCD}, {NATS}" and r.data["files"] == files
+    assert len(site.imports()) == 2
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_failed_accessory_import_names_its_image_and_stops_there(site, shell):
+    c = dynamo_pyxis(site.tmp / "n0")
+    imgs = Path(images.images_dir(c))
+    # the second fails: named, with enroot's last words; the first is imported and stays
+    res = site.run(image.accessories_build(c, c.node0, False), shell, FAKE_ENROOT_PER_URI="1", FAKE_ENROOT_FAIL_URI="docker://nats:2.10.24-alpine")
+    assert res.returncode != 0
+    r = _accessories(c, res)
+    assert r.status == FAILED and r.host == c.node0.name == "sim-gb300-1p2d-slurm-0"
+    assert r.msg == f"image {NATS}: {FAIL_401}"
+    assert (imgs / "refs" / images.ref_key(ETCD)).exists() and not (imgs / "refs" / images.ref_key(NATS)).exists()
+    # the next run imports only what is missing
+    ok = site.run(image.accessories_build(c, c.node0, False), shell, FAKE_ENROOT_PER_URI="1")
+    assert ok.returncode == 0, ok.stderr
+    assert _accessories(c, ok).msg == f"imported {NATS}"
+    assert site.imports() == ["docker://quay.io#coreos/etcd:v3.5.17", "docker://nats:2.10.24-alpine", "docker://nats:2.10.24-alpine"]
+    # the first fails: named; the second is not tried
+    c2 = dynamo_pyxis(site.tmp / "n1")
+    res = site.run(image.accessories_build(c2, c2.node0, False), shell, FAKE_ENROOT_FAIL="1")
+    r = _accessories(c2, res)
+    assert res.returncode != 0 and r.status == FAILED and r.msg == f"image {ETCD}: {FAIL_401}"
+    assert site.imports()[3:] == ["docker://quay.io#coreos/etcd:v3.5.17"]
+
+
+def test_the_accessories_output_is_read_whole_or_not_at_all(tmp_path):
+    """Every image answers, with its file; a script cut short names the image
+    it was at; output that does not read is not taken for an answer."""
+    c = dynamo_pyxis(tmp_path)
+    imgs = images.images_dir(c)
+    e, n = sha(_config(ETCD)), sha(_config(NATS))
+    ef, nf = f"{imgs}/{e[7:]}.sqsh", f"{imgs}/{n[7:]}.sqsh"
+    M = "@@llmdeploy-image@@"
+    etcd = f"{M} accessory {ETCD}\n{M} present {e} []\n{M} serving {ef}\n{M} accessory-exit {ETCD} 0\n"
+    nats = f"{M} accessory {NATS}\n{M} imported {n} []\n{M} serving {nf}\n{M} accessory-exit {NATS} 0\n"
+
+    def parse(out: str, err: str = "", code: int = 0) -> HostResult:
+        return image.accessories_parse(c, c.node0, out, err, code)
+
+    r = parse(etcd + nats)
+    assert r.status == CHANGED and r.msg == f"imported {NATS}" and r.data["files"] == {ETCD: ef, NATS: nf}
+    assert parse(etcd).status == FAILED and parse(etcd).msg.startswith(f"no answer for {NATS}: unreadable output")
+    # an image said to be there without the file its unit runs: not taken
+    nofile = parse(etcd + f"{M} accessory {NATS}\n{M} imported {n} []\n{M} accessory-exit {NATS} 0\n")
+    assert nofile.status == FAILED and nofile.msg.startswith(f"image {NATS}: imported but no file named")
+    garbled = parse(f"{M} accessory {ETCD}\n{M} present\n{M} serving {ef}\n{M} accessory-exit {ETCD} 0\n" + nats)
+    assert garbled.status == FAILED and garbled.msg.startswith(f"image {ETCD}: unreadable image ID")
+    # a script that ended without its failure line (killed at its deadline): the image it was at
+    killed = parse(etcd + f"{M} accessory {NATS}\n", "[INFO] Fetching image manifest\n", 124)
+    assert killed.status == FAILED and killed.msg == f"image {NATS}: [INFO] Fetching image manifest"
+    failed = parse(f"{M} accessory {ETCD}\n{M} accessory-exit {ETCD} 3\n", "no enroot on this node: it imports x for the units\n", 3)
+    assert failed.status == FAILED and failed.msg == f"image {ETCD}: no enroot on this node: it imports x for the units"
+    assert parse("", "bash: line 1: syntax error\n", 2).msg == "accessory images: bash: line 1: syntax error"
+    assert parse("", "", 255).msg == "accessory images: exit 255"
+    # cut short anywhere (even with status 0): an answer only when whole, never a file cut short
+    full = etcd + nats
+    for i in range(len(full)):
+        r = parse(full[:i])
+        if r.status != FAILED:
+            assert full[:i] == full.rstrip("\n") and r.data["files"] == {ETCD: ef, NATS: nf}, (full[:i], r)
+        else:
+            assert r.msg.startswith(("no answer for ", "image ")), r.msg
+
+
+def _prepared_json(c: Cluster, node, files: dict[str, str]) -> dict:
+    return json.loads(record.content(c, node, {"id": sha(CONFIG), "serving_ref": "/s/" + "c" * 64 + ".sqsh"}, {}, None, files))
+
+
+def test_the_record_keeps_the_accessory_files_on_pyxis_only(tmp_path):
+    c = dynamo_pyxis(tmp_path)
+    imgs = images.images_dir(c)
+    files = {ETCD: f"{imgs}/{'a' * 64}.sqsh", NATS: f"{imgs}/{'b' * 64}.sqsh"}
+    data = {"states": {ETCD: "present", NATS: "imported"}, "files": files}
+    # the record step takes them from the accessories step's data on node 0
+    ctx = Context(cluster=c, results={"image": {c.node0.name: HostResult(c.node0.name, OK, data={"id": sha(CONFIG)})},
+                                      image.ACCESSORIES_STEP: {c.node0.name: HostResult(c.node0.name, CHANGED, data=data)}})
+    sent = record.write_step(ctx).stdin(c.node0)
+    sent = sent.decode() if isinstance(sent, bytes) else sent
+    doc = json.loads(record.content(c, c.node0, {"id": sha(CONFIG)}, {}, None, image.accessory_files(data)))
+    assert doc["image"]["accessories"] == files and json.dumps(doc, indent=1, sort_keys=True) in sent
+    # another node: none
+    assert "accessories" not in _prepared_json(c, c.nodes[1], {})["image"]
+    assert PreparedNode.from_record(_prepared_json(c, c.node0, files)).accessories == files
+    assert PreparedNode.from_record(_prepared_json(c, c.nodes[1], {})).accessories == {}
+    # what is not a file is not taken for one (a unit would take it for a reference)
+    odd = _prepared_json(c, c.node0, {ETCD: "quay.io/coreos/etcd:v3.5.17", NATS: files[NATS]})
+    assert PreparedNode.from_record(odd).accessories == {NATS: files[NATS]}
+
+
+def test_a_docker_record_is_as_before():
+    """A Docker cluster's record has no key of the accessory images (it is byte for byte the one of before)."""
+    c = load_cluster("sim-gb300-1p2d")
+    n0 = c.node0
+    docker_data = {ETCD: "pulled", NATS: "present"}
+    text = record.content(c, n0, {"id": sha(CONFIG)}, {"membind": "0,1"}, None, image.accessory_files(docker_data))
+    assert text == json.dumps({
+        "cluster": c.name, "node": n0.name, "role": c.role_of(n0), "start_rank": n0.start_rank,
+        "image": {"ref": c.image.ref, "id": sha(CONFIG), "serving_ref": wheels_role.serving_ref(c)},
+        "binding": {"membind": "0,1"}, "env_file": commenv.env_path(c, n0), "env_mode": f"{commenv.env_mode(c):o}",
+        "nic": n0.nic, "ip": str(n0.ip)}, indent=1, sort_keys=True) + "\n"
+    assert text == record.content(c, n0, {"id": sha(CONFIG)}, {"membind": "0,1"})
+    ctx = Context(cluster=c, results={"image": {n0.name: HostResult(n0.name, OK, data={"id": sha(CONFIG)})},
+                                      image.ACCESSORIES_STEP: {n0.name: HostResult(n0.name, CHANGED, data=docker_data)},
+                                      "numa": {n0.name: HostResult(n0.name, OK, data={"membind": "0,1"})}})
+    sent = record.write_step(ctx).stdin(n0)
+    assert text in (sent.decode() if isinstance(sent, bytes) else sent)
+
+
+# --- Dynamo's control plane runs what prepare imported ---------------------------------------
+def _control_plane(c: Cluster, records: dict) -> tuple:
+    _, _, plan = dep.plan_release(c, records, sha(CONFIG), sha(CONFIG))
+    return plan, plan.service("etcd").units[0], plan.service("nats").units[0]
+
+
+def _image_of(unit) -> str:
+    """The image of a unit's docker run line (the word after its options)."""
+    return pyxis.docker_run(unit.show["container_command"], unit.container).image
+
+
+def test_dynamo_control_plane_runs_the_imported_files(tmp_path):
+    c = dynamo_pyxis(tmp_path)
+    imgs = images.images_dir(c)
+    files = {ETCD: f"{imgs}/{'a' * 64}.sqsh", NATS: f"{imgs}/{'b' * 64}.sqsh"}
+    plan, etcd, nats = _control_plane(c, {c.node0.name: _prepared_json(c, c.node0, files)})
+    for unit, ref in ((etcd, ETCD), (nats, NATS)):
+        assert _image_of(unit) == unit.show["image"] == files[ref]
+        assert ref not in unit.show["container_command"]
+        (step, _), = jobs.plan_steps(c, plan, [unit], lambda u: "", lambda u: 1)
+        assert f"--container-image={files[ref]}" in step.args
+        # the unit's record says it runs that file
+        assert f"printf '%s\\n' {files[ref]} > \"$new/image\"" in step.args[step.args.index("-c") + 1]
+    # the rest of the line is as with the reference
+    plan_ref, etcd_ref, _ = _control_plane(c, {})
+    assert etcd.show["container_command"] == etcd_ref.show["container_command"].replace(ETCD, files[ETCD]).replace(plan_ref.release, plan.release)
+
+
+def test_dynamo_control_plane_runs_the_references_without_a_recorded_file(tmp_path):
+    """Not read (deploy --check), a record of before, one of other
+    references (the inventory names another etcd since), or a Docker
+    cluster: the reference, as before (pyxis imports it as the step starts)."""
+    c = dynamo_pyxis(tmp_path)
+    other = {"quay.io/coreos/etcd:v3.5.0": f"{images.images_dir(c)}/{'a' * 64}.sqsh"}
+    for records in ({}, {c.node0.name: _prepared_json(c, c.node0, {})}, {c.node0.name: _prepared_json(c, c.node0, other)}):
+        plan, etcd, nats = _control_plane(c, records)
+        assert (_image_of(etcd), etcd.show["image"], _image_of(nats), nats.show["image"]) == (ETCD, ETCD, NATS, NATS)
+        (step, _), = jobs.plan_steps(c, plan, [etcd], lambda u: "", lambda u: 1)
+        assert "--container-image=quay.io#coreos/etcd:v3.5.17" in step.args
+    d = load_cluster("sim-gb300-1p2d")
+    _, etcd, nats = _control_plane(d, {d.node0.name: _prepared_json(d, d.node0, {})})
+    assert (_image_of(etcd), _image_of(nats)) == (ETCD, NATS)
+
+
+def test_a_control_plane_unit_that_runs_its_file_shows_no_drift(tmp_path):
+    """The record of a unit that runs its imported file: its inspect Image
+    is the image's ID, its Config.Image the file, and status --diff finds
+    nothing to say of it."""
+    c = dynamo_pyxis(tmp_path / "base dir")
+    imgs = images.images_dir(c)
+    files = {ETCD: f"{imgs}/{sha(_config(ETCD))[7:]}.sqsh", NATS: f"{imgs}/{sha(_config(NATS))[7:]}.sqsh"}
+    plan, etcd, _ = _control_plane(c, {c.node0.name: _prepared_json(c, c.node0, files)})
+    rd = release_dir(c, plan.release)
+    (Path(rd) / "logs").mkdir(parents=True)
+    run = dataclasses.replace(pyxis.docker_run(etcd.show["container_command"], etcd.container), command=["sleep", "60"])
+    p = subprocess.Popen(units.unit_command(run, rd, etcd.container, 1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         stdin=subprocess.DEVNULL, env={"PATH": os.environ["PATH"]}, start_new_session=True)
+    try:
+        until(lambda: (Path(units.record_dir(rd, etcd.container)) / "task.0").exists(), what="etcd started")
+        res = subprocess.run(["sh", "-c", units.inspect_script(releases_dir(c), [etcd.container])], capture_output=True, text=True, timeout=60)
+        doc = json.loads(res.stdout)
+        assert doc["Image"] == sha(_config(ETCD)) and doc["Config"]["Image"] == files[ETCD], doc
+        meta = json.loads(plan.files[c.node0.name]["release.json"][0])
+        st = {"meta": meta, "release": plan.release, "env": {}}
+        assert status_flow.drift(plan, st, doc, main=etcd.prefix == "", own_env=runtime.of(c).own_env) == []
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
 
 
 # --- the facts -------------------------------------------------------------------------------

@@ -4,7 +4,10 @@ file that every unit's step then runs (``--container-image=<file>``), so a
 step starts without a registry and every step of a release runs the same
 bytes. What prepare's image step runs on such a cluster
 (``PyxisUnits.image_script``), printing ``roles.image``'s lines
-(``unitscripts.IMAGE_MARK``), and what the release's reads ask of it.
+(``unitscripts.IMAGE_MARK``), and what the release's reads ask of it. The
+profile's accessory images (Dynamo's etcd and NATS) are imported the same
+way on node 0, by prepare's accessory images step (``roles.image``), each
+into a file of its own that its unit's step runs.
 
 On each node, in the cluster's directory (``<base_dir>/<cluster>``, where
 its releases and prepare's record are)::
