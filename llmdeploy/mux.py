@@ -100,6 +100,19 @@ def socket_path(cluster: Cluster) -> Path:
     return state_dir() / f"{cluster.name}-{identity(cluster)}.sock"
 
 
+# a Unix socket's path: sun_path holds 108 bytes with the closing NUL (unix(7))
+SOCKET_PATH_MAX = 107
+
+
+def path_problem(path: Path) -> str | None:
+    """Why no holder can listen at ``path`` (too long a path for a Unix socket), or None."""
+    n = len(os.fsencode(str(path)))
+    if n > SOCKET_PATH_MAX:
+        return (f"{path}: {n} bytes, longer than the {SOCKET_PATH_MAX} bytes a Unix socket's path holds "
+                "(set XDG_RUNTIME_DIR to a shorter directory)")
+    return None
+
+
 # -- framing ------------------------------------------------------------------------
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     parts, got = [], 0
@@ -289,6 +302,8 @@ class Client:
         from this process if it has no other thread yet (it has every module
         loaded and the cluster validated: no start-up to wait for), else one
         is spawned at the first command (``connect``)."""
+        if path_problem(self.path):
+            return  # connect() says why
         try:
             self._connect().close()
             return
@@ -363,6 +378,8 @@ class Client:
 
     def connect(self) -> socket.socket:
         """A socket to the holder; the holder is started when there is none."""
+        if problem := path_problem(self.path):
+            raise OSError(problem)
         try:
             return self._connect()
         except OSError:
