@@ -60,12 +60,14 @@ def sim_pids(cluster: str, node: str | None = None) -> set[int]:
     return pids
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """One pytest-xdist group per simulated cluster (scripts/test.sh runs the
     suite with ``--dist loadgroup``): every test of a cluster, whichever module
     or class names it in SIM_CLUSTER, runs on one worker, one after another,
     while another worker runs another cluster's tests or the unit tests. Two
-    modules that bring up the same cluster can never run at once."""
+    modules that bring up the same cluster can never run at once. First of
+    the hooks: xdist reads the groups in its own (``item.nodeid@group``)."""
     integration = REPO / "tests" / "integration"
     for item in items:
         name = getattr(item.cls, "SIM_CLUSTER", None) or getattr(item.module, "SIM_CLUSTER", None)
@@ -74,6 +76,17 @@ def pytest_collection_modifyitems(config, items):
         on_sim = {"sim_cluster", "sim_class_cluster"} & set(getattr(item, "fixturenames", ()))
         if name and (on_sim or integration in Path(str(item.fspath)).resolve().parents):
             item.add_marker(pytest.mark.xdist_group(name=name))
+
+
+def pytest_collection_finish(session):
+    """Under ``--dist loadgroup``, a test of a simulated cluster that xdist
+    did not group would run beside another of the same cluster: stop here."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    loose = [item.nodeid for item in session.items
+             if any(m.name == "xdist_group" for m in item.iter_markers()) and "@" not in item.nodeid]
+    if loose:
+        raise pytest.UsageError(f"tests of a simulated cluster left out of their xdist group: {', '.join(loose[:3])}")
 
 
 @pytest.fixture
