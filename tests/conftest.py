@@ -1,10 +1,13 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 REPO = Path(__file__).resolve().parent.parent
 INVOKE = [sys.executable, "-m", "invoke"]
@@ -60,33 +63,73 @@ def sim_pids(cluster: str, node: str | None = None) -> set[int]:
     return pids
 
 
-@pytest.hookimpl(tryfirst=True)
+# where the xdist workers leave {nodeid: cluster} for the controller's scheduler
+GROUPS_ENV = "LLMDEPLOY_TEST_GROUPS"
+
+
+def _cluster_of(item) -> str | None:
+    """The simulated cluster a test brings up (its class's or module's
+    SIM_CLUSTER), or None: a module may name a cluster for its simulated
+    tests only (tests/reliability's loopback and property tests run anywhere)."""
+    name = getattr(item.cls, "SIM_CLUSTER", None) or getattr(item.module, "SIM_CLUSTER", None)
+    on_sim = {"sim_cluster", "sim_class_cluster"} & set(getattr(item, "fixturenames", ()))
+    if name and (on_sim or REPO / "tests" / "integration" in Path(str(item.fspath)).resolve().parents):
+        return name
+    return None
+
+
+def pytest_configure(config):
+    if getattr(config.option, "dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
+        d = tempfile.mkdtemp(prefix="lds-test-groups-")
+        os.environ[GROUPS_ENV] = d  # the workers start after this, with it
+        config.add_cleanup(lambda: shutil.rmtree(d, ignore_errors=True))
+
+
 def pytest_collection_modifyitems(config, items):
-    """One pytest-xdist group per simulated cluster (scripts/test.sh runs the
-    suite with ``--dist loadgroup``): every test of a cluster, whichever module
-    or class names it in SIM_CLUSTER, runs on one worker, one after another,
-    while another worker runs another cluster's tests or the unit tests. Two
-    modules that bring up the same cluster can never run at once. First of
-    the hooks: xdist reads the groups in its own (``item.nodeid@group``)."""
-    integration = REPO / "tests" / "integration"
-    for item in items:
-        name = getattr(item.cls, "SIM_CLUSTER", None) or getattr(item.module, "SIM_CLUSTER", None)
-        # a module may name a cluster for its simulated tests only (tests/reliability's
-        # loopback and property tests run anywhere, beside the rest)
-        on_sim = {"sim_cluster", "sim_class_cluster"} & set(getattr(item, "fixturenames", ()))
-        if name and (on_sim or integration in Path(str(item.fspath)).resolve().parents):
-            item.add_marker(pytest.mark.xdist_group(name=name))
+    """One group per simulated cluster (scripts/test.sh runs the suite on two
+    xdist workers, ``--dist loadgroup``): every test of a cluster, whichever
+    module or class names it, runs on one worker, one after another, while
+    the other worker runs another cluster's tests or the unit tests; two
+    modules that bring up the same cluster never run at once. Each worker
+    writes what it collected into the controller's directory, where
+    ``ClusterScheduling`` reads it (xdist's own groups, ``xdist_group``
+    marks, do not reach its scheduler under pytest 9: it rewrites
+    ``item._nodeid``, which pytest 9 no longer reads)."""
+    groups = {item.nodeid: c for item in items if (c := _cluster_of(item))}
+    d = os.environ.get(GROUPS_ENV)
+    if d and hasattr(config, "workerinput"):
+        path = Path(d) / f"{config.workerinput['workerid']}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups))
+        tmp.replace(path)
 
 
-def pytest_collection_finish(session):
-    """Under ``--dist loadgroup``, a test of a simulated cluster that xdist
-    did not group would run beside another of the same cluster: stop here."""
-    if not getattr(session.config.option, "loadgroup", False):
-        return
-    loose = [item.nodeid for item in session.items
-             if any(m.name == "xdist_group" for m in item.iter_markers()) and "@" not in item.nodeid]
-    if loose:
-        raise pytest.UsageError(f"tests of a simulated cluster left out of their xdist group: {', '.join(loose[:3])}")
+def pytest_xdist_make_scheduler(config, log):
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        return ClusterScheduling(config, log)
+    return None
+
+
+class ClusterScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling with a simulated cluster's tests as one scope
+    (what the workers collected, ``pytest_collection_modifyitems``) and every
+    other test a scope of its own. The scopes go out largest first (xdist's
+    --loadscope-reorder): the clusters' long groups start at once, the unit
+    tests fill in."""
+
+    _groups: dict[str, str] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._groups is None:
+            d = Path(os.environ[GROUPS_ENV])
+            found = [json.loads(f.read_text()) for f in sorted(d.glob("*.json"))]
+            if not found:
+                raise RuntimeError(f"no worker said which tests bring up which simulated cluster (nothing in {d})")
+            if any(g != found[0] for g in found[1:]):
+                raise RuntimeError("the xdist workers grouped the simulated clusters' tests differently")
+            self._groups = found[0]
+        group = self._groups.get(nodeid)
+        return f"cluster {group}" if group else nodeid
 
 
 @pytest.fixture
