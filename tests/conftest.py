@@ -133,6 +133,17 @@ class ClusterScheduling(LoadScopeScheduling):
 
 
 @pytest.fixture
+def short_tmp():
+    """A fresh directory with a short path, removed afterwards: for Unix
+    sockets (XDG_RUNTIME_DIR of the connection holders), whose path holds at
+    most 107 bytes, which pytest's tmp_path under an xdist worker
+    (.../popen-gw0/<test name>0/) leaves too little of."""
+    d = Path(tempfile.mkdtemp(prefix="lds-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
 def invoke():
     return run_invoke
 

@@ -169,7 +169,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_connection_holder_reuses_connections_and_reads_failures_the_same(sim_cluster, tmp_path, monkeypatch):
+def test_connection_holder_reuses_connections_and_reads_failures_the_same(sim_cluster, short_tmp, monkeypatch):
     """ssh.persist_s: commands of later runners go through the holder's open
     connection (the same TCP connection, so no new handshake); stdin,
     exit codes and deadlines as without it; an unreachable host reads the
@@ -181,7 +181,7 @@ def test_connection_holder_reuses_connections_and_reads_failures_the_same(sim_cl
     from llmdeploy.inventory import load_cluster
     from llmdeploy.runner import Runner, Step
 
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp))
     cluster = load_cluster(sim_cluster)
     held = cluster.model_copy(update={"ssh": cluster.ssh.model_copy(update={"persist_s": 30})})
     node = held.nodes[0]
@@ -260,7 +260,7 @@ def test_connection_holder_reuses_connections_and_reads_failures_the_same(sim_cl
     assert bpid in pids and not mux.holders(held.name)
 
 
-def test_a_held_connection_whose_host_went_silent_reads_unreachable_then_comes_back(sim_cluster, tmp_path, monkeypatch):
+def test_a_held_connection_whose_host_went_silent_reads_unreachable_then_comes_back(sim_cluster, short_tmp, monkeypatch):
     """Node 0 goes silent (its management link down: packets vanish, nothing
     answers) while the holder keeps
     its connection: the next command finds the channel will not open, tries a
@@ -274,7 +274,7 @@ def test_a_held_connection_whose_host_went_silent_reads_unreachable_then_comes_b
     from llmdeploy.runner import Runner, Step
     from sim.paths import netns_name
 
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp))
     cluster = load_cluster(sim_cluster)
     held = cluster.model_copy(update={"ssh": cluster.ssh.model_copy(update={"persist_s": 30, "connect_timeout": 2})})
     node = held.nodes[0]

@@ -3,12 +3,9 @@ its identity, and how a Runner reads its answers (a holder whose runner is a
 stand-in serves a Unix socket in this process)."""
 
 import os
-import shutil
 import socket
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,18 +14,8 @@ from llmdeploy.inventory import load_cluster
 from llmdeploy.runner import ConnectionLost, Runner, Step, UnreachableError
 
 
-@pytest.fixture
-def run_dir():
-    """A short directory for the holders' sockets (XDG_RUNTIME_DIR): a Unix
-    socket's path holds at most 107 bytes, and pytest's own tmp_path under
-    an xdist worker is longer than that leaves room for."""
-    d = Path(tempfile.mkdtemp(prefix="mux-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def test_a_socket_path_longer_than_a_unix_socket_takes_is_refused_at_once(run_dir, monkeypatch):
-    long = run_dir / ("d" * 90)
+def test_a_socket_path_longer_than_a_unix_socket_takes_is_refused_at_once(short_tmp, monkeypatch):
+    long = short_tmp / ("d" * 90)
     long.mkdir()
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(long))
     client = mux.Client(load_cluster("a3"), None)
@@ -49,9 +36,9 @@ def test_frames_carry_json_and_bytes():
             mux.recv_frame(b)
 
 
-def test_identity_follows_the_inventory_and_the_trusted_keys(run_dir, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run_dir))
-    kh = run_dir / "known_hosts"
+def test_identity_follows_the_inventory_and_the_trusted_keys(short_tmp, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp))
+    kh = short_tmp / "known_hosts"
     kh.write_text("h1 ssh-ed25519 AAAA\n")
     c = load_cluster("a3")
     c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"known_hosts": str(kh), "persist_s": 60})})
@@ -62,7 +49,7 @@ def test_identity_follows_the_inventory_and_the_trusted_keys(run_dir, monkeypatc
     other = c.model_copy(update={"nodes": c.nodes[:-1]})
     assert mux.identity(other) not in (one, mux.identity(c))
     path = mux.socket_path(c)
-    assert path.parent == run_dir / "llmdeploy-mux" and path.parent.stat().st_mode & 0o777 == 0o700
+    assert path.parent == short_tmp / "llmdeploy-mux" and path.parent.stat().st_mode & 0o777 == 0o700
     assert path.name.startswith("a3-") and len(str(path)) < 108
     # holders() of a3 are a3's, not those of a cluster whose name starts with a3-
     for name in (path.name, "a3-x-0123456789abcdef.sock", "a3-0123456789abcdef.sock.log"):
@@ -101,8 +88,8 @@ class _Stand:
 
 
 @pytest.fixture
-def holder(run_dir, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run_dir))
+def holder(short_tmp, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp))
     c = load_cluster("a3")
     c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"persist_s": 60})})
     path = mux.socket_path(c)
@@ -157,8 +144,8 @@ def test_a_command_s_lines_come_through_the_holder_as_it_prints_them(holder):
         assert r.exec(c.nodes[1], "talk", on_line=lambda *a: 1 / 0)[2] == 0
 
 
-def test_no_holder_to_be_had_means_direct_connections_said_once(run_dir, monkeypatch, capsys):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run_dir))
+def test_no_holder_to_be_had_means_direct_connections_said_once(short_tmp, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp))
     c = load_cluster("a3")
     c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"persist_s": 60})})
     with Runner(c) as r:
@@ -186,8 +173,8 @@ def test_no_holder_to_be_had_means_direct_connections_said_once(run_dir, monkeyp
     assert not any(mux._request(p, "ping", timeout=1) for p in mux.holders("a3"))
 
 
-def test_a_holder_that_cannot_start_says_why_at_once(run_dir, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run_dir))
+def test_a_holder_that_cannot_start_says_why_at_once(short_tmp, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp))
     c = load_cluster("b200")
     # not a valid cluster any more (TP 16 on one node of 8 GPUs): the holder validates it again
     bad = c.model_copy(update={"nodes": c.nodes[:1], "ssh": c.ssh.model_copy(update={"persist_s": 60})})
@@ -197,7 +184,7 @@ def test_a_holder_that_cannot_start_says_why_at_once(run_dir, monkeypatch):
     assert not mux.holders("b200")
 
 
-def test_a_process_without_threads_forks_its_holder_and_starts_no_other(run_dir):
+def test_a_process_without_threads_forks_its_holder_and_starts_no_other(short_tmp):
     """In a fresh process (no thread yet), ensure() forks the holder; the
     first command waits for that one and spawns no second."""
     import subprocess
@@ -223,6 +210,6 @@ print(client.exec(c.nodes[0].name, "x", 5, None, 10)["out"])
 print(mux.stop("a3"))
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "XDG_RUNTIME_DIR": str(run_dir)}, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+                         env={**os.environ, "XDG_RUNTIME_DIR": str(short_tmp)}, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert res.returncode == 0, res.stderr
     assert res.stdout == "ran x\n1\n"
