@@ -16,9 +16,9 @@ node. Rank 0 runs on mpirun's host (the hostfile lists node 0 first), so rank 0
 listens on ``0.0.0.0:<rendezvous port>`` and every other rank connects to the
 hnp addresses at that port; the port is derived from the job id
 (``20000 + jobid % 10000``, skipping the HTTP port), so two worlds never meet.
-Started by ``srun --mpi=pmix`` (no mpirun), rank 0 is on the step's first
-node (``SLURM_STEP_NODELIST``; srun's block distribution), the world's id is
-the job and step id.
+Started by ``srun --mpi=pmix`` (no mpirun), rank 0 is on one of the step's
+nodes (``SLURM_STEP_NODELIST``), which the other ranks try in turn (a real
+rank asks PMIx where rank 0 is); the world's id is the job and step id.
 A rank that cannot reach rank 0 within ``join_timeout_s`` fails the way an
 NCCL bootstrap timeout does.
 
@@ -170,9 +170,13 @@ def rendezvous_of(env, avoid_port: int | None = None) -> dict | None:
     nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST") or "")
     if nodes and env.get("SLURM_JOB_ID"):
         # a step srun started (``srun --mpi=pmix``: no mpirun, no hnp): task 0
-        # runs on the step's first node (srun(1) --distribution, block by default)
+        # runs on whichever of the step's nodes the distribution put it
+        # (--distribution=arbitrary: the --nodelist's first; block: Slurm's
+        # first), which a real rank learns from PMIx; the stand-in has no
+        # PMIx client: the other ranks try each node at the rendezvous port,
+        # where only rank 0 listens
         world = f"{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
-        return {"world": world, "addrs": [resolve(nodes[0])], "port": rendezvous_port(world, avoid_port)}
+        return {"world": world, "addrs": [resolve(n) for n in nodes], "port": rendezvous_port(world, avoid_port)}
     return None
 
 

@@ -62,10 +62,11 @@ def test_rendezvous_port_avoids_the_http_port():
 
 
 def test_rendezvous_from_slurm_and_none(monkeypatch):
-    monkeypatch.setattr(t.socket, "gethostbyname", lambda h: {"gpu-07": "10.0.0.7"}[h])
-    # srun --mpi=pmix from a login host: task 0 on the step's first node, not on srun's host
+    monkeypatch.setattr(t.socket, "gethostbyname", lambda h: {"gpu-07": "10.0.0.7", "gpu-08": "10.0.0.8"}[h])
+    # srun --mpi=pmix from a login host: task 0 on one of the step's nodes (wherever the distribution put it),
+    # never on srun's host; the other ranks try each
     r = t.rendezvous_of({"SLURM_LAUNCH_NODE_IPADDR": "10.0.0.5", "SLURM_STEP_NODELIST": "gpu-[07-08]", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3"})
-    assert r["addrs"] == ["10.0.0.7"] and r["world"] == "77.3"
+    assert r["addrs"] == ["10.0.0.7", "10.0.0.8"] and r["world"] == "77.3"
     assert t.rendezvous_of({"SLURM_LAUNCH_NODE_IPADDR": "10.0.0.5", "SLURM_JOB_ID": "77"}) is None
     assert t.rendezvous_of({"OMPI_COMM_WORLD_RANK": "1"}) is None
 

@@ -487,11 +487,21 @@ class UnitStep:
 
 
 def step_shape_args(u: UnitStep) -> list[str]:
-    """Where a unit's step runs: one task on its node, or a world's ``tasks`` on each of its nodes (srun's block distribution: node 0's are ranks 0 to tasks-1)."""
+    """Where a unit's step runs: one task on its node, or a world's ``tasks``
+    on each of its nodes, laid out in the plan's order: the first node's
+    tasks are ranks 0 to tasks-1, and so on. srun sorts a ``--nodelist`` into
+    Slurm's own node order, in which the world's rank 0 would land on
+    whichever of its nodes slurm.conf lists first; ``--distribution=arbitrary``
+    takes the list as it is, a name per task (srun(1): "allocate processes
+    in-order as listed"), so rank 0 is on the node the plan (and its probes)
+    say."""
     nodes = u.nodes or [u.node]
     if len(nodes) == 1 and u.tasks == 1:
         return ["--nodes=1", "--ntasks=1", f"--nodelist={nodes[0]}"]
-    return [f"--nodes={len(nodes)}", f"--ntasks={len(nodes) * u.tasks}", f"--ntasks-per-node={u.tasks}", f"--nodelist={','.join(nodes)}"]
+    if len(nodes) == 1:
+        return ["--nodes=1", f"--ntasks={u.tasks}", f"--ntasks-per-node={u.tasks}", f"--nodelist={nodes[0]}"]
+    return [f"--nodes={len(nodes)}", f"--ntasks={len(nodes) * u.tasks}", "--distribution=arbitrary",
+            f"--nodelist={','.join(n for n in nodes for _ in range(u.tasks))}"]
 
 
 def unit_srun_args(cluster: Cluster, job_id: str, u: UnitStep) -> list[str]:
