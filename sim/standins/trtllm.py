@@ -119,8 +119,28 @@ def world_of(env) -> tuple[int, int, int, int]:
     rank = first("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", default=0)
     size = first("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", default=1)
     local_rank = first("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", default=rank)
-    local_size = first("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE", default=size)
+    local_size = first("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", default=None)
+    if local_size is None:
+        local_size = slurm_local_size(env) or first("SLURM_NTASKS_PER_NODE", default=size)
     return rank, size, local_rank, local_size
+
+
+def slurm_local_size(env) -> int | None:
+    """The tasks of a Slurm step on this node: its entry (``SLURM_NODEID``)
+    in ``SLURM_STEP_TASKS_PER_NODE`` (Slurm's ``8(x2)``, ``2,1`` or
+    ``4(x2),2``, in the step's node order), set whatever the distribution
+    (``--ntasks-per-node`` alone sets SLURM_NTASKS_PER_NODE); None outside a step."""
+    text, node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE"), env.get("SLURM_NODEID")
+    if not text or node in (None, ""):
+        return None
+    counts: list[int] = []
+    for part in text.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    i = int(node)
+    return counts[i] if 0 <= i < len(counts) else None
 
 
 def parse_hnp_uri(uri: str) -> tuple[str, list[str]]:

@@ -30,6 +30,11 @@ def test_world_from_openmpi():
         ({"PMI_RANK": "3", "PMI_SIZE": "4"}, (3, 4, 3, 4)),
         ({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4"}, (5, 16, 1, 4)),
         ({}, (0, 1, 0, 1)),
+        # a step laid out by --distribution=arbitrary: no SLURM_NTASKS_PER_NODE, the node's entry of the step's layout
+        ({"PMIX_RANK": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_STEP_TASKS_PER_NODE": "8(x2)", "SLURM_NODEID": "1"},
+         (9, 16, 1, 8)),
+        ({"SLURM_PROCID": "9", "SLURM_NTASKS": "10", "SLURM_LOCALID": "1", "SLURM_STEP_TASKS_PER_NODE": "4(x2),2", "SLURM_NODEID": "2"},
+         (9, 10, 1, 2)),
         # OpenMPI's variables win over an outer Slurm allocation's
         ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "8", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, (2, 8, 2, 8)),
     ],
