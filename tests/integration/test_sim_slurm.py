@@ -101,6 +101,31 @@ def test_steps_overlap_in_a_held_job(sim_cluster):
         login(f"scancel {job}")
 
 
+def test_a_world_s_tasks_follow_the_plan_s_node_order(sim_cluster):
+    """srun sorts a plain --nodelist into Slurm's node order: a world over
+    [node 1, node 0] would have rank 0 on node 0. The tool's world step
+    (commands.step_shape_args: --distribution=arbitrary, a name per task)
+    puts rank 0 on the plan's first node, here under PMIx as a world runs."""
+    from llmdeploy.launchers.slurm.commands import UnitStep, step_shape_args
+
+    # the whole nodes, as a release's job holds them (a job's default is one CPU per node)
+    job = ok("sbatch --parsable -N2 --exclusive --output=/dev/null --chdir=/ --wrap 'sleep 300'").strip()
+    try:
+        end = time.monotonic() + 30
+        while ok(f"squeue -h -j {job} -o %T").strip() != "RUNNING":
+            assert time.monotonic() < end, ok("squeue")
+            time.sleep(0.3)
+        show = "sh -c 'echo ${PMIX_RANK:-$SLURM_PROCID} $SLURMD_NODENAME'"
+        plain = ok(f"srun --jobid={job} --overlap --nodes=2 --ntasks=4 --ntasks-per-node=2 --nodelist={NODES[1]},{NODES[0]} {show}")
+        assert sorted(tuple(line.split()) for line in plain.splitlines())[0] == ("0", NODES[0]), plain
+        world = UnitStep(node=NODES[1], name="w", script="", log="", nodes=[NODES[1], NODES[0]], tasks=2)
+        out = ok(f"srun --jobid={job} --overlap {shlex.join(step_shape_args(world))} --mpi=pmix {show}")
+        assert sorted(tuple(line.split()) for line in out.splitlines()) == [
+            ("0", NODES[1]), ("1", NODES[1]), ("2", NODES[0]), ("3", NODES[0])], out
+    finally:
+        login(f"scancel {job}")
+
+
 def test_drain_shows_the_reason(sim_cluster):
     ok(f"scontrol update nodename={NODES[1]} state=drain reason={shlex.quote('bad fan')}")
     try:
