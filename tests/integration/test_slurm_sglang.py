@@ -52,12 +52,12 @@ def test_sglang_on_pyxis_one_step_a_task_per_node_with_its_own_rank(sim_cluster)
     res = run_invoke("deploy", "--cluster", SIM_CLUSTER, "--skip-prepare", timeout=500)
     assert res.returncode == 0, res.stdout + res.stderr
     rid = _ledger()[-1]["release"]
-    (job,) = jobs()
+    (job,) = jobs(SIM_CLUSTER)
     assert job.name == slurm.release_job_name(SIM_CLUSTER, rid) and job.state == "RUNNING"
     # the world: one step over both nodes, a task each, no MPI plug-in
     assert list(unit_steps(job).values()) == [(f"{SIM_CLUSTER}-{rid}", "sim-h200-sglang-slurm-[0-1]")], job.steps
     (sid,) = unit_steps(job)
-    shown = login(f"scontrol show step {sid}")
+    shown = login(f"scontrol show step {sid}", SIM_CLUSTER)
     assert " Tasks=2 " in shown, shown
     servers = _servers(job.id)
     assert sorted(servers) == NODES, servers
@@ -77,9 +77,9 @@ def test_sglang_on_pyxis_one_step_a_task_per_node_with_its_own_rank(sim_cluster)
     # node rank 1's server killed: the world's step ends (--kill-on-bad-exit), status exits 1 and names the task
     os.kill(servers[NODES[1]][0], signal.SIGKILL)
     end = time.monotonic() + 60
-    while time.monotonic() < end and (unit_steps(jobs()[0]) or _servers(job.id)):
+    while time.monotonic() < end and (unit_steps(jobs(SIM_CLUSTER)[0]) or _servers(job.id)):
         time.sleep(0.3)
-    assert not unit_steps(jobs()[0]) and _servers(job.id) == {}
+    assert not unit_steps(jobs(SIM_CLUSTER)[0]) and _servers(job.id) == {}
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     doc = json.loads(res.stdout)
     assert res.returncode == 1 and not doc["healthy"], doc
@@ -91,14 +91,14 @@ def test_sglang_on_pyxis_one_step_a_task_per_node_with_its_own_rank(sim_cluster)
     assert res.returncode == 0, res.stdout + res.stderr
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     assert res.returncode == 0, res.stdout + res.stderr
-    (job_r,) = jobs()
+    (job_r,) = jobs(SIM_CLUSTER)
     assert job_r.name == job.name and len(unit_steps(job_r)) == 1, job_r.steps
     servers = _servers(job_r.id)
     assert [_arg(servers[n][2], "--node-rank") for n in NODES] == ["0", "1"], servers
 
     res = run_invoke("stop", "--cluster", SIM_CLUSTER, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert jobs() == [] and login("squeue --noheader --all --steps").strip() == ""
+    assert jobs(SIM_CLUSTER) == [] and login("squeue --noheader --all --steps", SIM_CLUSTER).strip() == ""
     for node in NODES:
         assert not [p for p, (env, cmd, _) in hostview.processes(SIM_CLUSTER, node).items() if "sglang.launch_server" in cmd]
     # no node reached another over SSH (the simulated nodes refuse it; nothing needed it)
