@@ -4,6 +4,7 @@ hostname, its Docker Engine), steps of a held job overlap, a drained node
 shows its reason, GPUs are generic resources, pyxis runs steps in enroot
 containers, and sim.down leaves nothing."""
 
+import contextlib
 import os
 import json
 import shlex
@@ -74,13 +75,22 @@ def test_sim_slurm_cluster(sim_cluster):
     assert env == [NODES[1], str(cdir / "hosts" / NODES[1] / "bin" / "docker")]
 
 
-def test_steps_overlap_in_a_held_job(sim_cluster):
-    job = ok("sbatch --parsable -N2 --output=/dev/null --chdir=/ --wrap 'sleep 300'").strip()
+@contextlib.contextmanager
+def held_job(*options: str):
+    """A batch job on both nodes that sleeps (``options``: sbatch's), running; cancelled afterwards."""
+    job = ok(f"sbatch --parsable -N2 {' '.join(options)} --output=/dev/null --chdir=/ --wrap 'sleep 300'").strip()
     try:
         end = time.monotonic() + 30
         while ok(f"squeue -h -j {job} -o %T").strip() != "RUNNING":
             assert time.monotonic() < end, ok("squeue")
             time.sleep(0.3)
+        yield job
+    finally:
+        login(f"scancel {job}")
+
+
+def test_steps_overlap_in_a_held_job(sim_cluster):
+    with held_job() as job:
         assert ok(f"srun --jobid={job} --overlap -w {NODES[1]} -N1 hostname").strip() == NODES[1]
         # two steps at once on the same node, while the batch step holds it:
         # each waits for the other's mark (one after the other, both would wait out their 20 s)
@@ -97,8 +107,6 @@ def test_steps_overlap_in_a_held_job(sim_cluster):
                 if os.path.exists(f):
                     os.remove(f)
         assert out.split() == [NODES[0], NODES[0]]
-    finally:
-        login(f"scancel {job}")
 
 
 def test_a_world_s_tasks_follow_the_plan_s_node_order(sim_cluster):
@@ -109,12 +117,7 @@ def test_a_world_s_tasks_follow_the_plan_s_node_order(sim_cluster):
     from llmdeploy.launchers.slurm.commands import UnitStep, step_shape_args
 
     # the whole nodes, as a release's job holds them (a job's default is one CPU per node)
-    job = ok("sbatch --parsable -N2 --exclusive --output=/dev/null --chdir=/ --wrap 'sleep 300'").strip()
-    try:
-        end = time.monotonic() + 30
-        while ok(f"squeue -h -j {job} -o %T").strip() != "RUNNING":
-            assert time.monotonic() < end, ok("squeue")
-            time.sleep(0.3)
+    with held_job("--exclusive") as job:
         show = "sh -c 'echo ${PMIX_RANK:-$SLURM_PROCID} $SLURMD_NODENAME'"
         plain = ok(f"srun --jobid={job} --overlap --nodes=2 --ntasks=4 --ntasks-per-node=2 --nodelist={NODES[1]},{NODES[0]} {show}")
         assert sorted(tuple(line.split()) for line in plain.splitlines())[0] == ("0", NODES[0]), plain
@@ -122,8 +125,6 @@ def test_a_world_s_tasks_follow_the_plan_s_node_order(sim_cluster):
         out = ok(f"srun --jobid={job} --overlap {shlex.join(step_shape_args(world))} --mpi=pmix {show}")
         assert sorted(tuple(line.split()) for line in out.splitlines()) == [
             ("0", NODES[1]), ("1", NODES[1]), ("2", NODES[0]), ("3", NODES[0])], out
-    finally:
-        login(f"scancel {job}")
 
 
 def test_drain_shows_the_reason(sim_cluster):
