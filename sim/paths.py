@@ -97,11 +97,14 @@ def sim_deploy(**overrides) -> DeploySettings:
     """Deadlines in seconds, not the hours a real load takes; a smoke
     benchmark of a second or so. The gate's tolerances are wider than a real
     cluster's: this machine runs every simulated host and the tool on two
-    cores, so its figures move with the load of the machine; a stand-in made
-    3x slower per token (SIM_LATENCY) still fails them."""
+    cores, the test suite two clusters at once, so its figures move with the
+    load of the machine (TTFT most: 8 requests, p95 is nearly the slowest; a
+    healthy release's TTFT p95 was seen at 3.6x its baseline's while another
+    cluster ran beside it); a stand-in made 3x slower per token (SIM_LATENCY)
+    still fails them on TPOT."""
     values = dict(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5,
                   stop_timeout_s=5, drain_s=10,
                   gate=GateSettings(requests=8, concurrency=4, input_tokens=32, output_tokens=32, timeout_s=60, floor_ms=10,
-                                    tolerance=GateTolerance(ttft_p50=1.0, ttft_p95=1.5, tpot_p50=1.0, tpot_p95=1.5, output_tokens_per_s=0.6)))
+                                    tolerance=GateTolerance(ttft_p50=2.0, ttft_p95=4.0, tpot_p50=1.0, tpot_p95=1.5, output_tokens_per_s=0.6)))
     values.update(overrides)
     return DeploySettings(**values)

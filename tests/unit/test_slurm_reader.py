@@ -114,7 +114,7 @@ def _tasks(per_node: dict[str, dict[str, str]], rounds: int, tmp: Path, groups: 
                 lines.append(line.rstrip("\n"))
                 ends += line.startswith("@@lds-end ")
         p.terminate()  # scancel's SIGTERM: the task ends, its files go
-        assert p.wait(10) == 143
+        assert p.wait(60) == 143  # a deadline against a hang only: the suite may run this beside two clusters
         out[node] = lines
     assert os.listdir(tmp / "node-tmp") == []
     return out
