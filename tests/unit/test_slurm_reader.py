@@ -114,7 +114,14 @@ def _tasks(per_node: dict[str, dict[str, str]], rounds: int, tmp: Path, groups: 
                 lines.append(line.rstrip("\n"))
                 ends += line.startswith("@@lds-end ")
         p.terminate()  # scancel's SIGTERM: the task ends, its files go
-        assert p.wait(60) == 143  # a deadline against a hang only: the suite may run this beside two clusters
+        try:
+            code = p.wait(60)  # a deadline against a hang only: the suite may run this beside two clusters
+        except subprocess.TimeoutExpired:
+            # seen beside two simulated clusters (LLMDEPLOY_TEST_WORKERS=2): say what the shell was doing
+            status = Path(f"/proc/{p.pid}/status").read_text(errors="replace")
+            kids = subprocess.run(["ps", "-o", "pid,stat,wchan:20,args", "--ppid", str(p.pid)], capture_output=True, text=True).stdout
+            raise AssertionError(f"{node}'s task did not end on SIGTERM:\n{status}\n{kids}") from None
+        assert code == 143
         out[node] = lines
     assert os.listdir(tmp / "node-tmp") == []
     return out
