@@ -97,7 +97,7 @@ def sim_deploy(**overrides) -> DeploySettings:
     """Deadlines in seconds, not the hours a real load takes; a smoke
     benchmark of a second or so. The gate's tolerances are wider than a real
     cluster's: this machine runs every simulated host and the tool on two
-    cores, the test suite two clusters at once, so its figures move with the
+    cores, the test suite maybe two clusters at once, so its figures move with the
     load of the machine (TTFT most: 8 requests, p95 is nearly the slowest; a
     healthy release's TTFT p95 was seen at 3.6x its baseline's while another
     cluster ran beside it); a stand-in made 3x slower per token (SIM_LATENCY)
