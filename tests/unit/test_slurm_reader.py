@@ -117,7 +117,7 @@ def _tasks(per_node: dict[str, dict[str, str]], rounds: int, tmp: Path, groups: 
         try:
             code = p.wait(60)  # a deadline against a hang only: the suite may run this beside two clusters
         except subprocess.TimeoutExpired:
-            # seen beside two simulated clusters (LLMDEPLOY_TEST_WORKERS=2): say what the shell was doing
+            # NODE_LOOP's read once slept through a TERM (its trap only marked pending): say what the shell was doing
             status = Path(f"/proc/{p.pid}/status").read_text(errors="replace")
             kids = subprocess.run(["ps", "-o", "pid,stat,wchan:20,args", "--ppid", str(p.pid)], capture_output=True, text=True).stdout
             raise AssertionError(f"{node}'s task did not end on SIGTERM:\n{status}\n{kids}") from None

@@ -116,8 +116,15 @@ while read -r name; do
 done < "$d/names"
 seq=0
 # a round per tick from the login host (it sends them while reads come);
-# ticks that queued while a round ran make one round; no tick, no reads
-while read -r _; do
+# ticks that queued while a round ran make one round; no tick, no reads.
+# read waits at most a second: a TERM that lands just before bash blocks in
+# read(2) only marks its trap pending, and bash runs pending traps between
+# commands, so without -t the task could sleep through scancel's SIGTERM
+# (seen: 2 tasks in 300 under load, blocked in pipe_read with no child)
+while :; do
+  read -r -t 1 _; rc=$?
+  [ $rc -gt 128 ] && continue
+  [ $rc -eq 0 ] || break
   while read -r -t 0 && read -r _; do :; done
   seq=$((seq + 1))
   while read -r name sum; do
