@@ -3,12 +3,11 @@
 # runs pytest. Unit tests run anywhere; the integration tests bring up the
 # simulated cluster and need root. Extra arguments go to pytest.
 #
-# LLMDEPLOY_TEST_WORKERS=2: two pytest-xdist workers, one cluster's tests
-# all on one worker, one after another (tests/conftest.py groups them), so two
-# simulated clusters, or one and the unit tests, run at once: 27 min instead
-# of 40 here. Not the default yet: beside two clusters, a reader unit test's
-# bash (tests/unit/test_slurm_reader.py) was seen twice not to end on SIGTERM.
-workers=${LLMDEPLOY_TEST_WORKERS:-0}
+# Two pytest-xdist workers by default (LLMDEPLOY_TEST_WORKERS, 0 for one
+# process): one cluster's tests all on one worker, one after another
+# (tests/conftest.py groups them), so two simulated clusters, or one and the
+# unit tests, run at once: 27 min instead of 40 here, on 2 cores.
+workers=${LLMDEPLOY_TEST_WORKERS:-2}
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

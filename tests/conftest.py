@@ -50,7 +50,7 @@ def sim_pids(cluster: str, node: str | None = None) -> set[int]:
     host too), or in ``node`` only: those in their network namespaces, as the
     cluster's state records them. The simulated hosts share this machine's
     process table, and another cluster may be up beside this one
-    (LLMDEPLOY_TEST_WORKERS=2 runs two at a time), so a test never looks at
+    (the suite runs two at a time), so a test never looks at
     every process on the machine."""
     from sim import netns
     from sim.paths import cluster_dir
@@ -83,9 +83,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """One group per simulated cluster (``LLMDEPLOY_TEST_WORKERS=2 bash
-    scripts/test.sh`` runs the suite on two xdist workers, ``--dist
-    loadgroup``): every test of a cluster, whichever
+    """One group per simulated cluster (``scripts/test.sh`` runs the suite
+    on two xdist workers, ``--dist loadgroup``): every test of a cluster, whichever
     module or class names it, runs on one worker, one after another, while
     the other worker runs another cluster's tests or the unit tests; two
     modules that bring up the same cluster never run at once. Each worker
