@@ -11,7 +11,7 @@ from pathlib import Path
 
 from llmdeploy.errors import SimError
 
-from . import dockerd
+from . import dockerd, netns
 from .paths import cluster_dir, netns_name
 
 _CGROUP_ID = re.compile(r"/([0-9a-f]{64})(?:/|$)")
@@ -60,7 +60,7 @@ def processes(cluster: str, node: str) -> dict[int, tuple[dict[str, str], str, s
     """{pid: (environment, command line, container name or None)} of every
     process in ``node``'s network namespace (its containers' included: they
     use the host network)."""
-    pids = subprocess.run(["ip", "netns", "pids", netns_name(cluster, node)], capture_output=True, text=True).stdout.split()
+    pids = netns.pids(netns_name(cluster, node))
     names = container_ids(cluster, node)
     out = {}
     for pid in pids:
