@@ -1,5 +1,5 @@
 """How a release serves, on the simulated A3 cluster: ``invoke bench``, the
-quality gate (a release made 3x slower per token fails it and the previous
+quality gate (a release made SIM_SLOWER (15) times slower per token fails it and the previous
 one serves again; ``--no-gate`` and a release that cannot be replaced keep
 serving and say so), and the drain before a stop (a long streaming request
 during a rollback completes; with a short ``drain_s`` the tool says it was
@@ -16,7 +16,7 @@ import json
 import pytest
 
 from sim import hardware
-from sim.paths import SIM_LATENCY, host_dir
+from sim.paths import SIM_LATENCY, SIM_SLOWER, host_dir
 from tests.conftest import REPO, run_invoke
 from tests.integration.conftest import Stream, top_once
 
@@ -64,8 +64,8 @@ def baseline(sim_cluster):
 
 @pytest.fixture
 def slow(baseline):
-    """The stand-ins 3x slower per token while the test runs."""
-    _pace(SIM_LATENCY["per_token_s"] * 3)
+    """The stand-ins SIM_SLOWER times slower per token while the test runs."""
+    _pace(SIM_LATENCY["per_token_s"] * SIM_SLOWER)
     yield
     _pace(SIM_LATENCY["per_token_s"])
 
@@ -103,7 +103,7 @@ def test_bench_names_a_bad_flag_before_connecting(baseline):
     assert res.returncode == 1 and "--concurrency 'four'" in res.stderr
 
 
-def test_a_release_three_times_slower_per_token_fails_the_gate_and_the_previous_serves_again(baseline, slow, tmp_path):
+def test_a_release_much_slower_per_token_fails_the_gate_and_the_previous_serves_again(baseline, slow, tmp_path):
     res = _deploy(env={"LLMDEPLOY_LOG_DIR": str(tmp_path)})
     assert res.returncode == 1, res.stdout + res.stderr
     out = " ".join(res.stdout.split())
