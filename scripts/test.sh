@@ -6,7 +6,7 @@
 # Two pytest-xdist workers by default (LLMDEPLOY_TEST_WORKERS, 0 for one
 # process): one cluster's tests all on one worker, one after another
 # (tests/conftest.py groups them), so two simulated clusters, or one and the
-# unit tests, run at once: 27 min instead of 40 here, on 2 cores.
+# unit tests, run at once: 27 to 35 min here on 2 cores, against 40 serially.
 workers=${LLMDEPLOY_TEST_WORKERS:-2}
 set -euo pipefail
 cd "$(dirname "$0")/.."
