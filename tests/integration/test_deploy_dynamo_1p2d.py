@@ -77,11 +77,14 @@ def test_1p2d_decode_groups_span_two_nodes(sim_cluster):
     res = run_invoke("stop", "--cluster", SIM_CLUSTER)
     done, _, out = stream.end(timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
-    # the real frontend's own gauge counted the stream; the stop waited until it was done (deploy.drain_s is 10 s;
-    # 500 tokens take the mock engine about 3 s)
-    assert f"drain: 1 request in flight on {NODES[0]} (dynamo_frontend_inflight_requests 1" in res.stdout, res.stdout
-    assert ("drained: frontend finished what it held and exited" in res.stdout
-            or f"drained: no request in flight on {NODES[0]}" in res.stdout), res.stdout
+    # the stop waited until the stream was done (deploy.drain_s is 10 s; 500 tokens take the mock engine about 3 s).
+    # The frontend is told first (SIGTERM) and closes its listener: when the drain's first /metrics read comes
+    # after that (seen under load), the real frontend's gauge cannot be read and the drain waits for the frontend
+    # to exit with what it holds; else the gauge counts the stream. Either way the stream ends whole.
+    gauge = f"drain: 1 request in flight on {NODES[0]} (dynamo_frontend_inflight_requests 1" in res.stdout
+    exited = "drained: frontend finished what it held and exited" in res.stdout
+    assert gauge or exited, res.stdout
+    assert exited or f"drained: no request in flight on {NODES[0]}" in res.stdout, res.stdout
     assert done, out
     for node in NODES:
         assert _procs(node, SIM_CLUSTER) == {}, node
