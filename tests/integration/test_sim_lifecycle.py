@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 from llmdeploy.inventory import load_cluster
-from sim import dockerd
+from sim import dockerd, netns
 from sim.cluster import cgroup_parent
 from sim.paths import cluster_dir, short_id
 from tests.conftest import run_invoke
@@ -25,7 +25,7 @@ def _cluster_pids() -> dict[int, str]:
     (sshd, dockerd, containerd, the shims, the containers: they use the host network)."""
     out = {}
     for ns in (line.split()[0] for line in netns_list().splitlines() if line.startswith(f"lds-{SIM_CLUSTER}-")):
-        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+        for pid in netns.pids(ns):
             try:
                 out[int(pid)] = Path(f"/proc/{pid}/comm").read_text().strip()
             except OSError:
