@@ -1,5 +1,5 @@
 """How a release serves, on the simulated A3 cluster: ``invoke bench``, the
-quality gate (a release made SIM_SLOWER (15) times slower per token fails it and the previous
+quality gate (a release made SIM_SLOWER times slower per token fails it and the previous
 one serves again; ``--no-gate`` and a release that cannot be replaced keep
 serving and say so), and the drain before a stop (a long streaming request
 during a rollback completes; with a short ``drain_s`` the tool says it was
