@@ -8,7 +8,6 @@ imports it.
 import functools
 import importlib
 import inspect
-import signal
 import sys
 
 from invoke import Collection, Exit, task
@@ -39,11 +38,6 @@ def _console(json_out: bool):
     return report.console(json_out)
 
 
-def _sigterm(signum, frame):
-    # a terminated run unwinds like Ctrl-C: locks released, state recorded
-    raise KeyboardInterrupt
-
-
 def _cluster_given(sig: inspect.Signature, c, args, kwargs) -> None:
     """A task whose ``cluster`` has no default needs --cluster: Invoke runs
     it without one, with None (a flag's parameter is never positional)."""
@@ -65,7 +59,12 @@ def _guard(fn):
 
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
-        signal.signal(signal.SIGTERM, _sigterm)
+        from llmdeploy import interrupt
+
+        # Ctrl-C and SIGTERM are only counted; the command raises the
+        # interrupt where it holds no lock (llmdeploy/interrupt.py), and a
+        # terminated run unwinds like Ctrl-C: locks released, state recorded
+        interrupt.install()
         try:
             if needs_cluster:
                 _cluster_given(sig, c, args, kwargs)
@@ -78,12 +77,14 @@ def _guard(fn):
             print(f"error: {mask(str(exc))}", file=sys.stderr)
             raise Exit(code=exc.exit_code)
         except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
+            print(f"interrupted ({interrupt.signal_name()})", file=sys.stderr)
             raise Exit(code=130)
         except BrokenPipeError:
             # the reader of our output went away (| head): nothing more to say
             sys.stderr.close()
             raise Exit(code=141)
+        finally:
+            interrupt.uninstall()
         if code:
             raise Exit(code=code)
 

@@ -5,6 +5,8 @@ operations on a running cluster are their own flows (``flows.releases``,
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.markup import escape
 
@@ -200,6 +202,8 @@ def _prepare_locked(cluster_name: str, diff: bool, limit: str | None, json_out: 
         except KeyboardInterrupt:
             with report.shielded():
                 lock.audit(runner, cluster, "prepare", "interrupted", None, limit=limit or "", message=message or "")
+                print(f"prepare interrupted: the nodes may be partly prepared (nothing serving was stopped); the deploy lock is released; "
+                      f"to finish: invoke prepare --cluster {cluster.name}", file=sys.stderr)
             raise
         lock.audit(runner, cluster, "prepare", "good" if status == 0 else "failed", None, held=holder, limit=limit or "", message=message or "")
         return status

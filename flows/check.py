@@ -40,7 +40,7 @@ from rich.markup import escape
 from flows.checkhost import CLUSTER_ENV
 from flows.checkhost import SCHEME as RUNNER
 from flows.plan import select_nodes
-from llmdeploy import launcher, report
+from llmdeploy import interrupt, launcher, report
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import UnreachableError
 from llmdeploy.sshfiles import known_hosts_files
@@ -156,12 +156,30 @@ def run(cluster: Cluster, limit: str | None = None, con: Console | None = None, 
         return 1
 
 
+def run_pytest(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """pytest as a child, its output captured, waited for in slices: a
+    SIGTERM sent to this process alone ends pytest too (a Ctrl-C from the
+    terminal reaches both)."""
+    with subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) as p:
+        while True:
+            try:
+                out, err = p.communicate(timeout=interrupt.SLICE_S)
+                return subprocess.CompletedProcess(argv, p.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                interrupt.check()
+            except KeyboardInterrupt:
+                p.terminate()
+                p.communicate()
+                raise
+
+
 def _pytest(cluster: Cluster, nodes: list[Node], tmp: str, junit: str, select: str | None, env: dict[str, str]) -> subprocess.CompletedProcess:
     """pytest in a subprocess, over the ssh_config written into ``tmp`` (its
     master connections closed after it) or through the runner."""
     def pytest(ssh_config: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(pytest_command(cluster, nodes, junit, ssh_config, select),
-                              cwd=REPO, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        return run_pytest(pytest_command(cluster, nodes, junit, ssh_config, select), env)
 
     if scheme(cluster) != SSH:
         return pytest()

@@ -32,7 +32,7 @@ import systems
 from flows import bench, verify
 from flows.releases import serving_plan
 from flows.engine import Engine, Outcome, unit_key
-from llmdeploy import launcher, lock, report
+from llmdeploy import interrupt, launcher, lock, report
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
 from llmdeploy.release import (
@@ -133,6 +133,24 @@ def ledger(runner: Runner, cluster: Cluster, record: dict) -> None:
     out, err, code = runner.exec(cluster.node0, append_script(ledger_path(cluster), record))
     if code != 0:
         raise LlmdeployError(f"{cluster.node0.name}: cannot append to the ledger: {err.strip() or out.strip()}")
+
+
+def last_ledger_line(runner: Runner, cluster: Cluster, record: dict) -> None:
+    """An interrupted command's ledger line: with a deadline, and a failure
+    said beside the interruption, never instead of it (the exit stays 130)."""
+    def write() -> None:
+        out, err, code = runner.exec(cluster.node0, append_script(ledger_path(cluster), record), timeout=interrupt.LAST_LINE_S)
+        if code != 0:
+            raise LlmdeployError(f"{cluster.node0.name}: cannot append to the ledger: {err.strip() or out.strip()}")
+
+    interrupt.bounded(f"the ledger's last line on {cluster.node0.name}", interrupt.LAST_LINE_S + 5, write)
+
+
+def stop_interrupted(eng, what: str, fn) -> None:
+    """An interrupted command's stop (``fn``), with the deadline its stop
+    steps allow; one that overruns is said, and the command still ends."""
+    if interrupt.bounded(what, eng.c.deploy.stop_timeout_s + 90, lambda: fn() or True) is None:
+        print(f"{what}: not done; the nodes may still run some of it", file=sys.stderr)
 
 
 def read_prepared(runner: Runner, cluster: Cluster) -> dict[str, dict | None]:
@@ -304,8 +322,8 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
         with report.shielded():
             if where["phase"] != "before anything was stopped":
                 con.print("[bold red]interrupted[/]: stopping the new release's containers")
-                eng.stop(None, "stop", cleanup=plan.stop_cleanup)
-            ledger(runner, cluster, ledger_record(cluster, rid, "failed", image_id, chash[:16], reason="interrupted"))
+                stop_interrupted(eng, "stopping the new release's containers", lambda: eng.stop(None, "stop", cleanup=plan.stop_cleanup))
+            last_ledger_line(runner, cluster, ledger_record(cluster, rid, "failed", image_id, chash[:16], reason="interrupted"))
         raise
     if where.get("gated") and (keep := _cannot_return(runner, cluster, rid, where)):
         where["kept"] = keep

@@ -30,7 +30,7 @@ from rich.markup import escape
 
 from flows.probes import UNREADABLE, BodyProblem, fetch, http_probe, inflight
 from flows.reads import standing, watch_read
-from llmdeploy import launcher, logs, report
+from llmdeploy import interrupt, launcher, logs, report
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Metrics, Probe, ReleasePlan, Service, Unit
@@ -195,7 +195,7 @@ class Engine:
                 if time.monotonic() - t0 >= limit:
                     self.say(f"[yellow]drain: {', '.join(d.refuse_first)} still finishing its requests after {limit:g}s: stopping cuts them[/]")
                     return None
-                time.sleep(min(1.0, max(0.05, limit - (time.monotonic() - t0))))
+                interrupt.sleep(min(1.0, max(0.05, limit - (time.monotonic() - t0))))
                 continue
             if n is None and not_yet(detail):
                 self.say(f"drain: nothing answers at {escape(m.probe.describe())}: no request to wait for")
@@ -213,7 +213,7 @@ class Engine:
             if time.monotonic() - t0 >= limit:
                 self.say(f"[yellow]drain: {n} request{'s' if n != 1 else ''} still in flight after {limit:g}s ({escape(detail)}): stopping cuts them[/]")
                 return n
-            time.sleep(min(poll_delay(polls, 1.0), max(0.05, limit - (time.monotonic() - t0))))
+            interrupt.sleep(min(poll_delay(polls, 1.0), max(0.05, limit - (time.monotonic() - t0))))
             polls += 1
 
     def _refuse(self, plan: ReleasePlan, services: list[str]) -> bool:
@@ -290,7 +290,7 @@ class Engine:
             while (problem := self.probe(p)) is not None:
                 if time.monotonic() >= end:
                     return self._fail(out, p.host, f"{svc.name} not reachable within {self.d.rpc_timeout_s:g}s: {problem}")
-                time.sleep(self.d.poll_s)
+                interrupt.sleep(self.d.poll_s)
             return True
         if p.kind == "port":
             try:
@@ -310,7 +310,7 @@ class Engine:
                 return True
             if time.monotonic() >= end:
                 return self._fail(out, p.host, f"{svc.name} not started within {self.d.rpc_timeout_s:g}s: {problem}")
-            time.sleep(self.d.poll_s)
+            interrupt.sleep(self.d.poll_s)
 
     def start(self, plan: ReleasePlan, out: Outcome, previous: ReleasePlan | None = None) -> bool:
         """Drain ``previous`` (the release serving now), stop what else runs,
@@ -403,7 +403,7 @@ class Engine:
                     waiting = ", ".join(f"{k}: {m}" for k, m in w.reasons.items()) or w.last_probe or "no unit reported an error"
                     return self._fail(out, plan.entry_host, f"not ready within {self.d.ready_timeout_s:g}s ({waiting})")
                 shown(time.monotonic() - start, waiting_note(plan, w))
-                time.sleep(poll_delay(polls, self.d.poll_s))
+                interrupt.sleep(poll_delay(polls, self.d.poll_s))
                 polls += 1
 
     def _exits(self, plan: ReleasePlan, w: "_Watching", out: Outcome) -> bool:

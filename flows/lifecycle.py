@@ -66,8 +66,15 @@ def stop(cluster: Cluster, con: Console, message: str | None, lock_wait: float) 
                           f"of {escape(cluster.name)}, with no clean-up of a serving system[/]", soft_wrap=True)
             cleanup = plan.stop_cleanup if plan is not None else ""
             eng = Engine(cluster, runner, con)
-            eng.drain(plan)
-            res = eng.stop(None, "stop", cleanup=cleanup)
+            try:
+                eng.drain(plan)
+                res = eng.stop(None, "stop", cleanup=cleanup)
+            except KeyboardInterrupt:
+                with report.shielded():
+                    lock.audit(runner, cluster, "stop", "interrupted", plan.release if plan else None, message=message or "")
+                    print(f"stop interrupted: some containers may still run; the deploy lock is released; to finish: invoke stop --cluster {cluster.name}",
+                          file=sys.stderr)
+                raise
             failed = False
             for h, r in res.items():
                 if r.failed:
@@ -175,7 +182,7 @@ def restart(cluster: Cluster, con: Console, host: str | None, message: str | Non
             except KeyboardInterrupt:
                 with report.shielded():
                     con.print("[bold red]interrupted[/]: stopping what the restart started")
-                    _stop_started(eng, plan, todo, out)
+                    dep.stop_interrupted(eng, "stopping what the restart started", lambda: _stop_started(eng, plan, todo, out))
                     lock.audit(runner, cluster, what, "interrupted", plan.release, message=message or "")
                 raise
             if not ok:
@@ -260,8 +267,8 @@ def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | No
     except KeyboardInterrupt:
         with report.shielded():
             con.print("[bold red]interrupted[/]: stopping what the rollback started")
-            eng.stop(None, "stop", cleanup=plan.stop_cleanup)
-            dep.ledger(runner, cluster, ledger_record(cluster, target, "failed", image_id, chash, reason="interrupted", **recorded))
+            dep.stop_interrupted(eng, "stopping what the rollback started", lambda: eng.stop(None, "stop", cleanup=plan.stop_cleanup))
+            dep.last_ledger_line(runner, cluster, ledger_record(cluster, target, "failed", image_id, chash, reason="interrupted", **recorded))
             lock.audit(runner, cluster, "rollback", "interrupted", target, **{"from": source, "message": message or ""})
             print(f"rollback interrupted; the deploy lock is released; to run it again: invoke rollback --cluster {cluster.name} --to {target}",
                   file=sys.stderr)

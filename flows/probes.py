@@ -13,10 +13,13 @@ import http.client
 import io
 import json
 import re
+import socket
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import systems
+from llmdeploy import interrupt
 from llmdeploy.inventory import Node
 from llmdeploy.loadgen import SendError
 from llmdeploy.releaseplan import Probe
@@ -58,7 +61,7 @@ def http_via_ssh(runner: Runner, node: Node, port: int, method: str, path: str, 
         hc.request(method, path, body=data, headers=hdrs)
         resp = hc.getresponse()
         status, answer = resp.status, resp.read()
-    except Exception:
+    except (Exception, interrupt.Interrupted):  # Interrupted: raised between two reads, holding no lock
         if hc is not None:
             hc.close()
         raise
@@ -80,12 +83,28 @@ class _ChannelRaw(io.RawIOBase):
 
     def __init__(self, chan: paramiko.Channel):
         self.chan = chan
+        self.cut = interrupt.Command()
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b) -> int:
-        data = self.chan.recv(len(b))
+        # the channel's timeout, waited in slices: a Ctrl-C that came after the request started cuts it between two
+        timeout = self.chan.gettimeout()
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.cut.check()
+            left = interrupt.SLICE_S if end is None else min(interrupt.SLICE_S, end - time.monotonic())
+            if left <= 0:
+                raise socket.timeout("timed out")
+            self.chan.settimeout(left)
+            try:
+                data = self.chan.recv(len(b))
+                break
+            except socket.timeout:
+                continue
+            finally:
+                self.chan.settimeout(timeout)
         b[:len(data)] = data
         return len(data)
 

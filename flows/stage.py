@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -307,6 +308,8 @@ def stage(cluster_name: str, frm: str | None = None, check: bool = False, json_o
         except KeyboardInterrupt:
             with report.shielded():
                 lock.audit(holder_runner, cluster, "stage", "interrupted", None, message=message or "")
+                print(f"stage interrupted: what was sent is kept and not sent again; the deploy lock is released; "
+                      f"to finish: invoke stage --cluster {cluster.name}", file=sys.stderr)
             raise
         status = show(con, cluster, out, json_out)
         lock.audit(holder_runner, cluster, "stage", "good" if status == 0 else "failed", None, held=held, message=message or "")

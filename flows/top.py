@@ -34,7 +34,7 @@ from rich.text import Text
 from flows.probes import samples
 from flows.reads import top_read
 from flows.releases import serving_plan
-from llmdeploy import report
+from llmdeploy import interrupt, report
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan
@@ -287,6 +287,7 @@ def live(cluster: Cluster, con: Console, interval: float) -> int:
                         view.update(Text(f"{cluster.name}: {why}; reading the nodes ..."), refresh=True)
                     if keys.read(0.25).lower() == "q":
                         break
+                    interrupt.check()  # Ctrl-C (counted by the handler) ends the view here
         except KeyboardInterrupt:
             pass
         finally:

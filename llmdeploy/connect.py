@@ -23,6 +23,7 @@ import paramiko
 from fabric import Config, Connection
 from fabric.runners import Remote
 
+from . import interrupt
 from .inventory import Cluster, Node
 from .errors import ConnectionLost, UnreachableError  # noqa: F401 (read by the runner's callers)
 from .sshfiles import check_ssh_config, known_hosts_files
@@ -461,7 +462,14 @@ def run_channel(
 
     One thread per command, the caller's, that sleeps only in paramiko's
     buffers: Fabric's ``Connection.run`` starts three more threads per command
-    and polls every 10 ms (Invoke's ``input_sleep``)."""
+    and polls every 10 ms (Invoke's ``input_sleep``).
+
+    A Ctrl-C or SIGTERM that came after the command started (and outside a
+    cleanup) raises :class:`interrupt.Interrupted` between two reads, where
+    no lock is held: the channel is closed as after an error. Any other
+    ``KeyboardInterrupt`` may have landed inside paramiko: see
+    :func:`left_open`."""
+    cut = interrupt.Command()
     end = time.monotonic() + timeout
     try:
         chan = transport.open_session()
@@ -469,9 +477,9 @@ def run_channel(
         raise _NotOpened(exc) from exc
     try:
         chan.exec_command(command)
-        out, err = _read_to_eof(chan, memoryview(stdin or b""), end, _Lines.pair(on_line))
-        code = _exit_status(chan, end)
-    except Exception:
+        out, err = _read_to_eof(chan, memoryview(stdin or b""), end, _Lines.pair(on_line), cut)
+        code = _exit_status(chan, end, cut)
+    except (Exception, interrupt.Interrupted):
         chan.close()
         raise
     except BaseException:
@@ -556,13 +564,15 @@ class _Sink:
 
 
 def _read_to_eof(
-    chan: paramiko.Channel, data: memoryview, end: float, lines: "tuple[_Lines, _Lines] | None" = None
+    chan: paramiko.Channel, data: memoryview, end: float, lines: "tuple[_Lines, _Lines] | None" = None,
+    cut: interrupt.Command | None = None,
 ) -> tuple[list[bytes], list[bytes]]:
     """Send ``data`` (then end of file) while reading stdout and stderr, until
     the command's end of file; past ``end``: SIGTERM and :class:`_TimedOut`.
     ``lines``: stdout's and stderr's line cutters, fed as the bytes arrive
     (then a read waits at most 0.1 s, so that a line on stderr is seen while
-    stdout is silent)."""
+    stdout is silent). ``cut``: looked at between two reads (a read waits at
+    most 1 s)."""
     out: list[bytes] = []
     err: list[bytes] = []
     sent = 0
@@ -570,6 +580,8 @@ def _read_to_eof(
     if not data:
         chan.shutdown_write()
     while True:
+        if cut is not None:
+            cut.check()
         left = end - time.monotonic()
         if left <= 0:
             _send_signal(chan, "TERM")
@@ -620,10 +632,12 @@ def _send_some(chan: paramiko.Channel, data: memoryview, sent: int, left: float,
     return sent
 
 
-def _exit_status(chan: paramiko.Channel, end: float) -> int:
+def _exit_status(chan: paramiko.Channel, end: float, cut: interrupt.Command | None = None) -> int:
     """The exit status, which follows the end of file; a channel closed
     without one (or ``end`` passed while waiting) is -1."""
     while not chan.status_event.wait(0.05):
+        if cut is not None:
+            cut.check()
         if chan.closed or time.monotonic() >= end:
             break
     return chan.exit_status if chan.status_event.is_set() else -1

@@ -33,6 +33,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator
 
+from . import interrupt
+
 # the figures a level reports, in milliseconds (latencies) and per second (rates)
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 PERCENTILES = (50, 90, 95, 99)
@@ -199,6 +201,8 @@ def run_level(send: Callable[[dict, float], Iterator[bytes]], bodies: list[dict]
                 samples[i] = measure(send(bodies[i], load.request_timeout_s), t0, clock, start=t0 - t_start)
             except SendError as exc:
                 samples[i] = Sample(start=t0 - t_start, error=str(exc))
+            except interrupt.Interrupted:  # Ctrl-C: the main thread raises it too, from its join
+                return
             except Exception as exc:  # a cut channel, a timeout, a garbled answer: one request's error, never the loop's
                 samples[i] = Sample(start=t0 - t_start, error=f"{type(exc).__name__}: {exc}"[:160])
 
@@ -207,7 +211,7 @@ def run_level(send: Callable[[dict, float], Iterator[bytes]], bodies: list[dict]
         t.start()
     try:
         for t in threads:
-            t.join()
+            interrupt.join(t)  # in slices: a Ctrl-C is raised here, holding no lock
     except BaseException:  # Ctrl-C: no request starts any more; those in flight end with their timeout
         stop.set()
         raise

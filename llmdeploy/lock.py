@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
+from . import interrupt
 from .errors import LlmdeployError
 from .inventory import Cluster
 from .release import append_script, root, who
@@ -111,12 +112,20 @@ def audit(runner, cluster: Cluster, command: str, result: str, release: str | No
     if held is not None:
         held["_audit"] = append_script(audit_path(cluster), rec)
         return
-    try:
-        out, err, code = runner.exec(cluster.node0, append_script(audit_path(cluster), rec))
-        if code != 0:
-            print(f"warning: could not write the audit log on {cluster.node0.name}: {err.strip()}", file=sys.stderr)
-    except Exception as exc:  # the audit must not turn a done job into a failure
-        print(f"warning: could not write the audit log on {cluster.node0.name}: {exc}", file=sys.stderr)
+
+    def write() -> None:
+        try:
+            out, err, code = runner.exec(cluster.node0, append_script(audit_path(cluster), rec), timeout=interrupt.LAST_LINE_S)
+            if code != 0:
+                print(f"warning: could not write the audit log on {cluster.node0.name}: {err.strip()}", file=sys.stderr)
+        except Exception as exc:  # the audit must not turn a done job into a failure
+            print(f"warning: could not write the audit log on {cluster.node0.name}: {exc}", file=sys.stderr)
+
+    if interrupt.unwinding():
+        # the interrupted command's last line: with a deadline, beside the interruption, never instead of it
+        interrupt.bounded(f"the audit log's last line on {cluster.node0.name}", interrupt.LAST_LINE_S + 5, write)
+    else:
+        write()
 
 
 @contextmanager
@@ -126,10 +135,12 @@ def held(runner, cluster: Cluster, command: str, message: str | None = None, wai
     node0 = cluster.node0
 
     def attempt() -> dict | None:
-        try:
-            out, err, code = runner.exec(node0, acquire_script(cluster, holder))
-        except UnreachableError as exc:
-            raise LlmdeployError(f"{node0.name}: cannot take the deploy lock: unreachable: {exc}") from None
+        # shielded: a lock taken is always released (a Ctrl-C now is raised inside the try below)
+        with interrupt.shield():
+            try:
+                out, err, code = runner.exec(node0, acquire_script(cluster, holder))
+            except UnreachableError as exc:
+                raise LlmdeployError(f"{node0.name}: cannot take the deploy lock: unreachable: {exc}") from None
         if code != 0 or not out.strip():
             raise LlmdeployError(f"{node0.name}: cannot take the deploy lock: {err.strip() or out.strip()}")
         return None if out.startswith("acquired") else parse_holder(out)
@@ -150,6 +161,7 @@ def held(runner, cluster: Cluster, command: str, message: str | None = None, wai
             retry=retry_if_result(lambda r: r is not None),
             retry_error_callback=lambda rs: rs.outcome.result(),
             before_sleep=waiting,
+            sleep=interrupt.sleep,  # a Ctrl-C while waiting ends the wait at once
             reraise=True,
         )(attempt)
     else:
@@ -162,14 +174,30 @@ def held(runner, cluster: Cluster, command: str, message: str | None = None, wai
     try:
         yield holder
     finally:
-        script = release_script(cluster, holder["token"])
-        pending = holder.pop("_audit", None)
-        if pending:
-            # the audit line first (as if written before the release), then the release, whatever became of the line
-            script = f"{{ {pending} ; }} || echo {shlex.quote(AUDIT_FAILED)} >&2\n{script}"
+        _release(runner, cluster, holder)
+
+
+def _release(runner, cluster: Cluster, holder: dict) -> None:
+    """Release the lock ``holder`` took (and write the audit line it carries):
+    shielded, with a deadline, on every exit path, an interrupted one too."""
+    node0 = cluster.node0
+    script = release_script(cluster, holder["token"])
+    pending = holder.pop("_audit", None)
+    if pending:
+        # the audit line first (as if written before the release), then the release, whatever became of the line
+        script = f"{{ {pending} ; }} || echo {shlex.quote(AUDIT_FAILED)} >&2\n{script}"
+
+    def release() -> bool:
         try:
-            out, err, code = runner.exec(node0, script)
+            out, err, code = runner.exec(node0, script, timeout=interrupt.LAST_LINE_S)
             if pending and AUDIT_FAILED in err:
                 print(f"warning: could not write the audit log on {node0.name}: {err.replace(AUDIT_FAILED, '').strip()}", file=sys.stderr)
         except Exception as exc:
             print(f"warning: could not release the deploy lock on {node0.name}: {exc}", file=sys.stderr)
+        return True  # ended (what went wrong is said)
+
+    with interrupt.shield():
+        ended = interrupt.bounded(f"releasing the deploy lock on {node0.name}", interrupt.LAST_LINE_S + 5, release)
+    if ended is None:
+        print(f"the deploy lock of {cluster.name} may still be held by this command (pid {holder.get('pid')}); once it has ended: "
+              f"invoke lock.break --cluster {cluster.name} --reason '...'", file=sys.stderr)

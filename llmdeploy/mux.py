@@ -41,6 +41,7 @@ import gc
 import hashlib
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -51,6 +52,7 @@ import time
 import traceback
 from pathlib import Path
 
+from . import interrupt
 from .errors import ConnectionLost, UnreachableError
 from .inventory import Cluster
 from .sshfiles import known_hosts_files
@@ -402,7 +404,7 @@ class Client:
                         raise OSError(f"the connection holder ended at its start (exit {code}): {self._log_tail()}") from exc
                     if time.monotonic() >= end:
                         raise OSError(f"the connection holder did not start within 15s ({exc}); see {self.path}.log") from exc
-                    time.sleep(delay)
+                    interrupt.sleep(delay)
                     delay = min(delay * 2, 0.1)
 
     def _log_tail(self) -> str:
@@ -428,7 +430,9 @@ class Client:
                 req["lines"] = True
             send_frame(s, req, stdin or b"")
             end = time.monotonic() + wait
+            cut = interrupt.Command()
             while True:
+                _readable(s, end, cut)
                 ans = recv_frame(s)
                 if "line" not in ans:
                     return ans
@@ -440,6 +444,19 @@ class Client:
                 s.settimeout(max(0.1, end - time.monotonic()))
         finally:
             s.close()
+
+
+def _readable(s: socket.socket, end: float, cut: interrupt.Command) -> None:
+    """Wait until ``s`` has something to read (then a whole frame follows at
+    once), looking at the interrupt flag in slices; ``socket.timeout`` past ``end``."""
+    while True:
+        cut.check()
+        left = end - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("timed out")
+        ready, _, _ = select.select([s], [], [], min(interrupt.SLICE_S, left))
+        if ready:
+            return
 
 
 def _request(path: Path, op: str, timeout: float = 5) -> dict | None:

@@ -375,18 +375,11 @@ def mask_env(env: dict[str, str], secrets: list[str]) -> dict[str, str]:
 
 @contextmanager
 def shielded():
-    """Ignore SIGINT and SIGTERM while cleaning up after an interruption (the
-    stop, the ledger line, the lock): a second Ctrl-C must not leave the
-    cluster half-stopped with the lock held. Only in the main thread."""
-    import signal
-    import threading
+    """The cleanup after an interruption (the stop, the ledger line, the
+    lock): a further Ctrl-C or SIGTERM is only counted, never raised, so it
+    cannot leave the cluster half-stopped with the lock held
+    (llmdeploy/interrupt.py; each action there has a deadline of its own)."""
+    from . import interrupt
 
-    if threading.current_thread() is not threading.main_thread():
+    with interrupt.cleanup():
         yield
-        return
-    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)

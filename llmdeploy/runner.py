@@ -20,11 +20,11 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import launcher
+from . import interrupt, launcher
 from .errors import ConnectionLost, UnreachableError
 from .inventory import Cluster, Node
 from .sshfiles import check_ssh_config
@@ -340,6 +340,7 @@ class Runner:
         A command past its deadline gets exit code 124 and "command timed out
         after Ns" in stderr; a connection that dies under it raises
         :class:`ConnectionLost` (an UnreachableError). The transport carries it."""
+        interrupt.check()
         return self.transport.exec(node, command, timeout, stdin, on_line)
 
     def world(self, nodes: list[Node], tasks: int, argv: list[str], env: dict[str, dict[str, str]],
@@ -377,8 +378,10 @@ class Runner:
                 return held
         try:
             return self._exec_ssh(node, command, deadline, stdin, on_line)
+        except interrupt.Interrupted:
+            raise  # raised between two reads, where no lock is held (llmdeploy/interrupt.py)
         except KeyboardInterrupt:
-            # it may have landed inside paramiko holding a lock of this connection: see abandon
+            # Python's own handler's: it may have landed inside paramiko holding a lock of this connection: see abandon
             self.abandon(node)
             raise
 
@@ -594,6 +597,7 @@ class Runner:
         it arrives; by default, when the runner has ``lines`` and the step a
         ``progress`` parser, what the parser reads goes to ``lines``.
         """
+        interrupt.check()  # between steps
         targets = list(nodes if nodes is not None else self.nodes)
         return self._finish(step, targets, self.transport.run(step, targets, deadline, on_line))
 
@@ -614,7 +618,7 @@ class Runner:
             per_cmd = (step.timeout or self.cluster.ssh.command_timeout) + self.cluster.ssh.connect_timeout
             waves = -(-len(targets) // self.forks)
             budget = per_cmd * waves + 30
-        done, not_done = wait(futures, timeout=budget)
+        done, not_done = interrupt.wait(futures, timeout=budget)  # in slices: a Ctrl-C is raised here, holding no lock
         results: dict[str, HostResult] = {}
         for fut in done:
             node = futures[fut]

@@ -171,7 +171,7 @@ def test_check_holds_the_launchers_handoff_around_pytest_and_hands_it_on(b200, m
         yield {"HANDED": "job 5"}
         events.append("given back")
 
-    def fake_run(cmd, cwd, env, **kw):
+    def fake_run(cmd, env):
         events.append("pytest")
         seen.update(cmd=cmd, env=env)
         junit = next(a.split("=", 1)[1] for a in cmd if a.startswith("--junitxml="))
@@ -180,7 +180,7 @@ def test_check_holds_the_launchers_handoff_around_pytest_and_hands_it_on(b200, m
 
     plug = launcher.of(b200)
     monkeypatch.setattr(plug, "handoff", handoff)
-    monkeypatch.setattr(check.subprocess, "run", fake_run)
+    monkeypatch.setattr(check, "run_pytest", fake_run)
     assert check.run(b200, quiet=True) == 0
     assert events == ["held", "pytest", "given back"]
     assert seen["env"]["HANDED"] == "job 5" and seen["env"][checkhost.CLUSTER_ENV] == b200.name

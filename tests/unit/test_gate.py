@@ -173,6 +173,7 @@ def draining(monkeypatch, readings, drain_s=10.0, refused=False, cluster="sim-gb
 
     clock = FakeTime()
     monkeypatch.setattr(engine, "time", clock)
+    monkeypatch.setattr(engine.interrupt, "sleep", clock.sleep)  # the engine sleeps in slices that look at the Ctrl-C flag
     c = load_cluster(cluster)
     c = c.model_copy(update={"deploy": c.deploy.model_copy(update={"drain_s": drain_s})})
     _, _, plan = plan_release(c, {}, c.image.ref)

@@ -18,6 +18,7 @@ its channel (``connect.left_open``). The threads' waits are guards only."""
 from __future__ import annotations
 
 import socket
+import time
 import threading
 import traceback
 
@@ -219,3 +220,180 @@ def test_an_interrupted_probe_gives_its_connection_up(monkeypatch, sessions):
         assert "open_channel" in lock.stack and lock.locked()
         assert len(made) == 1 and r.connections[node.name] is made[0]
         assert _on_thread(lambda: r.exec(node, "docker stop")) == ("ran docker stop\n", "", 0)
+
+
+# --- the handlers only count: the interrupt is raised where no lock is held ---------------------
+# llmdeploy/interrupt.py. Here the signal comes while a lock that Python code
+# takes is held (logging's module lock, a pool's shutdown lock, a future's
+# condition): with Python's own handler the KeyboardInterrupt is raised right
+# there and the lock stays held, so the cleanup after it (the stop, the
+# ledger line) waits forever; with the tool's, the command raises at its
+# next look at the flag and the cleanup ends within its deadline.
+
+import logging  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+from concurrent.futures import _base as futures_base  # noqa: E402
+
+from llmdeploy import interrupt, report  # noqa: E402
+from llmdeploy.runner import Step  # noqa: E402
+
+
+class _SignalsOnce:
+    """A lock that sends this process SIGINT right after its first acquire in
+    the main thread, while it is held: where a Ctrl-C lands when it comes as
+    the lock is taken. Condition-compatible over an RLock."""
+
+    def __init__(self, lock):
+        self.lock = lock
+        self.sent = 0
+
+    def acquire(self, *args, **kwargs):
+        got = self.lock.acquire(*args, **kwargs)
+        if got and not self.sent and threading.current_thread() is threading.main_thread():
+            self.sent = 1
+            os.kill(os.getpid(), signal.SIGINT)  # its handler runs at the next bytecode: this lock held
+        return got
+
+    def release(self):
+        self.lock.release()
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __bool__(self):
+        return True
+
+    # what threading.Condition asks of an RLock
+    def _is_owned(self):
+        return self.lock._is_owned()
+
+    def _release_save(self):
+        return self.lock._release_save()
+
+    def _acquire_restore(self, state):
+        self.lock._acquire_restore(state)
+
+
+@pytest.fixture
+def counting():
+    """The tool's handlers (tasks.py installs them for every command), Python's again after."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    interrupt.install()
+    yield
+    interrupt.reset()
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
+def _cleanup_runs(r, node):
+    """The interrupted command's cleanup on the same runner, within its
+    deadline: the stop as a step on the runner's pool, the ledger line as one
+    command (each on a guard thread: a lock left held fails the test)."""
+    with report.shielded():
+        res = _on_thread(lambda: r.run(Step(name="stop", build=lambda n: "docker stop"), [node]))
+        assert res[node.name].stdout == "ran docker stop\n", res[node.name]
+        assert _on_thread(lambda: r.exec(node, "append the ledger line")) == ("ran append the ledger line\n", "", 0)
+
+
+def _interrupted(fn):
+    """``fn()`` in the main thread must raise the tool's interrupt (not at a random bytecode)."""
+    with pytest.raises(interrupt.Interrupted):
+        fn()
+    assert interrupt.unwinding()
+
+
+def test_a_ctrl_c_while_logging_s_module_lock_is_held_leaves_it_free_and_the_cleanup_runs(monkeypatch, sessions, counting):
+    """paramiko's Channel() calls logging.getLogger, which takes logging's
+    module lock before its try (3.11: _acquireLock(); try ... finally
+    _releaseLock()): the SIGINT comes right there, in the main thread."""
+    first = sessions()
+    r, node, made = _runner_on(monkeypatch, first, sessions)
+    with r:
+        wrapped = _SignalsOnce(logging._lock)
+        monkeypatch.setattr(logging, "_lock", wrapped)
+        _interrupted(lambda: r.exec(node, "wait for the DP RPC port"))
+        assert wrapped.sent == 1 and not wrapped.lock._is_owned()
+        _cleanup_runs(r, node)
+        assert made == []  # no connection given up: the interrupt was raised between two reads, the channel closed
+
+
+def test_a_ctrl_c_while_the_pool_s_shutdown_lock_is_held_leaves_it_free_and_the_cleanup_runs(monkeypatch, sessions, counting):
+    """ThreadPoolExecutor.submit takes its shutdown lock in a with statement:
+    the SIGINT comes as the step's command is handed to the pool."""
+    first = sessions()
+    r, node, made = _runner_on(monkeypatch, first, sessions)
+    with r:
+        wrapped = _SignalsOnce(r._pool._shutdown_lock)
+        r._pool._shutdown_lock = wrapped
+        _interrupted(lambda: r.run(Step(name="wait", build=lambda n: "wait for the DP RPC port"), [node]))
+        assert wrapped.sent == 1 and not wrapped.lock.locked()
+        _cleanup_runs(r, node)
+
+
+def test_a_ctrl_c_while_a_future_s_condition_is_held_leaves_it_free_and_the_cleanup_runs(monkeypatch, sessions, counting):
+    """concurrent.futures.wait takes every future's condition
+    (_AcquireFutures): the SIGINT comes as the runner waits for the step's
+    hosts. Left held, the worker could never set the result, and the pool's
+    one thread (one node) would never run the cleanup's stop."""
+    first = sessions()
+    r, node, made = _runner_on(monkeypatch, first, sessions)
+    wrapped: list[_SignalsOnce] = []
+    init = futures_base.Future.__init__
+
+    def future_init(self):
+        init(self)
+        if not wrapped:  # the step's future: the first made from here on
+            wrapped.append(_SignalsOnce(threading.RLock()))
+            self._condition = threading.Condition(wrapped[0])
+
+    with r:
+        monkeypatch.setattr(futures_base.Future, "__init__", future_init)
+        _interrupted(lambda: r.run(Step(name="wait", build=lambda n: "wait for the DP RPC port"), [node]))
+        assert wrapped[0].sent == 1 and not wrapped[0].lock._is_owned()
+        _cleanup_runs(r, node)
+
+
+def test_a_further_signal_during_the_cleanup_is_only_counted(monkeypatch, sessions, counting):
+    """Under the shield a second Ctrl-C (and a SIGTERM) cuts nothing: the
+    cleanup's commands end whole, and the command still says it was interrupted."""
+    first = sessions()
+    r, node, made = _runner_on(monkeypatch, first, sessions)
+    with r:
+        os.kill(os.getpid(), signal.SIGINT)
+        _interrupted(lambda: r.exec(node, "wait for the DP RPC port"))
+        with report.shielded():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            interrupt.check()  # raises nothing now
+            assert r.exec(node, "append the ledger line") == ("ran append the ledger line\n", "", 0)
+        interrupt.check()  # nor after: the command is already on its way out
+
+
+def test_a_cleanup_action_that_overruns_its_deadline_is_said_and_the_command_goes_on(capsys):
+    """interrupt.bounded: the action's thread is left behind; a failure is
+    said, never raised (an interruption's exit status stays 130)."""
+    block = threading.Event()
+    assert interrupt.bounded("the ledger's last line on n0", 0.2, block.wait) is None
+    block.set()
+    assert interrupt.bounded("the audit log's last line on n0", 5, lambda: 1 / 0) is None
+    err = capsys.readouterr().err
+    assert "the ledger's last line on n0 did not finish within 0.2s" in err
+    assert "the audit log's last line on n0 failed: ZeroDivisionError" in err
+
+
+def test_a_sleep_and_a_join_end_at_the_first_look_after_a_signal(counting):
+    t0 = time.monotonic()
+    os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(interrupt.Interrupted, match="SIGTERM"):
+        interrupt.sleep(30)
+    assert time.monotonic() - t0 < GUARD_S
+    interrupt.reset()
+    t = threading.Thread(target=threading.Event().wait, args=(GUARD_S,), daemon=True)
+    t.start()
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(interrupt.Interrupted, match="SIGINT"):
+        interrupt.join(t)

@@ -217,6 +217,9 @@ def test_a_chunked_stream_reads_line_by_line_through_a_channel_like_paramikos():
         def settimeout(self, t):
             self.sock.settimeout(t)
 
+        def gettimeout(self):
+            return self.sock.gettimeout()
+
         def close(self):
             self.sock.close()
 

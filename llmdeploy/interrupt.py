@@ -1,0 +1,240 @@
+"""Ctrl-C and SIGTERM, taken only where no lock is held.
+
+Python's own SIGINT handler raises ``KeyboardInterrupt`` in the main thread
+at whatever bytecode it has reached. When that is right after a lock's
+``acquire`` returned and before the ``try`` that releases it, the lock stays
+held: logging's module lock in ``logging.getLogger`` (which paramiko's
+``Channel()`` and ``Transport()`` call), ``ThreadPoolExecutor.submit``'s
+shutdown lock, a future's condition in ``concurrent.futures.wait``. The
+cleanup after the interrupt (the stop, the ledger line, the lock's release)
+then waits for that lock forever, and the deploy lock stays held.
+
+So the handlers :func:`install` puts in only count the signal: they print
+nothing, take no lock and set no ``threading.Event`` (whose Condition the
+main thread may hold). The command raises :class:`Interrupted` (a
+``KeyboardInterrupt``) itself, at points where it holds no lock:
+
+- :func:`check`, in the main thread: between steps, in every wait taken in
+  short slices (:func:`sleep`, :func:`wait`, :func:`join`);
+- :func:`Command.check`, in any thread: between reads of a channel, for a
+  command started before the interrupt (one started during the cleanup is
+  never cut).
+
+Once raised, the command is unwinding: the cleanup runs under
+:func:`cleanup` and a further signal is only counted. Each cleanup action
+runs with a deadline (:func:`bounded`), and its failure is reported beside
+the interruption, never instead of it: the exit stays 130.
+
+The runner's ``abandon`` (a connection given up when a ``KeyboardInterrupt``
+from elsewhere lands inside paramiko) stays as a second line of defence.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import wait as _futures_wait
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+T = TypeVar("T")
+
+SLICE_S = 0.2  # how long a wait blocks between two looks at the flag
+# the deadline of each last line after an interruption (the ledger's, the
+# audit log's) and of the deploy lock's release: node 0 answers these in well
+# under a second; one that does not must not keep the operator's prompt
+LAST_LINE_S = 20.0
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised by this module at a point where no lock is held."""
+
+
+class _State:
+    """Plain attributes: a signal handler may set them (no lock, no Event)."""
+
+    def __init__(self) -> None:
+        self.received = 0  # signals counted while the command ran normally
+        self.late = 0  # signals counted while it unwound or was shielded
+        self.signum = 0
+        self.shield = 0  # depth of shield(): no interrupt is raised inside
+        self.unwinding = False  # an interrupt was raised: the command is on its way out
+        self.installed = False
+
+
+_S = _State()
+
+
+def _handler(signum: int, frame: Any) -> None:
+    # only counts: see the module's docstring
+    if _S.unwinding or _S.shield:
+        _S.late += 1
+    else:
+        _S.received += 1
+        _S.signum = signum
+
+
+def reset() -> None:
+    """Forget every signal counted (a new command in this process)."""
+    _S.received = _S.late = _S.signum = 0
+    _S.shield = 0
+    _S.unwinding = False
+
+
+def install() -> None:
+    """SIGINT and SIGTERM only counted from now on (main thread only; a no-op elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    reset()
+    signal.signal(signal.SIGINT, _handler)
+    signal.signal(signal.SIGTERM, _handler)
+    _S.installed = True
+
+
+def uninstall() -> None:
+    """Python's own handlers again (SIGINT raises; SIGTERM ends the process)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _S.installed = False
+
+
+def pending() -> bool:
+    """A signal came that has not been raised yet."""
+    return _S.received > 0 and not _S.unwinding
+
+
+def unwinding() -> bool:
+    return _S.unwinding
+
+
+def signal_name() -> str:
+    return signal.Signals(_S.signum).name if _S.signum else "SIGINT"
+
+
+def check() -> None:
+    """Raise :class:`Interrupted` when a signal came and none was raised yet,
+    outside a shield. Main thread only: elsewhere it does nothing (a worker
+    thread's command is cut by :meth:`Command.check`)."""
+    if _S.received and not _S.unwinding and not _S.shield and threading.current_thread() is threading.main_thread():
+        _S.unwinding = True
+        raise Interrupted(signal_name())
+
+
+class Command:
+    """One remote command's view of the flag, taken when it starts: one
+    started while the command ran normally is cut at its next read after a
+    signal; one started in a shield or during the cleanup never is."""
+
+    __slots__ = ("cuttable",)
+
+    def __init__(self) -> None:
+        self.cuttable = not (_S.unwinding or _S.shield)
+
+    def check(self) -> None:
+        if self.cuttable and _S.received:
+            if threading.current_thread() is threading.main_thread():
+                _S.unwinding = True  # raised to the command itself (a worker's reaches it through its future)
+            raise Interrupted(signal_name())
+
+
+def sleep(seconds: float) -> None:
+    """``time.sleep`` in slices, raising at the first look after a signal."""
+    end = time.monotonic() + max(0.0, seconds)
+    while True:
+        check()
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(SLICE_S, left))
+
+
+def wait(futures: Iterable[Future], timeout: float | None) -> tuple[set[Future], set[Future]]:
+    """``concurrent.futures.wait`` (every future) in slices, raising at the first look after a signal."""
+    pending_fs = set(futures)
+    done: set[Future] = set()
+    end = None if timeout is None else time.monotonic() + timeout
+    while pending_fs:
+        check()
+        left = SLICE_S if end is None else min(SLICE_S, end - time.monotonic())
+        if left <= 0:
+            break
+        got, pending_fs = _futures_wait(pending_fs, timeout=left)
+        done |= got
+    check()  # a worker's command cut by the signal ended its future: raised here, not by its result()
+    return done, pending_fs
+
+
+def join(thread: threading.Thread, timeout: float | None = None) -> bool:
+    """``thread.join`` in slices; whether it ended."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while thread.is_alive():
+        check()
+        left = SLICE_S if end is None else min(SLICE_S, end - time.monotonic())
+        if left <= 0:
+            break
+        thread.join(left)
+    check()
+    return not thread.is_alive()
+
+
+@contextmanager
+def shield() -> Iterator[None]:
+    """No interrupt is raised inside; a signal that comes is raised at the
+    first check after it (a short action that must end whole: the lock's
+    release). When Python's handlers are in place (a flow called without
+    :func:`install`), the shield puts the counting ones in for its length."""
+    main = threading.current_thread() is threading.main_thread()
+    old = None
+    if main and not _S.installed:
+        old = {sig: signal.signal(sig, _handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    _S.shield += 1
+    try:
+        yield
+    finally:
+        _S.shield -= 1
+        if old is not None:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+
+
+@contextmanager
+def cleanup() -> Iterator[None]:
+    """The cleanup after an interruption: a shield, and the command unwinds
+    (no further interrupt is raised, a further signal is only counted)."""
+    _S.unwinding = True
+    with shield():
+        yield
+
+
+def bounded(what: str, seconds: float, fn: Callable[[], T]) -> T | None:
+    """``fn()`` on a thread of its own, waited for at most ``seconds``: a
+    cleanup action that can neither hang the command nor replace its
+    interruption. A failure or an overrun is said on stderr (``what`` names
+    the action) and None returned; the thread that overran is left to end on
+    its own (a daemon)."""
+    got: list = []
+
+    def run() -> None:
+        try:
+            got.append((True, fn()))
+        except BaseException as exc:  # reported below, never raised here
+            got.append((False, exc))
+
+    t = threading.Thread(target=run, name=f"llmdeploy-cleanup-{what[:20]}", daemon=True)
+    t.start()
+    t.join(seconds)
+    if not got:
+        print(f"warning: {what} did not finish within {seconds:g}s; left behind", file=sys.stderr, flush=True)
+        return None
+    ok, value = got[0]
+    if not ok:
+        from .errors import mask
+
+        print(f"warning: {what} failed: {mask(f'{type(value).__name__}: {value}')}", file=sys.stderr, flush=True)
+        return None
+    return value
