@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -169,30 +170,87 @@ def test_two_concurrent_deploys_one_wins_the_other_names_the_holder(releases_ab)
     assert run_invoke("lock.status", "--cluster", SIM_CLUSTER).returncode == 0
 
 
-def test_sigint_mid_start_leaves_no_lock_and_intact_records(releases_ab):
+# (line the deploy prints, seconds after it, the signal sent to the deploy's
+# process group): before anything was stopped, after the old release was
+# drained (its stop), as node 0 started and the workers wait for its DP RPC
+# port (node 0 slowed 30 s), 3 s into that wait (an engine's poll), and while
+# the workers' readiness is probed
+INTERRUPTS = [
+    ("deploy sim-a3: release", 0, signal.SIGINT),
+    ("drained", 0, signal.SIGINT),
+    ("waiting for the DP RPC port", 0, signal.SIGTERM),
+    ("waiting for the DP RPC port", 3, signal.SIGINT),
+    ("workers: started on", 0, signal.SIGINT),
+]
+ENDS_WITHIN_S = 30  # the issue's bound for an operator's prompt after Ctrl-C
+
+
+def _interrupt_at(line_mark: str, after: float, sig: int, command: tuple[str, ...] = ("deploy", "--skip-prepare")) -> tuple[int, float, str]:
+    """A command (a deploy) signalled (its whole process group, as a
+    terminal's Ctrl-C does) ``after`` seconds after the first line holding
+    ``line_mark``: its exit status, the seconds from the signal to its end,
+    and what it printed."""
+    p = subprocess.Popen(INVOKE + [command[0], "--cluster", SIM_CLUSTER, *command[1:]], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL, env=tool_env(), start_new_session=True)
+    seen = []
+    try:
+        for line in p.stdout:
+            seen.append(line)
+            if line_mark in line:
+                break
+        else:
+            pytest.fail(f"{command[0]} ended before printing {line_mark!r}:\n{''.join(seen)}")
+        time.sleep(after)
+        t = time.monotonic()
+        os.killpg(p.pid, sig)
+        try:
+            rest, _ = p.communicate(timeout=120)  # a guard: the bound is asserted by the caller
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{command[0]} did not end within 120 s of {signal.Signals(sig).name} at {line_mark!r}:\n{''.join(seen)}")
+        return p.returncode, time.monotonic() - t, "".join(seen) + rest
+    finally:
+        if p.poll() is None:  # it did not end: not left holding the lock for the tests after this one
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_an_interrupted_deploy_ends_within_seconds_with_the_lock_free_and_the_records_saying_so(releases_ab):
+    """SIGINT (and once SIGTERM) at several moments of a deploy: each ends
+    within 30 s with exit 130, the lock free, the ledger's and the audit log's
+    last lines saying interrupted, every line whole; the printed rollback
+    brings the cluster back."""
     state = host_dir(SIM_CLUSTER, "sim-a3-0") / "root/etc/llmdeploy-sim"
     saved = hardware.load(state)
-    hardware.save(state, dict(saved, vllm={"node0_delay_s": 30}))
-    p = None
     try:
-        p = subprocess.Popen(INVOKE + ["deploy", "--cluster", SIM_CLUSTER, "--skip-prepare"], cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL, env=tool_env())
-        for line in p.stdout:
-            if "waiting for the DP RPC port" in line:
-                break
-        p.send_signal(signal.SIGINT)
-        p.communicate(timeout=120)
+        for mark, after, sig in INTERRUPTS:
+            # node 0 slowed while the workers wait for it; not for the readiness after they started
+            hardware.save(state, saved if mark.startswith("workers") else dict(saved, vllm={"node0_delay_s": 30}))
+            before = len(_ledger())
+            code, took, out = _interrupt_at(mark, after, sig)
+            where = f"{signal.Signals(sig).name} {after}s after {mark!r}"
+            assert code == 130, f"{where}: exit {code}\n{out}"
+            assert took < ENDS_WITHIN_S, f"{where}: ended {took:.1f}s after the signal\n{out}"
+            assert f"interrupted ({signal.Signals(sig).name})" in out, out
+            assert run_invoke("lock.status", "--cluster", SIM_CLUSTER).returncode == 0, where  # free
+            ledger, audit = _ledger(), _audit()  # every line parses
+            assert audit[-1]["command"] == "deploy" and audit[-1]["result"] == "interrupted", (where, audit[-1])
+            assert parse_ledger((_base("sim-a3-0") / "ledger.jsonl").read_text()) == ledger
+            if mark.startswith("deploy"):  # nothing was stopped or recorded: nothing to bring back
+                assert "interrupted before anything was stopped" in out and len(ledger) == before, (where, out)
+                continue
+            assert f"invoke rollback --cluster {SIM_CLUSTER}" in out, out
+            assert ledger[-1]["result"] == "failed" and ledger[-1]["reason"] == "interrupted", (where, ledger[-1])
+        # a rollback holds the lock too: interrupted as it waits for node 0, it ends the same way
+        hardware.save(state, dict(saved, vllm={"node0_delay_s": 30}))
+        code, took, out = _interrupt_at("waiting for the DP RPC port", 1, signal.SIGINT, ("rollback", "--to", releases_ab[1]))
+        assert code == 130 and took < ENDS_WITHIN_S, f"rollback: exit {code} {took:.1f}s after SIGINT\n{out}"
+        assert f"to run it again: invoke rollback --cluster {SIM_CLUSTER} --to {releases_ab[1]}" in out, out
+        assert run_invoke("lock.status", "--cluster", SIM_CLUSTER).returncode == 0
+        ledger, audit = _ledger(), _audit()
+        assert audit[-1]["command"] == "rollback" and audit[-1]["result"] == "interrupted", audit[-1]
+        assert ledger[-1]["release"] == releases_ab[1] and ledger[-1]["reason"] == "interrupted", ledger[-1]
     finally:
         hardware.save(state, saved)
-        if p is not None and p.poll() is None:  # it did not end: not left holding the lock for the tests after this one
-            p.kill()
-            p.wait()
-    assert p.returncode == 130
-    assert run_invoke("lock.status", "--cluster", SIM_CLUSTER).returncode == 0  # free
-    ledger, audit = _ledger(), _audit()  # every line parses
-    assert ledger[-1]["result"] == "failed" and ledger[-1]["reason"] == "interrupted"
-    assert audit[-1]["command"] == "deploy" and audit[-1]["result"] == "interrupted"
-    assert parse_ledger((_base("sim-a3-0") / "ledger.jsonl").read_text()) == ledger
     # and the cluster comes back
     assert run_invoke("rollback", "--cluster", SIM_CLUSTER, "--to", releases_ab[0], timeout=400).returncode == 0
 
