@@ -47,10 +47,14 @@ def _cluster_given(sig: inspect.Signature, c, args, kwargs) -> None:
         raise LlmdeployError(f"--cluster is required (one of: {', '.join(list_clusters())})")
 
 
-def _guard(fn):
+def _guard(fn=None, *, counting: bool = True):
     """Turn a LlmdeployError into its message on stderr and its exit status;
     a task whose ``cluster`` parameter has no default refuses to run without
-    --cluster, naming the inventories."""
+    --cluster, naming the inventories. ``counting=False``: Ctrl-C and SIGTERM
+    raise where the task is (the simulator's tasks: no deploy lock, no look
+    at the flag in their waits)."""
+    if fn is None:
+        return functools.partial(_guard, counting=counting)
     sig = inspect.signature(fn)
     cluster = sig.parameters.get("cluster")
     needs_cluster = cluster is not None and cluster.default is inspect.Parameter.empty
@@ -64,7 +68,7 @@ def _guard(fn):
         # Ctrl-C and SIGTERM are only counted; the command raises the
         # interrupt where it holds no lock (llmdeploy/interrupt.py), and a
         # terminated run unwinds like Ctrl-C: locks released, state recorded
-        interrupt.install()
+        interrupt.install(counting)
         try:
             if needs_cluster:
                 _cluster_given(sig, c, args, kwargs)
@@ -340,7 +344,7 @@ def lock_break(c, cluster, reason=None):
 
 
 @task(positional=[], help={"cluster": "simulated cluster to bring up (an inventory named sim-*)"})
-@_guard
+@_guard(counting=False)
 def sim_up(c, cluster="sim-a3"):
     """Bring up a simulated cluster: a network namespace, a real sshd and a real dockerd per node (sim-*-slurm: with munged and slurmd, and slurmctld on a login host)."""
     return _sim_up(cluster)
@@ -357,7 +361,7 @@ def _sim_up(name: str) -> int:
 
 
 @task(positional=[], help={"cluster": "only this simulated cluster (default: every one that is up)"})
-@_guard
+@_guard(counting=False)
 def sim_down(c, cluster=None):
     """Remove simulated clusters: processes, namespaces, links and files."""
     from sim import cluster as simc
@@ -371,7 +375,7 @@ def sim_down(c, cluster=None):
 
 
 @task(positional=[], help={"cluster": "a simulated cluster that is up", "mbit": "each host's link speed in Mbit/s (0: unshaped)"})
-@_guard
+@_guard(counting=False)
 def sim_shape(c, cluster, mbit):
     """Give a simulated cluster's hosts and its registry physical links: tc token buckets on both ends of every veth."""
     from sim import cluster as simc
@@ -387,7 +391,7 @@ def sim_shape(c, cluster, mbit):
 
 
 @task(positional=[])
-@_guard
+@_guard(counting=False)
 def sim_status(c):
     """List the simulated clusters that are up."""
     from sim import cluster as simc
@@ -402,8 +406,13 @@ def sim_status(c):
 def demo(c, cluster="sim-a3"):
     """The main job on the simulated cluster: sim.up, prepare, verify-comm, deploy, the model's answer, status."""
     from flows import demo as demo_flow
+    from llmdeploy import interrupt
 
-    return demo_flow.demo(cluster, lambda: _sim_up(cluster), f"invoke sim.down --cluster {cluster}")
+    def up() -> int:
+        with interrupt.native():  # the simulator's waits do not look at the Ctrl-C flag
+            return _sim_up(cluster)
+
+    return demo_flow.demo(cluster, up, f"invoke sim.down --cluster {cluster}")
 
 
 sim = Collection("sim")

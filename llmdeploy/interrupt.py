@@ -84,14 +84,17 @@ def reset() -> None:
     _S.unwinding = False
 
 
-def install() -> None:
-    """SIGINT and SIGTERM only counted from now on (main thread only; a no-op elsewhere)."""
+def install(counting: bool = True) -> None:
+    """SIGINT and SIGTERM only counted from now on (main thread only; a no-op
+    elsewhere). ``counting=False``: both raise ``KeyboardInterrupt`` where
+    the main thread is (a SIGTERM unwinds like Ctrl-C), for a command that
+    has no looks at the flag and holds no deploy lock (the simulator's)."""
     if threading.current_thread() is not threading.main_thread():
         return
     reset()
-    signal.signal(signal.SIGINT, _handler)
-    signal.signal(signal.SIGTERM, _handler)
-    _S.installed = True
+    signal.signal(signal.SIGINT, _handler if counting else _raise)
+    signal.signal(signal.SIGTERM, _handler if counting else _raise)
+    _S.installed = counting
 
 
 def uninstall() -> None:
@@ -101,6 +104,30 @@ def uninstall() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _S.installed = False
+
+
+def _raise(signum: int, frame: Any) -> None:
+    _S.signum = signum
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextmanager
+def native() -> Iterator[None]:
+    """Python's way inside (SIGINT and SIGTERM raise ``KeyboardInterrupt``
+    wherever the main thread is): for code that holds no lock of this tool's
+    and waits on its own terms, e.g. Invoke's runner following a log until
+    Ctrl-C, which catches the interrupt in its wait loop. A signal counted
+    before is raised first."""
+    check()
+    if threading.current_thread() is not threading.main_thread() or not _S.installed:
+        yield
+        return
+    old = {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 def pending() -> bool:

@@ -354,7 +354,9 @@ class Runner:
         """Run a command that prints until it is stopped (a log followed), its
         output straight to this terminal; its exit code."""
         node, command = self.transport.follow(node, command, name)
-        return self._open(node).run(command, warn=True, pty=False, in_stream=False).exited
+        conn = self._open(node)
+        with interrupt.native():  # Invoke's runner ends the follow on Ctrl-C itself (its wait loop catches it)
+            return conn.run(command, warn=True, pty=False, in_stream=False).exited
 
     def exec_direct(
         self, node: Node, command: str, timeout: float | None = None, stdin: str | bytes | None = None,

@@ -430,7 +430,7 @@ def cli_markdown() -> tuple[str, list[str]]:
         "",
         "0: every host fine; 1: a host failed or was unreachable (the recap names it), or the command failed. "
         "The other statuses come from the errors' classes (`llmdeploy.errors.LlmdeployError`'s subclasses) "
-        "and `tasks._guard` (Ctrl-C; a task turns SIGTERM into it):",
+        "and `tasks._guard` (130: Ctrl-C or SIGTERM, raised where no lock is held, `llmdeploy/interrupt.py`):",
         "",
         *exit_statuses(),
         "",

@@ -397,3 +397,34 @@ def test_a_sleep_and_a_join_end_at_the_first_look_after_a_signal(counting):
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
     with pytest.raises(interrupt.Interrupted, match="SIGINT"):
         interrupt.join(t)
+
+
+def test_a_task_exits_130_on_sigterm_with_either_kind_of_handler():
+    """tasks._guard: a flow's task counts the signal and raises at its next
+    look (here its sleep); a simulator task (counting=False), which never
+    looks, is interrupted where it is, as Python does. Python's handlers are
+    back after either."""
+    import invoke
+
+    import tasks
+
+    def flow(c):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)  # counted, not raised here
+        interrupt.sleep(GUARD_S)
+
+    def simulator(c):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(GUARD_S)  # raised here
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        for fn, counting in ((flow, True), (simulator, False)):
+            t0 = time.monotonic()
+            with pytest.raises(invoke.Exit) as got:
+                tasks._guard(fn, counting=counting)(invoke.Context())
+            assert got.value.code == 130 and time.monotonic() - t0 < GUARD_S
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
