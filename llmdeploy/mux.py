@@ -341,6 +341,7 @@ class Client:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            interrupt.reset()  # a Ctrl-C the command counted before the fork is not the holder's: its commands are never cut
             if os.fork():
                 os._exit(0)
             code = serve_cluster(self.cluster, self.path, self.cluster.ssh.persist_s, self.make_runner)
