@@ -151,32 +151,25 @@ def prepare(
             else:
                 con.print("[bold red]FAILED[/]: staging the model did not finish; nothing else was prepared")
             return 1
-    distributed = None
-    if cluster.image.distribute and not check:
-        # one pull (or load), then the image down the nodes' chain; the image step then compares IDs
+    distributed = wheels_sent = None
+    if not check:
         from flows import stage as stage_flow
 
-        distributed = stage_flow.distribute_image(cluster, con, quiet=json_out, limit=limit)
-        if not json_out:
-            d = distributed
-            con.print(f"[bold]image {escape(cluster.image.ref)}[/]: " + (
-                f"{len(d.got)} node(s) got it from {escape(d.source)} ({escape(d.via or '')})"
-                + (f" after one docker pull there ({escape(d.fallback or '')})" if d.pulled else "") if d.source else
-                f"present on all {len(d.had)} node(s)"))
-        if distributed.failed:
-            why = "; ".join(f"{h}: {m}" for h, m in distributed.failed.items())
-            if json_out:
-                report.emit_json({"cluster": cluster.name, "check": check, "ok": False, "changed": 0, "steps": {}, "recap": {},
-                                  "round_trips": {}, "image_distribution": distributed.as_json()})
-            else:
-                con.print(f"[bold red]FAILED[/]: the image did not reach every node ({escape(why)}); nothing else was prepared")
+        if cluster.image.distribute:
+            # one pull (or load), then the image down the nodes' chain; the image step then compares IDs
+            distributed = stage_flow.distribute_image(cluster, con, quiet=json_out, limit=limit)
+            if _not_everywhere(con, cluster, json_out, "image", cluster.image.ref, distributed):
+                return 1
+        # the image with the pinned wheels: one pip install for the cluster, then down the same chain
+        wheels_sent = stage_flow.distribute_wheels(cluster, con, quiet=json_out, limit=limit)
+        if wheels_sent is not None and _not_everywhere(con, cluster, json_out, "wheels", wheels_sent.ref or "", wheels_sent):
             return 1
     # --json: no host rows (the step bars on a terminal's stderr, as before)
     recap, results, trips = run_playbook(cluster, "prepare", limit, con, ctx=ctx, host_lines=not json_out)
     status = _exit_status(recap)
     _prepare_report(con, cluster, check, diff, json_out, recap, results, trips, status,
                     stage=staged.as_json(cluster.stage.link_mbit) if staged else None,
-                    image=distributed.as_json() if distributed else None)
+                    image=distributed.as_json() if distributed else None, wheels=wheels_sent.as_json() if wheels_sent else None)
     if status == 0 and run_checks and not check:
         from flows import check as node_check
 
@@ -209,8 +202,26 @@ def _prepare_locked(cluster_name: str, diff: bool, limit: str | None, json_out: 
         return status
 
 
+def _not_everywhere(con, cluster: Cluster, json_out: bool, what: str, ref: str, d) -> bool:
+    """Say what an image's distribution did (``d``: flows.stage.ImageOutcome);
+    True when it did not reach every node (then prepare stops, and said why)."""
+    key = "image_distribution" if what == "image" else "wheels_distribution"
+    if not json_out:
+        con.print(f"[bold]{what} {escape(ref)}[/]: {escape(d.said(ref))}")
+    if not d.failed:
+        return False
+    why = "; ".join(f"{h}: {m}" for h, m in d.failed.items())
+    if json_out:
+        report.emit_json({"cluster": cluster.name, "check": False, "ok": False, "changed": 0, "steps": {}, "recap": {},
+                          "round_trips": {}, key: d.as_json()})
+    else:
+        con.print(f"[bold red]FAILED[/]: the {'image' if what == 'image' else 'image with the wheels'} did not reach every node "
+                  f"({escape(why)}); nothing else was prepared")
+    return True
+
+
 def _prepare_report(con, cluster: Cluster, check: bool, diff: bool, json_out: bool, recap: dict, results: dict, trips, status: int,
-                    stage: dict | None = None, image: dict | None = None) -> None:
+                    stage: dict | None = None, image: dict | None = None, wheels: dict | None = None) -> None:
     """prepare's recap: per step and host, the RECAP table and what changed; or the same as JSON."""
     changed = sum(c.get("changed", 0) for c in recap.values())
     if json_out:
@@ -228,6 +239,7 @@ def _prepare_report(con, cluster: Cluster, check: bool, diff: bool, json_out: bo
                 "round_trips": trips,
                 **({"stage": stage} if stage is not None else {}),
                 **({"image_distribution": image} if image is not None else {}),
+                **({"wheels_distribution": wheels} if wheels is not None else {}),
             }
         )
         return

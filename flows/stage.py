@@ -376,6 +376,8 @@ class ImageOutcome:
     fallback: str | None = None  # why it did
     sent: int = 0
     seconds: float = 0.0
+    ref: str | None = None  # the image sent, when not the inventory's (the image with the wheels)
+    built: str | None = None  # the node that built it first (the wheels' one pip install)
     # node -> {"stream_s": its agent's start to the stream's last byte there,
     # "sink_s": docker load after that}, from the pass that reached it (a node
     # reached on a second pass counts from that pass's start)
@@ -383,7 +385,18 @@ class ImageOutcome:
 
     def as_json(self) -> dict:
         return {"source": self.source, "via": self.via, "had": self.had, "got": self.got, "failed": self.failed, "pulled": self.pulled,
-                "fallback": self.fallback, "sent_bytes": self.sent, "seconds": round(self.seconds, 3), "timings": self.timings}
+                "fallback": self.fallback, "sent_bytes": self.sent, "seconds": round(self.seconds, 3), "timings": self.timings,
+                **({"ref": self.ref, "built": self.built} if self.ref else {})}
+
+    def said(self, ref: str) -> str:
+        """What happened, in one line for people."""
+        if self.built and not self.got:
+            return f"built on {self.built}"
+        if not self.source:
+            return f"present on all {len(self.had)} node(s)"
+        first = f"built on {self.built}, then " if self.built else ""
+        pulled = f" after one docker pull there ({self.fallback or ''})" if self.pulled else ""
+        return f"{first}{len(self.got)} node(s) got it from {self.source} ({self.via or ''}){pulled}"
 
 
 def distribute_image(cluster: Cluster, con: Console, quiet: bool = False, limit: str | None = None) -> ImageOutcome:
@@ -441,6 +454,78 @@ def distribute_image(cluster: Cluster, con: Console, quiet: bool = False, limit:
             out.pulled = True
             source, loads = st.save_source(cluster), False
     return _done(out, t0)
+
+
+def distribute_wheels(cluster: Cluster, con: Console, quiet: bool = False, limit: str | None = None) -> ImageOutcome | None:
+    """The image with the pinned wheels (``roles.wheels``), once for the
+    cluster: built on one node (node 0, or a node that has it already, then
+    no build at all) with the one pip install, and sent down the chain of the
+    nodes that lack it (``docker save`` there, ``docker load`` on each), so
+    that every node holds the same image ID. prepare's wheels step then finds
+    it on every node, checks the versions in it and compares the IDs.
+
+    None: nothing for it to do here, and the wheels step does it all as it
+    did (the profile pins no wheels; the units' runtime builds its own file,
+    as pyxis does; one node)."""
+    from roles import image as image_role
+    from roles import runtime, wheels
+
+    w = wheels.spec(cluster)
+    chosen = list(select_nodes(cluster, limit))
+    if w is None or runtime.of(cluster).wheels_script(w, True) is not None or len(chosen) < 2:
+        return None
+    ref = wheels.derived_ref(cluster)
+    out = ImageOutcome(ref=ref)
+    t0 = time.monotonic()
+    with report.host_progress(con, len(chosen), enabled=not quiet) as cb, \
+            Runner(cluster, nodes=chosen, progress=cb, lines=cb.line) as runner:
+        res = runner.run(Step(name="wheels.distribute", build=lambda node: image_role.probe(cluster, node, ref),
+                              parse=lambda node, o, e, c: image_role.parse_ref(ref, node, o, e, c)), chosen)
+        lacking = []
+        for n in chosen:
+            r = res[n.name]
+            if r.failed:
+                out.failed[n.name] = r.msg
+            elif isinstance(r.data, dict) and r.data.get("id"):
+                out.had.append(n.name)
+            else:
+                lacking.append(n)
+        if out.failed or not lacking:
+            return _done(out, t0)
+        if not out.had:
+            src = cluster.node0 if cluster.node0 in chosen else chosen[0]
+            if not _build_wheels_on(cluster, runner, src, out):
+                return _done(out, t0)
+            lacking = [n for n in lacking if n.name != src.name]
+        else:
+            src = cluster.node(out.had[0])
+        if lacking:
+            _image_chain(cluster, runner, src, st.save_source(cluster, ref), False, lacking, out)
+    return _done(out, t0)
+
+
+def _build_wheels_on(cluster: Cluster, runner: Runner, src: Node, out: ImageOutcome) -> bool:
+    """The base image on ``src`` (prepare's image step has it everywhere
+    else, after), then the wheels' one pip install there; whether it worked
+    (``out.failed`` names the node and why, not)."""
+    from roles import image as image_role
+    from roles import wheels
+
+    long_s = max(cluster.ssh.command_timeout, 1800.0)
+    steps = [
+        Step(name="image", build=lambda node: image_role.build(cluster), parse=lambda node, o, e, c: image_role.parse(cluster, node, o, e, c),
+             timeout=max(cluster.ssh.command_timeout, 3600.0), progress=progress_line),
+        Step(name="wheels", build=lambda node: wheels.build(cluster), parse=lambda node, o, e, c: wheels.parse(cluster, node, o, e, c),
+             timeout=long_s, progress=progress_line),
+    ]
+    for step in steps:
+        r = runner.run(step, [src])[src.name]
+        if r.failed:
+            out.failed[src.name] = r.msg
+            return False
+    out.built = src.name
+    out.had.append(src.name)
+    return True
 
 
 UNSUPPORTED = "unsupported"

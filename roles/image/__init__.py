@@ -63,18 +63,25 @@ def _own(cluster: Cluster, check: bool) -> str | None:
     return runtime.of(cluster).image_script(cluster.image.ref, check)
 
 
-def probe(cluster: Cluster, node: Node | None = None) -> str:
+def probe(cluster: Cluster, node: Node | None = None, ref: str | None = None) -> str:
     """Is the image there (read-only): the first part of ``build`` (the
-    runtime's own check, which says no more than what it would do)."""
-    own = _own(cluster, True)
+    runtime's own check, which says no more than what it would do).
+    ``ref``: another image in Docker (the image with the wheels, built once
+    and sent down the chain), not the inventory's."""
+    own = _own(cluster, True) if ref is None else None
     if own is not None:
         return own
-    return "\n".join(_inspect_lines(cluster)) + "\n"
+    return "\n".join(_inspect_lines(cluster, ref)) + "\n"
 
 
-def _inspect_lines(cluster: Cluster) -> list[str]:
+def parse_ref(ref: str, node: Node, out: str, err: str, code: int) -> HostResult:
+    """``parse`` of :func:`probe`'s output for another image than the inventory's."""
+    return _parse_ref(ref, node, out, err, code)
+
+
+def _inspect_lines(cluster: Cluster, ref: str | None = None) -> list[str]:
     return [
-        f"ref={shlex.quote(cluster.image.ref)}",
+        f"ref={shlex.quote(ref or cluster.image.ref)}",
         f"inspect() {{ docker image inspect --format {shlex.quote(INSPECT)} \"$ref\" 2>/dev/null; }}",
         'cur=$(inspect) || cur=""',
         f'if [ -n "$cur" ]; then echo "{MARK} present $cur"; exit 0; fi',

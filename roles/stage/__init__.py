@@ -306,9 +306,9 @@ SAVE_COMPRESSED = ('if command -v pigz >/dev/null 2>&1; then z="pigz -1 -c"; els
                    'docker save "$1" | $z')
 
 
-def save_source(cluster: Cluster) -> ImageSource:
-    """The image as a node that has it saves it (gzip-compressed, ``SAVE_COMPRESSED``)."""
-    return ImageSource("docker save", command=["bash", "-o", "pipefail", "-c", SAVE_COMPRESSED, "llmdeploy-image-save", cluster.image.ref])
+def save_source(cluster: Cluster, ref: str | None = None) -> ImageSource:
+    """The image (the inventory's, or ``ref``) as a node that has it saves it (gzip-compressed, ``SAVE_COMPRESSED``)."""
+    return ImageSource("docker save", command=["bash", "-o", "pipefail", "-c", SAVE_COMPRESSED, "llmdeploy-image-save", ref or cluster.image.ref])
 
 
 LOAD = ["docker", "load"]

@@ -1,8 +1,17 @@
 """Pinned wheels in the image (``ServingProfile.wheel_set``: e.g. a
-profile's ai-dynamo and ai-dynamo-runtime): installed once into a derived image on each node with
-``docker run ... pip install`` + ``docker commit``, then verified the way the
-seed does, with ``importlib.metadata`` inside the image. The derived image is
-what the start step runs. Profiles without wheels skip this step.
+profile's ai-dynamo and ai-dynamo-runtime): installed once into a derived
+image with ``docker run ... pip install`` + ``docker commit``, then verified
+the way the seed does, with ``importlib.metadata`` inside the image. The
+derived image is what the start step runs. Profiles without wheels skip
+this step.
+
+Once for the cluster, not once per node: prepare builds it on one node (node
+0, or a node that has it already) and sends it down the nodes' chain with
+``docker save`` and ``docker load`` (``flows.stage.distribute_wheels``,
+before the playbook), so that every node holds the same image ID, which this
+step then reads on each node and compares (a node with another is named).
+A node that lacks it at this step (a single-node cluster, or one the chain
+did not reach) builds it itself.
 
 That is Docker's way. A cluster whose units' runtime has its own
 (``UnitRuntime.wheels_script``: on a pyxis cluster, the imported squashfs
@@ -118,7 +127,8 @@ def build(cluster: Cluster, check: bool = False) -> str | None:
     lines = [
         f"tag={tag}",
         f"verify() {{ docker run --rm \"$1\" {shlex.join(w.verify)}; }}",
-        f'if docker image inspect "$tag" >/dev/null 2>&1 && verify "$tag"; then echo "{MARK} state present"; exit 0; fi',
+        f'imgid() {{ echo "{MARK} id $(docker image inspect --format {shlex.quote("{{.Id}}")} "$tag")"; }}',
+        f'if docker image inspect "$tag" >/dev/null 2>&1 && verify "$tag"; then echo "{MARK} state present"; imgid; exit 0; fi',
     ]
     for src, _ in w.mounts:
         lines.append(f'[ -d {shlex.quote(src)} ] || {{ echo "wheel directory {src} is missing" >&2; exit 3; }}')
@@ -134,6 +144,7 @@ def build(cluster: Cluster, check: bool = False) -> str | None:
         f'docker commit {name} "$tag" >/dev/null && docker rm {name} >/dev/null || exit $?',
         f'echo "{MARK} state installed"',
         'verify "$tag" || { echo "installed, but the versions in $tag are not the pinned ones" >&2; exit 5; }',
+        "imgid",
     ]
     return "\n".join(lines) + "\n"
 
@@ -143,6 +154,7 @@ def parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostRe
     states = re.findall(rf"^{re.escape(MARK)} state (\S+)$", out, re.M)
     vm = re.findall(rf"^{re.escape(MARK)} versions (.*)$", out, re.M)
     served = re.findall(rf"^{re.escape(MARK)} serving (\S.*)$", out, re.M)
+    ids = re.findall(rf"^{re.escape(MARK)} id (sha256:[0-9a-f]{{64}})$", out, re.M)
     try:
         versions = json.loads(vm[-1]) if vm else {}
     except (ValueError, RecursionError):
@@ -153,6 +165,8 @@ def parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostRe
     data = {"image": served[-1] if served else derived_ref(cluster), "versions": versions, "pins": want}
     if served:
         data["serving_ref"] = served[-1]
+    if ids:  # Docker's image ID of the image with the wheels: the same on every node when it was built once
+        data["id"] = ids[-1]
     if code != 0 or not states:
         wrong = [f"{k} is {versions.get(k)} (pinned {v})" for k, v in want.items() if vm and not unreadable and versions.get(k) != v]
         lines = [ln for ln in err.strip().splitlines() if ln.strip() and not ln.startswith("WARNING")]
@@ -162,20 +176,21 @@ def parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostRe
     state = data["state"] = states[-1]
     shown = ", ".join(f"{k}=={versions.get(k, v)}" for k, v in want.items())
     if state == "present":
-        return HostResult(node.name, OK, msg=f"{shown} in {data['image']}", data=data)
+        return HostResult(node.name, OK, msg=f"{shown} in {data['image']}" + (f" ({data['id'][:19]})" if ids else ""), data=data)
     if state.startswith("would-"):  # would-install (a derived image), would-build (the runtime's own)
         into = f" into {served[-1]}" if served else ""
         return HostResult(node.name, CHANGED, msg=f"would install {', '.join(f'{k}=={v}' for k, v in want.items())}{into}", data=data)
     return HostResult(node.name, CHANGED, msg=f"installed {shown} into {data['image']}", data=data)
 
 
-def _built(r: HostResult) -> tuple[str, str] | None:
+def _built(r: HostResult) -> tuple[str, str, str] | None:
     """What a node's image with the wheels is, to compare across the nodes:
-    its name and the versions in it (None: not built, a check)."""
+    its name, the versions in it and its image ID where the runtime says it
+    (Docker's) (None: not built, a check)."""
     data = r.data or {}
     if str(data.get("state", "")).startswith("would-") or "image" not in data:
         return None
-    return data["image"], json.dumps(data.get("versions") or {}, sort_keys=True)
+    return data["image"], json.dumps(data.get("versions") or {}, sort_keys=True), str(data.get("id") or "")
 
 
 def _versions_text(doc: str) -> str:
@@ -190,6 +205,8 @@ def install_step(ctx) -> Step:
             img = mine[0]
             if img != ref[0]:
                 what = f"the image with the wheels is {img} here but {ref[0]} on {hosts_text(agreeing)}"
+            elif mine[1] == ref[1]:
+                what = f"{img} is {mine[2] or 'of no ID'} here but {ref[2] or 'of no ID'} on {hosts_text(agreeing)}"
             else:
                 what = f"{img} holds {_versions_text(mine[1])} here but {_versions_text(ref[1])} on {hosts_text(agreeing)}"
             served = (results[h].data or {}).get("serving_ref")

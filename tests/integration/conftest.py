@@ -1,5 +1,6 @@
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -128,3 +129,28 @@ class Stream:
                 self.proc.wait()
         last = out.strip().splitlines()[-1].split()
         return last[0] == "done", int(last[1]), out
+
+
+def wheels_builds(cluster: str, nodes: list[str], since: int) -> dict[str, int]:
+    """How many times each node's own dockerd created prepare's wheels
+    container (``llmdeploy-wheels-<cluster>``: one pip install) since the
+    Unix time ``since``, from Docker's event log."""
+    from sim import hostview
+
+    name = f"llmdeploy-wheels-{cluster}"
+    got = {}
+    for n in nodes:
+        out = hostview.docker(cluster, n, "events", "--since", str(since), "--until", str(int(time.time()) + 1),
+                              "--filter", "type=container", "--filter", "event=create", "--format", "{{.Actor.Attributes.name}}").stdout
+        got[n] = out.split().count(name)
+    return got
+
+
+def wheels_image_ids(cluster: str, nodes: list[str]) -> dict[str, str]:
+    """Each node's image ID of the image with the pinned wheels (roles.wheels.derived_ref)."""
+    from llmdeploy.inventory import load_cluster
+    from roles import wheels
+    from sim import hostview
+
+    ref = wheels.derived_ref(load_cluster(cluster))
+    return {n: hostview.docker(cluster, n, "image", "inspect", "--format", "{{.Id}}", ref).stdout.strip() for n in nodes}

@@ -6,13 +6,14 @@ the workers run Dynamo's engine simulator behind the plan's command line: the
 live view, the benchmark and the drain before a stop read the real frontend."""
 
 import json
+import time
 
 import pytest
 
 from llmdeploy.release import parse_ledger
 from sim import hostview, images
 from sim.paths import host_dir
-from tests.integration.conftest import Stream, top_once
+from tests.integration.conftest import Stream, top_once, wheels_builds, wheels_image_ids
 from tests.conftest import run_invoke
 from tests.integration.test_deploy_trtllm import _procs
 
@@ -24,8 +25,21 @@ NODES = [f"sim-gb300-1p2d-{i}" for i in range(5)]
 
 @pytest.mark.slow
 def test_1p2d_decode_groups_span_two_nodes(sim_cluster):
+    since = int(time.time()) - 1
     res = run_invoke("deploy", "--cluster", SIM_CLUSTER, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
+    # prepare built the image with the wheels once (one pip install, on node 0) and sent it down the chain: one image ID
+    assert wheels_builds(SIM_CLUSTER, NODES, since) == {n: int(n == NODES[0]) for n in NODES}
+    ids = wheels_image_ids(SIM_CLUSTER, NODES)
+    assert len(set(ids.values())) == 1 and next(iter(ids.values())).startswith("sha256:"), ids
+    # nodes that hold it already: no build at all
+    since = int(time.time()) - 1
+    again = run_invoke("prepare", "--cluster", SIM_CLUSTER, "--no-check", "--json", timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    doc = json.loads(again.stdout)
+    assert doc["wheels_distribution"]["built"] is None and sorted(doc["wheels_distribution"]["had"]) == NODES, doc["wheels_distribution"]
+    assert all(r["status"] == "ok" for r in doc["steps"]["wheels"].values()), doc["steps"]["wheels"]
+    assert sum(wheels_builds(SIM_CLUSTER, NODES, since).values()) == 0
     assert "(dynamo: etcd -> nats -> frontend -> prefill0 -> decode0 -> decode1)" in res.stdout
     base = host_dir(SIM_CLUSTER, NODES[0]) / "root/var/lib/llmdeploy/sim-gb300-1p2d"
     rid = parse_ledger((base / "ledger.jsonl").read_text())[-1]["release"]

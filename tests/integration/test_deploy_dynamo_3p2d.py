@@ -16,6 +16,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -23,6 +24,7 @@ from llmdeploy.release import parse_ledger
 from sim import hostview
 from sim.paths import host_dir, netns_name
 from tests.conftest import run_invoke
+from tests.integration.conftest import wheels_builds, wheels_image_ids
 from tests.integration.test_deploy_trtllm import _procs
 
 SIM_CLUSTER = "sim-gb300-3p2d"
@@ -99,8 +101,12 @@ def _served() -> dict[str, bool]:
 
 @pytest.mark.slow
 def test_3p2d_restarts_whole_after_a_decode_worker_died(sim_cluster):
+    since = int(time.time()) - 1
     res = run_invoke("deploy", "--cluster", SIM_CLUSTER, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
+    # one pip install for the cluster (node 0's), the same image ID on every node
+    assert wheels_builds(SIM_CLUSTER, NODES, since) == {n: int(n == NODES[0]) for n in NODES}
+    assert len(set(wheels_image_ids(SIM_CLUSTER, NODES).values())) == 1
     assert "(dynamo: etcd -> nats -> frontend -> prefill0 -> prefill1 -> prefill2 -> decode0 -> decode1)" in res.stdout
     rid = parse_ledger((_base() / "ledger.jsonl").read_text())[-1]["release"]
 
