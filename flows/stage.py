@@ -421,16 +421,7 @@ def distribute_image(cluster: Cluster, con: Console, quiet: bool = False, limit:
         probe = Step(name="image.distribute", build=lambda node: image_role.probe(cluster),
                      parse=lambda node, o, e, c: image_role.parse(cluster, node, o, e, c) if image_role.MARK in o
                      else HostResult(node.name, OK if c == 0 else FAILED, msg="" if c == 0 else (e.strip() or f"exit {c}"), exit_code=c))
-        res = runner.run(probe, chosen)
-        lacking = []
-        for n in chosen:
-            r = res[n.name]
-            if r.failed:
-                out.failed[n.name] = r.msg
-            elif isinstance(r.data, dict) and r.data.get("id"):
-                out.had.append(n.name)
-            else:
-                lacking.append(n)
+        lacking = _who_lacks(runner.run(probe, chosen), chosen, out)
         if out.failed or not lacking:
             return _done(out, t0)
         if out.had:
@@ -481,15 +472,7 @@ def distribute_wheels(cluster: Cluster, con: Console, quiet: bool = False, limit
             Runner(cluster, nodes=chosen, progress=cb, lines=cb.line) as runner:
         res = runner.run(Step(name="wheels.distribute", build=lambda node: image_role.probe(cluster, node, ref),
                               parse=lambda node, o, e, c: image_role.parse_ref(ref, node, o, e, c)), chosen)
-        lacking = []
-        for n in chosen:
-            r = res[n.name]
-            if r.failed:
-                out.failed[n.name] = r.msg
-            elif isinstance(r.data, dict) and r.data.get("id"):
-                out.had.append(n.name)
-            else:
-                lacking.append(n)
+        lacking = _who_lacks(res, chosen, out)
         if out.failed or not lacking:
             return _done(out, t0)
         if not out.had:
@@ -526,6 +509,21 @@ def _build_wheels_on(cluster: Cluster, runner: Runner, src: Node, out: ImageOutc
     out.built = src.name
     out.had.append(src.name)
     return True
+
+
+def _who_lacks(res: dict[str, HostResult], chosen: list[Node], out: ImageOutcome) -> list[Node]:
+    """From an image probe's results: who has it (``out.had``), who could
+    not be read (``out.failed``), and the nodes that lack it."""
+    lacking = []
+    for n in chosen:
+        r = res[n.name]
+        if r.failed:
+            out.failed[n.name] = r.msg
+        elif isinstance(r.data, dict) and r.data.get("id"):
+            out.had.append(n.name)
+        else:
+            lacking.append(n)
+    return lacking
 
 
 UNSUPPORTED = "unsupported"
