@@ -273,6 +273,8 @@ def live(cluster: Cluster, con: Console, interval: float) -> int:
                     before = doc
                 except Exception as exc:  # the view goes on; the next refresh tries again
                     state["error"] = f"{type(exc).__name__}: {exc}"
+                except KeyboardInterrupt:  # its command cut by Ctrl-C (llmdeploy/interrupt.py): the view ends
+                    return
                 stop.wait(max(0.0, interval - (time.monotonic() - t)))
 
         worker = threading.Thread(target=refresh, daemon=True)
