@@ -418,10 +418,7 @@ def distribute_image(cluster: Cluster, con: Console, quiet: bool = False, limit:
     chosen = list(select_nodes(cluster, limit))
     with report.host_progress(con, len(chosen), enabled=not quiet) as cb, \
             Runner(cluster, nodes=chosen, progress=cb, lines=cb.line) as runner:
-        probe = Step(name="image.distribute", build=lambda node: image_role.probe(cluster),
-                     parse=lambda node, o, e, c: image_role.parse(cluster, node, o, e, c) if image_role.MARK in o
-                     else HostResult(node.name, OK if c == 0 else FAILED, msg="" if c == 0 else (e.strip() or f"exit {c}"), exit_code=c))
-        lacking = _who_lacks(runner.run(probe, chosen), chosen, out)
+        lacking = _who_lacks(runner.run(_probe("image.distribute", cluster), chosen), chosen, out)
         if out.failed or not lacking:
             return _done(out, t0)
         if out.had:
@@ -458,7 +455,6 @@ def distribute_wheels(cluster: Cluster, con: Console, quiet: bool = False, limit
     None: nothing for it to do here, and the wheels step does it all as it
     did (the profile pins no wheels; the units' runtime builds its own file,
     as pyxis does; one node)."""
-    from roles import image as image_role
     from roles import runtime, wheels
 
     w = wheels.spec(cluster)
@@ -470,9 +466,7 @@ def distribute_wheels(cluster: Cluster, con: Console, quiet: bool = False, limit
     t0 = time.monotonic()
     with report.host_progress(con, len(chosen), enabled=not quiet) as cb, \
             Runner(cluster, nodes=chosen, progress=cb, lines=cb.line) as runner:
-        res = runner.run(Step(name="wheels.distribute", build=lambda node: image_role.probe(cluster, node, ref),
-                              parse=lambda node, o, e, c: image_role.parse_ref(ref, node, o, e, c)), chosen)
-        lacking = _who_lacks(res, chosen, out)
+        lacking = _who_lacks(runner.run(_probe("wheels.distribute", cluster, ref), chosen), chosen, out)
         if out.failed or not lacking:
             return _done(out, t0)
         if not out.had:
@@ -509,6 +503,19 @@ def _build_wheels_on(cluster: Cluster, runner: Runner, src: Node, out: ImageOutc
     out.built = src.name
     out.had.append(src.name)
     return True
+
+
+def _probe(name: str, cluster: Cluster, ref: str | None = None) -> Step:
+    """Is the image (the inventory's, or ``ref`` in Docker) on the node: its
+    ID when it is; a node without it says nothing and exits 0."""
+    from roles import image as image_role
+
+    def parse(node: Node, o: str, e: str, c: int) -> HostResult:
+        if image_role.MARK in o:
+            return image_role.parse_ref(ref or cluster.image.ref, node, o, e, c)
+        return HostResult(node.name, OK if c == 0 else FAILED, msg="" if c == 0 else (e.strip() or f"exit {c}"), exit_code=c)
+
+    return Step(name=name, build=lambda node: image_role.probe(cluster, node, ref), parse=parse)
 
 
 def _who_lacks(res: dict[str, HostResult], chosen: list[Node], out: ImageOutcome) -> list[Node]:

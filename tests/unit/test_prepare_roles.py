@@ -76,6 +76,31 @@ def test_wheels_build_from_index_or_wheel_dir():
     assert wheels.build(load_cluster("a3")) is None  # no wheels: skipped
 
 
+def test_wheels_nodes_with_another_image_id_are_named():
+    """The image with the wheels is built once and sent down the chain: every
+    node then reads the same image ID. A node whose image holds the same
+    versions under another ID (built on its own) fails, with both IDs."""
+    from flows.plan import Context
+
+    c = load_cluster("sim-gb300-1p2d")
+    step = wheels.install_step(Context(c))
+    versions = json.dumps(wheels.pins(c))
+
+    def said(image_id):
+        return f"{wheels.MARK} state present\n{wheels.MARK} versions {versions}\n{wheels.MARK} id {image_id}\n"
+
+    ids = {n.name: "sha256:" + ("a" if i else "b") * 64 for i, n in enumerate(c.nodes)}
+    results = {h: step.parse(c.node(h), said(i), "", 0) for h, i in ids.items()}
+    assert all(r.status == OK and r.data["id"] == ids[h] for h, r in results.items())
+    step.aggregate(results)
+    odd = results[c.nodes[0].name]
+    others = ", ".join(n.name for n in c.nodes[1:])
+    assert odd.status == FAILED and odd.msg == (
+        f"wheels: {wheels.derived_ref(c)} is sha256:{'b' * 64} here but sha256:{'a' * 64} on {others}: "
+        f"another build (remove it here with docker rmi {wheels.derived_ref(c)} and prepare again)"), odd.msg
+    assert all(r.status == OK for h, r in results.items() if h != c.nodes[0].name)
+
+
 def test_numa_vllm_cpu_binding_needs_five_cpus_per_npu():
     a3 = load_cluster("a3")
     binding, problems = numa.plan(a3, a3.nodes[0], _facts(cpus=320))
