@@ -63,6 +63,7 @@ class _State:
         self.shield = 0  # depth of shield(): no interrupt is raised inside
         self.unwinding = False  # an interrupt was raised: the command is on its way out
         self.installed = False
+        self.before: dict[int, Any] = {}  # the handlers install() replaced
 
 
 _S = _State()
@@ -88,21 +89,29 @@ def install(counting: bool = True) -> None:
     """SIGINT and SIGTERM only counted from now on (main thread only; a no-op
     elsewhere). ``counting=False``: both raise ``KeyboardInterrupt`` where
     the main thread is (a SIGTERM unwinds like Ctrl-C), for a command that
-    has no looks at the flag and holds no deploy lock (the simulator's)."""
+    has no looks at the flag and holds no deploy lock (the simulator's).
+
+    A signal this process was started with ignored stays ignored, as Python
+    itself leaves it: a shell starts a background job (``cmd &``) with SIGINT
+    ignored, so that a Ctrl-C meant for the foreground does not end it."""
     if threading.current_thread() is not threading.main_thread():
         return
     reset()
-    signal.signal(signal.SIGINT, _handler if counting else _raise)
-    signal.signal(signal.SIGTERM, _handler if counting else _raise)
+    _S.before = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            continue
+        _S.before[sig] = signal.signal(sig, _handler if counting else _raise)
     _S.installed = counting
 
 
 def uninstall() -> None:
-    """Python's own handlers again (SIGINT raises; SIGTERM ends the process)."""
+    """The handlers :func:`install` found (Python's own: SIGINT raises, SIGTERM ends the process)."""
     if threading.current_thread() is not threading.main_thread():
         return
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for sig, h in _S.before.items():
+        signal.signal(sig, h if h is not None else signal.SIG_DFL)
+    _S.before = {}
     _S.installed = False
 
 
@@ -122,7 +131,7 @@ def native() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or not _S.installed:
         yield
         return
-    old = {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old = {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:
@@ -218,7 +227,7 @@ def shield() -> Iterator[None]:
     main = threading.current_thread() is threading.main_thread()
     old = None
     if main and not _S.installed:
-        old = {sig: signal.signal(sig, _handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        old = {sig: signal.signal(sig, _handler) for sig in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(sig) is not signal.SIG_IGN}
     _S.shield += 1
     try:
         yield

@@ -190,8 +190,12 @@ def _interrupt_at(line_mark: str, after: float, sig: int, command: tuple[str, ..
     terminal's Ctrl-C does) ``after`` seconds after the first line holding
     ``line_mark``: its exit status, the seconds from the signal to its end,
     and what it printed."""
+    # SIGINT not ignored in it, as in a terminal's foreground job (a shell starts
+    # a background job, pytest's own when CI runs it with &, with SIGINT ignored,
+    # which the tool then keeps ignored: llmdeploy/interrupt.py)
     p = subprocess.Popen(INVOKE + [command[0], "--cluster", SIM_CLUSTER, *command[1:]], cwd=REPO, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL, env=tool_env(), start_new_session=True)
+                         stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL, env=tool_env(), start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     try:
         for line in p.stdout:

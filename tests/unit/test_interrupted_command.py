@@ -282,6 +282,7 @@ class _SignalsOnce:
 def counting():
     """The tool's handlers (tasks.py installs them for every command), Python's again after."""
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # not ignored, whoever started pytest (see install)
     interrupt.install()
     yield
     interrupt.reset()
@@ -385,6 +386,28 @@ def test_a_cleanup_action_that_overruns_its_deadline_is_said_and_the_command_goe
     assert "the audit log's last line on n0 failed: ZeroDivisionError" in err
 
 
+def test_a_sigint_the_command_was_started_with_ignored_stays_ignored():
+    """A shell starts a background job with SIGINT ignored; the tool keeps it
+    so, as Python does (SIGTERM is still counted), and puts it back after."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        interrupt.install()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        interrupt.check()  # nothing counted
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(interrupt.Interrupted, match="SIGTERM"):
+            interrupt.sleep(GUARD_S)
+        interrupt.uninstall()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) == old[signal.SIGTERM]
+    finally:
+        interrupt.reset()
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def test_a_sleep_and_a_join_end_at_the_first_look_after_a_signal(counting):
     t0 = time.monotonic()
     os.kill(os.getpid(), signal.SIGTERM)
@@ -418,6 +441,7 @@ def test_a_task_exits_130_on_sigterm_with_either_kind_of_handler():
         time.sleep(GUARD_S)  # raised here
 
     before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # not ignored, whoever started pytest
     try:
         for fn, counting in ((flow, True), (simulator, False)):
             t0 = time.monotonic()
