@@ -207,7 +207,7 @@ def _not_everywhere(con, cluster: Cluster, json_out: bool, what: str, ref: str, 
     True when it did not reach every node (then prepare stops, and said why)."""
     key = "image_distribution" if what == "image" else "wheels_distribution"
     if not json_out:
-        con.print(f"[bold]{what} {escape(ref)}[/]: {escape(d.said(ref))}")
+        con.print(f"[bold]{what} {escape(ref)}[/]: {escape(d.said())}")
     if not d.failed:
         return False
     why = "; ".join(f"{h}: {m}" for h, m in d.failed.items())

@@ -129,8 +129,8 @@ def print_check(con: Console, doc: dict, labels: dict[str, str]) -> None:
     con.print("check mode: nothing was read from or changed on any node")
 
 
-def ledger(runner: Runner, cluster: Cluster, record: dict) -> None:
-    out, err, code = runner.exec(cluster.node0, append_script(ledger_path(cluster), record))
+def ledger(runner: Runner, cluster: Cluster, record: dict, timeout: float | None = None) -> None:
+    out, err, code = runner.exec(cluster.node0, append_script(ledger_path(cluster), record), timeout=timeout)
     if code != 0:
         raise LlmdeployError(f"{cluster.node0.name}: cannot append to the ledger: {err.strip() or out.strip()}")
 
@@ -138,12 +138,8 @@ def ledger(runner: Runner, cluster: Cluster, record: dict) -> None:
 def last_ledger_line(runner: Runner, cluster: Cluster, record: dict) -> None:
     """An interrupted command's ledger line: with a deadline, and a failure
     said beside the interruption, never instead of it (the exit stays 130)."""
-    def write() -> None:
-        out, err, code = runner.exec(cluster.node0, append_script(ledger_path(cluster), record), timeout=interrupt.LAST_LINE_S)
-        if code != 0:
-            raise LlmdeployError(f"{cluster.node0.name}: cannot append to the ledger: {err.strip() or out.strip()}")
-
-    interrupt.bounded(f"the ledger's last line on {cluster.node0.name}", interrupt.LAST_LINE_S + 5, write)
+    interrupt.bounded(f"the ledger's last line on {cluster.node0.name}", interrupt.LAST_LINE_S + 5,
+                      lambda: ledger(runner, cluster, record, timeout=interrupt.LAST_LINE_S))
 
 
 def stop_interrupted(eng, what: str, fn) -> None:

@@ -91,12 +91,7 @@ class _ChannelRaw(io.RawIOBase):
     def readinto(self, b) -> int:
         # the channel's timeout, waited in slices: a Ctrl-C that came after the request started cuts it between two
         timeout = self.chan.gettimeout()
-        end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self.cut.check()
-            left = interrupt.SLICE_S if end is None else min(interrupt.SLICE_S, end - time.monotonic())
-            if left <= 0:
-                raise socket.timeout("timed out")
+        for left in interrupt.slices(None if timeout is None else time.monotonic() + timeout, self.cut.check):
             self.chan.settimeout(left)
             try:
                 data = self.chan.recv(len(b))
@@ -105,6 +100,8 @@ class _ChannelRaw(io.RawIOBase):
                 continue
             finally:
                 self.chan.settimeout(timeout)
+        else:
+            raise socket.timeout("timed out")
         b[:len(data)] = data
         return len(data)
 

@@ -388,7 +388,7 @@ class ImageOutcome:
                 "fallback": self.fallback, "sent_bytes": self.sent, "seconds": round(self.seconds, 3), "timings": self.timings,
                 **({"ref": self.ref, "built": self.built} if self.ref else {})}
 
-    def said(self, ref: str) -> str:
+    def said(self) -> str:
         """What happened, in one line for people."""
         if self.built and not self.got:
             return f"built on {self.built}"
@@ -411,8 +411,6 @@ def distribute_image(cluster: Cluster, con: Console, quiet: bool = False, limit:
 
     Every receiving node feeds ``docker load``; prepare's image step then
     finds the image present everywhere and compares the image IDs."""
-    from roles import image as image_role
-
     out = ImageOutcome()
     t0 = time.monotonic()
     chosen = list(select_nodes(cluster, limit))
@@ -432,10 +430,7 @@ def distribute_image(cluster: Cluster, con: Console, quiet: bool = False, limit:
             if code != UNSUPPORTED:
                 break
             # the registry cannot be read here as docker would: one docker pull on the source, then its saved image
-            step = Step(name="image.pull", build=lambda node: image_role.build(cluster),
-                        parse=lambda node, o, e, c: image_role.parse(cluster, node, o, e, c),
-                        timeout=max(cluster.ssh.command_timeout, 3600.0), progress=progress_line)
-            r = runner.run(step, [src])[src.name]
+            r = runner.run(_image_step("image.pull", cluster), [src])[src.name]
             if r.failed:
                 out.failed[src.name] = r.msg
                 break
@@ -485,15 +480,12 @@ def _build_wheels_on(cluster: Cluster, runner: Runner, src: Node, out: ImageOutc
     """The base image on ``src`` (prepare's image step has it everywhere
     else, after), then the wheels' one pip install there; whether it worked
     (``out.failed`` names the node and why, not)."""
-    from roles import image as image_role
     from roles import wheels
 
-    long_s = max(cluster.ssh.command_timeout, 1800.0)
     steps = [
-        Step(name="image", build=lambda node: image_role.build(cluster), parse=lambda node, o, e, c: image_role.parse(cluster, node, o, e, c),
-             timeout=max(cluster.ssh.command_timeout, 3600.0), progress=progress_line),
+        _image_step("image", cluster),
         Step(name="wheels", build=lambda node: wheels.build(cluster), parse=lambda node, o, e, c: wheels.parse(cluster, node, o, e, c),
-             timeout=long_s, progress=progress_line),
+             timeout=max(cluster.ssh.command_timeout, 1800.0), progress=progress_line),
     ]
     for step in steps:
         r = runner.run(step, [src])[src.name]
@@ -503,6 +495,14 @@ def _build_wheels_on(cluster: Cluster, runner: Runner, src: Node, out: ImageOutc
     out.built = src.name
     out.had.append(src.name)
     return True
+
+
+def _image_step(name: str, cluster: Cluster) -> Step:
+    """The inventory's image onto one node, pulled (or loaded from its tarball), with its progress."""
+    from roles import image as image_role
+
+    return Step(name=name, build=lambda node: image_role.build(cluster), parse=lambda node, o, e, c: image_role.parse(cluster, node, o, e, c),
+                timeout=max(cluster.ssh.command_timeout, 3600.0), progress=progress_line)
 
 
 def _probe(name: str, cluster: Cluster, ref: str | None = None) -> Step:

@@ -58,7 +58,6 @@ class _State:
 
     def __init__(self) -> None:
         self.received = 0  # signals counted while the command ran normally
-        self.late = 0  # signals counted while it unwound or was shielded
         self.signum = 0
         self.shield = 0  # depth of shield(): no interrupt is raised inside
         self.unwinding = False  # an interrupt was raised: the command is on its way out
@@ -70,17 +69,15 @@ _S = _State()
 
 
 def _handler(signum: int, frame: Any) -> None:
-    # only counts: see the module's docstring
-    if _S.unwinding or _S.shield:
-        _S.late += 1
-    else:
+    # only counts (see the module's docstring); while it unwinds or is shielded, not even that
+    if not (_S.unwinding or _S.shield):
         _S.received += 1
         _S.signum = signum
 
 
 def reset() -> None:
     """Forget every signal counted (a new command in this process)."""
-    _S.received = _S.late = _S.signum = 0
+    _S.received = _S.signum = 0
     _S.shield = 0
     _S.unwinding = False
 
@@ -139,11 +136,6 @@ def native() -> Iterator[None]:
             signal.signal(sig, h)
 
 
-def pending() -> bool:
-    """A signal came that has not been raised yet."""
-    return _S.received > 0 and not _S.unwinding
-
-
 def unwinding() -> bool:
     return _S.unwinding
 
@@ -178,26 +170,31 @@ class Command:
             raise Interrupted(signal_name())
 
 
-def sleep(seconds: float) -> None:
-    """``time.sleep`` in slices, raising at the first look after a signal."""
-    end = time.monotonic() + max(0.0, seconds)
+def slices(end: float | None, look: Callable[[], None] = check) -> Iterator[float]:
+    """The waits until ``end`` (a ``time.monotonic()``; None: no end), each
+    at most SLICE_S, with a look at the flag (``look``: :func:`check`, or a
+    command's :meth:`Command.check`) before each: every sliced wait of the
+    tool is a loop over these."""
     while True:
-        check()
-        left = end - time.monotonic()
+        look()
+        left = SLICE_S if end is None else min(SLICE_S, end - time.monotonic())
         if left <= 0:
             return
-        time.sleep(min(SLICE_S, left))
+        yield left
+
+
+def sleep(seconds: float) -> None:
+    """``time.sleep`` in slices, raising at the first look after a signal."""
+    for left in slices(time.monotonic() + max(0.0, seconds)):
+        time.sleep(left)
 
 
 def wait(futures: Iterable[Future], timeout: float | None) -> tuple[set[Future], set[Future]]:
     """``concurrent.futures.wait`` (every future) in slices, raising at the first look after a signal."""
     pending_fs = set(futures)
     done: set[Future] = set()
-    end = None if timeout is None else time.monotonic() + timeout
-    while pending_fs:
-        check()
-        left = SLICE_S if end is None else min(SLICE_S, end - time.monotonic())
-        if left <= 0:
+    for left in slices(None if timeout is None else time.monotonic() + timeout):
+        if not pending_fs:
             break
         got, pending_fs = _futures_wait(pending_fs, timeout=left)
         done |= got
@@ -207,11 +204,8 @@ def wait(futures: Iterable[Future], timeout: float | None) -> tuple[set[Future],
 
 def join(thread: threading.Thread, timeout: float | None = None) -> bool:
     """``thread.join`` in slices; whether it ended."""
-    end = None if timeout is None else time.monotonic() + timeout
-    while thread.is_alive():
-        check()
-        left = SLICE_S if end is None else min(SLICE_S, end - time.monotonic())
-        if left <= 0:
+    for left in slices(None if timeout is None else time.monotonic() + timeout):
+        if not thread.is_alive():
             break
         thread.join(left)
     check()

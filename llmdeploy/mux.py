@@ -450,14 +450,10 @@ class Client:
 def _readable(s: socket.socket, end: float, cut: interrupt.Command) -> None:
     """Wait until ``s`` has something to read (then a whole frame follows at
     once), looking at the interrupt flag in slices; ``socket.timeout`` past ``end``."""
-    while True:
-        cut.check()
-        left = end - time.monotonic()
-        if left <= 0:
-            raise socket.timeout("timed out")
-        ready, _, _ = select.select([s], [], [], min(interrupt.SLICE_S, left))
-        if ready:
+    for left in interrupt.slices(end, cut.check):
+        if select.select([s], [], [], left)[0]:
             return
+    raise socket.timeout("timed out")
 
 
 def _request(path: Path, op: str, timeout: float = 5) -> dict | None:

@@ -74,11 +74,6 @@ def probe(cluster: Cluster, node: Node | None = None, ref: str | None = None) ->
     return "\n".join(_inspect_lines(cluster, ref)) + "\n"
 
 
-def parse_ref(ref: str, node: Node, out: str, err: str, code: int) -> HostResult:
-    """``parse`` of :func:`probe`'s output for another image than the inventory's."""
-    return _parse_ref(ref, node, out, err, code)
-
-
 def _inspect_lines(cluster: Cluster, ref: str | None = None) -> list[str]:
     return [
         f"ref={shlex.quote(ref or cluster.image.ref)}",
@@ -126,11 +121,12 @@ def load_lines(tar: str) -> list[str]:
 
 
 def parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostResult:
-    return _parse_ref(cluster.image.ref, node, out, err, code)
+    return parse_ref(cluster.image.ref, node, out, err, code)
 
 
-def _parse_ref(ref: str, node: Node, out: str, err: str, code: int) -> HostResult:
-    """``parse`` of one image script's output for image ``ref``."""
+def parse_ref(ref: str, node: Node, out: str, err: str, code: int) -> HostResult:
+    """``parse`` of one image script's output for image ``ref`` (the
+    inventory's, or another in Docker: the image with the wheels)."""
     m = re.search(rf"^{re.escape(MARK)} (\S+)(?: (sha256:[0-9a-f]+) (.*))?$", out, re.M)
     if code != 0 or not m:
         lines = [ln for ln in err.strip().splitlines() if ln.strip()]
@@ -293,12 +289,12 @@ def _own_accessories_parse(cluster: Cluster, node: Node, out: str, err: str, cod
         if ref is None:
             lines = [ln for ln in err.strip().splitlines() if ln.strip()]
             return HostResult(node.name, FAILED, msg=f"accessory images: {lines[-1] if lines else f'exit {code}'}")
-        return _parse_ref(ref, node, "\n".join(sections.get(ref, [])), err, code)
+        return parse_ref(ref, node, "\n".join(sections.get(ref, [])), err, code)
     states, files = {}, {}
     for ref in accessories(cluster):
         if ref not in sections or exits.get(ref) != "0":  # every image answers, whole
             return HostResult(node.name, FAILED, msg=f"no answer for {ref}: unreadable output {excerpt(out)}")
-        r = _parse_ref(ref, node, "\n".join(sections[ref]), "", 0)
+        r = parse_ref(ref, node, "\n".join(sections[ref]), "", 0)
         if r.failed:
             return r
         st = r.data["state"]
