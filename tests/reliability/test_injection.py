@@ -64,7 +64,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 import types
 import typing
 import uuid
@@ -94,6 +96,7 @@ from llmdeploy.inventory import ENV_NAME_RE, Cluster, load_cluster, problems_fro
 from llmdeploy.release import ledger_record, release_dir, set_current_script, write_script  # noqa: E402
 from llmdeploy.runner import FAILED, OK, SKIPPED, HostResult, UnreachableError  # noqa: E402
 from roles import comm, record  # noqa: E402
+from roles.comm import picture  # noqa: E402
 from roles.status import status_script  # noqa: E402
 
 MARK = "PWNED"
@@ -120,6 +123,9 @@ CLUSTERS = {"vllm-ascend": "sim-a3", "trtllm-serve": "sim-b200", "dynamo": "sim-
             "sglang": "sim-h200-sglang"}
 INVENTORY = REPO / "inventory"
 FIXED_RID = "20260101T000000Z-0badc0de"
+# verify-comm's clock, fixed as the release id is: its document (and the picture drawn from it) is then
+# the same in every build that no value reaches
+VERIFY_CLOCK = types.SimpleNamespace(time=lambda: 1767225600.0, strftime=time.strftime, gmtime=time.gmtime)
 IMAGE_ID = "sha256:" + "ab" * 32
 SECRET_SRC = "LLMDEPLOY_INJECT_SECRET"
 BENIGN = {"message": "benign note", "reason": "holder gone", "since": "10m"}
@@ -440,6 +446,19 @@ def _files_of(sink: dict, host: str, files: dict) -> None:
         sink[f"release/{host}/{name}"] = (kind, text, args)
 
 
+_PNGS: dict[str, bytes] = {}
+
+
+def render_png_once(doc: dict, _render=picture.render_png) -> bytes:
+    """picture.render_png, drawn once per document (a pure function of it, byte for byte; about
+    a second of matplotlib a call): the variants whose values do not reach verify-comm's
+    document share the unchanged cluster's picture, the others get their own."""
+    key = repr(doc)
+    if key not in _PNGS:
+        _PNGS[key] = _render(doc)
+    return _PNGS[key]
+
+
 def build_artifacts(cluster: Cluster, cli: dict[str, str], only: tuple[str, ...] = ()) -> tuple[dict[str, tuple[str, str, list]], dict[str, str]]:
     """({label: (kind, text, args)}, {section: error}): everything the tool would
     send or write on a node for ``cluster`` and the CLI strings ``cli``, without
@@ -488,8 +507,10 @@ def build_artifacts(cluster: Cluster, cli: dict[str, str], only: tuple[str, ...]
             text = host_ping(cluster, n)
             if text:
                 sink[f"verify/host pings/{n.name}"] = ("sh", text, [])
-        with mock.patch.object(verify, "Runner", cap.factory("verify-comm")):
-            verify.run(cluster, quiet, True, False)
+        # its report's local copies in a directory of their own (not the checkout's logs/)
+        with mock.patch.object(verify, "Runner", cap.factory("verify-comm")), mock.patch.object(verify, "time", VERIFY_CLOCK), \
+                mock.patch.object(picture, "render_png", render_png_once), tempfile.TemporaryDirectory() as report_dir:
+            verify.run(cluster, quiet, True, False, report_dir)
 
     def plan():
         with mock.patch.object(dep, "new_id", lambda chash, now=None: FIXED_RID):
