@@ -443,58 +443,92 @@ def distribute_wheels(cluster: Cluster, con: Console, quiet: bool = False, limit
     """The image with the pinned wheels (``roles.wheels``), once for the
     cluster: built on one node (node 0, or a node that has it already, then
     no build at all) with the one pip install, and sent down the chain of the
-    nodes that lack it (``docker save`` there, ``docker load`` on each), so
-    that every node holds the same image ID. prepare's wheels step then finds
-    it on every node, checks the versions in it and compares the IDs.
+    nodes that lack it, so that every node holds the same image. prepare's
+    wheels step then finds it on every node, checks the versions in it and
+    compares the nodes'.
 
-    None: nothing for it to do here, and the wheels step does it all as it
-    did (the profile pins no wheels; the units' runtime builds its own file,
-    as pyxis does; one node)."""
+    Docker's derived image travels as ``docker save`` into ``docker load``
+    (the same image ID everywhere); a runtime that keeps its own as files
+    (``UnitRuntime.wheels_files``: pyxis's squashfs and its versions) sends
+    those, written whole or not at all on each node (``stage.files_sink``).
+
+    None: nothing for it to do here, and the wheels step does it all (the
+    profile pins no wheels; one node)."""
     from roles import runtime, wheels
 
     w = wheels.spec(cluster)
     chosen = list(select_nodes(cluster, limit))
-    if w is None or runtime.of(cluster).wheels_script(w, True) is not None or len(chosen) < 2:
+    if w is None or len(chosen) < 2:
         return None
-    ref = wheels.derived_ref(cluster)
-    out = ImageOutcome(ref=ref)
+    rt = runtime.of(cluster)
+    own = rt.wheels_script(w, True) is not None
+    out = ImageOutcome(ref=None if own else wheels.derived_ref(cluster))
     t0 = time.monotonic()
     with report.host_progress(con, len(chosen), enabled=not quiet) as cb, \
             Runner(cluster, nodes=chosen, progress=cb, lines=cb.line) as runner:
-        lacking = _who_lacks(runner.run(_probe("wheels.distribute", cluster, ref), chosen), chosen, out)
+        probe = _wheels_step(cluster, True) if own else _probe("wheels.distribute", cluster, out.ref)
+        found = runner.run(probe, chosen)
+        lacking = _who_lacks(found, chosen, out)
         if out.failed or not lacking:
             return _done(out, t0)
-        if not out.had:
+        if out.had:
+            src = cluster.node(out.had[0])
+            serving = (found[src.name].data or {}).get("serving_ref")
+        else:
             src = cluster.node0 if cluster.node0 in chosen else chosen[0]
-            if not _build_wheels_on(cluster, runner, src, out):
+            serving = _build_wheels_on(cluster, runner, src, out)
+            if serving is None:
                 return _done(out, t0)
             lacking = [n for n in lacking if n.name != src.name]
+        if own:
+            files = rt.wheels_files(str(serving or ""))
+            out.ref = serving
+            source, sink = st.files_source(files), st.files_sink(files)
         else:
-            src = cluster.node(out.had[0])
+            source, sink = st.save_source(cluster, out.ref), st.LOAD
         if lacking:
-            _image_chain(cluster, runner, src, st.save_source(cluster, ref), False, lacking, out)
+            _image_chain(cluster, runner, src, source, False, lacking, out, sink=sink)
     return _done(out, t0)
 
 
-def _build_wheels_on(cluster: Cluster, runner: Runner, src: Node, out: ImageOutcome) -> bool:
-    """The base image on ``src`` (prepare's image step has it everywhere
-    else, after), then the wheels' one pip install there; whether it worked
-    (``out.failed`` names the node and why, not)."""
+def _wheels_step(cluster: Cluster, check: bool = False) -> Step:
+    """prepare's wheels step on the nodes given (``check``: what a node has, read-only)."""
     from roles import wheels
 
-    steps = [
-        _image_step("image", cluster),
-        Step(name="wheels", build=lambda node: wheels.build(cluster), parse=lambda node, o, e, c: wheels.parse(cluster, node, o, e, c),
-             timeout=max(cluster.ssh.command_timeout, 1800.0), progress=progress_line),
-    ]
-    for step in steps:
+    return Step(name="wheels.distribute" if check else "wheels", build=lambda node: wheels.build(cluster, check),
+                parse=lambda node, o, e, c: _wheels_had(wheels.parse(cluster, node, o, e, c)) if check else wheels.parse(cluster, node, o, e, c),
+                timeout=None if check else max(cluster.ssh.command_timeout, 1800.0),
+                progress=None if check else progress_line)
+
+
+def _wheels_had(r: HostResult) -> HostResult:
+    """A node's read-only wheels step as an image probe reads: ``id`` (here
+    the file its units run) when it has the image with the wheels."""
+    data = dict(r.data or {})
+    if data.get("state") == "present" and data.get("serving_ref"):
+        data["id"] = data["serving_ref"]
+    else:
+        data.pop("id", None)
+    return HostResult(r.host, r.status, msg=r.msg, data=data, exit_code=r.exit_code)
+
+
+def _build_wheels_on(cluster: Cluster, runner: Runner, src: Node, out: ImageOutcome) -> str | None:
+    """The base image on ``src`` (prepare's image step has it everywhere
+    else, after), then the wheels' one pip install there: what its units
+    run (the runtime's file, or Docker's derived image), None when it failed
+    (``out.failed`` names the node and why)."""
+    from roles import wheels
+
+    served = None
+    for step in (_image_step("image", cluster), _wheels_step(cluster)):
         r = runner.run(step, [src])[src.name]
         if r.failed:
             out.failed[src.name] = r.msg
-            return False
+            return None
+        served = (r.data or {}).get("serving_ref") or wheels.derived_ref(cluster)
     out.built = src.name
     out.had.append(src.name)
-    return True
+    return served
 
 
 def _image_step(name: str, cluster: Cluster) -> Step:
@@ -537,16 +571,16 @@ UNSUPPORTED = "unsupported"
 
 
 def _image_chain(cluster: Cluster, runner: Runner, src: Node, source: st.ImageSource, loads: bool, lacking: list[Node],
-                 out: ImageOutcome) -> str | None:
-    """Send the image from ``src`` down the chain of ``lacking`` (again around
-    a node that fails, to the ones behind it); UNSUPPORTED when the source
-    cannot read the registry and nothing was sent."""
+                 out: ImageOutcome, sink: list[str] = st.LOAD) -> str | None:
+    """Send the image from ``src`` down the chain of ``lacking`` into each
+    one's ``sink`` (again around a node that fails, to the ones behind it);
+    UNSUPPORTED when the source cannot read the registry and nothing was sent."""
     out.source, out.via = src.name, source.what
     first = True
     while lacking or (first and loads):
         chain = [src, *lacking]
         token = st.new_token()
-        orders = {n.name: st.pipe_orders(cluster, chain, i, token, source, st.LOAD, source_loads=loads and first)
+        orders = {n.name: st.pipe_orders(cluster, chain, i, token, source, sink, source_loads=loads and first)
                   for i, n in enumerate(chain)}
         res = runner.run(_agent_step(cluster, "image.stream", "pipe", orders, RELAY_TIMEOUT_S, upstream_ok=True), chain)
         r = res[src.name]
@@ -573,7 +607,7 @@ def _image_chain(cluster: Cluster, runner: Runner, src: Node, source: st.ImageSo
             rn = res[n.name]
             d = rn.data if isinstance(rn.data, dict) else {}
             if rn.failed:
-                out.failed[n.name] = f"docker load: {d['sink']}" if d.get("sink") else rn.msg
+                out.failed[n.name] = f"{'docker load' if sink == st.LOAD else 'writing the files'}: {d['sink']}" if d.get("sink") else rn.msg
             elif rn.exit_code == st.EXIT_UPSTREAM:
                 again.append(n)
             else:

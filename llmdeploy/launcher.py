@@ -100,7 +100,7 @@ class ReleaseView:
 
 @dataclass(frozen=True)
 class Wheels:
-    """Pinned wheels to install into the units' image once per node
+    """Pinned wheels to install into the units' image once for the cluster
     (prepare's wheels step, ``roles.wheels``), as a runtime's
     ``wheels_script`` is given them: the same command whatever the runtime.
 
@@ -202,7 +202,13 @@ class UnitRuntime(Protocol):
     (:class:`Wheels`), once, printing ``unitscripts.WHEELS_MARK``'s lines
     (``serving``: what the units run, which prepare records as the node's
     ``serving_ref``; ``check``: read-only, what it would do); None: Docker's
-    derived image (``docker run`` + pip + ``docker commit``, ``roles.wheels``). A builder raises
+    derived image (``docker run`` + pip + ``docker commit``, ``roles.wheels``).
+    ``wheels_files(serving)``: the node's files that hold the runtime's own
+    image with the wheels whose units run ``serving`` (what ``wheels_script``
+    printed), in the order a copy puts them in place: sent whole from the
+    node that built it, they make another node find it present, so that the
+    cluster builds it once (``flows.stage.distribute_wheels``); () for
+    Docker's, which travels as ``docker save``. A builder raises
     ``LlmdeployError`` for what its runtime cannot do (a pyxis unit's log
     has no times: ``logs --since``).
 
@@ -252,6 +258,8 @@ class UnitRuntime(Protocol):
     def running_script(self) -> str: ...
 
     def wheels_script(self, wheels: Wheels, check: bool) -> str | None: ...
+
+    def wheels_files(self, serving: str) -> tuple[str, ...]: ...
 
 
 class LauncherPlugin(Protocol):

@@ -88,6 +88,9 @@ class Docker:
     def wheels_script(self, wheels: Wheels, check: bool) -> str | None:
         return None  # a derived image: docker run + pip + docker commit (roles.wheels)
 
+    def wheels_files(self, serving: str) -> tuple[str, ...]:
+        return ()  # an image of dockerd's: it travels as docker save (flows.stage.distribute_wheels)
+
 
 def of(cluster: Cluster) -> UnitRuntime:
     """The runtime of ``cluster``'s units: its launcher's own, else Docker's."""

@@ -313,6 +313,47 @@ def save_source(cluster: Cluster, ref: str | None = None) -> ImageSource:
 
 LOAD = ["docker", "load"]
 
+# files sent as they are (an image the runtime keeps as files: pyxis's
+# squashfs with the wheels), written on each node under a temporary
+# directory beside them and renamed into place in the order given once all
+# are there and the input has ended: the agent ends it only once the
+# stream's sha256 matched the source's (tar stops reading at the archive's
+# end marker, so the rest is drained first). A sink the agent aborts (the
+# sha256 differs, the stream ended early, the source failed) is terminated
+# before its input ends, and its trap removes the directory: no file is
+# renamed from a stream that was not whole
+FILES_SINK = """d=$1; shift
+mkdir -p "$d" || exit 3
+tmp=$(mktemp -d "$d/.recv.XXXXXXXX") || exit 3
+trap 'rm -rf "$tmp"' EXIT; trap 'exit 143' TERM; trap 'exit 130' INT
+tar -x --no-same-owner -C "$tmp" -f - || exit 4
+cat >/dev/null || exit 4
+for f in "$@"; do [ -f "$tmp/$f" ] || { echo "the stream held no $f" >&2; exit 4; }; done
+for f in "$@"; do chmod 0644 "$tmp/$f" && mv -f "$tmp/$f" "$d/$f" || exit 4; done
+echo "wrote $# file(s) in $d"
+"""
+
+
+def _one_dir(paths: list[str] | tuple[str, ...]) -> tuple[str, list[str]]:
+    """The directory ``paths`` share and their names in it (absolute paths, one directory)."""
+    dirs = {p.rsplit("/", 1)[0] for p in paths}
+    if not paths or len(dirs) != 1 or any(not p.startswith("/") or p.endswith("/") for p in paths):
+        raise ValueError(f"files to send must be absolute paths in one directory: {list(paths)!r}")
+    return dirs.pop() or "/", [p.rsplit("/", 1)[1] for p in paths]
+
+
+def files_source(paths: list[str] | tuple[str, ...]) -> ImageSource:
+    """``paths`` (in one directory) as the head node has them, in one tar stream."""
+    d, names = _one_dir(paths)
+    return ImageSource("files", command=["tar", "-C", d, "-cf", "-", "--", *names])
+
+
+def files_sink(paths: list[str] | tuple[str, ...]) -> list[str]:
+    """The command that writes what :func:`files_source` sends to the same
+    paths on a receiving node, whole or not at all (``FILES_SINK``)."""
+    d, names = _one_dir(paths)
+    return ["sh", "-c", FILES_SINK, "llmdeploy-files-sink", d, *names]
+
 
 def size_text(n: float) -> str:
     """Bytes as the progress rows show them ("2.9 KiB", "1.2 TiB"): ``llmdeploy.report.amount_text``."""

@@ -452,13 +452,23 @@ class Sink:
             self.err = "%s stopped reading: %s" % (self.argv[0], exc.strerror or exc)
 
     def abort(self):
+        """Stop the sink before its input ends: told first (SIGTERM, which a
+        sink's trap turns into leaving nothing behind), then its input
+        closed, then killed if it lingers. Closing first would hand a
+        stream cut short to a sink that takes its end for the whole."""
+        import subprocess
+
         if self.p is not None:
+            self.p.terminate()
             try:
                 self.p.stdin.close()
             except OSError:
                 pass
-            self.p.kill()
-            self.p.wait()
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
 
     def finish(self, res):
         """Close its input and wait: its failure, or its last line, goes into ``res``."""

@@ -19,7 +19,9 @@ file with the wheels installed by enroot, exported to a file of its own)
 runs the runtime's script instead, with the same pip command and the same
 check (:func:`spec`), which prints the same lines plus what the units run
 (``serving``: the file), which prepare records as the node's
-``serving_ref``. Either way the nodes must agree on the image with the
+``serving_ref``. It is built once for the cluster too: the runtime names
+the files that hold it (``UnitRuntime.wheels_files``), which
+``flows.stage.distribute_wheels`` sends down the same chain. Either way the nodes must agree on the image with the
 wheels and the versions in it: a node with another is named.
 
 While pip runs, progress lines say the wheels collected (their number is

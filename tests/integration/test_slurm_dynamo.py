@@ -6,6 +6,7 @@ groups are each one ``srun --mpi=pmix`` step, a task per GPU, no mpirun, no
 Docker container, no SSH between the nodes. A killed decode rank is named by
 status; that group alone is restarted; stop leaves nothing."""
 
+import hashlib
 import json
 import os
 import signal
@@ -52,6 +53,13 @@ def test_dynamo_1p2d_on_pyxis_worker_groups_are_pmix_steps(sim_cluster):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "(dynamo: etcd -> nats -> frontend -> prefill0 -> decode0 -> decode1)" in res.stdout, res.stdout
     base = host_dir(SIM_CLUSTER, NODES[0]) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}"
+    # prepare built the squashfs with the wheels once (one pip install, on node 0) and sent it down the chain:
+    # the same bytes on every node (two enroot exports of two pip installs differ in their files' times)
+    assert f"built on {NODES[0]}, then 4 node(s) got it from {NODES[0]} (files)" in " ".join(res.stdout.split()), res.stdout
+    sums = {n: sorted(hashlib.sha256(p.read_bytes()).hexdigest()
+                      for p in (host_dir(SIM_CLUSTER, n) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}/images").glob("*-wheels-*.sqsh"))
+            for n in NODES}
+    assert all(len(v) == 1 for v in sums.values()) and len({v[0] for v in sums.values()}) == 1, sums
     rid = parse_ledger((base / "ledger.jsonl").read_text())[-1]["release"]
     (job,) = jobs(SIM_CLUSTER)
     assert job.name == slurm.release_job_name(SIM_CLUSTER, rid) and job.state == "RUNNING"

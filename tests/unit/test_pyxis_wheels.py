@@ -269,6 +269,11 @@ def test_the_wheels_are_built_once_into_a_file_of_their_own(site, shell):
     assert {".config", f"site/ai_dynamo-{PIN}.dist-info/METADATA", f"site/ai_dynamo_runtime-{PIN}.dist-info/METADATA"} <= _members(path)
     assert json.loads(Path(path[:-5] + ".versions").read_text().split(" ", 2)[2]) == r.data["versions"]
     assert Path(base["serving_ref"]).read_bytes() == b"hsqs" + CONFIG.encode()
+    # what another node needs to find it present (flows.stage.distribute_wheels sends them): the versions, then the file
+    assert runtime.of(c).wheels_files(path) == (path[:-5] + ".versions", path)
+    for bad in (base["serving_ref"], f"/tmp/{Path(path).name}", path[:-5] + ".versions"):
+        with pytest.raises(ValueError):
+            runtime.of(c).wheels_files(bad)
     imgs = Path(images.images_dir(c))
     assert sorted(p.name for p in imgs.iterdir()) == sorted([Path(base["serving_ref"]).name, Path(path).name, Path(path).stem + ".versions", "refs"])
     # enroot's steps, the container removed; pip as roles.wheels runs it for Docker (the profile's indexes, unbuffered)

@@ -553,3 +553,55 @@ def test_the_registrys_image_goes_down_the_chain_and_into_the_head_nodes_own_loa
     assert res[0][1]["export"]["config"] == "sha256:" + _sha(registry["config"])
     tars = {(tmp_path / f"load{i}.tar").read_bytes() for i in range(3)}
     assert len(tars) == 1 and all(r[1]["said"] == f"Loaded image: {registry['ref']}" for r in res)
+
+
+def _wheels_like(d: Path, seed: int) -> dict[str, bytes]:
+    d.mkdir(parents=True, exist_ok=True)
+    data = {"a-wheels-1.versions": b"llmdeploy-wheels versions {}\n", "a-wheels-1.sqsh": b"hsqs" + random.Random(seed).randbytes(2 << 20)}
+    for name, b in data.items():
+        (d / name).write_bytes(b)
+    return data
+
+
+def test_files_go_down_the_chain_whole_and_in_place(tmp_path):
+    """A runtime's own image with the wheels (pyxis's squashfs and its
+    versions) sent as files: every node has the same bytes under the same
+    names, the versions put in place before the file, nothing else left."""
+    data = _wheels_like(tmp_path / "n0", 1)
+    names = list(data)
+    source = st.files_source([f"{tmp_path}/n0/{n}" for n in names])
+    assert source.what == "files" and source.command[:4] == ["tar", "-C", f"{tmp_path}/n0", "-cf"]
+    sinks = [None] + [st.files_sink([f"{tmp_path}/n{i}/{n}" for n in names]) for i in (1, 2)]
+    (tmp_path / "n2").mkdir()
+    (tmp_path / "n2" / names[1]).write_bytes(b"an old file of that name")
+    res = [_finish(p) for p in _pipe_chain(tmp_path, 3, source.command, sinks, _free_port())]
+    assert [c for c, _, _ in res] == [0, 0, 0], res
+    for i in (1, 2):
+        assert {p.name: p.read_bytes() for p in (tmp_path / f"n{i}").iterdir()} == data
+        assert oct((tmp_path / f"n{i}" / names[1]).stat().st_mode & 0o777) == "0o644"
+        assert res[i][1]["said"] == f"wrote 2 file(s) in {tmp_path}/n{i}"
+
+
+def test_files_from_a_stream_that_was_not_whole_are_never_put_in_place(tmp_path):
+    """The source's command sends the whole archive and then fails: tar on
+    each node has read it all, but the agent aborts the sink before the
+    input ends, so nothing is renamed and nothing temporary is left. A file
+    missing from the stream is named."""
+    data = _wheels_like(tmp_path / "n0", 2)
+    names = list(data)
+    failing = ["sh", "-c", f"tar -C {tmp_path}/n0 -cf - {' '.join(names)}; exit 3"]
+    sinks = [None, st.files_sink([f"{tmp_path}/n1/{n}" for n in names])]
+    res = [_finish(p) for p in _pipe_chain(tmp_path, 2, failing, sinks, _free_port())]
+    assert res[0][0] == 1 and res[1][0] == st.EXIT_UPSTREAM, res
+    assert not (tmp_path / "n1").exists() or list((tmp_path / "n1").iterdir()) == []
+    # an archive without one of the files: named, nothing put in place
+    only = ["tar", "-C", f"{tmp_path}/n0", "-cf", "-", names[1]]
+    res = [_finish(p) for p in _pipe_chain(tmp_path, 2, only, sinks, _free_port())]
+    assert res[1][0] == 1 and "the stream held no a-wheels-1.versions" in res[1][1]["sink"], res
+    assert list((tmp_path / "n1").iterdir()) == []
+
+
+def test_files_to_send_are_absolute_paths_in_one_directory():
+    for bad in ([], ["rel/a"], ["/x/a", "/y/b"], ["/x/"]):
+        with pytest.raises(ValueError):
+            st.files_source(bad)

@@ -641,6 +641,9 @@ class PyxisUnits:
     def wheels_script(self, wheels: Wheels, check: bool) -> str | None:
         return wheels_builder.wheels_script(images.images_dir(self.c), self.c.name, wheels, check)
 
+    def wheels_files(self, serving: str) -> tuple[str, ...]:
+        return wheels_builder.files(images.images_dir(self.c), serving)
+
     def image_id_script(self) -> str:
         return images.image_id_script(images.images_dir(self.c))
 

@@ -22,7 +22,10 @@ and renamed once exported and checked, after the versions: a failed or cut
 short build leaves no file under the final name, and no enroot container
 (the trap; a SIGKILLed one is removed by the next build). Every node names
 its file the same way, so the nodes agree on it when they agree on the base
-(roles.wheels compares it and the versions across the nodes).
+(roles.wheels compares it and the versions across the nodes). prepare
+builds it on one node and sends the file and its versions (:func:`files`)
+to the others (``flows.stage.distribute_wheels``), which then find it
+present: one pip install for the cluster.
 
 enroot's side (cited by line): ``start --rw`` leaves the container's root
 writable (enroot.in:565-567, src/runtime.sh:263-266), ``--root`` remaps the
@@ -51,7 +54,7 @@ import shlex
 from ...launcher import Wheels
 from ...sections import counted
 from ...unitscripts import WHEELS_MARK
-from .images import FUNCS, ref_key
+from .images import FUNCS, SUFFIX, ref_key
 
 q = shlex.quote
 
@@ -69,6 +72,18 @@ def mount_option(src: str, dst: str) -> str:
         if not _MOUNTABLE_RE.fullmatch(path):
             raise ValueError(f"enroot cannot mount {path!r}: an absolute path without spaces or colons")
     return f"--mount={src}:{dst}:none:x-create=dir,bind,ro"
+
+
+def files(images: str, serving: str) -> tuple[str, str]:
+    """The files a node holds the image with the wheels in, given the file its
+    units run (``serving``, which the script prints): its versions, then the
+    squashfs, the order a copy puts them in place (present needs both, the
+    file last). Sent whole from the node that built it, they make a node
+    find the image present (``flows.stage.distribute_wheels``)."""
+    d, _, name = serving.rpartition("/")
+    if d != images or not name.endswith(SUFFIX) or not re.fullmatch(r"[0-9a-f]{64}-" + _NAME_RE.pattern + re.escape(SUFFIX), name):
+        raise ValueError(f"not an image with wheels in {images}: {serving!r}")
+    return f"{serving[:-len(SUFFIX)]}{VERSIONS}", serving
 
 
 def container_name(cluster: str) -> str:
