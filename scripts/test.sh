@@ -3,14 +3,13 @@
 # runs pytest. Unit tests run anywhere; the integration tests bring up the
 # simulated cluster and need root. Extra arguments go to pytest.
 #
-# Three pytest-xdist workers by default (LLMDEPLOY_TEST_WORKERS, 0 for one
-# process), at most two simulated clusters at once (LLMDEPLOY_TEST_CLUSTERS):
-# one cluster's tests all on one worker, one after another
-# (tests/conftest.py ClusterScheduling), and while two clusters are under way
-# the third worker runs the tests that need none, in the time the clusters'
-# tests spend waiting on their hosts (it prints pytest's wall time at the end;
-# docs/simulator.md keeps the measured range).
-workers=${LLMDEPLOY_TEST_WORKERS:-3}
+# Two pytest-xdist workers by default (LLMDEPLOY_TEST_WORKERS, 0 for one
+# process): one cluster's tests all on one worker, one after another
+# (tests/conftest.py groups them), so two simulated clusters, or one and the
+# unit tests, run at once: 27 to 35 min here on 2 cores (27 min 09 s and 27 min 37 s
+# in the last two full runs), against 40 serially
+# (it prints pytest's wall time at the end; docs/simulator.md keeps the measured range).
+workers=${LLMDEPLOY_TEST_WORKERS:-2}
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -62,9 +62,6 @@ def sim_pids(cluster: str, node: str | None = None) -> set[int]:
 
 # where the xdist workers leave {nodeid: cluster} for the controller's scheduler
 GROUPS_ENV = "LLMDEPLOY_TEST_GROUPS"
-# how many simulated clusters' tests may run at once (ClusterScheduling), whatever the number of workers
-CLUSTERS_ENV = "LLMDEPLOY_TEST_CLUSTERS"
-CLUSTER_SCOPE = "cluster "
 
 
 def _cluster_of(item) -> str | None:
@@ -113,26 +110,11 @@ def pytest_xdist_make_scheduler(config, log):
 class ClusterScheduling(LoadScopeScheduling):
     """xdist's scope scheduling with a simulated cluster's tests as one scope
     (what the workers collected, ``pytest_collection_modifyitems``) and every
-    other test a scope of its own, and at most ``LLMDEPLOY_TEST_CLUSTERS``
-    (2) workers on a simulated cluster at any time, whatever the number of
-    workers.
-
-    The cluster scopes go out first, largest first (xdist's
-    --loadscope-reorder): the clusters' long groups start at once. A worker
-    that asks for work while that many clusters are under way gets the next
-    test that needs none (the unit and loopback tests), so a third worker
-    (``scripts/test.sh``'s default) fills the time the clusters' tests spend
-    waiting on their hosts without a third cluster's load on the machine. A
-    worker on a cluster queues the next cluster behind its own; one that is
-    not, once only clusters are left and enough workers are on one, is shut
-    down (it runs what it holds first): the workers on a cluster take the
-    rest, one after another."""
+    other test a scope of its own. The scopes go out largest first (xdist's
+    --loadscope-reorder): the clusters' long groups start at once, the unit
+    tests fill in."""
 
     _groups: dict[str, str] | None = None
-
-    def __init__(self, config, log=None):
-        super().__init__(config, log)
-        self.max_clusters = max(1, int(os.environ.get(CLUSTERS_ENV, "2")))
 
     def _split_scope(self, nodeid: str) -> str:
         if self._groups is None:
@@ -144,36 +126,7 @@ class ClusterScheduling(LoadScopeScheduling):
                 raise RuntimeError("the xdist workers grouped the simulated clusters' tests differently")
             self._groups = found[0]
         group = self._groups.get(nodeid)
-        return f"{CLUSTER_SCOPE}{group}" if group else nodeid
-
-    def schedule(self) -> None:
-        if self.collection is None and self.collection_is_completed and self.config.option.loadscopereorder:
-            # the clusters first (largest first, as xdist orders them), then the rest in their order
-            super().schedule()
-            queue = list(self.workqueue.items())
-            self.workqueue.clear()
-            self.workqueue.update([kv for kv in queue if kv[0].startswith(CLUSTER_SCOPE)] + [kv for kv in queue if not kv[0].startswith(CLUSTER_SCOPE)])
-            return
-        super().schedule()
-
-    def _on_a_cluster(self, node) -> bool:
-        """Whether ``node`` has a simulated cluster's test still to run (its work runs one test after another)."""
-        return any(scope.startswith(CLUSTER_SCOPE) and not all(unit.values()) for scope, unit in self.assigned_work.get(node, {}).items())
-
-    def _assign_work_unit(self, node) -> None:
-        # a worker on a cluster may queue the next one behind it (it runs them one after another); another
-        # worker may start one only while fewer than max_clusters workers are on one
-        may_cluster = self._on_a_cluster(node) or sum(map(self._on_a_cluster, self.nodes)) < self.max_clusters
-        scope = next((s for s in self.workqueue if may_cluster or not s.startswith(CLUSTER_SCOPE)), None)
-        if scope is None:
-            # only clusters are left and enough workers are on one: those take the rest, one after another,
-            # so this one has nothing left to do (it runs what it holds, then ends)
-            node.shutdown()
-            return
-        work_unit = self.workqueue.pop(scope)
-        self.assigned_work.setdefault(node, {})[scope] = work_unit
-        collection = self.registered_collections[node]
-        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+        return f"cluster {group}" if group else nodeid
 
 
 @pytest.fixture
