@@ -101,7 +101,9 @@ def sim_deploy(**overrides) -> DeploySettings:
     real cluster's: this machine runs every simulated host and the tool on
     two cores, the test suite two clusters at once, so its figures move with
     the load of the machine. Seen on healthy releases while another cluster
-    ran beside them: TTFT p50 3.7x and p95 7.8x their baseline's (8 requests:
+    ran beside them: TTFT p50 3.7x (10.9x once, 299.9 ms against 27.6 ms, in
+    a full run that took 36 min: the first requests after a world's restart)
+    and p95 7.8x their baseline's (8 requests:
     p95 is nearly the slowest), TPOT p50 2.0x and p95 3.4x, output tokens/s
     0.35x. The stand-ins sleep SIM_LATENCY per token, so load only adds to
     it: a stand-in made SIM_SLOWER times slower per token streams at no less
@@ -111,6 +113,6 @@ def sim_deploy(**overrides) -> DeploySettings:
     values = dict(rpc_timeout_s=60, ready_timeout_s=90, request_timeout_s=30, worker_retries=2, backoff_s=0.5, backoff_max_s=2, poll_s=0.5,
                   stop_timeout_s=5, drain_s=10,
                   gate=GateSettings(requests=8, concurrency=4, input_tokens=32, output_tokens=32, timeout_s=60, floor_ms=50,
-                                    tolerance=GateTolerance(ttft_p50=9.0, ttft_p95=19.0, tpot_p50=2.0, tpot_p95=4.0, output_tokens_per_s=0.8)))
+                                    tolerance=GateTolerance(ttft_p50=15.0, ttft_p95=19.0, tpot_p50=2.0, tpot_p95=4.0, output_tokens_per_s=0.8)))
     values.update(overrides)
     return DeploySettings(**values)
