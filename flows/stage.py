@@ -519,16 +519,14 @@ def _build_wheels_on(cluster: Cluster, runner: Runner, src: Node, out: ImageOutc
     (``out.failed`` names the node and why)."""
     from roles import wheels
 
-    served = None
     for step in (_image_step("image", cluster), _wheels_step(cluster)):
         r = runner.run(step, [src])[src.name]
         if r.failed:
             out.failed[src.name] = r.msg
             return None
-        served = (r.data or {}).get("serving_ref") or wheels.derived_ref(cluster)
     out.built = src.name
     out.had.append(src.name)
-    return served
+    return (r.data or {}).get("serving_ref") or wheels.derived_ref(cluster)
 
 
 def _image_step(name: str, cluster: Cluster) -> Step:

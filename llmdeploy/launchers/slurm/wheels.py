@@ -81,7 +81,7 @@ def files(images: str, serving: str) -> tuple[str, str]:
     file last). Sent whole from the node that built it, they make a node
     find the image present (``flows.stage.distribute_wheels``)."""
     d, _, name = serving.rpartition("/")
-    if d != images or not name.endswith(SUFFIX) or not re.fullmatch(r"[0-9a-f]{64}-" + _NAME_RE.pattern + re.escape(SUFFIX), name):
+    if d != images or not re.fullmatch(r"[0-9a-f]{64}-" + _NAME_RE.pattern + re.escape(SUFFIX), name):
         raise ValueError(f"not an image with wheels in {images}: {serving!r}")
     return f"{serving[:-len(SUFFIX)]}{VERSIONS}", serving
 
