@@ -1,6 +1,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -11,6 +12,15 @@ from xdist.scheduler import LoadScopeScheduling
 
 REPO = Path(__file__).resolve().parent.parent
 INVOKE = [sys.executable, "-m", "invoke"]
+
+# A suite started in the background of a non-interactive shell (`cmd &`,
+# nohup) gets SIGINT and SIGQUIT ignored, and every process it starts would
+# inherit that: Ctrl-C would not reach the tool in the tests that interrupt
+# it, and a unit's command would start deaf to both. They are given back as
+# a terminal gives them (each xdist worker imports this file too).
+for _sig, _handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, signal.SIG_DFL)):
+    if signal.getsignal(_sig) == signal.SIG_IGN:
+        signal.signal(_sig, _handler)
 
 
 # A terminal's size: the tool reads COLUMNS even in a pipe (its tables fit

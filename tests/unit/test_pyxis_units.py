@@ -140,6 +140,17 @@ def node(tmp_path):
 
 # a unit that ends when its test says so (the file "go" in its working directory), with the code it holds
 ENDS_ON_GO = ["sh", "-c", 'echo "up $1"; while [ ! -f go ]; do sleep 0.05; done; echo bye >&2; exit "$(cat go)"', "unit", "arg"]
+
+
+def go(node: "Node", code: str) -> None:
+    """Let ENDS_ON_GO's unit end with ``code``: the file appears whole (written
+    beside it, then renamed), so the unit never reads it empty (an ``exit ""``
+    is sh's own error, status 2)."""
+    tmp = node.tmp / "go.tmp"
+    tmp.write_text(code)
+    tmp.rename(node.tmp / "go")
+
+
 # a unit that says which signals it got and ends on SIGTERM with 7
 TRAPS = ["sh", "-c", 'trap "echo got USR1" USR1; trap "echo got TERM; exit 7" TERM; echo up; while :; do sleep 0.05; done']
 
@@ -158,7 +169,7 @@ def test_a_unit_runs_then_exits_with_its_code(node, shell):
     pid, start, wpid, wstart = (rec / "task.0").read_text().split()
     assert int(wpid) == p.pid and start == start_time(int(pid)) and wstart == start_time(p.pid)
     assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sh", b"-c"]
-    (node.tmp / "go").write_text("3")
+    go(node, "3")
     assert p.wait(10) == 3
     assert node.states(["u-1"], shell) == {"u-1": ("exited", "3")}
     assert (rec / "exit.0").read_text() == "3\n" and (rec / "finished").exists()
@@ -299,7 +310,7 @@ def test_every_task_must_run_and_the_highest_code_is_the_units(node):
 
 def test_a_restart_keeps_the_previous_attempts_log_and_ends_what_still_ran(node):
     first = node.start("u-1", ENDS_ON_GO)
-    (node.tmp / "go").write_text("1")
+    go(node, "1")
     assert first.wait(10) == 1
     (node.tmp / "go").unlink()
     second = node.start("u-1", TRAPS, attempt=2)
@@ -339,7 +350,7 @@ def test_wait_port_answers_as_dockers(node, shell):
         assert (res.returncode, res.stdout) == (0, "open\n")
     res = node.sh(units.wait_port_script(node.releases, "u-1", "127.0.0.1", port, 1), shell)
     assert (res.returncode, res.stdout) == (4, "timeout\n")
-    (node.tmp / "go").write_text("3")
+    go(node, "3")
     p.wait(10)
     res = node.sh(units.wait_port_script(node.releases, "u-1", "127.0.0.1", port, 30), shell)
     assert (res.returncode, res.stdout) == (3, "container exited 3\n")
@@ -357,7 +368,7 @@ def test_status_reads_the_units_as_docker_inspect(node, shell):
     node.start("u-1", ["sh", "-c", "echo up; exec sleep 300", ODD], extra=("--label", f"odd={odd_label}"), service="decode0",
                env={"ODD_ENV": ODD, "EMPTY": ""})
     p2 = node.start("u-2", ENDS_ON_GO, rid=OLD, role="node0", phase=1)
-    (node.tmp / "go").write_text("4")
+    go(node, "4")
     p2.wait(10)
     Path(node.cluster.base_dir, CLUSTER, "current").symlink_to(f"releases/{RID}")
     res = node.sh(units.status_script(node.cluster), shell)
@@ -390,7 +401,7 @@ def test_status_reads_the_units_as_docker_inspect(node, shell):
 def test_top_reads_the_units_as_docker_inspect(node):
     node.start("u-1", TRAPS, service="decode0")
     node.start("u-2", ENDS_ON_GO, attempt=3, service="prefill0", role="node0", phase=1)
-    (node.tmp / "go").write_text("1")
+    go(node, "1")
     until(lambda: (node.record("u-2") / "exit.0").exists(), what="u-2 ended")
     Path(node.cluster.base_dir, CLUSTER, "current").symlink_to(f"releases/{RID}")
     res = node.sh(units.top_script(node.cluster))
