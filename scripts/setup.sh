@@ -83,6 +83,14 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     touch "$stamp"
 fi
 
+# The project's modules compiled once, here: where the environment sets
+# PYTHONDONTWRITEBYTECODE (container images often do, this machine does),
+# Python still reads __pycache__ but never writes it, so every `invoke`
+# compiled the ~260 modules it imports again: ~0.2 s of CPU a command
+# (`invoke status`, 10 runs each: 1.04 s without, 0.81 s with). Only what
+# changed since is compiled again.
+.venv/bin/python -m compileall -q -j 0 tasks.py llmdeploy flows roles systems platforms inventory sim tests bench >/dev/null
+
 # The simulated cluster's container images (sim/images.py: debootstrap, then
 # docker build in a namespace of its own), built once per machine and again
 # only when the simulator's stand-ins change; here rather than inside the
