@@ -251,7 +251,7 @@ def test_a_pyxis_trtllm_world_is_one_pmix_step_of_every_rank(b200):
     assert len(steps) == 1 and len(steps[0][1]) == 2
     text = slurm.start_units_script(b200, "42", [steps[0][0]], 30)
     srun = shlex.split(text.split("setsid nohup ", 1)[1].split(f" > {shlex.quote(steps[0][0].log)} 2>&1", 1)[0])
-    assert srun[:9] == ["srun", "--jobid=42", "--overlap", "--nodes=2", "--ntasks=16", "--distribution=arbitrary",
+    assert srun[:8] == ["srun", "--jobid=42", "--overlap", "--ntasks=16", "--distribution=arbitrary",
                         "--nodelist=" + ",".join(["sim-b200-slurm-0"] * 8 + ["sim-b200-slurm-1"] * 8), "--gres=gpu:8",
                         f"--job-name=sim-b200-slurm-{RID}"]
     assert "--mpi=pmix" in srun and "--container-image=nvcr.io#nvidia/tensorrt-llm/release:1.4.0rc1" in srun
@@ -273,7 +273,8 @@ def test_step_shapes_and_host_lists():
     assert slurm.step_shape_args(one) == ["--nodes=1", "--ntasks=1", "--nodelist=n0"]
     # a world's tasks in the plan's node order, a name per task (srun would sort a plain list into Slurm's order)
     world = slurm.UnitStep(node="n2", name="u", script="", log="/l", nodes=["n2", "n0", "n1"], tasks=2)
-    assert slurm.step_shape_args(world) == ["--nodes=3", "--ntasks=6", "--distribution=arbitrary", "--nodelist=n2,n2,n0,n0,n1,n1"]
+    # no --nodes beside it: Slurm 23.11 and later refuse the pair, and srun counts the list's distinct names
+    assert slurm.step_shape_args(world) == ["--ntasks=6", "--distribution=arbitrary", "--nodelist=n2,n2,n0,n0,n1,n1"]
     group = slurm.UnitStep(node="n0", name="u", script="", log="/l", nodes=["n0"], tasks=4)
     assert slurm.step_shape_args(group) == ["--nodes=1", "--ntasks=4", "--ntasks-per-node=4", "--nodelist=n0"]
     assert slurm.expand_hostlist("gpu-[00-02,5],login") == ["gpu-00", "gpu-01", "gpu-02", "gpu-5", "login"]
@@ -299,7 +300,7 @@ def test_a_world_is_one_pmix_step_with_each_nodes_variables(b200, tmp_path):
     text = slurm.world_command(b200, "42", ["sim-b200-slurm-0", "sim-b200-slurm-1"], 8, ["all_reduce_perf", "-b", "8"],
                                {"sim-b200-slurm-0": {"NCCL_SOCKET_IFNAME": "ens1f0"}, "sim-b200-slurm-1": {"NCCL_SOCKET_IFNAME": "a b;$(x)"}})
     args = shlex.split(text.removesuffix(" < /dev/null"))
-    assert args[:8] == ["srun", "--jobid=42", "--overlap", "--nodes=2", "--ntasks=16", "--distribution=arbitrary",
+    assert args[:7] == ["srun", "--jobid=42", "--overlap", "--ntasks=16", "--distribution=arbitrary",
                         "--nodelist=" + ",".join(["sim-b200-slurm-0"] * 8 + ["sim-b200-slurm-1"] * 8), "--gres=gpu:8"]
     assert "--mpi=pmix" in args and "--kill-on-bad-exit=1" in args and args[-3:] == ["all_reduce_perf", "-b", "8"]
     i = args.index("bash")
@@ -321,7 +322,7 @@ def test_deploy_check_prints_each_steps_srun_line(b200):
     doc = deploy.check_doc(b200, plan, chash, [])
     (step,) = doc["launch_steps"]
     assert step["what"] == f"world: sim-b200-slurm-{plan.release} on sim-b200-slurm-0, sim-b200-slurm-1"
-    assert step["command"].startswith("srun --jobid=JOB --overlap --nodes=2 --ntasks=16 --distribution=arbitrary ") and "--mpi=pmix" in step["command"]
+    assert step["command"].startswith("srun --jobid=JOB --overlap --ntasks=16 --distribution=arbitrary ") and "--mpi=pmix" in step["command"]
     ssh = load_cluster("sim-b200")
     _, chash, plan = deploy.plan_release(ssh, {}, ssh.image.ref)
     assert "launch_steps" not in deploy.check_doc(ssh, plan, chash, [])
@@ -367,7 +368,7 @@ def test_dynamo_worker_groups_on_pyxis_are_one_pmix_step_each():
     (step, units), = plan_steps(c, plan, decode0.units, lambda u: "", lambda u: 1)
     assert [u.host for u in units] == ["sim-gb300-1p2d-slurm-1", "sim-gb300-1p2d-slurm-2"]
     args = slurm.unit_srun_args(c, "42", step)
-    assert args[:8] == ["srun", "--jobid=42", "--overlap", "--nodes=2", "--ntasks=8", "--distribution=arbitrary",
+    assert args[:7] == ["srun", "--jobid=42", "--overlap", "--ntasks=8", "--distribution=arbitrary",
                         "--nodelist=" + ",".join(["sim-gb300-1p2d-slurm-1"] * 4 + ["sim-gb300-1p2d-slurm-2"] * 4), "--gres=gpu:4"]
     assert "--mpi=pmix" in args and args[-2:] == ["sh", f"{rd}/decode0.task.sh"] and not any("/root/.ssh" in a for a in args)
     for node in ("sim-gb300-1p2d-slurm-1", "sim-gb300-1p2d-slurm-2"):
@@ -416,7 +417,7 @@ def test_sglang_on_pyxis_is_one_step_a_task_per_node():
     (step, units), = plan_steps(c, plan, svc.units, lambda u: "", lambda u: 1)
     args = slurm.unit_srun_args(c, "42", step)
     # node rank 0 (gpu-b) is task 0, though Slurm would put gpu-a first
-    assert args[3:7] == ["--nodes=2", "--ntasks=2", "--distribution=arbitrary", "--nodelist=gpu-b,gpu-a"]
+    assert args[3:6] == ["--ntasks=2", "--distribution=arbitrary", "--nodelist=gpu-b,gpu-a"]
     task_sh = f"/var/lib/llmdeploy/sim-h200-sglang/releases/{RID}/task.sh"
     assert "--mpi=none" in args and args[-2:] == ["sh", task_sh]
     for i, node in enumerate(["sim-h200-sglang-0", "sim-h200-sglang-1"]):

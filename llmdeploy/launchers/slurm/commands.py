@@ -494,13 +494,21 @@ def step_shape_args(u: UnitStep) -> list[str]:
     whichever of its nodes slurm.conf lists first; ``--distribution=arbitrary``
     takes the list as it is, a name per task (srun(1): "allocate processes
     in-order as listed"), so rank 0 is on the node the plan (and its probes)
-    say."""
+    say.
+
+    Without ``--nodes``: since Slurm 23.11 srun refuses it beside arbitrary
+    ("--nodes is incompatible with --distribution=arbitrary",
+    ``src/common/slurm_opt.c`` ``_validate_arbitrary``; srun(1) --nodes: "This
+    option cannot be used in with arbitrary distribution"), and every srun
+    from 22.05 on takes the node count from the list's distinct names
+    (``src/srun/opt.c``: "set proc and node counts based on the arbitrary
+    list of nodes")."""
     nodes = u.nodes or [u.node]
     if len(nodes) == 1 and u.tasks == 1:
         return ["--nodes=1", "--ntasks=1", f"--nodelist={nodes[0]}"]
     if len(nodes) == 1:
         return ["--nodes=1", f"--ntasks={u.tasks}", f"--ntasks-per-node={u.tasks}", f"--nodelist={nodes[0]}"]
-    return [f"--nodes={len(nodes)}", f"--ntasks={len(nodes) * u.tasks}", "--distribution=arbitrary",
+    return [f"--ntasks={len(nodes) * u.tasks}", "--distribution=arbitrary",
             f"--nodelist={','.join(n for n in nodes for _ in range(u.tasks))}"]
 
 
