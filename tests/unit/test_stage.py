@@ -401,6 +401,40 @@ def test_the_image_stream_is_compressed_and_a_failed_save_fails_the_source(tmp_p
     res = subprocess.run(command, capture_output=True, env=env)
     assert res.returncode == 1 and b"reference does not exist" in res.stderr
 
+    # links faster than the compression (or image_compression "none"): docker save's tar as it is, its failure still the source's
+    (bindir / "docker").write_text('#!/bin/sh\n[ "$1" = save ] && [ "$2" = "$IMAGE" ] || exit 9\nhead -c 300000 /dev/zero\n')
+    for stage in ({"link_mbit": 100000}, {"image_compression": "none"}, {"image_compression": "none", "link_mbit": 1000}):
+        fast = cluster.model_copy(update={"stage": cluster.stage.model_copy(update=stage)})
+        assert not fast.stage.compresses_images(), stage
+        out = subprocess.run(st.save_source(fast).command, capture_output=True, env=env, check=True).stdout
+        assert out == bytes(300000), stage
+    (bindir / "docker").write_text("#!/bin/sh\necho 'Error response from daemon: reference does not exist' >&2; exit 1\n")
+    res = subprocess.run(st.save_source(fast).command, capture_output=True, env=env)
+    assert res.returncode == 1 and b"reference does not exist" in res.stderr
+
+
+@pytest.mark.parametrize("stage, compresses", [
+    ({}, True),  # links of unknown speed: compressed, as before
+    ({"link_mbit": 1000}, True),
+    ({"link_mbit": 9999}, True),
+    ({"link_mbit": 10000}, False),
+    ({"link_mbit": 400000, "image_compression": "gzip"}, True),
+    ({"image_compression": "none"}, False),
+])
+def test_a_saved_image_is_compressed_only_where_the_links_are_slower_than_gzip(stage, compresses):
+    from llmdeploy.inventory import StageSettings
+
+    assert StageSettings(**stage).compresses_images() is compresses
+
+
+def test_image_compression_names_the_field_when_it_is_wrong():
+    from pydantic import ValidationError
+
+    from llmdeploy.inventory import StageSettings
+
+    with pytest.raises(ValidationError, match="image_compression"):
+        StageSettings(image_compression="zstd")
+
 
 # --- export: the image read from its registry -------------------------------
 @pytest.mark.parametrize("ref, want", [
