@@ -414,11 +414,17 @@ def start_login(cluster: Cluster, cdir: Path, state: dict, links: dict, hosts: s
     env = {"PATH": SYSTEM_PATH, "SLURM_CONF": str(conf_path(cdir))}
     (ldir / "sshd_config").write_text(sshd.sshd_config([m_ip, data_ip], ldir, cdir, env))
     (ldir / "hosts").write_text(hosts + f"{data_ip} {name}\n")
+    (ldir / "bashrc").write_text("# ~/.bashrc of a simulated login host (sim/slurm.py)\n")
     q = lambda p: shlex.quote(str(p))  # noqa: E731
     script = "\n".join([
         "set -e",
         f"hostname {shlex.quote(name)}",
         f"mount --bind {q(ldir / 'hosts')} /etc/hosts",
+        # bash sources ~/.bashrc for every SSH command: the login host's own,
+        # as a node's (sim/cluster.py), not this machine's (a pyenv init there
+        # made every command on the login host 100 ms longer: 105 ms against a
+        # node's 8 ms for ``ssh login true`` over an open connection)
+        f"if [ -f /root/.bashrc ]; then mount --bind {q(ldir / 'bashrc')} /root/.bashrc; fi",
         "mount -t tmpfs -o mode=755,size=64m tmpfs /run",
         "mkdir -p /run/sshd",
         *munged_lines(cdir, ldir),
