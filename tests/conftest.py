@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
+from tests import forkserver
+
 REPO = Path(__file__).resolve().parent.parent
 INVOKE = [sys.executable, "-m", "invoke"]
 
@@ -39,12 +41,18 @@ def tool_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# the tool's commands, forked from a process that imported it once
+# (tests/forkserver.py: the same argv, environment, directory and streams as
+# ``python -m invoke``; LLMDEPLOY_TEST_FORKSERVER=0 runs each as a fresh process)
+FORKS = forkserver.Client(REPO)
+
+
 def run_invoke(*args, env=None, timeout=300):
-    """Run an invoke task the way a user does; returns CompletedProcess.
-    ``env``: added to ``tool_env()`` (COLUMNS and LINES only when given here)."""
-    return subprocess.run(
-        INVOKE + list(args), cwd=REPO, capture_output=True, text=True, env=tool_env(env), timeout=timeout, stdin=subprocess.DEVNULL
-    )
+    """Run an invoke task the way a user does; returns CompletedProcess (as
+    ``subprocess.run(..., capture_output=True, text=True)``, TimeoutExpired
+    past ``timeout``). ``env``: added to ``tool_env()`` (COLUMNS and LINES
+    only when given here)."""
+    return FORKS.run(INVOKE + list(args), env=tool_env(env), cwd=REPO, timeout=timeout)
 
 
 def sim_possible() -> str | None:
@@ -86,6 +94,7 @@ def _cluster_of(item) -> str | None:
 
 
 def pytest_configure(config):
+    config.add_cleanup(FORKS.close)  # the forkserver ends with the session (each xdist worker has its own)
     if getattr(config.option, "dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
         d = tempfile.mkdtemp(prefix="lds-test-groups-")
         os.environ[GROUPS_ENV] = d  # the workers start after this, with it

@@ -31,7 +31,7 @@ def test_run_invoke_runs_the_tool_without_the_suites_terminal_size(monkeypatch):
         seen.update(kw["env"], argv=argv)
 
     monkeypatch.setenv("COLUMNS", "80")
-    monkeypatch.setattr(conftest.subprocess, "run", fake_run)
+    monkeypatch.setattr(conftest.FORKS, "run", fake_run)
     conftest.run_invoke("status", "--cluster", "x", env={"LLMDEPLOY_INVENTORY": "/tmp/inv"})
     assert seen["argv"] == INVOKE + ["status", "--cluster", "x"] and "COLUMNS" not in seen and seen["LLMDEPLOY_INVENTORY"] == "/tmp/inv"
     conftest.run_invoke("status", env={"COLUMNS": "100"})
