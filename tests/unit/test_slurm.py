@@ -151,6 +151,10 @@ def test_command_lines_quote_and_carry_the_sites_choices(b200):
             "--nodelist=sim-b200-slurm-0,sim-b200-slurm-1", "--nodes=2"} <= set(args)
     sb = shlex.split(slurm.sbatch_command(c, ["sim-b200-slurm-0", "sim-b200-slurm-1"], "r1"))
     assert "--job-name=llmdeploy.sim-b200-slurm.r1" in sb and sb[-1] == "--wrap=exec sleep infinity"
+    # nodes whole, with all their memory: a site that counts memory gives --exclusive only what is asked for
+    for allocation in (args, sb):
+        assert "--exclusive" in allocation and "--mem=0" in allocation, allocation
+        assert not [a for a in allocation if a.startswith(("--mem-per", "--mem=")) and a != "--mem=0"], allocation
     srun = shlex.split(slurm.srun_dispatch_command(c, "42", ["a", "b"], "prepare: image; digest"))
     assert srun[:4] == ["srun", "--jobid=42", "--overlap", "--nodes=2"] and "--ntasks-per-node=1" in srun and "--label" in srun
     assert "--job-name=prepare-image-digest" in srun and srun[-3:-1] == ["bash", "-c"]

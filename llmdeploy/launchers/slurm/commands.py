@@ -175,15 +175,27 @@ def parse_sinfo(out: str, names: list[str]) -> dict[str, NodeState]:
 
 
 # -- allocations -------------------------------------------------------------------------
+# nodes whole: --exclusive gives a job every CPU and GRES of its nodes but,
+# on a site that counts memory (SelectTypeParameters with _Memory), only the
+# memory it asks for (sbatch(1) of 25.11.7, --exclusive: "the job is
+# allocated all CPUs and GRES on all nodes in the allocation, but is only
+# allocated as much memory as it requested ... To request all the memory on
+# a node, use --mem=0"), and the weights' load is then OOM-killed. --mem=0
+# "grants the job access to all of the memory on each node" (--mem). Where
+# memory is not counted, it changes nothing.
+EXCLUSIVE = ("--exclusive", "--mem=0")
+
+
 def salloc_command(cluster: Cluster, names: list[str], job_name: str, time_limit: str | None = None) -> str:
     """An allocation of ``names`` for one command's steps, without a shell
     (salloc --no-shell: the job holds the nodes until scancel or its limit),
     whole (--exclusive: verify-comm's world runs a task per GPU in it, as the
-    release's job does). Prints ``salloc: Granted job allocation <id>`` on stderr."""
+    release's job does; with all their memory: ``EXCLUSIVE``). Prints
+    ``salloc: Granted job allocation <id>`` on stderr."""
     s = cluster.slurm
     assert s is not None
     args = ["salloc", "--no-shell", f"--job-name={job_name}", f"--nodes={len(names)}", f"--nodelist={hostlist(names)}",
-            "--ntasks-per-node=1", "--exclusive", f"--immediate={max(1, int(s.alloc_timeout_s))}", *gres_args(cluster), *where_args(cluster)]
+            "--ntasks-per-node=1", *EXCLUSIVE, f"--immediate={max(1, int(s.alloc_timeout_s))}", *gres_args(cluster), *where_args(cluster)]
     args.append(f"--time={time_limit or s.command_time_limit}")
     return " ".join(q(a) for a in args)
 
@@ -201,10 +213,10 @@ def sbatch_command(cluster: Cluster, names: list[str], release: str) -> str:
     cancelled); the units are its other steps. ``--parsable`` prints the id."""
     s = cluster.slurm
     assert s is not None
-    # --exclusive: the serving release has its nodes whole (every CPU, GPU and
-    # the memory); the tool's own steps in it share them (srun --overlap)
+    # the serving release has its nodes whole (every CPU, GPU and all the
+    # memory: EXCLUSIVE); the tool's own steps in it share them (srun --overlap)
     args = ["sbatch", "--parsable", f"--job-name={release_job_name(cluster.name, release)}", f"--nodes={len(names)}",
-            f"--nodelist={hostlist(names)}", "--ntasks-per-node=1", "--exclusive", *gres_args(cluster), *where_args(cluster),
+            f"--nodelist={hostlist(names)}", "--ntasks-per-node=1", *EXCLUSIVE, *gres_args(cluster), *where_args(cluster),
             # the batch step only sleeps: nothing to keep of its output
             "--output=/dev/null", "--chdir=/", f"--comment=llmdeploy release {release} of {cluster.name}"]
     if s.time_limit:
