@@ -14,9 +14,15 @@ from invoke import Collection, Exit, task
 
 from llmdeploy.errors import LlmdeployError, mask
 
-LOCK_HELP = {
+# the help of the flags that several tasks take, said once (a task's own
+# help for one of them, given to ``command``, says more)
+SHARED_HELP = {
+    "cluster": "cluster name: a module in inventory/ (e.g. a3, sim-a3)",
+    "limit": "only these nodes, comma-separated names",
     "message": "a note kept with the deploy lock and in the audit log",
     "lock_wait": "wait up to this many seconds for the deploy lock (default: fail at once)",
+    "wide": "every column, even wider than the terminal (by default the table fits it: host names and release ids whole, "
+            "the less important columns left out)",
 }
 
 
@@ -95,170 +101,133 @@ def _guard(fn=None, *, counting: bool = True):
     return wrapper
 
 
-@task(
-    positional=[],
-    help={
-        "cluster": "cluster name: a module in inventory/ (e.g. a3, sim-a3)",
-        "json": "print the facts as JSON on stdout (people's output goes to stderr)",
-        "limit": "only these nodes, comma-separated names",
-        "wide": "every column, even wider than the terminal (by default the table fits it: host names whole, the less important columns left out)",
-    }
+def command(*, name: str | None = None, auto_shortflags: bool = True, counting: bool = True, **own_help: str):
+    """A task (flags only, no positional arguments) run through ``_guard``:
+    each flag's help is the task's own (``own_help``) or ``SHARED_HELP``'s.
+    A help for a flag the task does not take is a mistake, raised at import."""
+
+    def decorate(fn):
+        flags = list(inspect.signature(fn).parameters)[1:]
+        stray = sorted(set(own_help) - set(flags))
+        if stray:
+            raise TypeError(f"{fn.__name__}: help for flags it does not take: {', '.join(stray)}")
+        helps = {f: own_help.get(f, SHARED_HELP.get(f)) for f in flags if f in own_help or f in SHARED_HELP}
+        return task(positional=[], name=name, auto_shortflags=auto_shortflags, help=helps)(_guard(fn, counting=counting))
+
+    return decorate
+
+
+@command(
+    json="print the facts as JSON on stdout (people's output goes to stderr)",
+    wide="every column, even wider than the terminal (by default the table fits it: host names whole, the less important columns left out)",
 )
-@_guard
 def facts(c, cluster, json=False, limit=None, wide=False):
     """Gather facts from every node (OS, CPUs/NUMA, memory, disk, NPUs/GPUs, NICs, engine)."""
     return _flow("app").facts(cluster, json_out=json, limit=limit, wide=wide)
 
 
-@task(
-    positional=[],
+@command(
     auto_shortflags=False,
-    help={
-        "cluster": "cluster name: a module in inventory/",
-        "check": "change nothing; say what would change",
-        "diff": "show the difference of every file it writes (or would write)",
-        "limit": "only these nodes, comma-separated names",
-        "json": "print the result as JSON on stdout",
-        "no_check": "do not run the node acceptance tests (invoke check) at the end",
-        **LOCK_HELP,
-    }
+    check="change nothing; say what would change",
+    diff="show the difference of every file it writes (or would write)",
+    json="print the result as JSON on stdout",
+    no_check="do not run the node acceptance tests (invoke check) at the end",
 )
-@_guard
 def prepare(c, cluster, check=False, diff=False, limit=None, json=False, no_check=False, message=None, lock_wait=0):
     """Make every node ready to serve (under the deploy lock): checks (NIC, model, budgets, NUMA), then image, wheels, environment file."""
     return _flow("app").prepare(cluster, check=check, diff=diff, limit=limit, json_out=json, run_checks=not no_check, message=message,
                        lock_wait=float(lock_wait))
 
 
-@task(
-    positional=[],
-    name="check",
-    help={
-        "cluster": "cluster name: a module in inventory/",
-        "limit": "only these nodes, comma-separated names",
-        "select": "only tests matching this pytest -k expression",
-    },
-)
-@_guard
+@command(name="check", select="only tests matching this pytest -k expression")
 def check_nodes(c, cluster, limit=None, select=None):
     """Node acceptance tests (tests/node, pytest-testinfra over the inventory's SSH settings, or through the cluster's launcher)."""
     return _flow("app").check(cluster, limit=limit, select=select)
 
 
-@task(
-    positional=[],
+@command(
     auto_shortflags=False,
-    help={
-        "cluster": "cluster name: a module in inventory/",
-        "check": "change nothing: print per node the exact container and serve commands (and rendered files) it would run",
-        "json": "print the plan (with --check) or the result as JSON on stdout",
-        "skip_prepare": "do not run prepare first (the nodes must have been prepared)",
-        "force": "deploy even though the last verify-comm failed or is too old (and say so)",
-        "no_rollback": "if the new release fails, leave the failed state for debugging (default: bring back the last good release)",
-        "no_gate": "skip the quality gate (the smoke benchmark against the last good release); the ledger records that it was skipped",
-        **LOCK_HELP,
-    }
+    check="change nothing: print per node the exact container and serve commands (and rendered files) it would run",
+    json="print the plan (with --check) or the result as JSON on stdout",
+    skip_prepare="do not run prepare first (the nodes must have been prepared)",
+    force="deploy even though the last verify-comm failed or is too old (and say so)",
+    no_rollback="if the new release fails, leave the failed state for debugging (default: bring back the last good release)",
+    no_gate="skip the quality gate (the smoke benchmark against the last good release); the ledger records that it was skipped",
 )
-@_guard
 def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False, message=None, lock_wait=0, no_rollback=False, no_gate=False):
     """Prepare, then start serving as a new release in the system's order (playbooks/serve-*.yaml); ready = health, models, chat, then the quality gate."""
     return _flow("app").deploy(cluster, check=check, json_out=json, skip_prepare=skip_prepare, force=force, message=message,
                       lock_wait=float(lock_wait), rollback_on_failure=not no_rollback, gate=not no_gate)
 
 
-@task(auto_shortflags=False, 
-    positional=[],
+@command(
     name="logs",
-    help={
-        "cluster": "cluster name: a module in inventory/",
-        "host": "only these nodes, comma-separated names (one with --follow)",
-        "follow": "keep printing new lines (needs one --host)",
-        "since": "only lines since this: 10m, 2h, or 2026-12-02T10:00:00Z",
-        "tail": "only the last N lines",
-        "service": "only this service's containers (e.g. decode0 of a Dynamo release; default: every one on each node)",
-    },
+    auto_shortflags=False,
+    host="only these nodes, comma-separated names (one with --follow)",
+    follow="keep printing new lines (needs one --host)",
+    since="only lines since this: 10m, 2h, or 2026-12-02T10:00:00Z",
+    tail="only the last N lines",
+    service="only this service's containers (e.g. decode0 of a Dynamo release; default: every one on each node)",
 )
-@_guard
 def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None, service=None):
     """Serving logs of every container of the cluster on each node, in start order; each line prefixed with its host (and service)."""
     return _flow("serving_logs").serving_logs(load_cluster(cluster), host=host, follow=follow, since=since, tail=tail, service=service)
 
 
-@task(
-    positional=[],
+@command(
     auto_shortflags=False,
-    help={
-        "cluster": "cluster name: a module in inventory/",
-        "from_": "the node that has the model (default: model.stage_from, else node 0), or 'source' for the stage.source host",
-        "check": "move nothing: print the plan (source, chain order, bytes per node, expected time at stage.link_mbit)",
-        "json": "print the plan (with --check) or the result as JSON on stdout",
-        **LOCK_HELP,
-    },
+    from_="the node that has the model (default: model.stage_from, else node 0), or 'source' for the stage.source host",
+    check="move nothing: print the plan (source, chain order, bytes per node, expected time at stage.link_mbit)",
+    json="print the plan (with --check) or the result as JSON on stdout",
 )
-@_guard
 def stage(c, cluster, from_=None, check=False, json=False, message=None, lock_wait=0):
     """Copy the model (and tokenizer) to every node's model.path: one pipelined broadcast over the data network, resumable, every file's sha256 verified."""
     return _flow("stage").stage(cluster, frm=from_, check=check, json_out=json, message=message, lock_wait=float(lock_wait))
 
 
-@task(
-    positional=[],
+@command(
     name="verify-comm",
-    help={
-        "cluster": "cluster name: a module in inventory/",
-        "json": "print the report as JSON on stdout",
-        "full": "Ascend: ping the full NPU matrix even on large clusters",
-        "report": "the local folder for the run's HTML report and PNG picture (default: logs/<cluster>/verify-comm); "
+    json="print the report as JSON on stdout",
+    full="Ascend: ping the full NPU matrix even on large clusters",
+    report="the local folder for the run's HTML report and PNG picture (default: logs/<cluster>/verify-comm); "
                   "node 0 keeps them beside its record",
-    },
 )
-@_guard
 def verify_comm(c, cluster, json=False, full=False, report=None):
     """Is multi-node communication healthy? Ascend hccn_tool checks and NPU pings; NVIDIA IB/NIC and all_reduce_perf; host network pings.
     Each run also draws the result as an HTML page and a PNG (the NPU ping matrix, host pairs, all_reduce busbw), saved locally and on node 0."""
     return _flow("app").verify_comm(cluster, json_out=json, full=full, report_dir=report)
 
 
-@task(positional=[], help={"cluster": "cluster name", "json": "print the releases as JSON",
-                           "events": "after the table, per release its gate verdict and figures, its last benchmark and every event, one a line", "wide": "every column, even wider than the terminal (by default the table fits it: host names and release ids whole, the less important columns left out)"})
-@_guard
+@command(
+    json="print the releases as JSON",
+    events="after the table, per release its gate verdict and figures, its last benchmark and every event, one a line",
+)
 def releases(c, cluster, json=False, events=False, wide=False):
     """The release ledger from node 0: every attempt of every release, was it ever good, the gate's verdict, current, the rollback target."""
     return _flow("releases").releases(load_cluster(cluster), _console(json), json, events=events, wide=wide)
 
 
-@task(
-    positional=[],
-    help={
-        "cluster": "cluster name",
-        "to": "the release to bring back (default: the one good most recently that is neither running nor failing now)",
-        "json": "print the result as JSON",
-        "gate": "run the quality gate on the release brought back (it keeps serving if it fails; the exit status says so)",
-        **LOCK_HELP,
-    }
+@command(
+    to="the release to bring back (default: the one good most recently that is neither running nor failing now)",
+    json="print the result as JSON",
+    gate="run the quality gate on the release brought back (it keeps serving if it fails; the exit status says so)",
 )
-@_guard
 def rollback(c, cluster, to=None, json=False, message=None, lock_wait=0, gate=False):
     """Bring back a good release from its own files on every node, in the same order, under the deploy lock."""
     return _flow("lifecycle").rollback(load_cluster(cluster), _console(json), to, message, float(lock_wait), json, gate)
 
 
-@task(
-    positional=[],
+@command(
     auto_shortflags=False,
-    help={
-        "cluster": "cluster name: a module in inventory/",
-        "concurrency": "requests in flight at once, one level per value, comma-separated (default 1,4)",
-        "requests": "requests per concurrency level (default 32)",
-        "input_tokens": "prompt length in words of the synthetic prompts (default 128)",
-        "output_tokens": "tokens each answer streams (max_tokens with ignore_eos; default 128)",
-        "prompts": "a file of prompts, one per line or JSON lines with a \"prompt\" field, sent in turn",
-        "duration": "no request starts after this many seconds of a level (default 300)",
-        "direct": "send straight to the endpoint instead of through node 0's SSH connection",
-        "json": "print the figures as JSON on stdout",
-    },
+    concurrency="requests in flight at once, one level per value, comma-separated (default 1,4)",
+    requests="requests per concurrency level (default 32)",
+    input_tokens="prompt length in words of the synthetic prompts (default 128)",
+    output_tokens="tokens each answer streams (max_tokens with ignore_eos; default 128)",
+    prompts="a file of prompts, one per line or JSON lines with a \"prompt\" field, sent in turn",
+    duration="no request starts after this many seconds of a level (default 300)",
+    direct="send straight to the endpoint instead of through node 0's SSH connection",
+    json="print the figures as JSON on stdout",
 )
-@_guard
 def bench(c, cluster, concurrency="1,4", requests=32, input_tokens=128, output_tokens=128, prompts=None, duration="300", direct=False, json=False):
     """A bounded streaming load on the current release: TTFT, TPOT, end-to-end p50/p90/p99, tokens/s; kept with the release."""
     from flows import bench as bench_flow
@@ -267,16 +236,11 @@ def bench(c, cluster, concurrency="1,4", requests=32, input_tokens=128, output_t
     return bench_flow.bench(load_cluster(cluster), _console(json), load, json, direct)
 
 
-@task(
-    positional=[],
-    help={
-        "cluster": "cluster name: a module in inventory/",
-        "interval": "seconds between refreshes (default 2)",
-        "once": "one snapshot, printed, then exit (1 if a node is unreachable)",
-        "json": "with --once: the snapshot as JSON on stdout",
-    },
+@command(
+    interval="seconds between refreshes (default 2)",
+    once="one snapshot, printed, then exit (1 if a node is unreachable)",
+    json="with --once: the snapshot as JSON on stdout",
 )
-@_guard
 def top(c, cluster, interval="2", once=False, json=False):
     """A live view of the serving cluster: per node its units, uptime, restarts, accelerator use; the server's requests and tokens/s (q quits)."""
     from flows import top as top_flow
@@ -288,63 +252,56 @@ def top(c, cluster, interval="2", once=False, json=False):
     return top_flow.top(load_cluster(cluster), _console(json), secs, once, json)
 
 
-@task(positional=[], help={"cluster": "cluster name", "diff": "compare what runs with the current release's record and name every drift", "json": "print as JSON",
-                           "wide": "every column, even wider than the terminal (by default the table fits it: host names and release ids whole, the less important columns left out)"})
-@_guard
+@command(
+    diff="compare what runs with the current release's record and name every drift",
+    json="print as JSON",
+)
 def status(c, cluster, diff=False, json=False, wide=False):
     """Per node: the current release's containers, start rank or MPI ranks, image, uptime; and the endpoint's /health (exit 1 unless serving)."""
     return _flow("status").status(load_cluster(cluster), _console(json), diff, json, wide=wide)
 
 
-@task(positional=[], help={"cluster": "cluster name", **LOCK_HELP})
-@_guard
+@command()
 def stop(c, cluster, message=None, lock_wait=0):
     """Stop serving in reverse start order (vLLM: workers, then node 0), logs kept; then the current release's clean-up (stale /dev/shm/moe_* files)."""
     return _flow("lifecycle").stop(load_cluster(cluster), _console(False), message, float(lock_wait))
 
 
-@task(auto_shortflags=False, positional=[], help={
-    "cluster": "cluster name",
-    "host": "only this node's containers (a vLLM worker; for an MPI world, the whole world); default: the whole current release in order",
-    "service": "only this service of the release (e.g. decode0 of a Dynamo release; an MPI group is restarted whole)",
-    **LOCK_HELP,
-})
-@_guard
+@command(
+    auto_shortflags=False,
+    host="only this node's containers (a vLLM worker; for an MPI world, the whole world); default: the whole current release in order",
+    service="only this service of the release (e.g. decode0 of a Dynamo release; an MPI group is restarted whole)",
+)
 def restart(c, cluster, host=None, service=None, message=None, lock_wait=0):
     """Restart the current release (or one node's or one service's part of it) from its own files; wait until healthy."""
     return _flow("lifecycle").restart(load_cluster(cluster), _console(False), host, message, float(lock_wait), service)
 
 
-@task(positional=[], help={"cluster": "cluster name", "last": "only the last N lines", "json": "print as JSON"})
-@_guard
+@command(last="only the last N lines", json="print as JSON")
 def audit(c, cluster, last=None, json=False):
     """The audit log on node 0: prepares, deploys, rollbacks, stops, restarts, lock breaks."""
     return _flow("releases").audit_log(load_cluster(cluster), _console(json), int(last) if last else None, json)
 
 
-@task(positional=[], help={"cluster": "cluster name"})
-@_guard
+@command()
 def disconnect(c, cluster):
     """End the SSH connections kept open for the cluster (ssh.persist_s): the next command connects and checks host keys anew."""
     return _flow("app").disconnect(cluster)
 
 
-@task(positional=[], name="status", help={"cluster": "cluster name"})
-@_guard
+@command(name="status")
 def lock_status(c, cluster):
     """Who holds the deploy lock, since when, running what (exit 1 while held)."""
     return _flow("releases").lock_status(load_cluster(cluster), _console(False))
 
 
-@task(positional=[], name="break", help={"cluster": "cluster name", "reason": "why the holder is gone (kept in the audit log)"})
-@_guard
+@command(name="break", reason="why the holder is gone (kept in the audit log)")
 def lock_break(c, cluster, reason=None):
     """Remove a deploy lock whose holder vanished; the break and its reason are audited."""
     return _flow("releases").lock_break(load_cluster(cluster), _console(False), reason or "")
 
 
-@task(positional=[], help={"cluster": "simulated cluster to bring up (an inventory named sim-*)"})
-@_guard(counting=False)
+@command(counting=False, cluster="simulated cluster to bring up (an inventory named sim-*)")
 def sim_up(c, cluster="sim-a3"):
     """Bring up a simulated cluster: a network namespace, a real sshd and a real dockerd per node (sim-*-slurm: with munged and slurmd, and slurmctld on a login host)."""
     return _sim_up(cluster)
@@ -360,8 +317,7 @@ def _sim_up(name: str) -> int:
     return 0
 
 
-@task(positional=[], help={"cluster": "only this simulated cluster (default: every one that is up)"})
-@_guard(counting=False)
+@command(counting=False, cluster="only this simulated cluster (default: every one that is up)")
 def sim_down(c, cluster=None):
     """Remove simulated clusters: processes, namespaces, links and files."""
     from sim import cluster as simc
@@ -374,8 +330,7 @@ def sim_down(c, cluster=None):
     return 0
 
 
-@task(positional=[], help={"cluster": "a simulated cluster that is up", "mbit": "each host's link speed in Mbit/s (0: unshaped)"})
-@_guard(counting=False)
+@command(counting=False, cluster="a simulated cluster that is up", mbit="each host's link speed in Mbit/s (0: unshaped)")
 def sim_shape(c, cluster, mbit):
     """Give a simulated cluster's hosts and its registry physical links: tc token buckets on both ends of every veth."""
     from sim import cluster as simc
@@ -390,8 +345,7 @@ def sim_shape(c, cluster, mbit):
     return 0
 
 
-@task(positional=[])
-@_guard(counting=False)
+@command(counting=False)
 def sim_status(c):
     """List the simulated clusters that are up."""
     from sim import cluster as simc
@@ -401,8 +355,7 @@ def sim_status(c):
     return 0
 
 
-@task(positional=[], help={"cluster": "simulated cluster to run the demo on"})
-@_guard
+@command(cluster="simulated cluster to run the demo on")
 def demo(c, cluster="sim-a3"):
     """The main job on the simulated cluster: sim.up, prepare, verify-comm, deploy, the model's answer, status."""
     from flows import demo as demo_flow

@@ -6,7 +6,7 @@ import io
 from invoke import Program
 
 from tasks import ns
-from tests.conftest import run_invoke
+from tests.conftest import REPO, run_invoke
 
 
 def _help(name: str, flag: str) -> tuple[int, str]:
@@ -63,3 +63,35 @@ def test_a_task_that_needs_a_cluster_says_so_without_one():
 def test_a_required_flag_other_than_cluster_is_named_when_missing():
     res = run_invoke("sim.shape", "--cluster", "sim-a3")
     assert (res.returncode, res.stderr) == (1, "error: --mbit is required\n")
+
+
+def test_every_flag_has_its_help_and_the_shared_ones_are_said_once():
+    """tasks.py's ``command``: a flag's help is the task's own or SHARED_HELP's
+    (one text for --cluster, --limit, --message, --lock-wait and --wide
+    wherever a task takes them); a help for a flag the task does not take is
+    refused when tasks.py is imported."""
+    import importlib.util
+    import inspect
+
+    import pytest
+
+    # tasks.py loaded afresh: Invoke takes a task's help out of it (Task.arg_opts pops it) once it has parsed that task
+    spec = importlib.util.spec_from_file_location("_tasks_fresh", REPO / "tasks.py")
+    tasks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tasks)
+    ns = tasks.ns
+    for name in sorted(ns.task_names):
+        t = ns[name]
+        flags = list(inspect.signature(t.body).parameters)[1:]
+        assert sorted(t.help) == sorted(flags), (name, flags, sorted(t.help))
+    own = {"sim.up", "sim.down", "sim.shape", "demo"}  # the simulator's tasks say which clusters they take
+    for name in sorted(set(ns.task_names) - own):
+        if "cluster" in ns[name].help:
+            assert ns[name].help["cluster"] == tasks.SHARED_HELP["cluster"], name
+    assert ns["facts"].help["wide"] != tasks.SHARED_HELP["wide"] == ns["status"].help["wide"]
+
+    def lost(c, cluster, json=False):
+        """A task with a help for a flag it lost."""
+
+    with pytest.raises(TypeError, match="lost: help for flags it does not take: jsn"):
+        tasks.command(jsn="print as JSON")(lost)
