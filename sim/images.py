@@ -265,6 +265,9 @@ def trust_bundle() -> Path:
 # --- what goes into the images ------------------------------------------------------------
 def _standin_files() -> dict[str, bytes]:
     files = {"sim/__init__.py": b""}
+    # Slurm's host lists, as the tool reads them (llmdeploy/hostlist.py: the standard library only)
+    files["llmdeploy/__init__.py"] = b""
+    files["llmdeploy/hostlist.py"] = (REPO / "llmdeploy" / "hostlist.py").read_bytes()
     for p in sorted((REPO / "sim" / "standins").glob("*.py")):
         files[f"sim/standins/{p.name}"] = p.read_bytes()
     for p in sorted((REPO / "sim" / "standins").glob("*.txt")) + sorted((REPO / "sim" / "standins").glob("*.json")):

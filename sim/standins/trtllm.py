@@ -77,6 +77,8 @@ import threading
 import time
 from pathlib import Path
 
+from llmdeploy.hostlist import expand as expand_hostlist
+
 from . import nccl, streaming
 from .nccl import NCCL_INVALID_USAGE
 
@@ -206,22 +208,6 @@ def resolve(host: str) -> str:
         return socket.gethostbyname(host)
     except OSError:
         return host
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm's compressed host list -> names (``gpu-[0-2,5],login`` ->
-    gpu-0, gpu-1, gpu-2, gpu-5, login; zero padding kept, as scontrol show hostnames)."""
-    out: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?", text):
-        prefix, ranges = m.group(1), m.group(2)
-        if ranges is None:
-            out.append(prefix)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            for i in range(int(lo), int(hi or lo) + 1):
-                out.append(f"{prefix}{str(i).zfill(len(lo))}")
-    return out
 
 
 class UsageError(Exception):

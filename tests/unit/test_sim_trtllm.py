@@ -243,8 +243,22 @@ def test_the_stand_in_loads_with_the_standard_library_only():
     import ast
     import sys
 
-    tree = ast.parse(open(t.__file__).read())
-    top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
-    # (relative imports are the stand-ins' own modules, which go into the image with it)
-    top |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module and not n.level}
-    assert top - {"__future__"} <= set(sys.stdlib_module_names), top
+    from sim.images import _standin_files
+
+    carried = _standin_files()
+
+    def outside(path: str) -> set[str]:
+        """The modules a file imports at module level that are neither the standard library nor carried by the image."""
+        tree = ast.parse(open(path).read())
+        names = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+        # (relative imports are the stand-ins' own modules, which go into the image with it)
+        names |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+        return {m for m in names - {"__future__"} if m.split(".")[0] not in sys.stdlib_module_names
+                and m.replace(".", "/") + ".py" not in carried}
+
+    assert outside(t.__file__) == set()
+    # what it takes from the tool (Slurm's host lists) goes into the image, and needs nothing more itself
+    assert "llmdeploy/hostlist.py" in carried and carried["llmdeploy/__init__.py"] == b""
+    from llmdeploy import hostlist
+
+    assert outside(hostlist.__file__) == set() and t.expand_hostlist is hostlist.expand

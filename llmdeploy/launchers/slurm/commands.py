@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 
 from ... import platform
 from ...inventory import Cluster, Node
+from ...hostlist import expand as expand_hostlist
+from ...hostlist import join as hostlist
 
 q = shlex.quote
 
@@ -105,29 +107,6 @@ def gres_args(cluster: Cluster, devices: int | None = None) -> list[str]:
         return []
     # by default the vendor's word for one accelerator ("gpu", "npu"), as sites name their GRES (gres.conf Name=)
     return [f"--gres={s.gres or platform.vendor_of(cluster).DEVICE}:{count}"]
-
-
-def hostlist(names: list[str]) -> str:
-    """A comma-separated node list (Slurm also takes compressed forms; commas always work)."""
-    return ",".join(names)
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm's compressed host list (squeue's %N) -> names: ``gpu-[0-2,5],login``
-    -> gpu-0, gpu-1, gpu-2, gpu-5, login, zero padding kept (``scontrol show hostnames``)."""
-    out: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?", text):
-        prefix, ranges = m.group(1), m.group(2)
-        if ranges is None:
-            out.append(prefix)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if not (lo.isdigit() and (hi.isdigit() or not hi)):
-                out.append(f"{prefix}[{ranges}]")  # not a range Slurm writes: the text as it is
-                break
-            out += [f"{prefix}{str(i).zfill(len(lo))}" for i in range(int(lo), int(hi or lo) + 1)]
-    return out
 
 
 # -- node states ------------------------------------------------------------------------
