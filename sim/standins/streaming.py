@@ -110,6 +110,7 @@ import re
 import threading
 import time
 from collections import deque
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -596,3 +597,24 @@ def stop_listening(httpd) -> None:
     the connections in flight go on in their threads."""
     httpd.shutdown()
     httpd.server_close()
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """What the vLLM and TensorRT-LLM stand-ins' HTTP handlers share: HTTP/1.1
+    keep-alive, a response from bytes, text or a JSON document with its
+    length, and the request's JSON body (``ValueError`` when it is not JSON)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _send(self, code: int, body, ctype: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _json_body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length) or b"{}")
+

@@ -788,24 +788,13 @@ def _die_by_sigterm() -> int:
 
 
 def _server(r0: Rank0):
-    from http.server import BaseHTTPRequestHandler
-
     a = r0.a
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    class Handler(streaming.JsonHandler):
 
         def log_message(self, fmt, *args):
             code = args[1] if len(args) > 1 else ""
             print(f'INFO:     {self.client_address[0]}:{self.client_address[1]} - "{self.requestline}" {code}', flush=True)
-
-        def _send(self, code: int, body, ctype="application/json"):
-            data = body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
         def do_GET(self):
             if self.path == "/health":
@@ -822,9 +811,8 @@ def _server(r0: Rank0):
             return self._send(404, {"detail": "Not Found"})
 
         def do_POST(self):
-            length = int(self.headers.get("Content-Length") or 0)
             try:
-                req = json.loads(self.rfile.read(length) or b"{}")
+                req = self._json_body()
             except ValueError:
                 return self._send(400, {"object": "error", "message": "invalid JSON body", "type": "BadRequestError", "code": 400})
             if self.path not in ("/v1/chat/completions", "/v1/completions"):

@@ -49,7 +49,6 @@ import socket
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from . import streaming
@@ -646,19 +645,10 @@ def node0(a: argparse.Namespace, faults: dict) -> int:
     engine = streaming.Engine(max_running=a.max_num_seqs)
     draining = threading.Event()
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    class Handler(streaming.JsonHandler):
 
         def log_message(self, fmt, *args):
             log(f'{self.client_address[0]} "{self.requestline}" {args[1] if len(args) > 1 else ""}')
-
-        def _send(self, code: int, body, ctype="application/json"):
-            data = body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
         def do_GET(self):
             if self.path == "/health":
@@ -672,9 +662,8 @@ def node0(a: argparse.Namespace, faults: dict) -> int:
             return self._send(404, {"detail": "Not Found"})
 
         def do_POST(self):
-            length = int(self.headers.get("Content-Length") or 0)
             try:
-                req = json.loads(self.rfile.read(length) or b"{}")
+                req = self._json_body()
             except ValueError:
                 return self._send(400, {"error": {"message": "invalid JSON"}})
             if self.path != "/v1/chat/completions":
