@@ -6,10 +6,11 @@
 # Two pytest-xdist workers by default (LLMDEPLOY_TEST_WORKERS, 0 for one
 # process): one cluster's tests all on one worker, one after another
 # (tests/conftest.py groups them), so two simulated clusters, or one and the
-# unit tests, run at once: 27 to 37 min here on 2 cores (the last full runs:
-# 34 min 50 s, then 32 min 38 s and 29 min 27 s once setup.sh compiled the
-# modules), against 40 serially (it prints pytest's wall time at the end;
-# docs/simulator.md keeps the measured range).
+# unit tests, run at once: 23 to 26 min here on 2 cores (the last full runs:
+# 26 min 6 s, then 23 min 39 s and 23 min 3 s once the tests ran the tool
+# from tests/forkserver.py; 29 to 35 min before that day), against 40
+# serially (it prints pytest's wall time at the end; docs/simulator.md keeps
+# the measured range).
 workers=${LLMDEPLOY_TEST_WORKERS:-2}
 set -euo pipefail
 cd "$(dirname "$0")/.."
