@@ -351,25 +351,15 @@ class StageSettings(Strict):
     # 2.9 times what a pull moves) and sends down the chain: "gzip" compresses
     # it again (pigz on every core where the node has it, else gzip -1), "none"
     # sends it as it is, "auto" (the default) compresses unless link_mbit says
-    # the links carry at least COMPRESS_BELOW_MBIT: gzip -1 reads about 0.4
-    # Gbit/s per core (measured: 925 MB in 19 s), so on faster links it is
-    # what slows the chain, and docker load spends a third more on the stream
-    # (13.3 s against 8.1 s for the same image)
+    # the links are at least as fast as the node's compression: gzip -1 reads
+    # about 400 Mbit/s per core (measured: 925 MB in 19 s), so one core
+    # without pigz, nproc cores with it (roles/stage SAVE_AUTO, decided on the
+    # node). A link of unknown speed gets the compressed stream
     image_compression: Literal["auto", "gzip", "none"] = "auto"
     # how long a node waits for its sender to connect, and for the next byte
     connect_timeout_s: float = Field(default=60, gt=0)
     idle_timeout_s: float = Field(default=300, gt=0)
     source: StageSource | None = None
-
-    def compresses_images(self) -> bool:
-        """Whether an image saved on a node is gzip-compressed for the chain (image_compression)."""
-        if self.image_compression == "auto":
-            return self.link_mbit is None or self.link_mbit < COMPRESS_BELOW_MBIT
-        return self.image_compression == "gzip"
-
-
-# image_compression "auto": links at least this fast (Mbit/s) carry a saved image uncompressed
-COMPRESS_BELOW_MBIT = 10000
 
 
 # --- the cluster ------------------------------------------------------------------

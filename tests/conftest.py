@@ -44,7 +44,7 @@ def tool_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 # the tool's commands, forked from a process that imported it once
 # (tests/forkserver.py: the same argv, environment, directory and streams as
 # ``python -m invoke``; LLMDEPLOY_TEST_FORKSERVER=0 runs each as a fresh process)
-FORKS = forkserver.Client(REPO)
+FORKS = forkserver.Client(REPO, base_env=tool_env())
 
 
 def run_invoke(*args, env=None, timeout=300):

@@ -299,22 +299,28 @@ def tarball_source(cluster: Cluster) -> ImageSource:
 
 # docker save writes the layers uncompressed (about 2.9 times what a pull
 # moves, measured on the simulated Dynamo image with its wheels: 925 MB
-# against 322 MB); where the cluster's stage settings say so
-# (StageSettings.image_compression) the stream compresses them again with
-# gzip, the one compression docker load reads (Docker 28 refuses a zstd
-# stream: "archive/tar: invalid tar header"): pigz on every core where the
-# node has it, else gzip -1. On links faster than the compression, docker
-# save goes as it is
+# against 322 MB); the stream can compress them again with gzip, the one
+# compression docker load reads (Docker 28 refuses a zstd stream:
+# "archive/tar: invalid tar header"): pigz on every core where the node has
+# it, else gzip -1 (StageSettings.image_compression says which of these)
 SAVE_COMPRESSED = ('if command -v pigz >/dev/null 2>&1; then z="pigz -1 -c"; else z="gzip -1 -c"; fi; '
                    'docker save "$1" | $z')
 SAVE_RAW = 'docker save "$1"'
+# "auto": compressed unless the links ($2, Mbit/s; empty: not known) are at
+# least as fast as the compression on this node, about 400 Mbit/s of input a
+# core (gzip -1 read 925 MB in 19 s here): one core for gzip, every core for pigz
+SAVE_AUTO = ('if command -v pigz >/dev/null 2>&1; then z="pigz -1 -c"; rate=$(( $(nproc) * 400 )); '
+             'else z="gzip -1 -c"; rate=400; fi; '
+             'if [ -n "$2" ] && [ "$2" -ge "$rate" ]; then docker save "$1"; else docker save "$1" | $z; fi')
 
 
 def save_source(cluster: Cluster, ref: str | None = None) -> ImageSource:
-    """The image (the inventory's, or ``ref``) as a node that has it saves it
-    (gzip-compressed, ``SAVE_COMPRESSED``, or as docker save writes it: ``StageSettings.compresses_images``)."""
-    script = SAVE_COMPRESSED if cluster.stage.compresses_images() else SAVE_RAW
-    return ImageSource("docker save", command=["bash", "-o", "pipefail", "-c", script, "llmdeploy-image-save", ref or cluster.image.ref])
+    """The image (the inventory's, or ``ref``) as a node that has it saves it,
+    compressed or not as ``StageSettings.image_compression`` says."""
+    s = cluster.stage
+    script = {"gzip": SAVE_COMPRESSED, "none": SAVE_RAW, "auto": SAVE_AUTO}[s.image_compression]
+    link = str(int(s.link_mbit)) if s.link_mbit else ""
+    return ImageSource("docker save", command=["bash", "-o", "pipefail", "-c", script, "llmdeploy-image-save", ref or cluster.image.ref, link])
 
 
 LOAD = ["docker", "load"]

@@ -104,13 +104,13 @@ docstring says how it imitates it):
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import threading
 import time
 from collections import deque
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -599,22 +599,29 @@ def stop_listening(httpd) -> None:
     httpd.server_close()
 
 
-class JsonHandler(BaseHTTPRequestHandler):
-    """What the vLLM and TensorRT-LLM stand-ins' HTTP handlers share: HTTP/1.1
+@functools.lru_cache(maxsize=None)
+def json_handler() -> type:
+    """What the vLLM and TensorRT-LLM stand-ins' HTTP handlers share (their
+    base class: ``class Handler(streaming.json_handler())``): HTTP/1.1
     keep-alive, a response from bytes, text or a JSON document with its
-    length, and the request's JSON body (``ValueError`` when it is not JSON)."""
+    length, and the request's JSON body (``ValueError`` when it is not JSON,
+    or its Content-Length not a number). http.server is imported here, by
+    the ranks that serve, not by every importer of this module (about 25 ms)."""
+    from http.server import BaseHTTPRequestHandler
 
-    protocol_version = "HTTP/1.1"
+    class JsonHandler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
 
-    def _send(self, code: int, body, ctype: str = "application/json") -> None:
-        data = body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        def _send(self, code: int, body, ctype: str = "application/json") -> None:
+            data = body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
-    def _json_body(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        return json.loads(self.rfile.read(length) or b"{}")
+        def _json_body(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(length) or b"{}")
 
+    return JsonHandler

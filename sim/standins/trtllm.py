@@ -790,7 +790,7 @@ def _die_by_sigterm() -> int:
 def _server(r0: Rank0):
     a = r0.a
 
-    class Handler(streaming.JsonHandler):
+    class Handler(streaming.json_handler()):
 
         def log_message(self, fmt, *args):
             code = args[1] if len(args) > 1 else ""

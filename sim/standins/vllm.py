@@ -645,7 +645,7 @@ def node0(a: argparse.Namespace, faults: dict) -> int:
     engine = streaming.Engine(max_running=a.max_num_seqs)
     draining = threading.Event()
 
-    class Handler(streaming.JsonHandler):
+    class Handler(streaming.json_handler()):
 
         def log_message(self, fmt, *args):
             log(f'{self.client_address[0]} "{self.requestline}" {args[1] if len(args) > 1 else ""}')

@@ -389,7 +389,7 @@ def test_the_image_stream_is_compressed_and_a_failed_save_fails_the_source(tmp_p
 
     cluster = load_cluster("sim-a3")
     command = st.save_source(cluster).command
-    assert st.LOAD == ["docker", "load"] and command[-1] == cluster.image.ref
+    assert st.LOAD == ["docker", "load"] and command[-2:] == [cluster.image.ref, ""]  # the links' speed not known
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "docker").write_text('#!/bin/sh\n[ "$1" = save ] && [ "$2" = "$IMAGE" ] || exit 9\nhead -c 300000 /dev/zero\n')
@@ -401,30 +401,41 @@ def test_the_image_stream_is_compressed_and_a_failed_save_fails_the_source(tmp_p
     res = subprocess.run(command, capture_output=True, env=env)
     assert res.returncode == 1 and b"reference does not exist" in res.stderr
 
-    # links faster than the compression (or image_compression "none"): docker save's tar as it is, its failure still the source's
+    # image_compression "none": docker save's tar as it is, its failure still the source's
     (bindir / "docker").write_text('#!/bin/sh\n[ "$1" = save ] && [ "$2" = "$IMAGE" ] || exit 9\nhead -c 300000 /dev/zero\n')
-    for stage in ({"link_mbit": 100000}, {"image_compression": "none"}, {"image_compression": "none", "link_mbit": 1000}):
-        fast = cluster.model_copy(update={"stage": cluster.stage.model_copy(update=stage)})
-        assert not fast.stage.compresses_images(), stage
-        out = subprocess.run(st.save_source(fast).command, capture_output=True, env=env, check=True).stdout
-        assert out == bytes(300000), stage
+    raw = cluster.model_copy(update={"stage": cluster.stage.model_copy(update={"image_compression": "none"})})
+    assert subprocess.run(st.save_source(raw).command, capture_output=True, env=env, check=True).stdout == bytes(300000)
     (bindir / "docker").write_text("#!/bin/sh\necho 'Error response from daemon: reference does not exist' >&2; exit 1\n")
-    res = subprocess.run(st.save_source(fast).command, capture_output=True, env=env)
+    res = subprocess.run(st.save_source(raw).command, capture_output=True, env=env)
     assert res.returncode == 1 and b"reference does not exist" in res.stderr
 
 
-@pytest.mark.parametrize("stage, compresses", [
-    ({}, True),  # links of unknown speed: compressed, as before
-    ({"link_mbit": 1000}, True),
-    ({"link_mbit": 9999}, True),
-    ({"link_mbit": 10000}, False),
-    ({"link_mbit": 400000, "image_compression": "gzip"}, True),
-    ({"image_compression": "none"}, False),
+@pytest.mark.parametrize("stage, pigz_cores, compressed", [
+    ({}, None, True),  # links of unknown speed: compressed, as before
+    ({"link_mbit": 300}, None, True),  # slower than gzip on one core
+    ({"link_mbit": 1000}, None, False),  # gzip -1 on one core (about 400 Mbit/s) would slow a 1 Gbit/s chain
+    ({"link_mbit": 1000}, 8, True),  # pigz on 8 cores: about 3200 Mbit/s
+    ({"link_mbit": 25000}, 8, False),
+    ({"link_mbit": 25000}, 64, True),
+    ({"link_mbit": 400000, "image_compression": "gzip"}, None, True),
+    ({"image_compression": "none"}, 64, False),
 ])
-def test_a_saved_image_is_compressed_only_where_the_links_are_slower_than_gzip(stage, compresses):
-    from llmdeploy.inventory import StageSettings
+def test_a_saved_image_is_compressed_where_the_links_are_slower_than_the_nodes_compression(tmp_path, stage, pigz_cores, compressed):
+    from llmdeploy.inventory import load_cluster
 
-    assert StageSettings(**stage).compresses_images() is compresses
+    cluster = load_cluster("sim-a3")
+    cluster = cluster.model_copy(update={"stage": cluster.stage.model_copy(update=stage)})
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "docker").write_text('#!/bin/sh\n[ "$1" = save ] || exit 9\nhead -c 300000 /dev/zero\n')
+    if pigz_cores:  # a node with pigz (gzip's stream) on that many cores
+        (bindir / "pigz").write_text('#!/bin/sh\nexec gzip "$@"\n')
+        (bindir / "nproc").write_text(f"#!/bin/sh\necho {pigz_cores}\n")
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    path = f"{bindir}:" + ":".join(d for d in os.environ["PATH"].split(":") if not (Path(d) / "pigz").exists())
+    out = subprocess.run(st.save_source(cluster).command, capture_output=True, env={**os.environ, "PATH": path}, check=True).stdout
+    assert (out[:2] == b"\x1f\x8b" and len(out) < 300000 // 10) if compressed else out == bytes(300000), (stage, pigz_cores)
 
 
 def test_image_compression_names_the_field_when_it_is_wrong():
