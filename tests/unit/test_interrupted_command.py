@@ -58,9 +58,12 @@ class _Host(paramiko.ServerInterface):
             pass
         if command.startswith("wait"):
             return
-        chan.sendall(f"ran {command}\n".encode())
-        chan.send_exit_status(0)
-        chan.close()
+        try:
+            chan.sendall(f"ran {command}\n".encode())
+            chan.send_exit_status(0)
+            chan.close()
+        except (EOFError, OSError):  # the client closed the connection first: nobody left to answer
+            pass
 
 
 class _Conn:
