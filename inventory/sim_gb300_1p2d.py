@@ -2,9 +2,9 @@
 with the frontend, etcd and NATS; decode0 and decode1 (D8-B4), each one TP8
 MPI group across two nodes (1,2 and 3,4)."""
 
-from llmdeploy.inventory import Budget, Cluster, Model, StageSettings
+from llmdeploy.inventory import Budget, Cluster, Model
 from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
-from sim.paths import cluster_dir, sim_deploy, sim_nodes, sim_ssh
+from sim.paths import cluster_dir, sim_deploy, sim_nodes, sim_ssh, sim_stage_uncompressed
 
 cluster = Cluster(
     name="sim-gb300-1p2d",
@@ -18,11 +18,8 @@ cluster = Cluster(
     # placement), plus the ~208 GiB NVFP4 checkpoint staged while loading,
     # plus the OS margin: 784 of the node's 840 GiB
     budget=Budget(weights_host_gib=208),
-    # the image with the wheels goes down the chain as docker save writes it:
-    # the hosts' links are veths on one machine, where the CPU that gzip and
-    # docker load's gunzip take (33 s of it for five nodes) is what the chain
-    # waits for, not the link (the sim-a3 clusters keep the default, gzip)
-    stage=StageSettings(image_compression="none"),
+    # the image with the wheels sent uncompressed: the links are veths
+    stage=sim_stage_uncompressed(),
     # seconds, not the hours a real load takes
     deploy=sim_deploy(),
     # the TensorRT-LLM checkout with the base role files, on each simulated host

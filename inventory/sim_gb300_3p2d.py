@@ -4,9 +4,9 @@ running the frontend, etcd and NATS; decode0 and decode1 (D4-B32) on nodes 3
 and 4. Five replicas behind one KV-aware router: the cluster on which
 readiness must not depend on which worker the router picks."""
 
-from llmdeploy.inventory import Budget, Cluster, Model, StageSettings
+from llmdeploy.inventory import Budget, Cluster, Model
 from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
-from sim.paths import sim_deploy, sim_nodes, sim_ssh
+from sim.paths import sim_deploy, sim_nodes, sim_ssh, sim_stage_uncompressed
 
 cluster = Cluster(
     name="sim-gb300-3p2d",
@@ -20,11 +20,8 @@ cluster = Cluster(
     # placement), plus the ~208 GiB NVFP4 checkpoint staged while loading,
     # plus the OS margin: 784 of the node's 840 GiB
     budget=Budget(weights_host_gib=208),
-    # the image with the wheels goes down the chain as docker save writes it:
-    # the hosts' links are veths on one machine, where the CPU that gzip and
-    # docker load's gunzip take (33 s of it for five nodes) is what the chain
-    # waits for, not the link (the sim-a3 clusters keep the default, gzip)
-    stage=StageSettings(image_compression="none"),
+    # the image with the wheels sent uncompressed: the links are veths
+    stage=sim_stage_uncompressed(),
     # seconds, not the hours a real load takes
     deploy=sim_deploy(),
     # the TensorRT-LLM checkout with the base role files, on each simulated host;

@@ -8,7 +8,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-from llmdeploy.inventory import DeploySettings, GateSettings, GateTolerance, Ssh
+from llmdeploy.inventory import DeploySettings, GateSettings, GateTolerance, Ssh, StageSettings
 
 # Paths on a simulated host that are private to it (bind-mounted per host).
 PRIVATE_DIRS = [
@@ -93,6 +93,16 @@ def sim_nodes(prefix: str, count: int, first_ip: str, **per_node):
 SIM_LATENCY = {"first_token_s": 0.02, "per_token_s": 0.01}
 # how many times slower per token a stand-in is made to fail the simulated quality gate (sim_deploy)
 SIM_SLOWER = 15
+
+
+def sim_stage_uncompressed() -> StageSettings:
+    """An image a node saves goes down the chain as docker save writes it
+    (the GB300 Dynamo clusters' image with the wheels): the hosts' links are
+    veths on one machine, where the CPU that gzip and docker load's gunzip
+    take (33 s of it for five nodes) is what the chain waits for, not the
+    link. The sim-a3 clusters keep the default, so the compressed stream is
+    run too."""
+    return StageSettings(image_compression="none")
 
 
 def sim_deploy(**overrides) -> DeploySettings:

@@ -106,8 +106,10 @@ def serve(control: socket.socket, dispositions: dict) -> None:
     def finish(pidfd: int) -> None:
         pid, conn = children.pop(pidfd)
         sel.unregister(pidfd)
-        if _registered(sel, conn):
+        try:
             sel.unregister(conn)
+        except KeyError:  # a "kill" took it out already
+            pass
         _, status = os.waitpid(pid, 0)
         os.close(pidfd)
         try:
@@ -182,14 +184,6 @@ def serve(control: socket.socket, dispositions: dict) -> None:
             conn.close()
 
 
-def _registered(sel: selectors.BaseSelector, obj) -> bool:
-    try:
-        sel.get_key(obj)
-        return True
-    except KeyError:
-        return False
-
-
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
     # what the commands get back in the child: the dispositions this process started with
@@ -201,7 +195,6 @@ def main() -> None:
     gc.freeze()
     control.sendall(b"ready\n")
     serve(control, dispositions)
-
 
 
 # --- the client: tests/conftest.py's run_invoke --------------------------------------
@@ -225,11 +218,13 @@ class Client:
 
     def __init__(self, repo: Path, base_env: dict[str, str] | None = None):
         self.repo = repo
-        self.base_env = base_env  # the server's environment (None: this process's)
+        # the server's environment (None: this process's now), and what of it is read at start
+        self.env = dict(os.environ if base_env is None else base_env)
+        self.server_env = startup_env(self.env)
         self.lock = threading.Lock()
         self.proc: subprocess.Popen | None = None
         self.control: socket.socket | None = None
-        self.server_env: dict[str, str] = {}
+        self.main = importlib.util.find_spec("invoke.__main__").origin  # argv[0] of python -m invoke
 
     def close(self) -> None:
         """End the server (it kills and reaps any command still running) and wait for it."""
@@ -256,10 +251,9 @@ class Client:
         if self.proc is not None and self.proc.poll() is None and self.control is not None:
             return self.control
         self._stop()
-        env = dict(os.environ if self.base_env is None else self.base_env)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # its standard streams are pipes, as a command's are (Python builds sys.stdout and sys.stderr for them)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.forkserver", str(theirs.fileno())], cwd=self.repo, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.forkserver", str(theirs.fileno())], cwd=self.repo, env=self.env,
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         theirs.close()
@@ -276,7 +270,7 @@ class Client:
             self.proc = None
             raise ServerGone(f"the tests' forkserver did not start (exit {code}): {err.decode(errors='replace')}")
         ours.settimeout(None)
-        self.control, self.server_env = ours, startup_env(env)
+        self.control = ours
         return ours
 
     def fresh(self, env: dict[str, str]) -> bool:
@@ -284,8 +278,7 @@ class Client:
         off, or what is read at start differs from the server's (STARTUP_VARS)."""
         if os.environ.get(ENABLE_ENV, "1") == "0" or env.get(ENABLE_ENV) == "0":
             return True
-        base = startup_env(dict(os.environ if self.base_env is None else self.base_env))
-        return startup_env(env) != (self.server_env if self.proc is not None else base)
+        return startup_env(env) != self.server_env
 
     def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
         """``subprocess.run(argv, cwd=cwd, env=env, capture_output=True,
@@ -294,8 +287,7 @@ class Client:
         the same TimeoutExpired (the child killed first), the child killed
         when anything else interrupts the wait (pytest's timeout, Ctrl-C)."""
         deadline = time.monotonic() + timeout
-        main = importlib.util.find_spec("invoke.__main__").origin
-        msg = json.dumps({"argv": [main, *argv[3:]], "env": env, "cwd": str(cwd)}).encode()
+        msg = json.dumps({"argv": [self.main, *argv[3:]], "env": env, "cwd": str(cwd)}).encode()
         with self.lock:
             fresh = self.fresh(env)
             if not fresh:

@@ -301,17 +301,16 @@ def tarball_source(cluster: Cluster) -> ImageSource:
 # moves, measured on the simulated Dynamo image with its wheels: 925 MB
 # against 322 MB); the stream can compress them again with gzip, the one
 # compression docker load reads (Docker 28 refuses a zstd stream:
-# "archive/tar: invalid tar header"): pigz on every core where the node has
-# it, else gzip -1 (StageSettings.image_compression says which of these)
-SAVE_COMPRESSED = ('if command -v pigz >/dev/null 2>&1; then z="pigz -1 -c"; else z="gzip -1 -c"; fi; '
-                   'docker save "$1" | $z')
+# "archive/tar: invalid tar header"), as StageSettings.image_compression
+# says. The node's compressor: pigz on every core where it has it, else
+# gzip -1; and what it reads, about 400 Mbit/s of input a core (gzip -1 read
+# 925 MB in 19 s here): one core for gzip, every core for pigz
+_COMPRESSOR = ('if command -v pigz >/dev/null 2>&1; then z="pigz -1 -c"; rate=$(( $(nproc) * 400 )); '
+               'else z="gzip -1 -c"; rate=400; fi; ')
+SAVE_COMPRESSED = _COMPRESSOR + 'docker save "$1" | $z'
 SAVE_RAW = 'docker save "$1"'
-# "auto": compressed unless the links ($2, Mbit/s; empty: not known) are at
-# least as fast as the compression on this node, about 400 Mbit/s of input a
-# core (gzip -1 read 925 MB in 19 s here): one core for gzip, every core for pigz
-SAVE_AUTO = ('if command -v pigz >/dev/null 2>&1; then z="pigz -1 -c"; rate=$(( $(nproc) * 400 )); '
-             'else z="gzip -1 -c"; rate=400; fi; '
-             'if [ -n "$2" ] && [ "$2" -ge "$rate" ]; then docker save "$1"; else docker save "$1" | $z; fi')
+# "auto": compressed unless the links ($2, Mbit/s; empty: not known) are at least as fast as the compressor
+SAVE_AUTO = _COMPRESSOR + 'if [ -n "$2" ] && [ "$2" -ge "$rate" ]; then docker save "$1"; else docker save "$1" | $z; fi'
 
 
 def save_source(cluster: Cluster, ref: str | None = None) -> ImageSource:
