@@ -31,6 +31,7 @@ from .plugin import check
 if TYPE_CHECKING:  # pragma: no cover - types only
     from rich.console import Console
 
+    from .container import ContainerSpec
     from .inventory import Cluster, Node
     from .releaseplan import ReleasePlan, Unit
     from .runner import HostResult, Runner, Step
@@ -168,6 +169,10 @@ class UnitRuntime(Protocol):
     read every runtime with the same parsers (``roles.containers.parse_states``,
     ``roles.status.parse_status``, ``parse_top``, ``parse_logs``).
 
+    ``run_command(spec, release)``: what runs unit ``spec``
+    (``llmdeploy.container``) of ``release``, as one shell line: Docker's
+    ``docker run``, a pyxis step's ``srun --container-*`` options and
+    command. ``deploy --check`` shows it, and Docker's run script is it.
     ``start_script(release_dir, container, run_file, attempt)``: what a
     node runs to start one unit (None: the launcher starts it itself, from
     the unit's plan, ``Launcher.start_units``). ``states_script``: one
@@ -222,6 +227,8 @@ class UnitRuntime(Protocol):
     # variables the runtime itself puts in a unit's environment (Slurm's GPU mask on pyxis): status --diff
     # counts them only where the release sets them too
     own_env: tuple[str, ...]
+
+    def run_command(self, spec: "ContainerSpec", release: str) -> str: ...
 
     def start_script(self, release_dir: str, container: str, run_file: str, attempt: int) -> str | None: ...
 

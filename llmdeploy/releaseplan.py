@@ -33,6 +33,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal
 
+from .container import ContainerSpec, read_docker_run
 from .serving import ReleaseFiles
 
 RestartPolicy = Literal["each", "group", "none"]
@@ -125,6 +126,9 @@ class Unit:
     # the accelerators it uses on its host (a scheduler's launcher asks for as many: Slurm's GRES);
     # None: every one the node has; 0: none (a control plane, a frontend)
     devices: int | None = None
+    # its container, as data each runtime renders (``llmdeploy.container``); None: a unit of an old
+    # plan whose line could not be read back (``unit_of``)
+    spec: ContainerSpec | None = None
 
     @property
     def run_file(self) -> str:
@@ -236,7 +240,7 @@ class ReleasePlan:
             services.append(
                 Service(
                     name=s["name"],
-                    units=[Unit(**u) for u in s["units"]],
+                    units=[unit_of(u) for u in s["units"]],
                     after=list(s.get("after") or []),
                     started=Probe(**s["started"]) if s.get("started") else None,
                     restart=s.get("restart", "each"),
@@ -267,6 +271,23 @@ class ReleasePlan:
         built with) replaced by ``rid``: in every string of every unit, probe,
         file and field. Pure: the plan is not changed."""
         return _swap(self, placeholder, rid)
+
+
+def unit_of(doc: dict) -> Unit:
+    """A unit as plan.json keeps it. A plan written before units carried a
+    spec has its unit's ``docker run`` line (``show["container_command"]``):
+    its spec is read back from it (``container.read_docker_run``), or stays
+    None where the line is not one this tool wrote (a launcher that needs
+    the spec then names the unit and its release)."""
+    spec = doc.get("spec")
+    if spec is not None:
+        return Unit(**{**doc, "spec": ContainerSpec.from_dict(spec)})
+    line = (doc.get("show") or {}).get("container_command")
+    try:
+        spec = read_docker_run(line) if isinstance(line, str) else None
+    except ValueError:
+        spec = None
+    return Unit(**doc, spec=spec)
 
 
 def _metrics(doc: dict | None) -> Metrics | None:

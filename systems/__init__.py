@@ -23,6 +23,7 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan, Service, order_services
 from llmdeploy.serving import PlaybookEntry, Prepared, System, register
+from roles import runtime
 from systems.common import nic_reason, NIC_PATTERN
 
 
@@ -103,6 +104,7 @@ def build(cluster: Cluster, prepared: dict[str, dict | None] | Prepared, rid: st
     mod, prof = sys_.module, sys_.profile(cluster)
     prepared = Prepared.from_records(prepared)
     pb = playbook(kind)
+    units_runtime = runtime.of(cluster)
     where = f"{playbooks.PLAYBOOK_DIR}/serve-{kind}.yaml: services"
     entries = [PlaybookEntry.from_doc(e, f"{where}[{i}]") for i, e in enumerate(pb["services"])]
     present = [(e, hosts_of(cluster, e.hosts)) for e in entries]
@@ -119,6 +121,10 @@ def build(cluster: Cluster, prepared: dict[str, dict | None] | Prepared, rid: st
             after += expanded.get(a, [a])
         made = mod.services(cluster, prof, entry, nodes, prepared, rid)
         for svc in made:
+            for u in svc.units:
+                if u.spec is not None:
+                    # what the cluster's container runtime runs for it (deploy --check shows it; Docker's run.sh is it)
+                    u.show = {"container_command": units_runtime.run_command(u.spec, rid), **u.show}
             svc.after = after + [a for a in svc.after if a not in after]
             if entry.restart is not None:
                 svc.restart = entry.restart

@@ -24,13 +24,10 @@ from llmdeploy.unitscripts import LABEL, SIGNALS, STATES, each_unit, phases, sta
 STATE_FMT = "'{{.State.Status}} {{.State.ExitCode}}'"
 
 
-def labels(cluster: str, release: str, service: str, role: str, stop_phase: int, **extra: str | int) -> list[str]:
-    """``--label k=v`` arguments for a unit's container."""
-    out: list[str] = []
+def label_values(cluster: str, release: str, service: str, role: str, stop_phase: int, **extra: str | int) -> tuple[tuple[str, str], ...]:
+    """A unit's labels (``ContainerSpec.labels``): (``llmdeploy.<key>``, value), in this order."""
     values = {"cluster": cluster, "release": release, "service": service, "role": role, "stop_phase": stop_phase, **extra}
-    for k, v in values.items():
-        out += ["--label", f"{LABEL}.{k}={v}"]
-    return out
+    return tuple((f"{LABEL}.{k}", str(v)) for k, v in values.items())
 
 
 def start_script(release_dir: str, container: str, run_file: str, attempt: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 
 from llmdeploy import launcher
+from llmdeploy.container import ContainerSpec, docker_run
 from llmdeploy.inventory import Cluster
 from llmdeploy.launcher import UnitRuntime, Wheels
 from llmdeploy.release import releases_dir
@@ -28,6 +29,9 @@ class Docker:
 
     def __init__(self, cluster: Cluster):
         self.c = cluster
+
+    def run_command(self, spec: ContainerSpec, release: str) -> str:
+        return shlex.join(docker_run(spec))
 
     def start_script(self, release_dir: str, container: str, run_file: str, attempt: int) -> str | None:
         return ctr.start_script(release_dir, container, run_file, attempt)

@@ -51,6 +51,7 @@ import json
 import shlex
 from urllib.parse import urlparse
 
+from llmdeploy.container import ContainerSpec, Mount
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
@@ -131,48 +132,53 @@ def membind_shown(cluster: Cluster, prof: DynamoProfile, node: Node, prepared: P
 
 # --- command lines -------------------------------------------------------------------------------
 # ``prof`` in each builder: the cluster's profile, as the hook that builds the plan received it
-def trtllm_run_args(cluster: Cluster, prof: DynamoProfile, rid: str, name: str, service: str, role: str, stop_phase: int, image: str,
-                    env_file: str, command: list[str], ssh: bool = False, **labels) -> list[str]:
-    """The seed's ``docker run`` for the TensorRT-LLM container, detached and
-    long-lived, named for the cluster, release and service; the release
-    directory mounted at its own path (scripts, role settings, merged YAML)."""
+# the seed's docker run options, in its order and spelling
+SEED_FLAGS = ("--gpus", "--network", "--ipc", "--ulimit")
+CONTROL_FLAGS = ("--network",)
+
+
+def trtllm_spec(cluster: Cluster, prof: DynamoProfile, rid: str, name: str, service: str, role: str, stop_phase: int, image: str,
+                env_file: str, command: list[str], ssh: bool = False, **labels) -> ContainerSpec:
+    """The seed's TensorRT-LLM container, long-lived, named for the
+    cluster, release and service; the model and the recipes mounted
+    read-only where the seed mounts them, the release directory at its own
+    path (scripts, role settings, merged YAML)."""
     rd = release_dir(cluster, rid)
-    args = ["docker", "run", "-d", "--name", name,
-            *containers.labels(cluster.name, rid, service, role, stop_phase, **labels),
-            "--gpus", "all", "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1",
-            "--mount", f"type=bind,src={cluster.model.path},dst={prof.model_mount},readonly",
-            "--mount", f"type=bind,src={prof.recipes_dir},dst={prof.recipes_mount},readonly",
-            "-v", f"{rd}:{rd}"]
+    mounts = [Mount(cluster.model.path, prof.model_mount, readonly=True, form="bind"),
+              Mount(prof.recipes_dir, prof.recipes_mount, readonly=True, form="bind"), Mount(rd, rd)]
     if ssh:
-        for m in ssh_mounts_for(prof.launch_ssh_config):
-            args += ["-v", m]
-    args += ["--env-file", env_file, image, *command]
-    return args
+        mounts += ssh_mounts_for(prof.launch_ssh_config)
+    return ContainerSpec(name=name, image=image, command=tuple(command),
+                         labels=containers.label_values(cluster.name, rid, service, role, stop_phase, **labels),
+                         gpus="all", network="host", ipc="host", ulimits=("memlock=-1",), mounts=tuple(mounts),
+                         env_files=(env_file,), docker_flags=SEED_FLAGS)
 
 
-def etcd_args(cluster: Cluster, prof: DynamoProfile, rid: str, stop_phase: int, image: str | None = None) -> list[str]:
-    """etcd's ``docker run`` on node 0; ``image``: what it runs (the file
+def etcd_spec(cluster: Cluster, prof: DynamoProfile, rid: str, stop_phase: int, image: str | None = None) -> ContainerSpec:
+    """etcd's container on node 0; ``image``: what it runs (the file
     prepare imported ``prof.etcd_image`` as, ``accessory_image``), else the reference."""
     n0 = cluster.node0
     rd = release_dir(cluster, rid)
     peer = f"http://127.0.0.1:{prof.etcd_peer_port}"
-    return ["docker", "run", "-d", "--name", container(cluster, rid, "etcd"),
-            *containers.labels(cluster.name, rid, "etcd", "control-plane", stop_phase),
-            "--network", "host", "-v", f"{rd}:{rd}", image or prof.etcd_image,
-            "etcd", "--name", f"{cluster.name}-etcd", "--data-dir", ETCD_DATA,
-            "--listen-client-urls", f"http://0.0.0.0:{prof.etcd_port}",
-            "--advertise-client-urls", f"http://{n0.ip}:{prof.etcd_port}",
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"{cluster.name}-etcd={peer}"]
+    return ContainerSpec(
+        name=container(cluster, rid, "etcd"), image=image or prof.etcd_image,
+        command=("etcd", "--name", f"{cluster.name}-etcd", "--data-dir", ETCD_DATA,
+                 "--listen-client-urls", f"http://0.0.0.0:{prof.etcd_port}",
+                 "--advertise-client-urls", f"http://{n0.ip}:{prof.etcd_port}",
+                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                 "--initial-cluster", f"{cluster.name}-etcd={peer}"),
+        labels=containers.label_values(cluster.name, rid, "etcd", "control-plane", stop_phase),
+        network="host", mounts=(Mount(rd, rd),), docker_flags=CONTROL_FLAGS)
 
 
-def nats_args(cluster: Cluster, prof: DynamoProfile, rid: str, stop_phase: int, image: str | None = None) -> list[str]:
-    """NATS's ``docker run`` on node 0; ``image`` as for ``etcd_args``."""
+def nats_spec(cluster: Cluster, prof: DynamoProfile, rid: str, stop_phase: int, image: str | None = None) -> ContainerSpec:
+    """NATS's container on node 0; ``image`` as for ``etcd_spec``."""
     rd = release_dir(cluster, rid)
-    return ["docker", "run", "-d", "--name", container(cluster, rid, "nats"),
-            *containers.labels(cluster.name, rid, "nats", "control-plane", stop_phase),
-            "--network", "host", "-v", f"{rd}:{rd}", image or prof.nats_image,
-            "nats-server", "-js", "-p", str(prof.nats_port), "-m", str(prof.nats_monitor_port), "-sd", NATS_DATA]
+    return ContainerSpec(
+        name=container(cluster, rid, "nats"), image=image or prof.nats_image,
+        command=("nats-server", "-js", "-p", str(prof.nats_port), "-m", str(prof.nats_monitor_port), "-sd", NATS_DATA),
+        labels=containers.label_values(cluster.name, rid, "nats", "control-plane", stop_phase),
+        network="host", mounts=(Mount(rd, rd),), docker_flags=CONTROL_FLAGS)
 
 
 def mpirun_args(cluster: Cluster, prof: DynamoProfile, rid: str, w: dynamo.Worker, prepared: Prepared) -> tuple[list[str], str]:
@@ -252,7 +258,7 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
                                                                  port=url.port or 2379, path="/health", check="json", arg="health=true"))]
         image = accessory_image(n0, prepared, prof.etcd_image)
         unit = Unit(host=n0.name, container=container(cluster, rid, "etcd"), prefix="etcd.", role="control-plane", devices=0,
-                    show={"container_command": shlex.join(etcd_args(cluster, prof, rid, phase, image)), "image": image})
+                    spec=etcd_spec(cluster, prof, rid, phase, image), show={"image": image})
         return [Service(name="etcd", units=[unit], started=Probe(name="etcd /health", kind="http", host=n0.name, port=prof.etcd_port,
                                                                  path="/health", check="json", arg="health=true"))]
     if name == "nats":
@@ -263,15 +269,15 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
                                                                  ip=url.hostname, port=url.port or 4222))]
         image = accessory_image(n0, prepared, prof.nats_image)
         unit = Unit(host=n0.name, container=container(cluster, rid, "nats"), prefix="nats.", role="control-plane", devices=0,
-                    show={"container_command": shlex.join(nats_args(cluster, prof, rid, phase, image)), "image": image})
+                    spec=nats_spec(cluster, prof, rid, phase, image), show={"image": image})
         return [Service(name="nats", units=[unit], started=Probe(name="NATS /healthz", kind="http", host=n0.name, port=prof.nats_monitor_port,
                                                                  path="/healthz", check="json", arg="status=ok"))]
     if name == "frontend":
         image = serving_image(cluster, n0, prepared)
-        cmd = trtllm_run_args(cluster, prof, rid, container(cluster, rid, "frontend"), "frontend", "frontend", phase, image,
-                              f"{rd}/frontend.env", ["sh", f"{rd}/frontend.sh"])
-        unit = Unit(host=n0.name, container=container(cluster, rid, "frontend"), prefix="frontend.", role="frontend", devices=0,
-                    show={"container_command": shlex.join(cmd), "image": image,
+        spec = trtllm_spec(cluster, prof, rid, container(cluster, rid, "frontend"), "frontend", "frontend", phase, image,
+                           f"{rd}/frontend.env", ["sh", f"{rd}/frontend.sh"])
+        unit = Unit(host=n0.name, container=container(cluster, rid, "frontend"), prefix="frontend.", role="frontend", devices=0, spec=spec,
+                    show={"image": image,
                           "serve_command": f"python3 -m dynamo.frontend --http-port {prof.frontend_port} --router-mode kv --router-session-affinity-ttl-secs 14400"})
         return [Service(name="frontend", units=[unit])]
     if name in ("prefill", "decode"):
@@ -289,10 +295,10 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
                 # a PMIx group's line is the same on every node (one launch): its first node's image, which prepare made every node's
                 image = serving_image(cluster, cluster.node(w.rank0_node) if pmix else node, prepared)
                 script = f"{w.name}.{'task' if pmix else 'serve' if launcher else 'hold'}.sh"
-                cmd = trtllm_run_args(cluster, prof, rid, container(cluster, rid, w.name), w.name, w.role, phase, image,
-                                      f"{rd}/{w.name}.env", ["sh", f"{rd}/{script}"], ssh=launcher and len(w.nodes) > 1 and not pmix,
-                                      ranks=f"0-{w.ranks - 1}" if pmix else ",".join(map(str, gpus)))
-                show = {"container_command": shlex.join(cmd), "image": image, "ranks": f"{w.ranks} ({len(gpus)} here)",
+                spec = trtllm_spec(cluster, prof, rid, container(cluster, rid, w.name), w.name, w.role, phase, image,
+                                   f"{rd}/{w.name}.env", ["sh", f"{rd}/{script}"], ssh=launcher and len(w.nodes) > 1 and not pmix,
+                                   ranks=f"0-{w.ranks - 1}" if pmix else ",".join(map(str, gpus)))
+                show = {"image": image, "ranks": f"{w.ranks} ({len(gpus)} here)",
                         "cuda_visible_devices": w.cuda_visible_devices(host), "system_port": w.system_port}
                 if pmix or launcher:
                     note, show["numactl"] = membind_shown(cluster, prof, node, prepared)
@@ -300,7 +306,7 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
                     show["serve_command"] = (note + task_command(cluster, prof, rid, w, node, prepared) if pmix
                                              else f"{shlex.join(mpirun)} <-x every variable of {PROFILE_ENV}> {note}{tail}")
                 # a PMIx group starts at once (one launch, a task per GPU here); mpirun's starts its holders first
-                units.append(Unit(host=host, container=container(cluster, rid, w.name), prefix=f"{w.name}.",
+                units.append(Unit(host=host, container=container(cluster, rid, w.name), prefix=f"{w.name}.", spec=spec,
                                   order=0 if pmix or not launcher else 1, role=w.role, show=show, tasks=len(gpus) if pmix else 1))
             out.append(Service(name=w.name, units=units, restart="group", world=pmix))
         return out
@@ -488,7 +494,7 @@ def files(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, prepared:
                 "image": cluster.image.ref, "image_id": image_id, "serving_image": serving_image(cluster, n, prepared),
                 "units": [{"service": plan.service_of(u).name, "container": u.container, "role": u.role} for u in units],
                 "container": main.container if main else None, "role": main.role if main else None,
-                "command": shlex.split(main.show["container_command"])[-2:] if main else []}
+                "command": list(main.spec.command[-2:]) if main and main.spec else []}
         f["release.json"] = ReleaseFile(json.dumps(meta, indent=1, sort_keys=True) + "\n", 0o644)
         out[n.name] = f
     return out

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import shlex
 
+from llmdeploy.container import ContainerSpec, Mount
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
@@ -99,26 +100,27 @@ def server_args(cluster: Cluster, prof: SglangProfile, node: Node) -> list[str]:
     return args
 
 
-def docker_run_args(cluster: Cluster, prof: SglangProfile, node: Node, rid: str, image: str, stop_phase: int) -> list[str]:
-    """SGLang's multi-node ``docker run`` (``--gpus all --network host --ipc=host
-    --shm-size 32g -v ~/.cache/huggingface:...``), detached, named for the
-    cluster and release, with the release's environment file; logs are kept.
-    In one launch the line is every node's: its labels say the world, the command is ``task.sh``."""
+# SGLang's docker run options, in its order and spelling
+SEED_FLAGS = ("--gpus", "--network", "--ipc=", "--shm-size", "--privileged")
+
+
+def container_spec(cluster: Cluster, prof: SglangProfile, node: Node, rid: str, image: str, stop_phase: int) -> ContainerSpec:
+    """SGLang's multi-node container (``--gpus all --network host --ipc=host
+    --shm-size 32g -v ~/.cache/huggingface:...``), named for the cluster and
+    release, with the release's environment file. In one launch the spec is
+    every node's: its labels say the world, the command is ``task.sh``."""
     one = one_launch(cluster)
     rank = f"0-{len(cluster.nodes) - 1}" if one else cluster.nodes.index(node)
-    args = ["docker", "run", "-d", "--name", container_name(cluster, rid),
-            *containers.labels(cluster.name, rid, "world", "world" if one else cluster.role_of(node), stop_phase, node_rank=rank),
-            "--gpus", "all", "--network", "host", "--ipc=host", "--shm-size", prof.shm_size]
-    if prof.privileged:
-        args.append("--privileged")
-    args += ["-v", "/root/.cache:/root/.cache"]
+    mounts = [Mount("/root/.cache", "/root/.cache")]
     for path in sorted({cluster.model.path, cluster.model.tokenizer_path}):
         if not path.startswith("/root/.cache/"):
-            args += ["-v", f"{path}:{path}:ro"]
-    args += ["--env-file", env_file(cluster, rid), image]
-    if one:
-        return args + ["sh", f"{release_dir(cluster, rid)}/{TASK_FILE}"]
-    return args + server_args(cluster, prof, node)
+            mounts.append(Mount(path, path, readonly=True))
+    command = ["sh", f"{release_dir(cluster, rid)}/{TASK_FILE}"] if one else server_args(cluster, prof, node)
+    return ContainerSpec(
+        name=container_name(cluster, rid), image=image, command=tuple(command),
+        labels=containers.label_values(cluster.name, rid, "world", "world" if one else cluster.role_of(node), stop_phase, node_rank=rank),
+        gpus="all", network="host", ipc="host", shm_size=prof.shm_size, privileged=prof.privileged,
+        mounts=tuple(mounts), env_files=(env_file(cluster, rid),), docker_flags=SEED_FLAGS)
 
 
 def services(cluster: Cluster, profile: SglangProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared, rid: str) -> list[Service]:
@@ -131,8 +133,8 @@ def services(cluster: Cluster, profile: SglangProfile, entry: PlaybookEntry, nod
         image = serving_image(cluster, cluster.node0 if one else n, prepared)
         units.append(Unit(host=n.name, container=container_name(cluster, rid), role=cluster.role_of(n),
                           order=0 if n is cluster.node0 or one else 1,
+                          spec=container_spec(cluster, profile, n, rid, image, entry.stop_phase),
                           show={"node_rank": cluster.nodes.index(n), "image": image,
-                                "container_command": shlex.join(docker_run_args(cluster, profile, n, rid, image, entry.stop_phase)),
                                 "serve_command": shlex.join(server_args(cluster, profile, n))}))
     # its ranks meet at node 0's torch.distributed store, not through MPI
     return [Service(name=entry.name, units=units, restart="group", world=one, mpi=False)]
@@ -178,8 +180,7 @@ def files(cluster: Cluster, profile: SglangProfile, plan: ReleasePlan, prepared:
         meta = container_meta(cluster, plan.release, plan.system, n, u, image_id, {"node_rank": u.show["node_rank"]})
         if plan.service_of(u).world:
             # what the one launch runs on every node (status --diff compares it with the running command)
-            line = shlex.split(u.show["container_command"])
-            meta["command"] = line[line.index(u.show["image"]) + 1:]
+            meta["command"] = list(u.spec.command) if u.spec else []
         out[n.name] = container_files(cluster, plan.release, n, u.show, "this node's SGLang container", meta)
         if plan.service_of(u).world:
             # this node's task of the one launch: this node's own server line, once Slurm's node name agrees

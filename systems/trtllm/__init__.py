@@ -24,6 +24,7 @@ import json
 import posixpath
 import shlex
 
+from llmdeploy.container import ContainerSpec, Mount
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
@@ -121,49 +122,49 @@ def task_args(cluster: Cluster, prof: TrtllmProfile, rid: str) -> list[str]:
             "--config", f"{rd}/{SERVE_FILES['config']}"]
 
 
-def ssh_mounts_for(launch_ssh_config: str | None) -> list[str]:
+def ssh_mounts_for(launch_ssh_config: str | None) -> list[Mount]:
     """What the launch agent needs inside the launch container: root's SSH
     files, and the directory of ``launch_ssh_config`` when it lives elsewhere."""
-    out = ["/root/.ssh:/root/.ssh:ro"]
+    out = [Mount("/root/.ssh", "/root/.ssh", readonly=True)]
     if launch_ssh_config:
         d = posixpath.dirname(launch_ssh_config)
         if not (d + "/").startswith("/root/.ssh/"):
-            out.append(f"{d}:{d}:ro")
+            out.append(Mount(d, d, readonly=True))
     return out
 
 
-def docker_run_args(cluster: Cluster, prof: TrtllmProfile, node: Node, rid: str, image: str, launcher: bool, stop_phase: int, ranks: range) -> list[str]:
-    """The seed's ``docker run`` (``--ipc=host --gpus all -p 8000:8000 -v
-    ~/.cache:/root/.cache:rw``), detached and long-lived, named for the
-    cluster and release. Across nodes it also gets the host network (MPI's
-    and NCCL's connections between nodes; docker then ignores ``-p``) and
-    the launch agent's SSH files; the release directory is mounted so the
-    container reads its files and writes the merged config."""
+# the seed's docker run options, in its order and spelling (``--ipc=host --gpus all -p 8000:8000``)
+SEED_FLAGS = ("--ipc=", "--gpus", "-p", "--network", "--ulimit", "--hostname")
+
+
+def container_spec(cluster: Cluster, prof: TrtllmProfile, node: Node, rid: str, image: str, launcher: bool, stop_phase: int,
+                   ranks: range) -> ContainerSpec:
+    """The seed's container (``--ipc=host --gpus all -p 8000:8000 -v
+    ~/.cache:/root/.cache:rw``), long-lived, named for the cluster and
+    release. Across nodes it also gets the host network (MPI's and NCCL's
+    connections between nodes; docker then ignores ``-p``) and the launch
+    agent's SSH files; the release directory is mounted so the container
+    reads its files and writes the merged config."""
     rd = release_dir(cluster, rid)
     multi = len(placement(cluster, prof)) > 1
     pmix = one_launch(cluster)
     # a PMIx world is one launch of the same line on every node: its labels say the world, not the node's part
     role, shown = ("world", _ranks_text(range(prof.tp * prof.pp))) if pmix else ("launcher" if launcher else "ranks", _ranks_text(ranks))
-    args = ["docker", "run", "-d", "--name", container_name(cluster, rid),
-            *containers.labels(cluster.name, rid, "world", role, stop_phase, ranks=shown),
-            "--ipc=host", "--gpus", "all", "-p", f"{prof.port}:{prof.port}"]
-    if pmix:
-        args += ["--network", "host", "--ulimit", "memlock=-1"]
-    elif multi:
-        args += ["--network", "host", "--ulimit", "memlock=-1"]
-    else:
-        # mpirun takes a hostfile entry that is not its own host name for a remote host (ssh)
-        args += ["--hostname", node.name]
-    args += ["-v", "/root/.cache:/root/.cache:rw"]
+    mounts = [Mount("/root/.cache", "/root/.cache", form="volume-mode")]
     if not cluster.model.path.startswith("/root/.cache/"):
-        args += ["-v", f"{cluster.model.path}:{cluster.model.path}:ro"]
-    args += ["-v", f"{rd}:{rd}"]
+        mounts.append(Mount(cluster.model.path, cluster.model.path, readonly=True))
+    mounts.append(Mount(rd, rd))
     if multi and launcher and not pmix:
-        for m in ssh_mounts_for(prof.launch_ssh_config):
-            args += ["-v", m]
-    args += ["--env-file", f"{rd}/env", image]
-    args += ["sh", f"{rd}/{SERVE_FILES['task' if pmix else 'serve' if launcher else 'hold']}"]
-    return args
+        mounts += ssh_mounts_for(prof.launch_ssh_config)
+    # mpirun takes a hostfile entry that is not its own host name for a remote host (ssh): one node's world is named for it
+    between = pmix or multi
+    return ContainerSpec(
+        name=container_name(cluster, rid), image=image,
+        command=("sh", f"{rd}/{SERVE_FILES['task' if pmix else 'serve' if launcher else 'hold']}"),
+        labels=containers.label_values(cluster.name, rid, "world", role, stop_phase, ranks=shown),
+        ipc="host", gpus="all", ports=(f"{prof.port}:{prof.port}",),
+        network="host" if between else None, ulimits=("memlock=-1",) if between else (), hostname=None if between else node.name,
+        mounts=tuple(mounts), env_files=(f"{rd}/env",), docker_flags=SEED_FLAGS)
 
 
 def units(cluster: Cluster, prof: TrtllmProfile, service: str, nodes: list[Node], prepared: Prepared, rid: str, entry: PlaybookEntry):
@@ -182,14 +183,14 @@ def units(cluster: Cluster, prof: TrtllmProfile, service: str, nodes: list[Node]
             "ranks": _ranks_text(ranks),
             "slots": slots,
             "image": image,
-            "container_command": shlex.join(docker_run_args(cluster, prof, node, rid, image, launcher, entry.stop_phase, ranks)),
         }
         if launcher:
             show["serve_command"] = shlex.join(task_args(cluster, prof, rid) if pmix else mpirun_args(cluster, prof, rid))
             show["config"] = f"{rd}/{SERVE_FILES['config']}"
         # a PMIx world starts at once (one launch, ``slots`` tasks here); mpirun's starts the rank holders first
         out.append(Unit(host=node.name, container=container_name(cluster, rid), order=0 if pmix else 1 if launcher else 0,
-                        role="launcher" if launcher else "ranks", show=show, tasks=slots if pmix else 1))
+                        role="launcher" if launcher else "ranks", show=show,
+                        spec=container_spec(cluster, prof, node, rid, image, launcher, entry.stop_phase, ranks), tasks=slots if pmix else 1))
     return out, None
 
 
@@ -271,7 +272,7 @@ def files(cluster: Cluster, profile: TrtllmProfile, plan: ReleasePlan, prepared:
                      config=shlex.quote(config))
         meta = {"release": plan.release, "cluster": cluster.name, "host": n.name, "role": u.role, "ranks": u.show["ranks"],
                 "container": u.container, "image": u.show["image"], "image_id": image_id, "system": plan.system,
-                "command": shlex.split(u.show["container_command"])[shlex.split(u.show["container_command"]).index(u.show["image"]) + 1:]}
+                "command": list(u.spec.command) if u.spec else []}
         if pmix:
             # every rank runs it: its node's merge (once per node, atomically), then trtllm-llmapi-launch trtllm-serve
             files[SERVE_FILES["task"]] = ReleaseFile(render("trtllm/task.sh.j2", command=shlex.join(task_args(cluster, prof, plan.release)),

@@ -61,9 +61,9 @@ def units(cluster: Cluster, prof: VllmAscendProfile, service: str, nodes: list[N
             host=n.name,
             container=serve.container_name(cluster, rid),
             role=cluster.role_of(n),
+            spec=serve.container_spec(cluster, prof, n, rid, env_file(cluster, rid), image, service, entry.stop_phase),
             show={
                 "start_rank": n.start_rank,
-                "container_command": serve.container_command(cluster, prof, n, rid, env_file(cluster, rid), image, service, entry.stop_phase),
                 "serve_command": serve.serve_command(cluster, prof, n),
                 "image": image,
             },

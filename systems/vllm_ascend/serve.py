@@ -9,20 +9,23 @@ from __future__ import annotations
 import json
 import shlex
 
+from llmdeploy.container import ContainerSpec, Mount
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.platform import vendor_of
 from roles import containers
 from .profile import VllmAscendProfile
 
 # seed 001, "Docker Image Installation": every node gets these (its devices: platforms/ascend)
-ASCEND_MOUNTS = [
-    "/usr/local/dcmi:/usr/local/dcmi",
-    "/usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool",
-    "/usr/local/bin/npu-smi:/usr/local/bin/npu-smi",
-    "/usr/local/Ascend/driver/lib64/:/usr/local/Ascend/driver/lib64/",
-    "/usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info",
-    "/etc/ascend_install.info:/etc/ascend_install.info",
-]
+ASCEND_MOUNTS = tuple(Mount(p, p) for p in (
+    "/usr/local/dcmi",
+    "/usr/local/Ascend/driver/tools/hccn_tool",
+    "/usr/local/bin/npu-smi",
+    "/usr/local/Ascend/driver/lib64/",
+    "/usr/local/Ascend/driver/version.info",
+    "/etc/ascend_install.info",
+))
+# the seed's docker run options, in its order and spelling
+SEED_FLAGS = ("--net=", "--shm-size=", "--device")
 
 
 def _json_arg(value: dict) -> str:
@@ -82,37 +85,24 @@ def container_name(cluster: Cluster, release: str) -> str:
     return f"{cluster.name}-{release}"
 
 
-def cache_mount(cluster: Cluster) -> str:
+def cache_mount(cluster: Cluster) -> Mount:
     """The seed mounts /root/.cache; a model elsewhere gets its own directory mounted too."""
-    return "/root/.cache:/root/.cache"
+    return Mount("/root/.cache", "/root/.cache")
 
 
-def docker_run_args(cluster: Cluster, prof: VllmAscendProfile, node: Node, release: str, env_file: str, image: str, binding_args: list[str] | None = None,
-                    service: str = "serve", stop_phase: int = 0) -> list[str]:
-    """The seed's ``docker run``, detached, named for the cluster and release,
-    with the release's environment file. Logs are kept: no ``--rm``."""
-    args = [
-        "docker", "run", "-d",
-        "--name", container_name(cluster, release),
-        *containers.labels(cluster.name, release, service, cluster.role_of(node), stop_phase, start_rank=node.start_rank),
-        "--net=host",
-        "--shm-size=1g",
-    ]
-    # every NPU of the node and the control devices (seed 001): what the platform gives a container
-    for dev in vendor_of(cluster).container_devices(cluster, node):
-        args += ["--device", dev]
-    for m in ASCEND_MOUNTS:
-        args += ["-v", m]
-    args += ["-v", cache_mount(cluster)]
+def container_spec(cluster: Cluster, prof: VllmAscendProfile, node: Node, release: str, env_file: str, image: str,
+                   service: str = "serve", stop_phase: int = 0) -> ContainerSpec:
+    """The seed's container: named for the cluster and release, with the
+    release's environment file, every NPU and control device of the node
+    and the seed's mounts; its command ``vllm serve`` (``vllm_args``)."""
+    mounts = [*ASCEND_MOUNTS, cache_mount(cluster)]
     for path in sorted({cluster.model.path, cluster.model.tokenizer_path}):
         if not path.startswith("/root/.cache/"):
-            args += ["-v", f"{path}:{path}:ro"]
-    args += ["--env-file", env_file]
-    args += list(binding_args or [])
-    args.append(image)
-    return args + vllm_args(cluster, prof, node)
-
-
-def container_command(cluster: Cluster, prof: VllmAscendProfile, node: Node, release: str, env_file: str, image: str,
-                      service: str = "serve", stop_phase: int = 0) -> str:
-    return shlex.join(docker_run_args(cluster, prof, node, release, env_file, image, service=service, stop_phase=stop_phase))
+            mounts.append(Mount(path, path, readonly=True))
+    return ContainerSpec(
+        name=container_name(cluster, release), image=image, command=tuple(vllm_args(cluster, prof, node)),
+        labels=containers.label_values(cluster.name, release, service, cluster.role_of(node), stop_phase, start_rank=node.start_rank),
+        network="host", shm_size="1g",
+        # every NPU of the node and the control devices (seed 001): what the platform gives a container
+        devices=tuple(vendor_of(cluster).container_devices(cluster, node)),
+        mounts=tuple(mounts), env_files=(env_file,), docker_flags=SEED_FLAGS)

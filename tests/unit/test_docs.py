@@ -22,7 +22,6 @@ import re
 import shlex
 import subprocess
 import sys
-import typing
 from pathlib import Path
 
 import pytest

@@ -156,7 +156,7 @@ def test_readiness_still_waits_for_every_worker(topology, monkeypatch):
     fake = FakeDynamo(c, lambda n, np_, nd: (0, 0), registered={w.name for w in dynamo.placement(c, c.profile)} - {missing})
     ok, out, _ = watch(fake, monkeypatch, ready_timeout_s=0.3)
     assert not ok
-    assert out.reason.startswith("not ready within 0.3s (") and f"missing 1 of " in out.reason and missing in out.reason, out.reason
+    assert out.reason.startswith("not ready within 0.3s (") and "missing 1 of " in out.reason and missing in out.reason, out.reason
     assert fake.chats == []
 
 

@@ -408,10 +408,10 @@ def test_start_script_keeps_the_previous_attempts_log(docker, tmp_path):
     assert [c[0] for c in calls] == ["inspect"]
 
 
-def test_labels_are_docker_label_flags():
-    assert ctr.labels("k", "R", "world", "launcher", 2, ranks="0-7") == [
-        "--label", "llmdeploy.cluster=k", "--label", "llmdeploy.release=R", "--label", "llmdeploy.service=world",
-        "--label", "llmdeploy.role=launcher", "--label", "llmdeploy.stop_phase=2", "--label", "llmdeploy.ranks=0-7"]
+def test_labels_are_the_units_label_values_in_order():
+    assert list(ctr.label_values("k", "R", "world", "launcher", 2, ranks="0-7")) == [
+        ("llmdeploy.cluster", "k"), ("llmdeploy.release", "R"), ("llmdeploy.service", "world"),
+        ("llmdeploy.role", "launcher"), ("llmdeploy.stop_phase", "2"), ("llmdeploy.ranks", "0-7")]
 
 
 # --- readiness bodies --------------------------------------------------------------------------

@@ -20,11 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from llmdeploy.container import read_docker_run
+
 from flows import deploy as dep
 from flows import status as status_flow
 from flows.plan import Context
 from llmdeploy.inventory import Cluster, load_cluster
-from llmdeploy.launchers.slurm import images, jobs, pyxis, units
+from llmdeploy.launchers.slurm import images, jobs, units
 from llmdeploy.release import release_dir, releases_dir
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult
 from llmdeploy.serving import Prepared, PreparedNode
@@ -272,7 +274,7 @@ def test_the_record_runs_the_imported_file(site):
     prepared = Prepared.from_records({node.name: doc})
     assert serving_image(c, node, prepared) == data["serving_ref"]
     line = shlex.join(["docker", "run", "-d", "--name", "u1", "--net=host", serving_image(c, node, prepared), "trtllm-serve", "x"])
-    args = units.unit_step_args(pyxis.docker_run(line, "u1"), release_dir(c, RID), "u1", 1, "r1.u1")
+    args = units.unit_step_args(read_docker_run(line), release_dir(c, RID), "u1", 1, "r1.u1")
     assert f"--container-image={data['serving_ref']}" in args
     # a Docker cluster's record is as before: the reference (with its wheels)
     d = load_cluster("sim-b200")
@@ -483,7 +485,7 @@ def _control_plane(c: Cluster, records: dict) -> tuple:
 
 def _image_of(unit) -> str:
     """The image of a unit's docker run line (the word after its options)."""
-    return pyxis.docker_run(unit.show["container_command"], unit.container).image
+    return unit.spec.image
 
 
 def test_dynamo_control_plane_runs_the_imported_files(tmp_path):
@@ -498,9 +500,10 @@ def test_dynamo_control_plane_runs_the_imported_files(tmp_path):
         assert f"--container-image={files[ref]}" in step.args
         # the unit's record says it runs that file
         assert f"printf '%s\\n' {files[ref]} > \"$new/image\"" in step.args[step.args.index("-c") + 1]
-    # the rest of the line is as with the reference
-    plan_ref, etcd_ref, _ = _control_plane(c, {})
-    assert etcd.show["container_command"] == etcd_ref.show["container_command"].replace(ETCD, files[ETCD]).replace(plan_ref.release, plan.release)
+    # the rest of the container is as with the reference
+    plan_ref, _, _ = _control_plane(c, {})
+    etcd_ref = plan_ref.with_release(plan_ref.release, plan.release).service("etcd").units[0]
+    assert etcd.spec == dataclasses.replace(etcd_ref.spec, image=files[ETCD])
 
 
 def test_dynamo_control_plane_runs_the_references_without_a_recorded_file(tmp_path):
@@ -529,7 +532,7 @@ def test_a_control_plane_unit_that_runs_its_file_shows_no_drift(tmp_path):
     plan, etcd, _ = _control_plane(c, {c.node0.name: _prepared_json(c, c.node0, files)})
     rd = release_dir(c, plan.release)
     (Path(rd) / "logs").mkdir(parents=True)
-    run = dataclasses.replace(pyxis.docker_run(etcd.show["container_command"], etcd.container), command=["sleep", "60"])
+    run = dataclasses.replace(etcd.spec, command=("sleep", "60"))
     p = subprocess.Popen(units.unit_command(run, rd, etcd.container, 1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          stdin=subprocess.DEVNULL, env={"PATH": os.environ["PATH"]}, start_new_session=True)
     try:
@@ -592,7 +595,7 @@ def unit_node(tmp_path):
 
 def _run_unit(n: UnitsNode, container: str, sqsh: str) -> None:
     """A unit of the cluster that runs from an imported file (a real process through the step's wrapper)."""
-    run = pyxis.docker_run(n.line(container, ["sleep", "60"]), container)
+    run = n.spec(container, ["sleep", "60"])
     argv = units.unit_command(run, n.release(), container, 1, image=sqsh)
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                          env={"PATH": os.environ["PATH"]}, start_new_session=True)

@@ -1,8 +1,9 @@
-"""A unit's docker run line as a pyxis step (llmdeploy/launchers/slurm/pyxis.py):
-every real plan's line translates with its image, command, environment
+"""A unit's container spec as a pyxis step (llmdeploy/launchers/slurm/pyxis.py):
+every real plan's spec becomes a step with its image, command, environment
 files and mounts; what a pyxis step cannot do is refused by name; the
 environment file is read in the container by Docker's --env-file rules."""
 
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from llmdeploy.container import ContainerSpec, Mount, read_docker_run
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.launchers.slurm import pyxis
 
@@ -36,18 +38,18 @@ def test_every_real_plan_becomes_a_step_with_the_same_image_command_mounts_and_e
     assert lines
     for line in lines:
         words = shlex.split(line)
-        run = pyxis.docker_run(line, "unit")
-        args = pyxis.step_args(run, "r1.unit")
-        image_at = words.index(run.image)
+        spec = read_docker_run(line)
+        args = pyxis.step_args(spec, "r1.unit")
+        image_at = words.index(spec.image)
         # the command after the image, unchanged, after the environment's loader
-        assert run.command == words[image_at + 1:] and args[-len(run.command):] == run.command
-        assert f"--container-image={pyxis.image_uri(run.image)}" in args and "--container-name=r1.unit" in args
+        assert list(spec.command) == words[image_at + 1:] and args[-len(spec.command):] == list(spec.command)
+        assert f"--container-image={pyxis.image_uri(spec.image)}" in args and "--container-name=r1.unit" in args
         volumes = [words[i + 1] for i, w in enumerate(words[:image_at]) if w in ("-v", "--volume")]
         mounts = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("--container-mounts=")), [])
         binds = [w for w in words[:image_at] if w == "--mount"]
         assert set(m.removesuffix(":rw") for m in volumes) <= set(mounts) and len(mounts) == len(volumes) + len(binds)
         files = [words[i + 1] for i, w in enumerate(words[:image_at]) if w == "--env-file"]
-        assert run.env_files == files and f"LLMDEPLOY_ENV_FILES={chr(10).join(files)}" in args
+        assert list(spec.env_files) == files and f"LLMDEPLOY_ENV_FILES={chr(10).join(files)}" in args
         # nothing of Docker's own is left on the srun line
         assert not any(a.startswith(("--gpus", "--label", "--ipc", "--network", "-p")) for a in args[:args.index("env")])
 
@@ -59,42 +61,43 @@ def test_image_references_as_enroot_takes_them():
     assert pyxis.image_uri("/var/lib/llmdeploy/images/x.sqsh") == "/var/lib/llmdeploy/images/x.sqsh"
 
 
-@pytest.mark.parametrize("line, said", [
-    ("docker run -d --network bridge img cmd", "--network bridge"),
-    ("docker run -d --net=mynet img cmd", "--network mynet"),
-    ("docker run -d --ipc=private img cmd", "--ipc=private"),
-    ("docker run -d --privileged img cmd", "option --privileged has no pyxis equivalent"),
-    ("docker run -d --entrypoint /bin/x img cmd", "option --entrypoint has no pyxis equivalent"),
-    ("docker run -d -v data:/data img cmd", "pyxis mounts host paths only"),
-    ("docker run -d -v /a,b:/a img cmd", "a path with a comma"),
-    ("docker run -d -v /a:/a:z img cmd", "mode 'z'"),
-    ("docker run -d --mount type=tmpfs,target=/t img cmd", "type=bind"),
-    ("docker run -d -e 1X=2 img cmd", "not a variable name"),
-    ("docker run -d --name", "has no value"),
-    ("docker run -d -v /a:/a", "has no image"),
-    ("podman run img", "not a docker run line"),
+BASE = ContainerSpec(name="decode0", image="img", command=("cmd",))
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"network": "bridge"}, "network bridge: a pyxis container has its node's network only"),
+    ({"ipc": "private"}, "ipc private"),
+    ({"privileged": True}, "privileged: a pyxis container runs with the user's rights only"),
+    ({"mounts": (Mount("/a,b", "/a"),)}, "a path with a comma"),
+    ({"labels": (("a", "b\nc"),)}, "one line"),
+    ({"env_files": ("/e\nx",)}, "a path with a newline"),
+    ({"command": ()}, "no command"),
 ])
-def test_what_a_pyxis_step_cannot_do_is_refused_by_name(line, said):
+def test_what_a_pyxis_step_cannot_do_is_refused_by_name(change, said):
     with pytest.raises(LlmdeployError) as e:
-        pyxis.docker_run(line, "decode0 on gb300-3")
-    assert str(e.value).startswith("decode0 on gb300-3: ") and said in str(e.value)
+        pyxis.step_args(dataclasses.replace(BASE, **change), "r1.decode0")
+    assert str(e.value).startswith("decode0: ") and said in str(e.value)
 
 
-def test_a_unit_without_a_command_is_refused():
-    with pytest.raises(LlmdeployError, match="no command"):
-        pyxis.step_args(pyxis.docker_run("docker run -d img", "u"), "r1.u")
+def test_what_the_step_has_by_itself_is_not_rendered():
+    spec = dataclasses.replace(BASE, gpus="all", network="host", ipc="host", ports=("8000:8000",), hostname="h", shm_size="32g",
+                               ulimits=("memlock=-1",), devices=("/dev/davinci0",))
+    assert pyxis.step_options(spec, "r1.decode0") == [
+        "--container-image=img", "--container-name=r1.decode0", "--container-writable", "--no-container-mount-home",
+        "--container-env=CUDA_VISIBLE_DEVICES"]
+    # a read-only container is pyxis's own default
+    assert "--container-writable" not in pyxis.step_options(dataclasses.replace(BASE, writable=False), "x")
 
 
-def test_labels_are_kept_in_order_one_line_each():
-    run = pyxis.docker_run("docker run -d --label llmdeploy.cluster=c -l 'odd=a \"b\" é' --label=bare img x", "u")
-    assert run.labels == ["llmdeploy.cluster=c", 'odd=a "b" é', "bare"]
-    with pytest.raises(LlmdeployError, match="one line"):
-        pyxis.docker_run("docker run -d --label 'a=b\nc' img x", "u")
+def test_the_check_shows_the_step_a_unit_runs():
+    spec = dataclasses.replace(BASE, mounts=(Mount("/m", "/model", readonly=True),), command=("sh", "/r/task.sh"))
+    assert pyxis.run_command(spec, "R1") == ("srun --container-image=img --container-name=R1.decode0 --container-writable --no-container-mount-home "
+                                             "--container-env=CUDA_VISIBLE_DEVICES --container-mounts=/m:/model:ro sh /r/task.sh")
 
 
 def test_mount_options_and_workdir():
-    run = pyxis.docker_run("docker run -d --mount type=bind,source=/m,target=/model,readonly -w /work img a b", "u")
-    args = pyxis.step_args(run, "r1.u", image="/images/x.sqsh")
+    spec = dataclasses.replace(BASE, mounts=(Mount("/m", "/model", readonly=True, form="bind"),), workdir="/work", command=("a", "b"))
+    args = pyxis.step_args(spec, "r1.u", image="/images/x.sqsh")
     assert "--container-mounts=/m:/model:ro" in args and "--container-workdir=/work" in args
     assert "--container-image=/images/x.sqsh" in args and "--container-env=CUDA_VISIBLE_DEVICES" in args
     assert "--no-container-mount-home" in args
@@ -103,22 +106,22 @@ def test_mount_options_and_workdir():
 def test_the_environment_file_is_read_by_dockers_rules(tmp_path):
     """The container's side, run here with sh: values verbatim (spaces,
     quotes, '=' and '$' kept), comments and blank lines skipped, a bare
-    name taken from the environment, -e values after the files."""
+    name taken from the environment."""
     env = tmp_path / "env"
     env.write_text("# a comment\n\nA=b c\nQ=\"quoted\" 'x'\nE=x=y$HOME\nFROMHOST\nLAST=no newline")
-    run = pyxis.docker_run(f"docker run -d --env-file {env} -e SET=1 -e FROMHOST img printenv A Q E FROMHOST LAST SET", "u")
-    cmd = pyxis.step_args(run, "r1.u")[-len(pyxis.container_command(run)):]
+    spec = dataclasses.replace(BASE, env_files=(str(env),), command=("printenv", "A", "Q", "E", "FROMHOST", "LAST"))
+    cmd = pyxis.step_args(spec, "r1.u")[-len(pyxis.container_command(spec)):]
     res = subprocess.run(cmd, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "FROMHOST": "host"})
     assert res.returncode == 0, res.stderr
-    assert res.stdout.splitlines() == ["b c", "\"quoted\" 'x'", "x=y$HOME", "host", "no newline", "1"]
+    assert res.stdout.splitlines() == ["b c", "\"quoted\" 'x'", "x=y$HOME", "host", "no newline"]
     # paths taken as they are: a space, a quote, a glob character, two files
     odd = tmp_path / "a dir's [*]"
     odd.mkdir()
     (odd / "one env").write_text("ONE=1\n")
     (odd / "two").write_text("TWO=2\n")
-    line = shlex.join(["docker", "run", "-d", "--env-file", f"{odd}/one env", "--env-file", f"{odd}/two", "img", "printenv", "ONE", "TWO"])
-    res = subprocess.run(pyxis.container_command(pyxis.docker_run(line, "u")), capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    two = dataclasses.replace(BASE, env_files=(f"{odd}/one env", f"{odd}/two"), command=("printenv", "ONE", "TWO"))
+    res = subprocess.run(pyxis.container_command(two), capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert res.returncode == 0 and res.stdout.splitlines() == ["1", "2"], res.stderr
-    gone = pyxis.docker_run(f"docker run -d --env-file {tmp_path}/missing img true", "u")
+    gone = dataclasses.replace(BASE, env_files=(f"{tmp_path}/missing",), command=("true",))
     res = subprocess.run(pyxis.container_command(gone), capture_output=True, text=True)
     assert res.returncode == 125 and "cannot read the environment file" in res.stderr

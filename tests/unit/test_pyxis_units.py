@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -19,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from flows import status as status_flow
+from llmdeploy.container import ContainerSpec, Mount, read_docker_run
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import load_cluster
-from llmdeploy.launchers.slurm import pyxis, units
+from llmdeploy.launchers.slurm import units
 from llmdeploy.launchers.slurm.commands import STARTED_MARK
 from llmdeploy.release import releases_dir
 from roles import containers as ctr
@@ -72,19 +72,19 @@ class Node:
         (d / "env").write_text("FROM_FILE=b c\nQUOTED=\"x\" 'y' \\z\n")
         return str(d)
 
-    def line(self, container: str, command: list[str], rid: str = RID, service: str = "svc", role: str = "worker",
-             phase: int = 0, extra: tuple[str, ...] = ()) -> str:
-        """A unit's docker run line, as the systems write it."""
-        words = ["docker", "run", "-d", "--name", container, *ctr.labels(CLUSTER, rid, service, role, phase), *extra,
-                 "--net=host", "-v", f"{self.release(rid)}:{self.release(rid)}", "--env-file", f"{self.release(rid)}/env",
-                 "nvcr.io/nvidia/x:1", *command]
-        return shlex.join(words)
+    def spec(self, container: str, command: list[str], rid: str = RID, service: str = "svc", role: str = "worker",
+             phase: int = 0, labels: dict[str, str] | None = None) -> ContainerSpec:
+        """A unit's container, as the systems build it."""
+        rd = self.release(rid)
+        return ContainerSpec(name=container, image="nvcr.io/nvidia/x:1", command=tuple(command), network="host",
+                             labels=ctr.label_values(CLUSTER, rid, service, role, phase) + tuple((labels or {}).items()),
+                             mounts=(Mount(rd, rd),), env_files=(f"{rd}/env",))
 
     def start(self, container: str, command: list[str], attempt: int = 1, localid: int | None = None, env: dict | None = None,
               wait: bool = True, rid: str = RID, **kw) -> subprocess.Popen:
         """Start a unit's task through the step's wrapper, as its step would
         (its output, srun's on the login host: ``step_output``)."""
-        run = pyxis.docker_run(self.line(container, command, rid, **kw), container)
+        run = self.spec(container, command, rid, **kw)
         argv = units.unit_command(run, self.release(rid), container, attempt)
         environ = {"PATH": os.environ["PATH"], **(env or {})}
         if localid is not None:
@@ -328,7 +328,7 @@ def test_a_restart_keeps_the_previous_attempts_log_and_ends_what_still_ran(node)
 
 
 def test_an_environment_file_that_cannot_be_read_is_a_failed_start(node):
-    run = pyxis.docker_run(f"docker run -d --env-file {node.release()}/missing.env img sh -c 'echo never'", "u-1")
+    run = read_docker_run(f"docker run -d --env-file {node.release()}/missing.env img sh -c 'echo never'")
     p = subprocess.Popen(units.unit_command(run, node.release(), "u-1", 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)
     node.procs.append(p)
@@ -365,7 +365,7 @@ ODD = 'a "quoted" \\back\\slash\\ \t tab\nnew line é ✓ 𝄞 \x01 end'
 @pytest.mark.parametrize("shell", SHELLS)
 def test_status_reads_the_units_as_docker_inspect(node, shell):
     odd_label = 'q"u\\o\tté ✓ $(x) `y`'
-    node.start("u-1", ["sh", "-c", "echo up; exec sleep 300", ODD], extra=("--label", f"odd={odd_label}"), service="decode0",
+    node.start("u-1", ["sh", "-c", "echo up; exec sleep 300", ODD], labels={"odd": odd_label}, service="decode0",
                env={"ODD_ENV": ODD, "EMPTY": ""})
     p2 = node.start("u-2", ENDS_ON_GO, rid=OLD, role="node0", phase=1)
     go(node, "4")
@@ -437,15 +437,15 @@ def test_the_step_mounts_its_release_directory_and_runs_the_wrapper():
     rd = "/var/lib/llmdeploy/h/releases/" + RID
     # SGLang's line mounts only the model cache; its environment file is in the release directory
     line = f"docker run -d --name h-1 --label llmdeploy.cluster=h --net=host -v /root/.cache:/root/.cache --env-file {rd}/env img python3 -m x"
-    run = pyxis.docker_run(line, "h-1")
+    run = read_docker_run(line)
     args = units.unit_step_args(run, rd, "h-1", 2, f"{RID}.h-1")
     assert f"--container-mounts=/root/.cache:/root/.cache,{rd}:{rd}" in args and f"--container-name={RID}.h-1" in args
     assert args[-3:] == ["python3", "-m", "x"] and args[args.index("env") + 1] == f"LLMDEPLOY_ENV_FILES={rd}/env"
     # a line that mounts it (or a directory above it) read-write is left as it is
     for mount in (f"{rd}:{rd}", "/var/lib/llmdeploy:/var/lib/llmdeploy"):
-        run = pyxis.docker_run(line.replace("/root/.cache:/root/.cache", mount), "h-1")
+        run = read_docker_run(line.replace("/root/.cache:/root/.cache", mount))
         assert f"--container-mounts={mount}" in units.unit_step_args(run, rd, "h-1", 1, "x")
-    run = pyxis.docker_run(line.replace("/root/.cache:/root/.cache", f"{rd}:{rd}:ro"), "h-1")
+    run = read_docker_run(line.replace("/root/.cache:/root/.cache", f"{rd}:{rd}:ro"))
     assert f"--container-mounts={rd}:{rd}:ro,{rd}:{rd}" in units.unit_step_args(run, rd, "h-1", 1, "x")
     with pytest.raises(ValueError):
         units.unit_command(run, rd, "../escape", 1)
@@ -475,7 +475,7 @@ def test_a_unit_that_is_no_world_sees_no_step_variables(tmp_path, plain):
     Dynamo's worker group on one node, would take the step for its allocation
     and find one slot); Slurm's CUDA_VISIBLE_DEVICES stays. A world keeps them (PMIx)."""
     rd = str(tmp_path / "rel")
-    run = pyxis.docker_run("docker run -d --name c img env", "c")
+    run = read_docker_run("docker run -d --name c img env")
     argv = units.unit_command(run, rd, "c", 1, plain=plain)
     step_env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_LOCALID": "0", "SLURMD_NODENAME": "n0", "PMIX_RANK": "0",
                 "OMPI_MCA_x": "1", "CUDA_VISIBLE_DEVICES": "0,1"}

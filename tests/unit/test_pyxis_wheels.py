@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from llmdeploy.container import read_docker_run
+
 from flows.plan import Context
 from llmdeploy.inventory import Cluster, load_cluster
-from llmdeploy.launchers.slurm import images, pyxis, units
+from llmdeploy.launchers.slurm import images, units
 from llmdeploy.launchers.slurm import wheels as pyxis_wheels
 from llmdeploy.release import release_dir
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult
@@ -446,7 +448,7 @@ def test_the_record_runs_the_image_with_the_wheels(site, monkeypatch):
     prepared = Prepared.from_records({node.name: doc})
     assert serving_image(c, node, prepared) == built["serving_ref"]
     line = shlex.join(["docker", "run", "-d", "--name", "u1", "--net=host", serving_image(c, node, prepared), "python3", "-m", "dynamo.frontend"])
-    args = units.unit_step_args(pyxis.docker_run(line, "u1"), release_dir(c, RID), "u1", 1, "r1.u1")
+    args = units.unit_step_args(read_docker_run(line), release_dir(c, RID), "u1", 1, "r1.u1")
     assert f"--container-image={built['serving_ref']}" in args
     # the record step writes it from the image and wheels steps' data
     ctx = Context(cluster=c.model_copy(update={"base_dir": "/b"}), results={"image": {node.name: HostResult(node.name, OK, data=base)},

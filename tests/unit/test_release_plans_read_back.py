@@ -17,6 +17,7 @@ temporary one. The clean-up step is recorded, never run here.
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ import systems
 from flows import deploy as dep
 from flows import lifecycle, releases
 from flows import status as status_flow
+from llmdeploy.container import docker_run
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import load_cluster
 from llmdeploy.release import RELEASE_RE
@@ -137,6 +139,9 @@ def test_an_old_plan_loads_with_what_its_system_declares(path):
     assert plan.stop_cleanup == doc["stop_cleanup"] and plan.drift_env_prefixes == doc["drift_env_prefixes"]
     # and the engine of a restart or rollback of it reads exits with those signatures
     assert dep.engine_for(cluster, None, Console(quiet=True), True, plan).signatures == plan.signatures
+    # its units, recorded before they carried container specs, have the spec their docker run line says
+    for u in plan.units():
+        assert u.spec is not None and shlex.join(docker_run(u.spec)) == u.show["container_command"], u.container
 
 
 @pytest.mark.parametrize("path", sorted(OLD.glob("*.json")), ids=lambda p: p.stem)

@@ -2,13 +2,15 @@
 as each task of a step would run it), sinfo and squeue readers, the command
 lines (llmdeploy/launchers/slurm/commands.py)."""
 
+import dataclasses
 import json
 import shlex
 import subprocess
 
 import pytest
 
-from llmdeploy.errors import InventoryError
+from llmdeploy.container import ContainerSpec
+from llmdeploy.errors import InventoryError, LlmdeployError
 from llmdeploy.inventory import Cluster, load_cluster
 from llmdeploy.launchers.slurm import commands as slurm
 
@@ -230,6 +232,36 @@ def _pyxis_plan(cluster):
     import systems
 
     return systems.build(cluster, {}, RID, None)
+
+
+@pytest.mark.parametrize("name", ["sim-b200-slurm", "sim-gb300-1p2d-slurm", "sim-h200-sglang-slurm"])
+def test_a_pyxis_release_recorded_before_specs_starts_the_same_steps(name):
+    """A release whose plan.json was written before units carried container
+    specs (each unit's docker run line only) still restarts and rolls back on
+    pyxis: its lines read back into the specs a plan of today has, so its
+    steps are the ones a fresh plan's are. A line this tool never wrote
+    leaves the unit without a spec, and the launcher names it and what to do."""
+    from llmdeploy.container import docker_run
+    from llmdeploy.launchers.slurm.jobs import plan_steps
+    from llmdeploy.releaseplan import ReleasePlan
+
+    c = load_cluster(name)
+    plan = _pyxis_plan(c)
+    doc = json.loads(plan.to_json())
+    for svc in doc["services"]:
+        for u in svc["units"]:
+            # what the plan.json of a release before the change had: the unit's docker run line, no spec
+            u["show"]["container_command"] = shlex.join(docker_run(ContainerSpec.from_dict(u.pop("spec"))))
+    old = ReleasePlan.from_json(json.dumps(doc))
+
+    def steps(p):
+        return [(s, [u.host for u in us]) for s, us in plan_steps(c, p, p.units(), lambda u: "", lambda u: 1)]
+
+    assert steps(old) == steps(plan) and steps(plan)
+    doc["services"][0]["units"][0]["show"]["container_command"] = "docker run --entrypoint /x img"
+    unreadable = ReleasePlan.from_json(json.dumps(doc))
+    with pytest.raises(LlmdeployError, match=f"release {plan.release}'s plan has no container spec for it .*deploy it again"):
+        plan_steps(c, unreadable, unreadable.units(), lambda u: "", lambda u: 1)
 
 
 def test_a_pyxis_trtllm_world_is_one_pmix_step_of_every_rank(b200):
@@ -480,7 +512,7 @@ def test_a_world_pyxis_cannot_launch_keeps_docker_and_is_found_before_anything_s
     c = load_cluster("sim-gb300-1p2d-slurm")
     plan = _pyxis_plan(c)
     odd = plan.service("decode0").units[1]
-    odd.show["container_command"] += " x"
+    odd.spec = dataclasses.replace(odd.spec, command=(*odd.spec.command, "x"))
 
     class NoSlurm:
         def node_states(self, names):

@@ -114,8 +114,8 @@ def test_every_flag_of_the_a3_and_a2_plans_is_a_vllm_serve_option(inventory):
         assert a.served_model_name == [cluster.profile.served_model_name]
     # the container command carries the same vllm serve line
     node = cluster.nodes[1]
-    run = serve.docker_run_args(cluster, cluster.profile, node, RID, "/env", "img")
-    assert run[run.index("img") + 1:] == serve.vllm_args(cluster, cluster.profile, node)
+    spec = serve.container_spec(cluster, cluster.profile, node, RID, "/env", "img")
+    assert list(spec.command) == serve.vllm_args(cluster, cluster.profile, node)
 
 
 def _value_for(dest: str, arity: str) -> list[str]:

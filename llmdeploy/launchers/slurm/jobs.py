@@ -36,9 +36,9 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
                number: Callable[[Unit], int]) -> list[tuple[slurm.UnitStep, list[Unit]]]:
     """The steps that start ``units``, each with the units it starts. With
     Docker, each unit's step runs ``script(unit)`` (its docker run) and
-    holds the container. With pyxis, each unit's docker run line
-    (``Unit.show["container_command"]``) is its step's container
-    (``pyxis.py``, ``units.unit_step_args``), and a world's units
+    holds the container. With pyxis, each unit's container spec
+    (``Unit.spec``) is its step's container (``pyxis.py``,
+    ``units.unit_step_args``), and a world's units
     (``Service.world``) are one step over their nodes, ``Unit.tasks`` on
     each, wired by PMIx (``--mpi=none`` when ``Service.mpi`` is off: the
     system's own rendezvous, SGLang's). LlmdeployError: a unit pyxis cannot run as planned. Pure."""
@@ -59,18 +59,17 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
     out = []
     for group in groups:
         first = group[0]
-        line = first.show.get("container_command")
-        if not line:
-            raise LlmdeployError(f"{first.container} on {first.host}: its plan has no container command to run as a pyxis step")
-        odd = [u for u in group if u.show.get("container_command") != line or u.tasks != first.tasks]
+        if first.spec is None:
+            raise LlmdeployError(f"{first.container} on {first.host}: release {plan.release}'s plan has no container spec for it "
+                                 f"(its recorded command is not a docker run line this tool wrote): deploy it again to run it on pyxis")
+        odd = [u for u in group if u.spec != first.spec or u.tasks != first.tasks]
         if odd:
             raise LlmdeployError(f"world {first.container}: {odd[0].host}'s unit differs from {first.host}'s (a pyxis world is one step: "
                                  f"every node the same container, command and number of tasks)")
-        run = pyxis.docker_run(line, first.container)
         n = number(first)
         world = len(group) > 1 or plan.service_of(first).world
         # a unit that is not a launched world sees no Slurm variables (an mpirun in it is its own, as in Docker)
-        args = units_mod.unit_step_args(run, rd, first.container, n, f"{plan.release}.{first.container}", plain=not world)
+        args = units_mod.unit_step_args(first.spec, rd, first.container, n, pyxis.container_name(first.spec, plan.release), plain=not world)
         out.append((slurm.UnitStep(node=cluster.slurm_name(cluster.node(first.host)), name=first.container, script="", args=args,
                                    nodes=[cluster.slurm_name(cluster.node(u.host)) for u in group], tasks=first.tasks,
                                    # a world not of MPI says so: the site's MpiDefault (often pmix) does not apply

@@ -55,6 +55,7 @@ import re
 import shlex
 
 from ... import release
+from ...container import ContainerSpec, Mount
 from ... import unitscripts as us
 from ...errors import LlmdeployError
 from ...inventory import Cluster
@@ -335,11 +336,11 @@ PLAIN = ("set -f; for llu_v in $(env); do case $llu_v in SLURM_*=*|SLURMD_*=*|PM
          "unset llu_v; set +f\n")
 
 
-def unit_command(run: pyxis.DockerRun, release_dir: str, container: str, attempt: int, image: str | None = None,
+def unit_command(spec: ContainerSpec, release_dir: str, container: str, attempt: int, image: str | None = None,
                  plain: bool = False) -> list[str]:
     """A unit's command in its step's container (every task of it): the
-    unit's command (``run``, after its environment files and ``-e`` values,
-    ``pyxis.environment``) run by a wrapper that keeps the unit's record
+    unit's command (``spec``'s, after its environment files,
+    ``pyxis.ENV_FILE_LOADER``) run by a wrapper that keeps the unit's record
     (module docstring) and appends its output to the unit's log. Task 0 makes
     the record of start ``attempt``: what runs of an earlier start ends (as
     ``docker rm -f`` in ``roles.containers.start_script``), the earlier log is
@@ -364,7 +365,7 @@ def unit_command(run: pyxis.DockerRun, release_dir: str, container: str, attempt
         raise ValueError(f"attempt numbers start at 1: {attempt!r}")
     u = record_dir(release_dir, container)
     logs = f"{release_dir}/logs"
-    labels = " ".join(q(label) for label in run.labels)
+    labels = " ".join(q(f"{k}={v}") for k, v in spec.labels)
     log = f"{logs}/{container}.log"
     shim = (
         PROC_FUNCS
@@ -375,7 +376,7 @@ def unit_command(run: pyxis.DockerRun, release_dir: str, container: str, attempt
         + 'me=$(llu_start $$) && w=$(llu_start $PPID) || { echo "llmdeploy: no /proc/$$/stat: the unit cannot be recorded" >&2; exit 125; }\n'
         + "printf '%s %s %s %s\\n' $$ \"$me\" $PPID \"$w\" > \"$u/.task.$i\" && mv -f \"$u/.task.$i\" \"$u/task.$i\" || exit 125\n"
         + (PLAIN if plain else "")
-        + pyxis.environment(run)
+        + pyxis.ENV_FILE_LOADER
         + f'[ "$i" != 0 ] || echo {q(STARTED_MARK)} {q(container)} >&3\n'
         + 'exec 3>&-\nexec "$@"\n'
     )
@@ -396,7 +397,7 @@ def unit_command(run: pyxis.DockerRun, release_dir: str, container: str, attempt
         + '  new="${u%/*}/.${u##*/}.$$"\n'
         + '  { rm -rf "$new" && mkdir "$new"; } || exit 125\n'
         + (f'  printf \'%s\\n\' {labels} > "$new/labels"\n' if labels else '  : > "$new/labels"\n')
-        + f"  printf '%s\\n' {q(pyxis.image_uri(image or run.image))} > \"$new/image\"\n"
+        + f"  printf '%s\\n' {q(pyxis.image_uri(image or spec.image))} > \"$new/image\"\n"
         + "  printf '%s\\000' \"$@\" > \"$new/cmd\"\n"
         + '  llu_now > "$new/started"\n'
         + "  printf '%s\\n' \"$n\" > \"$new/attempt\"\n"
@@ -422,30 +423,27 @@ def unit_command(run: pyxis.DockerRun, release_dir: str, container: str, attempt
         + 'echo "@@llmdeploy-exit $code"\n'
         + 'exit "$code"\n'
     )
-    return ["env", pyxis.env_files_arg(run), "sh", "-c", wrapper, "llmdeploy-unit", *run.command]
+    return ["env", pyxis.env_files_arg(spec), "sh", "-c", wrapper, "llmdeploy-unit", *spec.command]
 
 
-def _mounted(mounts: list[str], path: str) -> bool:
+def _mounted(mounts: tuple[Mount, ...], path: str) -> bool:
     """Whether a read-write mount shows ``path`` at the same path in the container."""
-    for m in mounts:
-        src, dst, *mode = m.split(":")
-        if src == dst and not mode and (path == src or path.startswith(src.rstrip("/") + "/")):
-            return True
-    return False
+    return any(m.source == m.target and not m.readonly and (path == m.source or path.startswith(m.source.rstrip("/") + "/"))
+               for m in mounts)
 
 
-def unit_step_args(run: pyxis.DockerRun, release_dir: str, container: str, attempt: int, container_name: str,
+def unit_step_args(spec: ContainerSpec, release_dir: str, container: str, attempt: int, container_name: str,
                    image: str | None = None, plain: bool = False) -> list[str]:
     """The pyxis options and the wrapped command of a unit's step
     (``unit_command``). The release directory is mounted at its own path
-    when the unit's line does not: the wrapper writes the unit's record and
+    when the unit's spec does not: the wrapper writes the unit's record and
     log there, and reads the environment file from it (Docker's client read
     it on the host; a unit such as SGLang's mounts only the model cache)."""
     if "," in release_dir:
         raise LlmdeployError(f"{container}: release directory {release_dir}: a path with a comma cannot be a pyxis mount")
-    if not _mounted(run.mounts, release_dir):
-        run = dataclasses.replace(run, mounts=[*run.mounts, f"{release_dir}:{release_dir}"])
-    return [*pyxis.step_options(run, container_name, image), *unit_command(run, release_dir, container, attempt, image, plain)]
+    if not _mounted(spec.mounts, release_dir):
+        spec = dataclasses.replace(spec, mounts=(*spec.mounts, Mount(release_dir, release_dir)))
+    return [*pyxis.step_options(spec, container_name, image), *unit_command(spec, release_dir, container, attempt, image, plain)]
 
 
 # -- the node's side: what roles.containers does with docker ----------------------------------
@@ -591,6 +589,9 @@ class PyxisUnits:
     def __init__(self, cluster: Cluster):
         self.c = cluster
         self.rds = release.releases_dir(cluster)
+
+    def run_command(self, spec: ContainerSpec, release: str) -> str:
+        return pyxis.run_command(spec, release)
 
     def start_script(self, release_dir: str, container: str, run_file: str, attempt: int) -> str | None:
         return None  # srun starts the unit's container (unit_step_args): nothing runs on the node first
