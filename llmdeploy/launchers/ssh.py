@@ -12,7 +12,7 @@ and lets ``status`` read the containers alone.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager
+from typing import TYPE_CHECKING, Callable, ContextManager
 
 from ..inventory import Cluster, Node
 from ..launcher import ReleaseView
@@ -133,3 +133,13 @@ def runtime(cluster: Cluster) -> None:
 def start_lines(cluster: Cluster, plan: ReleasePlan, script: Callable[[Unit], str]) -> list[tuple[str, str]]:
     """Each unit starts by its node's run.sh (its docker run, already shown): no launch line of the launcher's own."""
     return []
+
+
+# this plug-in's conformance, for the type checker (the registry checks it again when it loads)
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import llmdeploy.launchers.ssh as _this
+    from llmdeploy.launcher import Launcher, LauncherPlugin, Transport
+
+    _conforms: LauncherPlugin = _this
+    _transport: Callable[[Runner], Transport] = SshTransport
+    _launcher: Callable[[Cluster, Runner, Callable[[str], None]], Launcher] = DockerUnits

@@ -14,7 +14,7 @@ system's profile, ``systems/vllm_ascend``). Imports only ``llmdeploy``.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.platform import Platform
@@ -126,3 +126,11 @@ def parse_top(text: str) -> list[dict]:
         if m:
             out.append({"id": int(m.group(2)), "util_pct": float(m.group(3)), "mem_used_mib": float(m.group(4)), "mem_total_mib": float(m.group(5))})
     return out
+
+
+# this plug-in's conformance, for the type checker (the registry checks it again when it loads)
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import platforms.ascend as _this
+    from llmdeploy.platform import Vendor
+
+    _conforms: Vendor = _this

@@ -14,6 +14,8 @@ Imports only ``llmdeploy``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import re
 
 from llmdeploy.inventory import Cluster, Node
@@ -118,3 +120,11 @@ def comm_device_checks(cluster: Cluster, node: Node, facts: dict) -> dict[str, d
         "topology": {"ok": all(g.get("cpu_affinity") for g in gpus) and bool(gpus), "summary": "read" if gpus else "-",
                      "failures": [f"gpu{g['id']}: no CPU affinity in nvidia-smi topo -m" for g in gpus if not g.get("cpu_affinity")]},
     }
+
+
+# this plug-in's conformance, for the type checker (the registry checks it again when it loads)
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import platforms.nvidia as _this
+    from llmdeploy.platform import Vendor
+
+    _conforms: Vendor = _this

@@ -8,6 +8,7 @@ pyxis steps), and every caller asks :func:`of` instead of naming one.
 from __future__ import annotations
 
 import shlex
+from typing import Callable
 
 from llmdeploy import launcher
 from llmdeploy.container import ContainerSpec, docker_run
@@ -99,3 +100,7 @@ class Docker:
 def of(cluster: Cluster) -> UnitRuntime:
     """The runtime of ``cluster``'s units: its launcher's own, else Docker's."""
     return launcher.of(cluster).runtime(cluster) or Docker(cluster)
+
+
+# Docker's runtime conforms to the interface (for the type checker)
+_conforms: Callable[[Cluster], UnitRuntime] = Docker

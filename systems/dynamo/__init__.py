@@ -47,6 +47,8 @@ it lists exactly one instance per worker (``frontend_settled``). None of it depe
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import shlex
 from urllib.parse import urlparse
@@ -516,3 +518,11 @@ def check_doc(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, secre
         nodes.append(doc)
     return {"nodes": nodes, "topology": profile.topology,
             "workers": [w.as_dict() for w in dynamo.placement(cluster, profile)]}
+
+
+# this plug-in's conformance, for the type checker (the registry checks it again when it loads)
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import systems.dynamo as _this
+    from llmdeploy.serving import ServingSystem
+
+    _conforms: ServingSystem = _this

@@ -26,6 +26,8 @@ served name, and a chat answers with its reasoning part
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import shlex
 
 from llmdeploy.container import ContainerSpec, Mount
@@ -193,3 +195,11 @@ def files(cluster: Cluster, profile: SglangProfile, plan: ReleasePlan, prepared:
 def check_doc(cluster: Cluster, profile: SglangProfile, plan: ReleasePlan, secrets: list[str]) -> dict:
     units = [(n, plan.units(n.name)[0]) for n in cluster.nodes]
     return {"nodes": [container_check_node(cluster, n, u, secrets, {"node_rank": u.show["node_rank"]}) for n, u in units]}
+
+
+# this plug-in's conformance, for the type checker (the registry checks it again when it loads)
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import systems.sglang as _this
+    from llmdeploy.serving import ServingSystem
+
+    _conforms: ServingSystem = _this

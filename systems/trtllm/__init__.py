@@ -20,6 +20,8 @@ names it by its model argument), and a chat request with thinking on answers
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import posixpath
 import shlex
@@ -321,3 +323,11 @@ def check_doc(cluster: Cluster, profile: TrtllmProfile, plan: ReleasePlan, secre
                                        "exported_env": exported, "per_node_env": per_node,
                                        "curated": trtllm.curated_path(profile), "config": f"{release_dir(cluster, plan.release)}/{SERVE_FILES['config']}",
                                        "overrides_yaml": plan.files[cluster.node0.name][trtllm.OVERRIDES_NAME][0]}}
+
+
+# this plug-in's conformance, for the type checker (the registry checks it again when it loads)
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import systems.trtllm as _this
+    from llmdeploy.serving import ServingSystem
+
+    _conforms: ServingSystem = _this

@@ -11,6 +11,8 @@ checks and the seed's catalogue are ``profile`` and ``catalogue``."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
@@ -153,3 +155,11 @@ def old_release_plan(cluster: Cluster, rid: str, metas: dict[str, dict]) -> Rele
     plan = ReleasePlan(system=KIND, cluster=cluster.name, release=rid, services=services, entry_host=node0.name, entry_port=port)
     plan.ready = [openai_probe(KIND, node0.name, port, name, served, chat_request(served), "think") for name in ("health", "models", "chat")]
     return plan
+
+
+# this plug-in's conformance, for the type checker (the registry checks it again when it loads)
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import systems.vllm_ascend as _this
+    from llmdeploy.serving import ServingSystem
+
+    _conforms: ServingSystem = _this

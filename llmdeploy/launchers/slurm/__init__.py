@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import shlex
 from contextlib import contextmanager
-from typing import Callable, ContextManager, Iterator
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterator
 
 from ...errors import UnreachableError
 from ...inventory import Cluster, Node
@@ -102,3 +102,14 @@ def start_lines(cluster: Cluster, plan: ReleasePlan, script: Callable[[Unit], st
             hosts = ", ".join(u.host for u in units)
             shown.append((f"{svc.name}: {step.name} on {hosts}", " ".join(shlex.quote(a) for a in unit_srun_args(cluster, "JOB", step))))
     return shown
+
+
+# this plug-in's conformance, for the type checker (the registry checks it again when it loads)
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import llmdeploy.launchers.slurm as _this
+    from llmdeploy.launcher import Launcher, LauncherPlugin, Transport, UnitRuntime
+
+    _conforms: LauncherPlugin = _this
+    _transport: Callable[[Runner], Transport] = SlurmSteps
+    _launcher: Callable[[Cluster, Runner, Callable[[str], None]], Launcher] = SlurmJobs
+    _runtime: Callable[[Cluster], UnitRuntime] = PyxisUnits
