@@ -32,6 +32,7 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import paramiko
 from rich.console import Console
@@ -42,7 +43,7 @@ from flows.checkhost import SCHEME as RUNNER
 from flows.plan import select_nodes
 from llmdeploy import interrupt, launcher, report
 from llmdeploy.inventory import Cluster, Node
-from llmdeploy.runner import UnreachableError
+from llmdeploy.errors import UnreachableError
 from llmdeploy.sshfiles import known_hosts_files
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,7 +122,7 @@ def pytest_command(cluster: Cluster, nodes: list[Node], junit: str, ssh_config: 
 def parse_junit(path: str, hosts: list[str], connection: str = SSH) -> dict[str, dict]:
     """Per host: passed, failed [(test, message)], skipped; ``connection``: the
     scheme in the tests' ids (``test_x[<connection>://<host>]``)."""
-    out = {h: {"passed": 0, "failed": [], "skipped": 0} for h in hosts}
+    out: dict[str, dict[str, Any]] = {h: {"passed": 0, "failed": [], "skipped": 0} for h in hosts}
     root = ET.parse(path).getroot()
     for case in root.iter("testcase"):
         name = case.get("name", "")

@@ -28,8 +28,9 @@ from typing import Any
 import testinfra.backend
 from testinfra.backend import base
 
+from llmdeploy.errors import UnreachableError
 from llmdeploy.inventory import load_cluster
-from llmdeploy.runner import Runner, UnreachableError
+from llmdeploy.runner import Runner
 
 # the scheme of testinfra's host specs (``runner://<node name>``) and the pytest ids (``test_x[runner://<node>]``)
 SCHEME = "runner"

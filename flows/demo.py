@@ -34,6 +34,7 @@ def _answer(cluster: Cluster, con: Console) -> None:
     code, body = got.status, got.body
     reasoning, content = chat_message(body)
     reasoning, content = split_think(content) or (reasoning, content)
+    assert chat.body is not None  # chosen for the messages of its body
     question = chat.body["messages"][0]["content"]
     con.print(f"[bold]{escape(question)}[/] (POST {chat.path}: {code})", soft_wrap=True)
     con.print(f"[dim]<think>{escape(reasoning.strip())}</think>[/]", soft_wrap=True)

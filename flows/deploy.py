@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -33,7 +34,7 @@ from flows import bench, verify
 from flows.releases import serving_plan
 from flows.engine import Engine, Outcome, unit_key
 from llmdeploy import interrupt, launcher, lock, report
-from llmdeploy.errors import LlmdeployError
+from llmdeploy.errors import LlmdeployError, UnreachableError, mask
 from llmdeploy.inventory import Cluster
 from llmdeploy.release import (
     append_script,
@@ -47,8 +48,7 @@ from llmdeploy.release import (
     write_script,
 )
 from llmdeploy.releaseplan import ReleasePlan
-from llmdeploy.runner import Runner, Step, UnreachableError
-from llmdeploy.report import mask
+from llmdeploy.runner import Runner, Step
 from llmdeploy.serving import ReleaseFile
 from roles import runtime
 
@@ -59,7 +59,7 @@ _DRAFT_PART = DRAFT_ID.split("-")[0]
 _SELF_NAMING = ("release.json", "plan.json")
 
 
-def plan_release(cluster: Cluster, prepared: dict[str, dict], image_key: str, image_id: str | None = None) -> tuple[str, str, ReleasePlan]:
+def plan_release(cluster: Cluster, prepared: dict[str, dict | None], image_key: str, image_id: str | None = None) -> tuple[str, str, ReleasePlan]:
     """(release id, content hash, plan): the id is the time plus a hash of
     what every node runs and of the image (``image_key``). The plan is built
     once, with a placeholder id that the hash covers, then given its id.
@@ -89,7 +89,7 @@ def plan_release(cluster: Cluster, prepared: dict[str, dict], image_key: str, im
 
 
 def check_doc(cluster: Cluster, plan: ReleasePlan, chash: str, secrets: list[str]) -> dict:
-    doc = {"cluster": cluster.name, "system": plan.system, "release": plan.release, "config_hash": chash[:16]}
+    doc: dict[str, Any] = {"cluster": cluster.name, "system": plan.system, "release": plan.release, "config_hash": chash[:16]}
     doc.update(systems.check_doc(cluster, plan, secrets))
     doc["services"] = [
         {"name": s.name, "after": s.after, "restart": s.restart, "started": s.started.describe() if s.started else None,
@@ -204,7 +204,7 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
     # the plan needs no node (prepare's records only repeat what the inventory
     # decides): what it refuses, an unusable EPLB map say, is refused before any connection
     try:
-        rid, chash, plan = plan_release(cluster, {}, cluster.image.ref)
+        _, chash, plan = plan_release(cluster, {}, cluster.image.ref)
     except (ValueError, KeyError, TypeError) as exc:
         # a value the schema let through but a builder cannot use: say which, touch nothing
         raise LlmdeployError(f"{cluster.name}: cannot build the release plan ({type(exc).__name__}: {exc}); nothing was read or changed on any node") from None
@@ -217,7 +217,7 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
         return 0
     with Runner(cluster) as runner:
         with lock.held(runner, cluster, "deploy", message, lock_wait):
-            where = {"phase": "before anything was stopped", "gate": gate and cluster.deploy.gate.enabled, "rollback": rollback_on_failure}
+            where: dict[str, Any] = {"phase": "before anything was stopped", "gate": gate and cluster.deploy.gate.enabled, "rollback": rollback_on_failure}
             try:
                 status, rid = _deploy_locked(cluster, runner, con, json_out, skip_prepare, secrets, force, prepare_fn, where)
             except KeyboardInterrupt:

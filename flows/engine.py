@@ -31,10 +31,11 @@ from rich.markup import escape
 from flows.probes import UNREADABLE, BodyProblem, fetch, http_probe, inflight
 from flows.reads import standing, watch_read
 from llmdeploy import interrupt, launcher, logs, report
+from llmdeploy.errors import UnreachableError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Metrics, Probe, ReleasePlan, Service, Unit
-from llmdeploy.runner import SKIPPED, HostResult, Runner, Step, UnreachableError
+from llmdeploy.runner import SKIPPED, HostResult, Runner, Step
 from roles import containers as ctr
 from roles import runtime
 
@@ -92,7 +93,7 @@ def not_yet(problem: str, statuses: Iterable[int] = ()) -> bool:
     if "Connect failed" in problem or "Connection refused" in problem:
         return True
     m = re.search(r" answered (\d{3}): ", problem)
-    return bool(m) and (int(m.group(1)) in NOT_YET_STATUS or int(m.group(1)) in statuses)
+    return m is not None and (int(m.group(1)) in NOT_YET_STATUS or int(m.group(1)) in statuses)
 
 
 def waiting_note(plan: ReleasePlan, w: "_Watching") -> str:
@@ -149,8 +150,10 @@ class Engine:
         phases = sorted({int(x) for r in found.values() if not r.failed for x in r.stdout.split() if x.isascii() and x.isdigit()})
         for ph in phases:
             group = [n for n in nodes if n.name not in results and str(ph) in found[n.name].stdout.split()]
-            res = self.r.run(Step(name=name, build=lambda n, ph=ph: self.rt.stop_script(keep_release, c.deploy.stop_timeout_s, ph),
-                                  timeout=c.deploy.stop_timeout_s + 60), group)
+            def build(n: Node, ph: int = ph) -> str:
+                return self.rt.stop_script(keep_release, c.deploy.stop_timeout_s, ph)
+
+            res = self.r.run(Step(name=name, build=build, timeout=c.deploy.stop_timeout_s + 60), group)
             for h, r in res.items():
                 for line in r.stdout.splitlines():
                     self.say(f"  {h}: {escape(line)}")
@@ -238,7 +241,7 @@ class Engine:
     def _inflight(self, m: Metrics) -> tuple[int | None, str]:
         p = m.probe
         got = fetch(self.r, self.node(p.host), p, min(10, self.d.request_timeout_s), shown=120)
-        if not got.ok:
+        if got.problem is not None:  # not got.ok
             return None, got.problem
         try:
             return inflight(got.body, m.inflight)
@@ -293,6 +296,7 @@ class Engine:
                 interrupt.sleep(self.d.poll_s)
             return True
         if p.kind == "port":
+            assert unit is not None  # a port check without a unit returned above
             try:
                 o, e, code = self.r.exec(self.node(p.host), self.rt.wait_port_script(unit.container, p.ip, p.port, self.d.rpc_timeout_s),
                                          timeout=self.d.rpc_timeout_s + 30)

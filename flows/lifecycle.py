@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -81,7 +82,7 @@ def stop(cluster: Cluster, con: Console, message: str | None, lock_wait: float) 
                     con.print(f"[red]{h}: {escape(r.msg)}[/]")
                     failed = True
             lock.audit(runner, cluster, "stop", "failed" if failed else "stopped", plan.release if plan else None, held=holder, message=message or "")
-            tail = f"; the clean-up of release {plan.release} ran on every node" if cleanup else ""
+            tail = f"; the clean-up of release {plan.release} ran on every node" if cleanup and plan is not None else ""
             con.print(f"{cluster.name}: stopped (in reverse start order){'; some nodes failed, see above' if failed else ''}{tail}")
             return 1 if failed else 0
 
@@ -104,16 +105,22 @@ def _units_to_restart(plan: ReleasePlan, host: str | None, service: str | None) 
     unit); None: the whole release."""
     if host is None and service is None:
         return None
+    if host is not None and not host:
+        raise LlmdeployError("--host: an empty host name (name one of the cluster's nodes, or leave --host out to restart them all)")
     if service is not None and service not in {s.name for s in plan.services}:
         raise LlmdeployError(f"--service {service}: release {plan.release} has no such service (it has {', '.join(s.name for s in plan.services)})")
-    units = plan.units(host) if host else plan.service(service).units
+    if host:
+        units = plan.units(host)
+    else:
+        assert service is not None  # no --host: --service names what to restart (checked above)
+        units = plan.service(service).units
     if not units:
         raise LlmdeployError(f"--host {host} runs nothing in release {plan.release}" if host else f"--service {service} runs nothing here")
     todo: list[Unit] = []
     for u in units:
         svc = plan.service_of(u)
         if svc.restart == "none":
-            raise LlmdeployError(f"--{'host ' + host if host else 'service ' + service} is {plan.name_of(u)}: restarting it alone cannot re-form "
+            raise LlmdeployError(f"--{'host ' + host if host else f'service {service}'} is {plan.name_of(u)}: restarting it alone cannot re-form "
                                  f"what depends on it; restart without --host restarts the whole release in order")
         todo += [x for x in (svc.units if svc.restart == "group" else [u]) if x not in todo]
     return todo
@@ -239,7 +246,8 @@ def _target(runner: Runner, cluster: Cluster, con: Console, to: str | None) -> t
     on = read_release(runner, cluster, target, "verify target")
     problems = {**on.missing, **on.unreadable}
     if problems:
-        lock.audit(runner, cluster, "rollback", "refused", target, problems=problems, **{"from": source})
+        origin: dict[str, Any] = {"from": source}  # "from": a keyword
+        lock.audit(runner, cluster, "rollback", "refused", target, problems=problems, **origin)
         raise LlmdeployError(f"rollback to {target} refused before stopping anything: " + "; ".join(f"{h}: {p}" for h, p in problems.items()))
     return records, source, target, on
 
@@ -256,8 +264,10 @@ def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | No
     plan = plan_of(cluster, target, on.plan_text, on.metas)
     meta0 = on.metas.get(cluster.node0.name) or next(iter(on.metas.values()))
     image_id = meta0.get("image_id")
-    chash = next((r.get("config_hash") for r in records if r["release"] == target), "")
+    # every ledger line this tool writes has its config_hash (llmdeploy.release.ledger_record)
+    chash = next((cast(str, r.get("config_hash")) for r in records if r["release"] == target), "")
     recorded = {"action": "rollback", "from": source, "image": meta0.get("image")}
+    origin: dict[str, Any] = {"from": source}  # "from": a keyword
     dep.ledger(runner, cluster, ledger_record(cluster, target, "started", image_id, chash, **recorded))
     eng = dep.engine_for(cluster, runner, con, json_out, plan)
     out = Outcome(ok=False, release=target, earlier=_earlier(plan, on))
@@ -269,7 +279,7 @@ def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | No
             con.print("[bold red]interrupted[/]: stopping what the rollback started")
             dep.stop_interrupted(eng, "stopping what the rollback started", lambda: eng.stop(None, "stop", cleanup=plan.stop_cleanup))
             dep.last_ledger_line(runner, cluster, ledger_record(cluster, target, "failed", image_id, chash, reason="interrupted", **recorded))
-            lock.audit(runner, cluster, "rollback", "interrupted", target, **{"from": source, "message": message or ""})
+            lock.audit(runner, cluster, "rollback", "interrupted", target, **origin, message=message or "")
             print(f"rollback interrupted; the deploy lock is released; to run it again: invoke rollback --cluster {cluster.name} --to {target}",
                   file=sys.stderr)
         raise
@@ -280,8 +290,8 @@ def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | No
         if out.ok and source and source != target:
             dep.ledger(runner, cluster, ledger_record(cluster, source, "rolled back", None, "", to=target, image=meta0.get("image")))
     status = dep.report_outcome(cluster, runner, con, eng, plan, out, image_id, chash, [], json_out,
-                                time.monotonic() - t0, verb="rollback", **{"from": source, "image": meta0.get("image")})
-    lock.audit(runner, cluster, "rollback", "good" if status == 0 else "failed", target, **{"from": source, "message": message or ""})
+                                time.monotonic() - t0, verb="rollback", **origin, image=meta0.get("image"))
+    lock.audit(runner, cluster, "rollback", "good" if status == 0 else "failed", target, **origin, message=message or "")
     return status
 
 
@@ -291,15 +301,16 @@ def _gated_rollback(cluster: Cluster, runner: Runner, con: Console, eng: Engine,
     good, as any rollback. It fails: the release keeps serving (stopping it
     would leave nothing), the ledger and the exit status say it failed."""
     where = {"gate": True}
+    origin: dict[str, Any] = {"from": source}  # "from": a keyword
     t0 = time.monotonic()
     if dep.gate_passes(runner, cluster, con, plan, out, where, json_out):
         dep.finish(runner, cluster, plan, out, image_id, chash, **recorded, gate=out.gate)
         if out.ok and source and source != plan.release:
             dep.ledger(runner, cluster, ledger_record(cluster, source, "rolled back", None, "", to=plan.release, image=recorded.get("image")))
         status = dep.report_outcome(cluster, runner, con, eng, plan, out, image_id, chash, [], json_out, time.monotonic() - t0,
-                                    verb="rollback", **{"from": source, "image": recorded.get("image")})
+                                    verb="rollback", **origin, image=recorded.get("image"))
     else:
         status = dep.keep_serving(cluster, runner, con, eng, plan, out, image_id, chash, [], json_out,
                                   "it is the release rolled back to; stopping it would leave nothing serving", verb="rollback", **recorded)
-    lock.audit(runner, cluster, "rollback", "good" if status == 0 else "failed", plan.release, **{"from": source, "message": message or ""})
+    lock.audit(runner, cluster, "rollback", "good" if status == 0 else "failed", plan.release, **origin, message=message or "")
     return status

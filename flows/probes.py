@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import systems
 from llmdeploy import interrupt
+from llmdeploy.errors import UnreachableError
 from llmdeploy.inventory import Node
 from llmdeploy.loadgen import SendError
 from llmdeploy.releaseplan import Probe
-from llmdeploy.runner import COUNTS, Runner, UnreachableError
+from llmdeploy.runner import COUNTS, Runner
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     import paramiko

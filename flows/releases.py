@@ -36,8 +36,8 @@ def read_ledger(runner: Runner, cluster: Cluster, problems: list[str] | None = N
     release's last benchmark record, read in the same round trip."""
     out, err, code = runner.exec(cluster.node0, rel.ledger_script(cluster, benches=benches is not None))
     if benches is not None:
-        got, bad = rel.parse_benches(out)
-        benches.update(got)
+        found, bad = rel.parse_benches(out)
+        benches.update(found)
         if problems is not None:
             problems.extend(bad)
     got = rel.parse_ledger_read(out)
@@ -148,7 +148,7 @@ def current_plan(cluster: Cluster, sts: dict[str, dict | None]) -> ReleasePlan |
     for h in order:
         st = sts.get(h)
         if st and st["release"] and RELEASE_RE.match(st["release"]):
-            metas = {x: sts[x]["meta"] for x in sts if sts[x] and sts[x]["meta"]}
+            metas = {x: s["meta"] for x, s in sts.items() if s and s["meta"]}
             if st["plan"].strip() or len(metas) == len(cluster.nodes):
                 return plan_of(cluster, st["release"], st["plan"], metas)
     return None
@@ -249,7 +249,7 @@ def releases_table(cluster: Cluster, con: Console, rows: list[dict], current: st
     for r in rows:
         marks = (["[bold green]current[/]"] if r["release"] == current else []) + (["rollback target"] if r["release"] == default else [])
         latest = r["latest"] or {}
-        style = {"good": "green", "failed": "red"}.get(latest.get("result"), "yellow")
+        style = {"good": "green", "failed": "red"}.get(latest.get("result", ""), "yellow")
         was = "[green]yes[/]" if r["was_good"] else "[red]never[/]"
         out.append([r["release"], r["time"], r["who"], (r["image_id"] or "-")[:19], r["config_hash"] or "-", was, r["last_good"] or "-",
                     f"[{style}]{latest.get('action', '-')} {latest.get('result', '-')}[/]", gate_verdict(r), escape(serving_text(r)), "\n".join(marks)])

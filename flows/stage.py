@@ -231,13 +231,13 @@ def _plan(cluster: Cluster, runner: Runner, dirs, src_node: Node, src_scan: dict
     if orders:
         hosts = [cluster.node(n) for n in orders]
         res = runner.run(_agent_step(cluster, "stage.sha256", "hash", orders, HASH_TIMEOUT_S), hosts)
-        for n in orders:
-            r = res[n]
+        for name in orders:
+            r = res[name]
             if r.failed:
-                out.failed[n] = r.msg
-                scans.pop(n, None)
+                out.failed[name] = r.msg
+                scans.pop(name, None)
             else:
-                sums[n].update((r.data or {}).get("sums") or {})
+                sums[name].update((r.data or {}).get("sums") or {})
     order = [n.name for n in live if n.name in scans]
     return st.plan(dirs, src_node.name, src_scan, src_sums, scans, sums, order)
 
@@ -275,6 +275,7 @@ def _relay(cluster: Cluster, runner: Runner, p: st.StagePlan, chain: list[Node],
 def _record(cluster: Cluster, runner: Runner, src_node: Node, out: Outcome) -> None:
     """The manifest on every node that has every file (and on the source)."""
     p = out.plan
+    assert p is not None  # run() plans before it records
     doc = json.dumps({"cluster": cluster.name, "source": src_node.name, "staged_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                       "files": p.manifest}, indent=1, sort_keys=True) + "\n"
     names = [n for n in p.nodes if n not in out.failed]
@@ -324,6 +325,7 @@ def show(con: Console, cluster: Cluster, out: Outcome, json_out: bool) -> int:
         report.emit_json(out.as_json(link))
         return status
     p = out.plan
+    assert p is not None  # run() always plans at least once
     size = st.size_text
     con.print(f"[bold]stage {escape(cluster.name)}[/]: from {escape(out.source)}, {size(p.total_bytes)} in "
               f"{sum(len(f) for f in p.manifest.values())} files" + (" (check mode: nothing is moved)" if out.check else ""))

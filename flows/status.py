@@ -10,6 +10,7 @@ release, it answers with what that reader read at most a few seconds before.
 from __future__ import annotations
 
 import time
+from collections.abc import Set as AbstractSet
 
 from rich.console import Console
 from rich.markup import escape
@@ -27,7 +28,7 @@ from roles.containers import LABEL
 from roles.status import docker_problem, parse_status, started_at
 
 
-def drift(plan: ReleasePlan, st: dict, c: dict | None, main: bool, secret_keys: set[str] = frozenset(),
+def drift(plan: ReleasePlan, st: dict, c: dict | None, main: bool, secret_keys: AbstractSet[str] = frozenset(),
           own_env: tuple[str, ...] = ()) -> list[str]:
     """How a running container differs from the current release's record.
     A host's main unit (prefix "") is compared with release.json (image,
@@ -48,7 +49,7 @@ def drift(plan: ReleasePlan, st: dict, c: dict | None, main: bool, secret_keys: 
     return out + _env_drift(plan, st, c, secret_keys, own_env) + _command_drift(meta, c)
 
 
-def _env_drift(plan: ReleasePlan, st: dict, c: dict, secret_keys: set[str], own_env: tuple[str, ...] = ()) -> list[str]:
+def _env_drift(plan: ReleasePlan, st: dict, c: dict, secret_keys: AbstractSet[str], own_env: tuple[str, ...] = ()) -> list[str]:
     env = {k: v for k, v in (x.split("=", 1) for x in (c.get("Config") or {}).get("Env", []) if "=" in x)
            if k not in own_env or k in st["env"]}
     prefixes = tuple(plan.drift_env_prefixes)
@@ -148,6 +149,7 @@ def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, 
     docker_state, docker_why = docker_problem(name, st["docker_error"]) if st.get("docker_error") else (None, None)
     if docker_why:
         whys.append(docker_why)
+    assert plan is not None  # units come from the plan
     for i, u in enumerate(units):
         c = st["containers"].get(u.container)
         state, role = held.unit_state(docker_state or _state(c), u), u.role or plan.service_of(u).name

@@ -23,9 +23,11 @@ import select
 import sys
 import threading
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
@@ -80,7 +82,7 @@ def server_doc(plan: ReleasePlan | None, nodes: list[dict]) -> dict | None:
     return doc
 
 
-def snapshot_doc(cluster: Cluster, plan: ReleasePlan | None, results: dict[str, HostResult | None], now: float) -> dict:
+def snapshot_doc(cluster: Cluster, plan: ReleasePlan | None, results: Mapping[str, HostResult | None], now: float) -> dict:
     nodes = [node_doc(cluster, n.name, results.get(n.name), now) for n in cluster.nodes]
     server = server_doc(plan, nodes)
     for n in nodes:
@@ -110,7 +112,7 @@ def with_rate(doc: dict, before: dict | None) -> dict:
         return doc
     s["tokens_per_s"] = None
     b = (before or {}).get("server") or {}
-    if s.get("generated_tokens") is not None and b.get("generated_tokens") is not None and before.get("release") == doc.get("release"):
+    if s.get("generated_tokens") is not None and b.get("generated_tokens") is not None and before is not None and before.get("release") == doc.get("release"):
         secs = (dt.datetime.fromisoformat(doc["time"].rstrip("Z")) - dt.datetime.fromisoformat(before["time"].rstrip("Z"))).total_seconds()
         if secs > 0 and s["generated_tokens"] >= b["generated_tokens"]:
             s["tokens_per_s"] = round((s["generated_tokens"] - b["generated_tokens"]) / secs, 1)
@@ -173,7 +175,7 @@ def render(doc: dict, interval: float, width: int, age_s: float = 0.0) -> Group:
     head.append(f"  {doc['time'][11:19]}Z")
     if age_s > 2 * interval + 1:
         head.append(f" ({age_s:.0f}s old: a node is slow)", style="yellow")
-    lines = [head]
+    lines: list[RenderableType] = [head]
     if s:
         load = Text(f"endpoint {s['host']}:{s['port']} ")
         load.append("answers" if s["answers"] else "does not answer", style="green" if s["answers"] else "bold red")
@@ -188,7 +190,9 @@ def render(doc: dict, interval: float, width: int, age_s: float = 0.0) -> Group:
                 load.append(f"  {s['tokens_per_s']:g} tok/s")
         lines.append(load)
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, expand=False)
-    for col, just in (("node", "left"), ("units", "left"), ("up", "right"), ("restarts", "right"), ("acc", "right"), ("use", "right"), ("mem", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (("node", "left"), ("units", "left"), ("up", "right"), ("restarts", "right"),
+                                                      ("acc", "right"), ("use", "right"), ("mem", "right"))
+    for col, just in columns:
         t.add_column(col, justify=just, no_wrap=True)
     if wide:
         t.add_column("services", no_wrap=False)
@@ -227,8 +231,8 @@ class _Keys:
     """Single keys from a terminal's standard input (cbreak mode), restored on exit."""
 
     def __init__(self):
-        self.fd = sys.stdin.fileno() if sys.stdin and sys.stdin.isatty() else None
-        self.saved = None
+        self.fd: int | None = sys.stdin.fileno() if sys.stdin and sys.stdin.isatty() else None
+        self.saved: list[Any] | None = None
 
     def __enter__(self):
         if self.fd is not None:
@@ -241,6 +245,7 @@ class _Keys:
 
     def __exit__(self, *exc):
         if self.saved is not None:
+            assert self.fd is not None  # saved only when there is a terminal
             import termios
 
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
@@ -258,7 +263,7 @@ def live(cluster: Cluster, con: Console, interval: float) -> int:
         raise LlmdeployError(f"--interval {interval:g}: expected 0.2 to 3600 seconds")
     with Runner(cluster) as runner:
         plan, why = serving_plan(runner, cluster)
-        state = {"doc": None, "at": 0.0, "plan": plan}
+        state: dict[str, Any] = {"doc": None, "at": 0.0, "plan": plan}
         stop = threading.Event()
 
         def refresh():

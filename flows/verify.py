@@ -40,16 +40,24 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any, Protocol, cast
 
 from rich.console import Console
 from rich.markup import escape
 from rich.padding import Padding
 
 from llmdeploy import report
-from llmdeploy.inventory import Cluster
+from llmdeploy.inventory import Cluster, Node
 from llmdeploy.platform import vendor_of
 from llmdeploy.release import root
 from llmdeploy.runner import Runner, Step
+
+
+class _CollectiveVendor(Protocol):
+    """A vendor whose verify-comm method is ``collective``: the plug-in check
+    (platform.REQUIRED_BY_METHOD) makes sure it has ``comm_device_checks``."""
+
+    def comm_device_checks(self, cluster: Cluster, node: Node, facts: dict) -> dict[str, dict]: ...
 
 
 def report_path(cluster: Cluster) -> str:
@@ -222,7 +230,7 @@ def collective(cluster: Cluster, runner: Runner, detail: dict | None = None) -> 
             nodes[n.name] = {"reachable": False, "error": r.msg, "checks": {}}
             continue
         f = r.data
-        checks = vendor_of(cluster).comm_device_checks(cluster, n, f)
+        checks = cast(_CollectiveVendor, vendor_of(cluster)).comm_device_checks(cluster, n, f)
         ib = nic.ib_problems(cluster, f)
         checks["ib"] = {"ok": not ib, "summary": f"{len(f.get('ib_ports') or [])} ports" if not ib else "FAILED", "failures": ib}
         nicp = facts.nic_problems(n, f)
@@ -245,13 +253,13 @@ def all_reduce(cluster: Cluster, runner: Runner, hostnames: dict[str, str | None
     vs = cluster.verify
     if detail is not None:
         detail["all_reduce"] = {"rows": [], "floor": vs.nccl_min_busbw, "args": vs.all_reduce_args}
-    empty = {"max_busbw": None, "avg_busbw": None, "out_of_bounds": None, "oob_ok": False, "wrong_ranks": [], "sizes": 0}
+    empty: dict[str, Any] = {"max_busbw": None, "avg_busbw": None, "out_of_bounds": None, "oob_ok": False, "wrong_ranks": [], "sizes": 0}
     timeout = max(600.0, cluster.ssh.command_timeout)
     try:
         # a world the cluster's launcher wires itself (PMIx on Slurm: no SSH between nodes), else mpirun from node 0
         world = comm.all_reduce_world(cluster, vs.all_reduce_args)
         got = runner.world(*world, timeout) if world else None
-        if got is not None:
+        if got is not None and world:  # a world was run only when there is one
             cmd = comm.world_text(world)
             out, err, code = got
         else:
@@ -368,7 +376,7 @@ def run(cluster: Cluster, con: Console, json_out: bool, full: bool, report_dir: 
         # one round trip, every file on stdin (at 64 nodes the record is larger than one command-line argument may be)
         from roles.files import puts_step
 
-        on_node0 = [(report_path(cluster), json.dumps(doc, indent=1) + "\n", 0o644), (files["node0"]["html"], page, 0o644)]
+        on_node0: list[tuple[str, str | bytes, int]] = [(report_path(cluster), json.dumps(doc, indent=1) + "\n", 0o644), (files["node0"]["html"], page, 0o644)]
         if png is not None:
             on_node0.append((files["node0"]["png"], png, 0o644))
         saved = runner.run(puts_step("save the verification", lambda n: on_node0), [cluster.node0])[cluster.node0.name]
@@ -382,7 +390,7 @@ def run(cluster: Cluster, con: Console, json_out: bool, full: bool, report_dir: 
         problems.insert(0, f"could not save the report on {cluster.node0.name}: {saved.msg}")
         files["node0"].update(html=None, png=None)
     # the local copies: the page, the picture, and the document they were drawn from (with its detail)
-    local = {"html": page, "json": json.dumps({**doc, "detail": detail}, indent=1) + "\n"}
+    local: dict[str, str | bytes] = {"html": page, "json": json.dumps({**doc, "detail": detail}, indent=1) + "\n"}
     if png is not None:
         local["png"] = png
     problems += _save_local(files["local"], local)

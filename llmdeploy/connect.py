@@ -27,14 +27,16 @@ from . import interrupt
 from .inventory import Cluster, Node
 from .errors import ConnectionLost, UnreachableError  # noqa: F401 (read by the runner's callers)
 from .sshfiles import check_ssh_config, known_hosts_files
-from .sshtransport import KeepaliveTimeout, KeepaliveTransport, _nodelay_transport, keep_alive  # noqa: F401 (keep_alive, KeepaliveTransport: read by the runner and the tests)
+from .sshtransport import (  # noqa: F401 (keep_alive, KeepaliveTransport: read by the runner and the tests)
+    KeepaliveTimeout, KeepaliveTransport as KeepaliveTransport, _nodelay_transport, keep_alive as keep_alive,
+)
 
 # paramiko logs every refused forwarding channel (readiness polls) at ERROR;
 # the runner reports failures itself
 logging.getLogger("paramiko.transport").setLevel(logging.CRITICAL)
 
 
-class UnknownHostKey(paramiko.SSHException):
+class UnknownHostKey(paramiko.SSHException):  # type: ignore[misc]  # paramiko has no type hints
     """RejectPolicy's refusal, with the key the server offered (for the fingerprint)."""
 
     def __init__(self, hostname: str, key: paramiko.PKey):
@@ -42,14 +44,14 @@ class UnknownHostKey(paramiko.SSHException):
         self.hostname, self.key = hostname, key
 
 
-class RejectUnknownHosts(paramiko.RejectPolicy):
+class RejectUnknownHosts(paramiko.RejectPolicy):  # type: ignore[misc]  # paramiko has no type hints
     """paramiko's RejectPolicy that keeps the offered key for the message."""
 
-    def missing_host_key(self, client, hostname, key):
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         raise UnknownHostKey(hostname, key)
 
 
-class StoppingRemote(Remote):
+class StoppingRemote(Remote):  # type: ignore[misc]  # fabric has no type hints
     """Fabric's Remote runner (for ``Connection.run``, which streams output:
     ``logs --follow``; the runner's own commands go through
     :func:`run_channel`); when a command is stopped it asks sshd to send
@@ -64,7 +66,7 @@ class StoppingRemote(Remote):
         super().kill()
 
 
-def _harden(conn: Connection, known_hosts: list[str], shared: dict | None = None) -> None:
+def _harden(conn: Connection, known_hosts: list[str], shared: dict[str | tuple[str, ...], Any] | None = None) -> None:
     """Check host keys: load known_hosts and reject unknown keys (also on gateways).
     A missing known_hosts file means every key is unknown, hence refused.
     ``shared``: the files read once for all of a runner's connections."""
@@ -90,7 +92,7 @@ def _harden(conn: Connection, known_hosts: list[str], shared: dict | None = None
         _harden(conn.gateway, known_hosts, shared)
 
 
-class IndexedSSHConfig(paramiko.SSHConfig):
+class IndexedSSHConfig(paramiko.SSHConfig):  # type: ignore[misc]  # paramiko has no type hints
     """paramiko's SSHConfig whose ``lookup`` only walks the blocks that can
     apply to the host: ``Match`` blocks, ``Host`` blocks with a wildcard or a
     negation, and the ``Host`` blocks that name it, in file order. paramiko's
@@ -141,7 +143,7 @@ class IndexedSSHConfig(paramiko.SSHConfig):
         return some.lookup(hostname)
 
 
-def make_connection(cluster: Cluster, node: Node, shared: dict | None = None) -> Connection:
+def make_connection(cluster: Cluster, node: Node, shared: dict[str | tuple[str, ...], Any] | None = None) -> Connection:
     """Build (not open) the Fabric connection for one node. Call from the main
     thread: building Connections concurrently races inside Invoke's Config.
     ``shared`` (one dict per Runner): the Config and the known_hosts, built
@@ -197,7 +199,7 @@ def fingerprint(key: paramiko.PKey) -> str:
 
 def _key_type(key: paramiko.PKey) -> str:
     """ssh-keyscan -t's name for the key's type."""
-    name = key.get_name()
+    name: str = key.get_name()
     if name.startswith("ecdsa"):
         return "ecdsa"
     if "rsa" in name:
@@ -230,7 +232,7 @@ class _Target(NamedTuple):
     host: str
     port: int
     where: str
-    kwargs: dict
+    kwargs: dict[str, Any]
     timeout: Any
     after: str
     known: list[str]
@@ -305,6 +307,7 @@ def _auth_reason(exc: BaseException, t: _Target) -> str | None:
 def _auth_why(exc: BaseException, user: str, key_unreadable: bool) -> str:
     """The end of the authentication message: why no key was accepted."""
     if key_unreadable:
+        assert isinstance(exc, OSError)  # key_unreadable: an OSError naming an identity file
         return f"cannot read the identity file: {exc.strerror} (check ssh.identity_file)"
     if isinstance(exc, paramiko.PasswordRequiredException):
         return "the key is encrypted and no passphrase was given"
@@ -412,7 +415,7 @@ REAP_SCRIPT = (
 )
 
 
-class _NotOpened(paramiko.SSHException):
+class _NotOpened(paramiko.SSHException):  # type: ignore[misc]  # paramiko has no type hints
     """The session channel could not be opened: the command never started."""
 
     def __init__(self, cause: BaseException):
@@ -498,7 +501,7 @@ def left_open(chan: paramiko.Channel) -> None:
     forever, here or when the channel is collected (paramiko's ``__del__``
     closes it). The caller gives the whole connection up instead
     (``Runner.abandon``)."""
-    chan.close = lambda: None  # type: ignore[method-assign]
+    chan.close = lambda: None
 
 
 def _decoded(chunks: list[bytes]) -> str:

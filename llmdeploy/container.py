@@ -104,10 +104,21 @@ class ContainerSpec:
     def __post_init__(self) -> None:
         if not self.image:
             raise ValueError(f"container {self.name}: no image")
+        for name in ("command", "env_files", "devices", "ports", "ulimits", "docker_flags", "mounts", "labels"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+                raise TypeError(f"container {self.name}: {name} is a {type(value).__name__}, expected a sequence")
+            # a list given is kept as a tuple: the spec stays hashable and equal to itself read back from plan.json
+            object.__setattr__(self, name, tuple(tuple(v) if name == "labels" else v for v in value))
+        fields: dict[str, str] = {}
         for flag in self.docker_flags:
-            if flag.rstrip("=") not in HOST_FLAGS:
+            what = HOST_FLAGS.get(flag.rstrip("="))
+            if what is None:
                 raise ValueError(f"container {self.name}: docker_flags: {flag!r} is not a host option's flag ({', '.join(HOST_FLAGS)})")
-        # only the options it sets: two specs of the same container compare equal however they were made
+            if what in fields:
+                raise ValueError(f"container {self.name}: docker_flags: {fields[what]!r} and {flag!r} both write {what}")
+            fields[what] = flag
+        # only the options it sets, so that a spec read back from its docker run line equals the one that wrote it
         object.__setattr__(self, "docker_flags", tuple(f for f in self.docker_flags if getattr(self, HOST_FLAGS[f.rstrip("=")]) not in (None, (), False)))
 
     # -- plan.json ------------------------------------------------------------------------------
@@ -117,7 +128,7 @@ class ContainerSpec:
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "ContainerSpec":
         """A spec as ``to_dict`` (and plan.json) writes it; KeyError, TypeError or ValueError for anything else."""
-        tuples = {k: tuple(str(x) for x in doc.get(k) or ()) for k in ("command", "env_files", "devices", "ports", "ulimits", "docker_flags")
+        tuples: dict[str, Any] = {k: tuple(str(x) for x in doc.get(k) or ()) for k in ("command", "env_files", "devices", "ports", "ulimits", "docker_flags")
                   if k in doc}
         mounts = tuple(Mount(**m) for m in doc.get("mounts") or ())
         rest = {k: v for k, v in doc.items() if k not in tuples and k not in ("mounts", "labels")}
@@ -192,9 +203,12 @@ def read_docker_run(line: str) -> ContainerSpec:
         i += 1
         if opt in _IGNORED and not eq:
             continue
-        if opt == "--privileged" and not eq:
-            spec["privileged"] = True
-            flags.append(opt)
+        if opt == "--privileged":
+            if eq and val not in ("true", "false"):
+                raise ValueError(f"docker run option --privileged={val}: not true or false")
+            spec["privileged"] = not eq or val == "true"
+            if spec["privileged"] and opt not in flags:
+                flags.append(opt)
             continue
         if opt not in _VALUED:
             raise ValueError(f"docker run option {opt} is not one this tool writes")
@@ -211,6 +225,8 @@ def _read_option(spec: dict[str, Any], flags: list[str], opt: str, eq: str, val:
     if opt == "--name":
         spec["name"] = val
     elif opt in ("--label", "-l"):
+        if "=" not in val:
+            raise ValueError(f"docker run option {opt} {val}: not KEY=VALUE (this tool writes every label with a value)")
         k, _, v = val.partition("=")
         spec["labels"].append((k, v))
     elif opt in ("-v", "--volume"):
@@ -228,6 +244,8 @@ def _read_option(spec: dict[str, Any], flags: list[str], opt: str, eq: str, val:
         else:
             spec[what] = val
         if opt + eq not in flags:
+            if any(HOST_FLAGS[f.rstrip("=")] == what for f in flags):
+                raise ValueError(f"docker run option {opt}: {what} is set twice")
             flags.append(opt + eq)
 
 
@@ -239,7 +257,7 @@ def _volume(text: str) -> Mount:
 
 
 def _bind(text: str) -> Mount:
-    kv = dict(p.split("=", 1) if "=" in p else (p, "true") for p in text.split(","))
+    kv = {k: v for k, v in (p.split("=", 1) if "=" in p else (p, "true") for p in text.split(","))}
     if kv.get("type", "volume") != "bind":
         raise ValueError(f"--mount {text}: not a bind mount")
     src, dst = kv.get("source") or kv.get("src"), kv.get("target") or kv.get("destination") or kv.get("dst")

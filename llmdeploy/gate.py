@@ -14,6 +14,7 @@ Pure: numbers in, a verdict out. The flows measure and record.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 # gate figure -> (series, statistic, which way is worse)
 FIGURES: dict[str, tuple[str, str, str]] = {
@@ -30,7 +31,7 @@ def unit(name: str) -> str:
     return "tok/s" if name == "output_tokens_per_s" else "ms"
 
 
-def figures(level: dict) -> dict[str, float | None]:
+def figures(level: dict[str, Any]) -> dict[str, float | None]:
     """The gate's figures of one benchmark level (``loadgen.summarize``)."""
     out: dict[str, float | None] = {}
     for name, (series, stat, _) in FIGURES.items():
@@ -82,20 +83,20 @@ class Verdict:
 
     verdict: str
     key: str
-    figures: dict
+    figures: dict[str, float | None]
     against: str | None = None
     checks: list[Check] | None = None
-    errors: dict | None = None
+    errors: dict[str, int] | None = None
     # the smoke benchmark's levels (loadgen.summarize), kept in a failed release's bundle; not in the ledger
-    levels: list[dict] | None = None
+    levels: list[dict[str, Any]] | None = None
 
     @property
     def ok(self) -> bool:
         return self.verdict in ("baseline", "pass", "skipped")
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         """What the ledger keeps (small: no sample lists)."""
-        doc = {"verdict": self.verdict, "key": self.key, "figures": self.figures, "against": self.against}
+        doc: dict[str, Any] = {"verdict": self.verdict, "key": self.key, "figures": self.figures, "against": self.against}
         if self.checks is not None:
             doc["checks"] = [asdict(c) for c in self.checks]
         if self.errors:
@@ -114,7 +115,7 @@ def key(system: str, model: str, shape: str) -> str:
     return f"{system}/{model}/{shape}"
 
 
-def baseline(records: list[dict], gate_key: str, exclude: str | None = None) -> tuple[str, dict] | None:
+def baseline(records: list[dict[str, Any]], gate_key: str, exclude: str | None = None) -> tuple[str, dict[str, float | None]] | None:
     """(release, figures) of the newest good ledger line whose gate measured
     figures under ``gate_key`` (a baseline or a pass), other than ``exclude``."""
     for r in reversed(records):
@@ -125,7 +126,7 @@ def baseline(records: list[dict], gate_key: str, exclude: str | None = None) -> 
     return None
 
 
-def judge(level: dict, gate_key: str, base: tuple[str, dict] | None, tolerance: dict[str, float], floor_ms: float,
+def judge(level: dict[str, Any], gate_key: str, base: tuple[str, dict[str, float | None]] | None, tolerance: dict[str, float], floor_ms: float,
           max_errors: int) -> Verdict:
     """The verdict on one smoke benchmark level against ``base``."""
     now = figures(level)

@@ -38,7 +38,7 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import wait as _futures_wait
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -189,10 +189,10 @@ def sleep(seconds: float) -> None:
         time.sleep(left)
 
 
-def wait(futures: Iterable[Future], timeout: float | None) -> tuple[set[Future], set[Future]]:
+def wait(futures: Iterable[Future[T]], timeout: float | None) -> tuple[set[Future[T]], set[Future[T]]]:
     """``concurrent.futures.wait`` (every future) in slices, raising at the first look after a signal."""
     pending_fs = set(futures)
-    done: set[Future] = set()
+    done: set[Future[T]] = set()
     for left in slices(None if timeout is None else time.monotonic() + timeout):
         if not pending_fs:
             break
@@ -247,7 +247,7 @@ def bounded(what: str, seconds: float, fn: Callable[[], T]) -> T | None:
     interruption. A failure or an overrun is said on stderr (``what`` names
     the action) and None returned; the thread that overran is left to end on
     its own (a daemon)."""
-    got: list = []
+    got: list[tuple[bool, Any]] = []
 
     def run() -> None:
         try:
@@ -267,4 +267,4 @@ def bounded(what: str, seconds: float, fn: Callable[[], T]) -> T | None:
 
         print(f"warning: {what} failed: {mask(f'{type(value).__name__}: {value}')}", file=sys.stderr, flush=True)
         return None
-    return value
+    return cast(T, value)  # ok: fn()'s own result

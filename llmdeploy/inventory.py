@@ -14,11 +14,12 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     BaseModel,
     Field,
+    ModelWrapValidatorHandler,
     SerializeAsAny,
     ValidationError,
     field_validator,
@@ -112,7 +113,7 @@ class Node(Strict):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _name_the_node(cls, data, handler):
+    def _name_the_node(cls, data: Any, handler: ModelWrapValidatorHandler[Node]) -> Node:
         """Every problem of a node names the node."""
         # A node built on its own (Node(...) in an inventory module) fails
         # before the cluster knows its index: name it in every problem.
@@ -315,7 +316,7 @@ class Slurm(Strict):
     def login_node(self) -> Node:
         """The login host as a node of the runner's (its name: the host's first label)."""
         name = re.sub(r"[^A-Za-z0-9-]", "-", self.login.split(".")[0]).strip("-")[:63] or "login"
-        return Node(name=name, ip="0.0.0.0", ssh_host=self.login, ssh_port=self.login_port)
+        return Node(name=name, ip=ipaddress.IPv4Address("0.0.0.0"), ssh_host=self.login, ssh_port=self.login_port)
 
 
 class StageSource(Strict):
@@ -451,7 +452,7 @@ class Cluster(Strict):
 
     @field_validator("profile", mode="before")
     @classmethod
-    def _profile_of_kind(cls, v):
+    def _profile_of_kind(cls, v: object) -> ServingProfile:
         """A serving system's profile, built with its catalogue (``systems/<name>/catalogue.py``); read back as
         data, one whose ``kind`` a loaded system claims."""
         # a mapping (a cluster read back as JSON) becomes its system's profile class
@@ -550,7 +551,8 @@ class Cluster(Strict):
             return problems  # the platform's own problem is named where it is checked
         if s.container is None:
             # the vendor's first that can run the cluster as planned (what only docker does keeps it on docker)
-            s.container = next((c for c in allowed if not self._pyxis_problems(c)), allowed[-1])
+            # (a vendor's SCHEDULED_CONTAINERS are values of this field: the Vendor protocol types them as str)
+            s.container = cast(Literal["docker", "pyxis"], next((c for c in allowed if not self._pyxis_problems(c)), allowed[-1]))
         elif s.container not in allowed:
             problems.append(("slurm.container", f"{s.container!r}: {self.platform}'s units run under Slurm with {' or '.join(map(repr, allowed))} "
                                                 "(the README, \"Clusters run by Slurm\")"))
@@ -598,7 +600,7 @@ def image(ref: str, tarball: str | None = None) -> Image:
     return Image(ref=ref, tarball=tarball)
 
 
-def make_nodes(prefix: str, count: int, first_ip: str, **common) -> list[Node]:
+def make_nodes(prefix: str, count: int, first_ip: str, **common: Any) -> list[Node]:
     """``count`` nodes named ``<prefix>0..`` with consecutive IPs from ``first_ip``."""
     base = ipaddress.IPv4Address(first_ip)
     return [Node(name=f"{prefix}{i}", ip=base + i, **common) for i in range(count)]
@@ -631,7 +633,7 @@ def list_clusters(directory: Path | None = None) -> list[str]:
 _PLAIN_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 
 
-def _describe_loc(loc: tuple, raw_nodes: list | None) -> str:
+def _describe_loc(loc: tuple[int | str, ...], raw_nodes: list[Any] | None) -> str:
     parts: list[str] = []
     i = 0
     while i < len(loc):
@@ -666,10 +668,10 @@ _TITLE_FIELD = {
 
 
 def _split(problems: list[str]) -> list[tuple[str, str]]:
-    return [tuple(p.split(": ", 1)) if ": " in p else ("cluster", p) for p in problems]
+    return [(head, rest) if sep else ("cluster", p) for p in problems for head, sep, rest in [p.partition(": ")]]
 
 
-def problems_from_validation(err: ValidationError, raw_nodes: list | None = None) -> list[str]:
+def problems_from_validation(err: ValidationError, raw_nodes: list[Any] | None = None) -> list[str]:
     out: list[str] = []
     # a profile (or a part of one) names its own field (llmdeploy.serving.inventory_field)
     prefix = _TITLE_FIELD.get(err.title) or INVENTORY_FIELDS.get(err.title, "")
@@ -707,6 +709,7 @@ def load_cluster_file(path: Path) -> Cluster:
         raise InventoryError(shown, [f"no such inventory file (known clusters: {known})"])
     mod_name = f"_llmdeploy_inventory_{path.stem}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None  # a .py file's spec, with its source loader
     module = importlib.util.module_from_spec(spec)
     inv_parent = str(path.parent.parent)
     added = inv_parent not in sys.path
@@ -732,7 +735,7 @@ def load_cluster_file(path: Path) -> Cluster:
     return cluster
 
 
-def _raw_nodes(err: ValidationError) -> list | None:
+def _raw_nodes(err: ValidationError) -> list[Any] | None:
     # pydantic keeps no reference to the input of a nested list; the error's
     # input for a node-level loc is the node itself, so collect those.
     nodes: dict[int, object] = {}

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ContextManager, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
 
 from .errors import LlmdeployError
 from .plugin import check
@@ -93,9 +94,9 @@ class ReleaseView:
     (``doc``), and what it prints after the table (``show(console)``)."""
 
     problem: str | None = None
-    doc: dict = field(default_factory=dict)
+    doc: dict[str, Any] = field(default_factory=dict)
     unit_state: Callable[[str, "Unit"], str] = lambda state, unit: state
-    unit_doc: Callable[["Unit"], dict] = lambda unit: {}
+    unit_doc: Callable[["Unit"], dict[str, Any]] = lambda unit: {}
     show: Callable[["Console"], None] = lambda con: None
 
 
@@ -310,28 +311,28 @@ class LauncherPlugin(Protocol):
 
 
 
-def _registry():
+def _registry() -> ModuleType:
     """The registry (``llmdeploy/launchers/__init__.py``: ``LAUNCHERS``)."""
     return importlib.import_module(PLUGINS)
 
 
 def name_of(cluster: "Cluster") -> str:
     """The launcher of ``cluster``: the one whose inventory section it sets, else the default (no section)."""
-    registered = _registry().LAUNCHERS
+    registered: dict[str, str | None] = _registry().LAUNCHERS
     for name, section in registered.items():
         if section is not None and getattr(cluster, section, None) is not None:
             return name
     return next(name for name, section in registered.items() if section is None)
 
 
-_LOADED: dict[str, object] = {}
+_LOADED: dict[str, LauncherPlugin] = {}
 
 
 def plugin(name: str) -> LauncherPlugin:
     """The module ``llmdeploy/launchers/<name>``, loaded on first use and checked against :class:`LauncherPlugin`."""
-    mod = _LOADED.get(name)
-    if mod is not None:
-        return mod  # type: ignore[return-value]
+    loaded = _LOADED.get(name)
+    if loaded is not None:
+        return loaded
     registered = _registry().LAUNCHERS
     if name not in registered:
         raise LlmdeployError(f"no launcher {name!r} (registered: {', '.join(registered)})")
@@ -340,7 +341,7 @@ def plugin(name: str) -> LauncherPlugin:
     if mod.NAME != name:
         raise TypeError(f"{mod.__name__}: NAME {mod.NAME!r} is not its registered name {name!r}")
     _LOADED[name] = mod
-    return mod  # type: ignore[return-value]
+    return mod
 
 
 def of(cluster: "Cluster") -> LauncherPlugin:

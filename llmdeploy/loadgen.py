@@ -31,7 +31,7 @@ import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from . import interrupt
 
@@ -104,7 +104,7 @@ def synthetic_prompt(words: int, i: int) -> str:
     return " ".join(out)
 
 
-def request_body(base: dict, load: Load, i: int) -> dict:
+def request_body(base: dict[str, Any], load: Load, i: int) -> dict[str, Any]:
     """The chat request ``i`` of a load: ``base`` (the release's own chat
     check: its model and template arguments) with the prompt, a streamed
     answer with usage, and a fixed output length."""
@@ -172,13 +172,13 @@ def measure(lines: Iterable[bytes], t0: float, clock: Callable[[], float] = time
     return s
 
 
-def _has_text(choice) -> bool:
+def _has_text(choice: object) -> bool:
     d = choice.get("delta") if isinstance(choice, dict) else None
     return isinstance(d, dict) and bool(d.get("content") or d.get("reasoning_content") or d.get("reasoning"))
 
 
 # --- one concurrency level ---------------------------------------------------------------------
-def run_level(send: Callable[[dict, float], Iterator[bytes]], bodies: list[dict], concurrency: int, load: Load,
+def run_level(send: Callable[[dict[str, Any], float], Iterator[bytes]], bodies: list[dict[str, Any]], concurrency: int, load: Load,
               clock: Callable[[], float] = time.monotonic, stop: threading.Event | None = None) -> tuple[list[Sample], float]:
     """Send ``bodies`` with at most ``concurrency`` in flight; no request starts
     after ``load.duration_s`` (or once ``stop`` is set). (samples in sending
@@ -230,7 +230,7 @@ def percentile(values: list[float], p: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def summarize(samples: list[Sample], wall_s: float, concurrency: int) -> dict:
+def summarize(samples: list[Sample], wall_s: float, concurrency: int) -> dict[str, Any]:
     """One level's figures: latencies in ms (mean and percentiles), rates,
     and the errors grouped by reason."""
     ok = [s for s in samples if s.ok]
@@ -240,7 +240,9 @@ def summarize(samples: list[Sample], wall_s: float, concurrency: int) -> dict:
         "itl": [x for s in ok for x in s.itl],
         "e2e": [s.e2e for s in ok if s.e2e is not None],
     }
-    out: dict = {"concurrency": concurrency, "requests": len(samples), "ok": len(ok), "errors": len(samples) - len(ok), "duration_s": round(wall_s, 3)}
+    out: dict[str, Any] = {
+        "concurrency": concurrency, "requests": len(samples), "ok": len(ok), "errors": len(samples) - len(ok), "duration_s": round(wall_s, 3),
+    }
     for name, xs in series.items():
         out[name] = {"mean": _ms(sum(xs) / len(xs)) if xs else None, **{f"p{p}": _ms(percentile(xs, p)) for p in PERCENTILES}}
     tokens = sum(s.output_tokens for s in ok)
@@ -261,7 +263,7 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
 
 
-def load_doc(load: Load) -> dict:
+def load_doc(load: Load) -> dict[str, Any]:
     doc = asdict(load)
     doc["prompts"] = len(load.prompts)
     doc["concurrency"] = list(load.concurrency)

@@ -15,14 +15,15 @@ import socket
 import sys
 import time
 from contextlib import contextmanager
+from typing import Any, Iterator
 
-from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from . import interrupt
-from .errors import LlmdeployError
+from .errors import LlmdeployError, UnreachableError
 from .inventory import Cluster
 from .release import append_script, root, who
-from .runner import UnreachableError
+from .runner import Runner
 
 
 class LockHeld(LlmdeployError):
@@ -39,7 +40,7 @@ def audit_path(cluster: Cluster) -> str:
     return f"{root(cluster)}/audit.jsonl"
 
 
-def holder_record(command: str, message: str | None) -> dict:
+def holder_record(command: str, message: str | None) -> dict[str, Any]:
     return {
         "who": who(),
         "from": socket.gethostname(),
@@ -52,7 +53,7 @@ def holder_record(command: str, message: str | None) -> dict:
     }
 
 
-def acquire_script(cluster: Cluster, holder: dict) -> str:
+def acquire_script(cluster: Cluster, holder: dict[str, Any]) -> str:
     d = shlex.quote(lock_dir(cluster))
     body = shlex.quote(json.dumps(holder, sort_keys=True))
     return (
@@ -77,7 +78,7 @@ def break_script(cluster: Cluster) -> str:
     return f"if [ -d {d} ]; then cat {d}/holder.json 2>/dev/null || echo '{{}}'; rm -rf {d}; echo broken; else echo free; fi\n"
 
 
-def parse_holder(out: str) -> dict:
+def parse_holder(out: str) -> dict[str, Any]:
     lines = out.strip().splitlines()
     try:
         doc = json.loads(lines[1]) if len(lines) > 1 else {}
@@ -86,7 +87,7 @@ def parse_holder(out: str) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def describe(holder: dict) -> str:
+def describe(holder: dict[str, Any]) -> str:
     if not holder:
         return "an unknown holder (holder.json is missing or unreadable)"
     try:
@@ -103,7 +104,7 @@ def describe(holder: dict) -> str:
 AUDIT_FAILED = "llmdeploy: could not write the audit log"
 
 
-def audit(runner, cluster: Cluster, command: str, result: str, release: str | None = None, held: dict | None = None, **extra) -> None:
+def audit(runner: Runner, cluster: Cluster, command: str, result: str, release: str | None = None, held: dict[str, Any] | None = None, **extra: Any) -> None:
     """One line in node 0's audit log; a failure to write it is reported, never fatal.
     ``held``: the holder :func:`held` yielded, when the lock is released right
     after: the line is then written by the release's command (one round trip less)."""
@@ -129,12 +130,12 @@ def audit(runner, cluster: Cluster, command: str, result: str, release: str | No
 
 
 @contextmanager
-def held(runner, cluster: Cluster, command: str, message: str | None = None, wait: float = 0):
+def held(runner: Runner, cluster: Cluster, command: str, message: str | None = None, wait: float = 0) -> Iterator[dict[str, Any]]:
     """Take the lock (waiting up to ``wait`` seconds), yield, release it on every exit path."""
     holder = holder_record(command, message)
     node0 = cluster.node0
 
-    def attempt() -> dict | None:
+    def attempt() -> dict[str, Any] | None:
         # shielded: a lock taken is always released (a Ctrl-C now is raised inside the try below)
         with interrupt.shield():
             try:
@@ -147,19 +148,25 @@ def held(runner, cluster: Cluster, command: str, message: str | None = None, wai
 
     if wait > 0:
         # poll until it is free or the wait is over; the last holder seen is reported
-        said = []
+        said: list[bool] = []
 
-        def waiting(rs) -> None:
+        def waiting(rs: RetryCallState) -> None:
+            assert rs.outcome is not None  # before_sleep: after an attempt
             if not said:  # once: who holds it, and how long this command waits
                 said.append(True)
                 print(f"the deploy lock of {cluster.name} is held by {describe(rs.outcome.result())}; waiting up to {wait:g}s (--lock-wait)",
                       file=sys.stderr, flush=True)
 
+        def last_holder(rs: RetryCallState) -> dict[str, Any] | None:
+            assert rs.outcome is not None  # called after the last attempt
+            seen: dict[str, Any] | None = rs.outcome.result()
+            return seen
+
         other = Retrying(
             stop=stop_after_delay(wait),
             wait=wait_fixed(min(2.0, wait)),
             retry=retry_if_result(lambda r: r is not None),
-            retry_error_callback=lambda rs: rs.outcome.result(),
+            retry_error_callback=last_holder,
             before_sleep=waiting,
             sleep=interrupt.sleep,  # a Ctrl-C while waiting ends the wait at once
             reraise=True,
@@ -177,7 +184,7 @@ def held(runner, cluster: Cluster, command: str, message: str | None = None, wai
         _release(runner, cluster, holder)
 
 
-def _release(runner, cluster: Cluster, holder: dict) -> None:
+def _release(runner: Runner, cluster: Cluster, holder: dict[str, Any]) -> None:
     """Release the lock ``holder`` took (and write the audit line it carries):
     shielded, with a deadline, on every exit path, an interrupted one too."""
     node0 = cluster.node0

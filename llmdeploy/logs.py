@@ -124,7 +124,7 @@ def save_bundle(cluster: Cluster, rid: str, per_host: dict[str, dict[str, str]],
     (the tool's own findings, e.g. the gate's comparison) at the top; returns (directory, .tar.gz).
     A bundle of the same release collected earlier is kept: this one goes
     beside it with a numbered suffix."""
-    from .report import mask
+    from .errors import mask
 
     secrets = list(secrets) + bundle_secrets(per_host, set(cluster.secret_env))
     root = bundle_root(cluster, rid)

@@ -51,11 +51,15 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from . import interrupt
 from .errors import ConnectionLost, UnreachableError
 from .inventory import Cluster
 from .sshfiles import known_hosts_files
+
+if TYPE_CHECKING:
+    from .runner import Runner
 
 MAX_FRAME = 1 << 30
 
@@ -127,28 +131,29 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(parts)
 
 
-def send_frame(sock: socket.socket, doc: dict, payload: bytes = b"") -> None:
+def send_frame(sock: socket.socket, doc: dict[str, Any], payload: bytes = b"") -> None:
     body = json.dumps(doc).encode()
     sock.sendall(struct.pack(">I", len(body)) + body + payload)
 
 
-def recv_frame(sock: socket.socket) -> dict:
+def recv_frame(sock: socket.socket) -> dict[str, Any]:
     (n,) = struct.unpack(">I", _recv_exact(sock, 4))
     if n > MAX_FRAME:
         raise ValueError(f"frame of {n} bytes")
-    return json.loads(_recv_exact(sock, n))
+    doc: dict[str, Any] = json.loads(_recv_exact(sock, n))  # every frame is a JSON object (send_frame)
+    return doc
 
 
 # -- the holder ---------------------------------------------------------------------
 class Holder:
-    def __init__(self, cluster: Cluster, path: Path, idle_s: float, runner):
+    def __init__(self, cluster: Cluster, path: Path, idle_s: float, runner: Runner):
         """``runner``: a llmdeploy.runner.Runner that connects itself."""
         self.cluster, self.path, self.idle_s = cluster, path, idle_s
         self.runner = runner
         self.last = time.monotonic()
         self.active = 0
         self.lock = threading.Lock()
-        self.lockfile = None  # the open lock file (serve_cluster)
+        self.lockfile: TextIO | None = None  # the open lock file (serve_cluster)
         self.released = False
 
     def release(self) -> None:
@@ -241,7 +246,7 @@ class Holder:
             threads[-1].start()
 
 
-def hold(cluster_json: str, path: Path, idle_s: float, make_runner) -> int:
+def hold(cluster_json: str, path: Path, idle_s: float, make_runner: Callable[[Cluster], Runner]) -> int:
     """``python -m llmdeploy.hold``: ``cluster_json`` is the cluster as the
     starting command has it (the inventory, with whatever it changed),
     validated again here."""
@@ -254,7 +259,7 @@ def hold(cluster_json: str, path: Path, idle_s: float, make_runner) -> int:
     return serve_cluster(cluster, path, idle_s, make_runner)
 
 
-def serve_cluster(cluster: Cluster, path: Path, idle_s: float, make_runner) -> int:
+def serve_cluster(cluster: Cluster, path: Path, idle_s: float, make_runner: Callable[[Cluster], Runner]) -> int:
     """The holder's main: one per socket (a lock file), else exit at once.
     ``make_runner(cluster)``: the runner that connects (llmdeploy.runner)."""
     lockf = open(str(path) + ".lock", "a")
@@ -290,13 +295,13 @@ class Unavailable(Exception):
 class Client:
     """How a Runner sends its commands to the cluster's holder (started on first use)."""
 
-    def __init__(self, cluster: Cluster, make_runner):
+    def __init__(self, cluster: Cluster, make_runner: Callable[[Cluster], Runner]):
         """``make_runner(cluster)``: the holder's runner (one that connects itself)."""
         self.make_runner = make_runner
         self.cluster = cluster
         self.path = socket_path(cluster)
         self._started = threading.Lock()
-        self._spawned: subprocess.Popen | None = None
+        self._spawned: subprocess.Popen[bytes] | None = None
         self._forked = False  # a holder was forked by ensure(): wait for it, start no other
 
     def ensure(self) -> None:
@@ -360,7 +365,7 @@ class Client:
             raise
         return s
 
-    def _spawn(self) -> subprocess.Popen:
+    def _spawn(self) -> subprocess.Popen[bytes]:
         log = open(str(self.path) + ".log", "ab")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
         proc = subprocess.Popen(
@@ -370,6 +375,7 @@ class Client:
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True, close_fds=True,
         )
         log.close()
+        assert proc.stdin is not None  # stdin=PIPE
         try:
             proc.stdin.write(self.cluster.model_dump_json().encode())
         except OSError:  # it ended already: its log says why
@@ -415,7 +421,9 @@ class Client:
             return f"see {self.path}.log"
         return (lines[-1] if lines else "no message") + f" (in {self.path}.log)"
 
-    def exec(self, host: str, command: str, timeout: float, stdin: bytes | None, wait: float, on_line=None) -> dict:
+    def exec(
+        self, host: str, command: str, timeout: float, stdin: bytes | None, wait: float, on_line: Callable[[str, str], None] | None = None
+    ) -> dict[str, Any]:
         """The holder's answer to one command (see Holder.handle).
         :class:`Unavailable` when there is no holder to send it to (nothing was
         sent); OSError or EOFError when the holder ended under it.
@@ -456,7 +464,7 @@ def _readable(s: socket.socket, end: float, cut: interrupt.Command) -> None:
     raise socket.timeout("timed out")
 
 
-def _request(path: Path, op: str, timeout: float = 5) -> dict | None:
+def _request(path: Path, op: str, timeout: float = 5) -> dict[str, Any] | None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:

@@ -31,7 +31,8 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Literal, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field
 
@@ -113,11 +114,11 @@ class Vendor(Protocol):
 
     def facts_lines(self, cluster: "Cluster", node: "Node") -> list[str]: ...
 
-    def devices(self, sections: dict[str, tuple[str, int | None]], cpu_nodes: dict[int, int]) -> list[dict]: ...
+    def devices(self, sections: dict[str, tuple[str, int | None]], cpu_nodes: dict[int, int]) -> list[dict[str, Any]]: ...
 
     def container_devices(self, cluster: "Cluster", node: "Node") -> list[str]: ...
 
-    def parse_top(self, text: str) -> list[dict]: ...
+    def parse_top(self, text: str) -> list[dict[str, Any]]: ...
 
 
 # a vendor's package has every member of Vendor (checked when it loads, with the hooks'
@@ -128,7 +129,7 @@ REQUIRED_BY_METHOD = {
 }
 
 
-def _registry():
+def _registry() -> ModuleType:
     """The plug-in root's registry (``platforms/__init__.py``: ``VENDORS``)."""
     return importlib.import_module(PLUGINS)
 
@@ -141,21 +142,22 @@ def platform_names() -> tuple[str, ...]:
 
 def vendor_name(platform_name: str) -> str:
     """The vendor package that declares ``platform_name``; LlmdeployError when none does."""
-    for vendor, names in _registry().VENDORS.items():
+    registered: dict[str, tuple[str, ...]] = _registry().VENDORS
+    for vendor, names in registered.items():
         if platform_name in names:
             return vendor
     raise LlmdeployError(f"platform {platform_name!r}: no vendor under {PLUGINS}/ declares it (known: {', '.join(platform_names())})")
 
 
-_LOADED: dict[str, object] = {}
+_LOADED: dict[str, Vendor] = {}
 
 
 def vendor(name: str) -> Vendor:
     """The package ``platforms/<name>/``, loaded on first use and checked
     against the interface (:class:`Vendor`, ``llmdeploy.plugin.check``) and the registry's line."""
-    mod = _LOADED.get(name)
-    if mod is not None:
-        return mod  # type: ignore[return-value]
+    loaded = _LOADED.get(name)
+    if loaded is not None:
+        return loaded
     registered = _registry().VENDORS
     if name not in registered:
         raise LlmdeployError(f"no platform vendor {name!r} (registered: {', '.join(registered)})")
@@ -176,7 +178,7 @@ def vendor(name: str) -> Vendor:
     if wrong:
         raise TypeError(f"{mod.__name__}: the rows {', '.join(wrong)} name another vendor")
     _LOADED[name] = mod
-    return mod  # type: ignore[return-value]
+    return mod
 
 
 def platform(platform_name: str) -> Platform:
@@ -205,7 +207,7 @@ def comm_method(vendor_name_: str | None, default: str = "device_pings") -> str:
 
 
 
-class _Platforms(Mapping):
+class _Platforms(Mapping[str, Platform]):
     """Every registered platform by name, each row read from its vendor's
     package when asked for (``PLATFORMS["gb300"]`` loads that vendor only)."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -17,14 +18,14 @@ PLAYBOOK_DIR = Path(__file__).resolve().parent.parent / "playbooks"
 HOST_SELECTIONS = ("all", "node0", "workers")
 
 
-def load(name: str, directory: Path | None = None):
+def load(name: str, directory: Path | None = None) -> Any:
     """The YAML of ``playbooks/<name>.yaml`` (read once per process: a playbook
     is part of the tool, like its code)."""
     return _load(((directory or PLAYBOOK_DIR) / f"{name}.yaml").resolve())
 
 
 @lru_cache(maxsize=None)
-def _load(path: Path):
+def _load(path: Path) -> Any:
     try:
         return yaml.safe_load(path.read_text())
     except FileNotFoundError:

@@ -24,6 +24,8 @@ import re
 import shlex
 import socket
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from .errors import LlmdeployError
 from .inventory import Cluster
@@ -70,7 +72,7 @@ def who() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
-def write_script(cluster: Cluster, rid: str, files: dict[str, tuple[str, int]]) -> str:
+def write_script(cluster: Cluster, rid: str, files: Mapping[str, tuple[str, int]]) -> str:
     """Unpack the release's files (``write_payload``, on standard input: no
     content, the 0600 env file's secrets included, is ever part of a command
     line on the node) into a staging directory, then rename it into place: a
@@ -104,7 +106,7 @@ def write_script(cluster: Cluster, rid: str, files: dict[str, tuple[str, int]]) 
     return "\n".join(lines) + "\n"
 
 
-def write_payload(files: dict[str, tuple[str, int]]) -> str:
+def write_payload(files: Mapping[str, tuple[str, int]]) -> str:
     """The release's files as a base64 tar archive (modes kept), for ``write_script``'s standard input."""
     import tarfile  # only a deploy that writes a release needs it
 
@@ -118,7 +120,7 @@ def write_payload(files: dict[str, tuple[str, int]]) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def ledger_record(cluster: Cluster, rid: str, result: str, image_id: str | None, config_hash: str, **extra) -> dict:
+def ledger_record(cluster: Cluster, rid: str, result: str, image_id: str | None, config_hash: str, **extra: Any) -> dict[str, Any]:
     rec = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "release": rid,
@@ -136,13 +138,13 @@ def ledger_record(cluster: Cluster, rid: str, result: str, image_id: str | None,
 RESULTS = ("started", "good", "failed", "rolled back")
 
 
-def line_sum(record: dict) -> str:
+def line_sum(record: dict[str, Any]) -> str:
     """The hash a ledger or audit line carries of the rest of itself."""
     body = {k: v for k, v in record.items() if k != "sum"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def append_script(path: str, record: dict) -> str:
+def append_script(path: str, record: dict[str, Any]) -> str:
     """Append one JSON line, with its ``sum``, under flock (one write: never a torn line)."""
     record = {**{k: v for k, v in record.items() if k != "sum"}, "sum": line_sum(record)}
     line = json.dumps(record, sort_keys=True, separators=(",", ":"))
@@ -162,7 +164,7 @@ def set_current_script(cluster: Cluster, rid: str) -> str:
     return f"ln -sfn {shlex.quote('releases/' + rid)} {shlex.quote(tmp)} && mv -T {shlex.quote(tmp)} {shlex.quote(link)}"
 
 
-def parse_lines(text: str, what: str = "ledger") -> tuple[list[dict], list[str]]:
+def parse_lines(text: str, what: str = "ledger") -> tuple[list[dict[str, Any]], list[str]]:
     """(every trustworthy line, a problem per line that is not): a line that
     is not JSON (torn), not an object, or whose ``sum`` does not match what it
     says (edited) is skipped and named by its line number. Lines written
@@ -186,7 +188,7 @@ def parse_lines(text: str, what: str = "ledger") -> tuple[list[dict], list[str]]
     return out, problems
 
 
-def parse_ledger_checked(text: str) -> tuple[list[dict], list[str]]:
+def parse_ledger_checked(text: str) -> tuple[list[dict[str, Any]], list[str]]:
     """Ledger records and the problems of the lines that were skipped."""
     recs, problems = parse_lines(text, "ledger")
     out = []
@@ -199,13 +201,13 @@ def parse_ledger_checked(text: str) -> tuple[list[dict], list[str]]:
     return out, problems
 
 
-def parse_ledger(text: str) -> list[dict]:
+def parse_ledger(text: str) -> list[dict[str, Any]]:
     """Every trustworthy ledger line; a torn, edited or foreign line is skipped, never fatal."""
     return parse_ledger_checked(text)[0]
 
 
 # --- what the ledger says: every release, its attempts, the rollback target ------------------------
-def _event(r: dict) -> str:
+def _event(r: dict[str, Any]) -> str:
     action = r.get("action") or "deploy"
     if r.get("result") == "rolled back":
         text = f"rolled back to {r.get('to')}"
@@ -224,11 +226,11 @@ def _event(r: dict) -> str:
     return text
 
 
-def release_table(records: list[dict]) -> list[dict]:
+def release_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per release, oldest first: when and by whom it was made, its
     digest and hash, whether it was ever good (and when last), its latest
     attempt, and every event it had (nothing is ever rewritten)."""
-    rows: dict[str, dict] = {}
+    rows: dict[str, dict[str, Any]] = {}
     for r in records:
         row = rows.setdefault(r["release"], {"release": r["release"], "time": r.get("time"), "who": r.get("who"),
                                              "image_id": r.get("image_id"), "config_hash": r.get("config_hash"),
@@ -245,28 +247,29 @@ def release_table(records: list[dict]) -> list[dict]:
     return list(rows.values())
 
 
-def latest_attempt(records: list[dict]) -> dict | None:
+def latest_attempt(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest line that ended an attempt (good or failed)."""
     return next((r for r in reversed(records) if r.get("result") in ("good", "failed")), None)
 
 
-def failing_release(records: list[dict]) -> str | None:
+def failing_release(records: list[dict[str, Any]]) -> str | None:
     """The release whose deploy failed last, when nothing was good after it: the one currently failing."""
     for r in reversed(records):
         if r.get("result") == "good" and (r.get("action") or "deploy") == "deploy":
             return None
         if r.get("result") == "failed" and (r.get("action") or "deploy") == "deploy":
-            return r["release"]
+            release: str = r["release"]
+            return release
     return None
 
 
-def on_cluster(records: list[dict], current: str | None) -> str | None:
+def on_cluster(records: list[dict[str, Any]], current: str | None) -> str | None:
     """The release the cluster runs, or last tried to: the latest attempt's."""
     last = latest_attempt(records)
     return last["release"] if last else current
 
 
-def rollback_target(records: list[dict], current: str | None, to: str | None) -> str:
+def rollback_target(records: list[dict[str, Any]], current: str | None, to: str | None) -> str:
     """``to`` when it was ever good; else the release that was good most
     recently and is not what the cluster runs now (after a good deploy or
     rollback) nor the release currently failing (after a failed one)."""

@@ -57,7 +57,7 @@ class Probe:
     ip: str = "127.0.0.1"
     method: str = "GET"
     path: str = "/"
-    body: dict | None = None
+    body: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
     status: int = 200
     # a predicate from flows.probes.CHECKS, with its argument
@@ -270,10 +270,11 @@ class ReleasePlan:
         """This plan with every ``placeholder`` in it (the release id it was
         built with) replaced by ``rid``: in every string of every unit, probe,
         file and field. Pure: the plan is not changed."""
-        return _swap(self, placeholder, rid)
+        swapped: ReleasePlan = _swap(self, placeholder, rid)  # _swap keeps the type of what it is given
+        return swapped
 
 
-def unit_of(doc: dict) -> Unit:
+def unit_of(doc: dict[str, Any]) -> Unit:
     """A unit as plan.json keeps it. A plan written before units carried a
     spec has its unit's ``docker run`` line (``show["container_command"]``):
     its spec is read back from it (``container.read_docker_run``), or stays
@@ -287,10 +288,10 @@ def unit_of(doc: dict) -> Unit:
         spec = read_docker_run(line) if isinstance(line, str) else None
     except ValueError:
         spec = None
-    return Unit(**doc, spec=spec)
+    return Unit(**{**doc, "spec": spec})
 
 
-def _metrics(doc: dict | None) -> Metrics | None:
+def _metrics(doc: dict[str, Any] | None) -> Metrics | None:
     if not doc:
         return None
     lists = {k: [str(x) for x in doc.get(k) or []] for k in ("running", "waiting", "kv_cache", "generated_tokens")}

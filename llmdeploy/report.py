@@ -8,9 +8,9 @@ import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.measure import Measurement
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TextColumn
@@ -169,19 +169,20 @@ class HostProgress:
         done, total, unit, label = reading
         desc = f"  {escape(host)} {escape(label)}"
         board = self.board
+        assert board is not None  # self.line is this method only when there is a board
         with self._lock:
             key = (step, host)
             if key in self.ended:  # a line after the host's result (a step past its deadline)
                 return
             row = self.rows.get(key)
             if row is None:
-                self.rows[key] = board.add_task(desc, total=total, completed=done, unit=unit)
+                self.rows[key] = board.add_task(desc, total=total, completed=done, unit=unit)  # type: ignore[arg-type]  # rich says int, its Task keeps a float
             else:
                 board.update(row, description=desc, total=total, completed=done, unit=unit)
 
 
 @contextmanager
-def host_progress(con: Console, total_hosts: int, enabled: bool = True):
+def host_progress(con: Console, total_hosts: int, enabled: bool = True) -> Iterator[HostProgress]:
     """A progress bar per step, and a row per host that says how far its long
     command got (see :class:`HostProgress`); yields the callback the Runner
     calls. Only on a terminal (and when ``enabled``): elsewhere failures are
@@ -195,12 +196,15 @@ def host_progress(con: Console, total_hosts: int, enabled: bool = True):
 
 
 @contextmanager
-def waiting(con: Console, what: str, limit_s: float, enabled: bool = True):
+def waiting(con: Console, what: str, limit_s: float, enabled: bool = True) -> Iterator[Callable[[float, str], None]]:
     """One row while something is awaited: the seconds so far of ``limit_s``
     and the last answer. Yields ``update(elapsed_s, note)``; on a terminal
     only (and when ``enabled``), else it shows nothing."""
     if not enabled or not con.is_terminal:
-        yield lambda elapsed, note="": None
+        def nothing(elapsed: float, note: str = "") -> None:
+            return None
+
+        yield nothing
         return
     board = _board(con)
     with board:
@@ -216,7 +220,8 @@ def step_lines(con: Console, step: str, results: dict[str, HostResult], diff: bo
     """Ansible-style: the step, then one line per host that failed or changed
     (with its diff when asked); hosts that were ok are counted on one line."""
     con.print(f"[bold]STEP {escape(f'[{step}]')}[/]")
-    oks, skipped = [], {}
+    oks: list[str] = []
+    skipped: dict[str, list[str]] = {}
     for host, r in results.items():
         if r.status == OK:
             oks.append(host)
@@ -263,7 +268,7 @@ class Col:
     label: str
     whole: bool = False
     drop: int = 0
-    justify: str = "left"
+    justify: JustifyMethod = "left"
 
 
 def _cells(rows: Iterable[Iterable[object]]) -> list[list[str]]:
@@ -361,7 +366,7 @@ def _allot(con: Console, t: Table, rows: list[list[str]]) -> None:
         col.width = w
 
 
-def emit_json(doc: dict) -> None:
+def emit_json(doc: dict[str, Any]) -> None:
     # one write: json.dump streams the text in small pieces (64 nodes' facts,
     # 1.1 MB: 0.19 s, against 0.06 s encoded at once)
     sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
@@ -374,7 +379,7 @@ def mask_env(env: dict[str, str], secrets: list[str]) -> dict[str, str]:
 
 
 @contextmanager
-def shielded():
+def shielded() -> Iterator[None]:
     """The cleanup after an interruption (the stop, the ledger line, the
     lock): a further Ctrl-C or SIGTERM is only counted, never raised, so it
     cannot leave the cluster half-stopped with the lock held

@@ -52,13 +52,7 @@ _CONNECT_NAMES = {
 }
 
 
-def _cx():
-    from . import connect
-
-    return connect
-
-
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _CONNECT_NAMES:
         from . import connect
 
@@ -205,7 +199,7 @@ class Runner:
         self.lines = lines
         check_ssh_config(cluster)
         self._conns: dict[str, Connection] | None = None
-        self._shared: dict = {}  # what every connection's make_connection shares (its Config, the known_hosts)
+        self._shared: dict[str | tuple[str, ...], Any] = {}  # what every connection's make_connection shares (its Config, the known_hosts)
         self._build_lock = threading.Lock()
         self.unreachable: dict[str, str] = {}
         # hosts left out of later steps (failed earlier), with the reason
@@ -237,7 +231,8 @@ class Runner:
         not at all when every command goes through a connection holder."""
         with self._build_lock:
             if self._conns is None:
-                cx = _cx()
+                from . import connect as cx
+
                 self._conns = {n.name: cx.make_connection(self.cluster, n, self._shared) for n in self._ssh_hosts}
             return self._conns
 
@@ -254,11 +249,15 @@ class Runner:
         waits for (its close may wait for such a lock too)."""
         with self._build_lock:
             conns = self._conns
-            old = conns.get(node.name) if conns is not None else None
+            if conns is None:
+                return
+            old = conns.get(node.name)
             if old is None:
                 return
             try:
-                conns[node.name] = _cx().make_connection(self.cluster, node, self._shared)
+                from . import connect
+
+                conns[node.name] = connect.make_connection(self.cluster, node, self._shared)
             except Exception:  # it was built before: never, but the interrupt must go on being raised
                 return
         threading.Thread(target=_close_connection, args=(old,), name=f"llmdeploy-abandon-{node.name}", daemon=True).start()
@@ -275,7 +274,7 @@ class Runner:
     def __enter__(self) -> "Runner":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -304,11 +303,14 @@ class Runner:
             return self._open_locked(node, conn)
 
     def _open_locked(self, node: Node, conn: Connection) -> Connection:
-        cx = _cx()
+        from fabric import Connection
+
+        from . import connect as cx
+
         if conn.is_connected:
             return conn
         gateway = conn.gateway
-        if isinstance(gateway, cx.Connection) and not gateway.is_connected:
+        if isinstance(gateway, Connection) and not gateway.is_connected:
             try:
                 gateway.open()
             except Exception as exc:  # every way a connection can fail
@@ -356,7 +358,8 @@ class Runner:
         node, command = self.transport.follow(node, command, name)
         conn = self._open(node)
         with interrupt.native():  # Invoke's runner ends the follow on Ctrl-C itself (its wait loop catches it)
-            return conn.run(command, warn=True, pty=False, in_stream=False).exited
+            code: int = conn.run(command, warn=True, pty=False, in_stream=False).exited
+            return code
 
     def exec_direct(
         self, node: Node, command: str, timeout: float | None = None, stdin: str | bytes | None = None,
@@ -392,7 +395,10 @@ class Runner:
     ) -> tuple[str, str, int, tuple[float, str] | None]:
         """``_exec`` over this runner's own SSH connection to ``node``."""
         was_open = self.connections[node.name].is_connected
-        cx = _cx()
+        import paramiko
+
+        from . import connect as cx
+
         conn = self._open(node)
         self._count(node, stdin)
         with self._lock:
@@ -422,7 +428,7 @@ class Runner:
                     COUNTS.add(node.name, "commands")
                 fate = self._reap(conn) if alone else "other commands run on this connection: the timed-out one was left alone"
                 return exc.stdout, (exc.stderr + f"\ncommand timed out after {deadline:g}s").lstrip(), 124, (deadline, fate)
-            except (cx.paramiko.SSHException, OSError, EOFError, AttributeError) as exc:
+            except (paramiko.SSHException, OSError, EOFError, AttributeError) as exc:
                 # AttributeError: the transport is gone (closed under us)
                 exc = exc.cause if isinstance(exc, cx._NotOpened) else exc
                 detail = cx._lost_detail(conn, None if isinstance(exc, AttributeError) else exc)
@@ -507,7 +513,8 @@ class Runner:
         process groups of its sibling sessions (the sshd process serving this
         connection started one per command; each leads its own process group).
         Only called when no other command of ours runs on this connection."""
-        cx = _cx()
+        from . import connect as cx
+
         if not conn.is_connected:
             return "the connection is gone: the command may still run on the host"
         try:
@@ -530,6 +537,7 @@ class Runner:
         if decided is not None:
             decided.host = node.name
             return decided
+        assert step.build is not None  # a step that is neither local nor decided runs its command
         return step.build(node)
 
     def after(self, step: Step, node: Node, out: str, err: str, code: int, fired: tuple[float, str] | None) -> HostResult:

@@ -51,7 +51,7 @@ class ClusterProblems(ValueError):
         super().__init__("; ".join(f"{f}: {m}" for f, m in problems))
 
 
-def json_value_problem(value, where: str) -> tuple[str, str] | None:
+def json_value_problem(value: object, where: str) -> tuple[str, str] | None:
     """(dotted key, why) when ``value`` cannot be written as JSON, else None."""
     if value is None or isinstance(value, (bool, int, str)):
         return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import Any
 
 from .runner import PROGRESS_MARK
 
@@ -28,6 +29,7 @@ def split_sections(stdout: str) -> dict[str, tuple[str, int | None]]:
     """{section: (its text, its exit status)}; the status is None when its
     line is unreadable (output cut short or garbled): never a success."""
     sections: dict[str, tuple[str, int | None]] = {}
+    buf: list[str]
     name, buf = None, []
     for line in stdout.splitlines():
         head, mark, rest = line.partition(MARK + "rc ")
@@ -110,7 +112,7 @@ def answered(sections: dict[str, tuple[str, int | None]], name: str) -> str:
     return v[0] if v and v[1] == 0 else ""
 
 
-def placed(devices: list[dict], topo_text: str, prefix: str, cpu_nodes: dict[int, int]) -> list[dict]:
+def placed(devices: list[dict[str, Any]], topo_text: str, prefix: str, cpu_nodes: dict[int, int]) -> list[dict[str, Any]]:
     """``devices`` (each with its ``id``) given the CPU affinity the topology
     matrix (``npu-smi info -t topo`` / ``nvidia-smi topo -m``) shows for its
     ``prefix`` row, and the NUMA node those CPUs are on."""

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple, Protocol, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple, Protocol, TypeVar, get_origin, get_type_hints
 
 from pydantic import Field
 
@@ -58,12 +58,14 @@ PROFILE_KINDS: dict[str, type["ServingProfile"]] = {}
 # a model built on its own in an inventory module (a profile, a profile's part)
 INVENTORY_FIELDS: dict[str, str] = {}
 
+_Model = TypeVar("_Model", bound=type)
 
-def inventory_field(field: str):
+
+def inventory_field(field: str) -> Callable[[_Model], _Model]:
     """Class decorator: errors of this model, built on its own in an inventory
     module, name ``field`` (e.g. ``profile.workers[]``)."""
 
-    def mark(cls):
+    def mark(cls: _Model) -> _Model:
         INVENTORY_FIELDS[cls.__name__] = field
         return cls
 
@@ -147,7 +149,7 @@ class ServingProfile(Strict):
         (the secrets are added after, by ``roles.commenv``)."""
         return dict(self.node_env(cluster, node))
 
-    def numa(self, cluster: "Cluster", node: "Node", facts: dict) -> tuple[dict, list[str]]:
+    def numa(self, cluster: "Cluster", node: "Node", facts: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         """(binding prepare records for the start step, problems) from the facts."""
         return {"kind": "none", "reason": "the profile asks for no binding"}, []
 
@@ -222,20 +224,26 @@ class PreparedNode:
     units run the references)."""
 
     serving_ref: str | None = None
-    binding: dict = field(default_factory=dict)
+    binding: dict[str, Any] = field(default_factory=dict)
     accessories: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_record(cls, record: dict | None) -> "PreparedNode | None":
+    def from_record(cls, record: dict[str, Any] | None) -> "PreparedNode | None":
         """The node's record as read (None: the node was not read, as in ``deploy --check``)."""
         if record is None:
             return None
-        image = record.get("image") if isinstance(record.get("image"), dict) else {}
-        binding = record.get("binding") if isinstance(record.get("binding"), dict) else {}
+        image = record.get("image")
+        if not isinstance(image, dict):
+            image = {}
+        binding = record.get("binding")
+        if not isinstance(binding, dict):
+            binding = {}
         ref = image.get("serving_ref")
-        acc = image.get("accessories") if isinstance(image.get("accessories"), dict) else {}
+        found = image.get("accessories")
+        if not isinstance(found, dict):
+            found = {}
         # a file is a path (a unit's image as pyxis takes it), never a reference
-        acc = {k: v for k, v in acc.items() if isinstance(k, str) and isinstance(v, str) and v.startswith("/") and "\n" not in v}
+        acc = {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str) and v.startswith("/") and "\n" not in v}
         return cls(serving_ref=ref if isinstance(ref, str) and ref else None, binding=dict(binding), accessories=acc)
 
 
@@ -246,7 +254,7 @@ class Prepared:
     nodes: dict[str, PreparedNode] = field(default_factory=dict)
 
     @classmethod
-    def from_records(cls, records: "dict[str, dict | None] | Prepared") -> "Prepared":
+    def from_records(cls, records: "dict[str, dict[str, Any] | None] | Prepared") -> "Prepared":
         if isinstance(records, Prepared):
             return records
         out = {}
@@ -310,7 +318,7 @@ class ServingSystem(Protocol):
 
     def files(self, cluster: "Cluster", profile: Any, plan: "ReleasePlan", prepared: Prepared, image_id: str | None) -> ReleaseFiles: ...
 
-    def check_doc(self, cluster: "Cluster", profile: Any, plan: "ReleasePlan", secrets: list[str]) -> dict: ...
+    def check_doc(self, cluster: "Cluster", profile: Any, plan: "ReleasePlan", secrets: list[str]) -> dict[str, Any]: ...
 
     def metrics(self, cluster: "Cluster", profile: Any) -> "Metrics": ...
 
@@ -330,7 +338,7 @@ class OptionalHooks(Protocol):
     PROBE_CHECKS: dict[str, ProbeCheck]
     ROLE_LABELS: dict[str, str]
 
-    def old_release_plan(self, cluster: "Cluster", rid: str, metas: dict[str, dict]) -> "ReleasePlan | None": ...
+    def old_release_plan(self, cluster: "Cluster", rid: str, metas: dict[str, dict[str, Any]]) -> "ReleasePlan | None": ...
 
 
 REQUIRED_VALUES, REQUIRED_HOOKS = members(ServingSystem)
@@ -339,7 +347,7 @@ OPTIONAL_VALUES, OPTIONAL_HOOKS = members(OptionalHooks)
 REQUIRED = REQUIRED_VALUES + REQUIRED_HOOKS
 
 
-def _value_problem(pkg: str, name: str, value: object, hint: object) -> str | None:
+def _value_problem(pkg: str, name: str, value: object, hint: Any) -> str | None:
     want = get_origin(hint) or hint
     if not isinstance(value, want):
         return f"{pkg}.{name} is a {type(value).__name__}, expected {getattr(hint, '__name__', None) or hint}"
@@ -378,15 +386,18 @@ class System:
 
     @property
     def kind(self) -> str:
-        return self.module.KIND
+        kind: str = self.module.KIND
+        return kind
 
     @property
     def name(self) -> str:
-        return self.module.__name__
+        name: str = self.module.__name__
+        return name
 
     def profile(self, cluster: "Cluster") -> ServingProfile:
         """``cluster.profile`` when it is this system's, else an error naming both kinds."""
-        if not isinstance(cluster.profile, self.module.PROFILE):
+        profile_class: type[ServingProfile] = self.module.PROFILE
+        if not isinstance(cluster.profile, profile_class):
             raise LlmdeployError(f"{cluster.name}: the profile is {cluster.profile.kind}, not {self.kind}")
         return cluster.profile
 

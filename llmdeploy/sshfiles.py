@@ -4,12 +4,13 @@ the known_hosts that host keys are checked against, and the ssh_config."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from .errors import InventoryError
 from .inventory import Cluster
 
 
-def known_hosts_files(cluster: Cluster, ssh_config: dict) -> list[str]:
+def known_hosts_files(cluster: Cluster, ssh_config: dict[str, Any]) -> list[str]:
     """Where host keys are checked: the inventory's known_hosts, else the
     ssh_config's UserKnownHostsFile for the host, else ~/.ssh/known_hosts."""
     if cluster.ssh.known_hosts:

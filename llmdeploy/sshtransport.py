@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import weakref
+from typing import Any
 
 import paramiko
 from fabric import Connection
@@ -32,8 +33,9 @@ class _QuickAckSocket(socket.socket):
     connection started ~40 ms late. Measured on a simulated host: opening
     the first channel took 43-49 ms, 2-5 ms with this."""
 
-    def recv(self, *args):
+    def recv(self, *args: int) -> bytes:
         data = super().recv(*args)
+        assert _QUICKACK is not None  # made only where the platform has it (_nodelay_transport)
         try:
             self.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
         except OSError:
@@ -41,10 +43,10 @@ class _QuickAckSocket(socket.socket):
         return data
 
 
-_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 
-class KeepaliveTimeout(paramiko.SSHException):
+class KeepaliveTimeout(paramiko.SSHException):  # type: ignore[misc]  # paramiko has no type hints
     """Raised in a transport's own thread when keepalives went unanswered:
     paramiko then closes every channel and keeps this as the transport's
     exception (what ended the connection)."""
@@ -54,7 +56,7 @@ class KeepaliveTimeout(paramiko.SSHException):
         self.silent, self.missed, self.interval = silent, missed, interval
 
 
-class KeepaliveTransport(paramiko.Transport):
+class KeepaliveTransport(paramiko.Transport):  # type: ignore[misc]  # paramiko has no type hints
     """paramiko's Transport with dead-peer detection, as OpenSSH's
     ServerAliveInterval/ServerAliveCountMax do it.
 
@@ -79,7 +81,7 @@ class KeepaliveTransport(paramiko.Transport):
 
     KEEPALIVE_REQUEST = "keepalive@openssh.com"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ka_interval = 0.0
         self._ka_count = 0
@@ -92,7 +94,7 @@ class KeepaliveTransport(paramiko.Transport):
         reader = self.packetizer.read_message
         me = weakref.ref(self)
 
-        def read_message():
+        def read_message() -> paramiko.Message:
             msg = reader()
             t = me()
             if t is not None:
@@ -112,7 +114,7 @@ class KeepaliveTransport(paramiko.Transport):
             return
         me = weakref.ref(self)
 
-        def tick():
+        def tick() -> None:
             t = me()
             if t is not None:
                 t._keepalive_tick()
@@ -169,7 +171,7 @@ class KeepaliveTransport(paramiko.Transport):
         except (OSError, ValueError):
             return False
 
-    def global_request(self, kind, data=None, wait=True):
+    def global_request(self, kind: str, data: tuple[Any, ...] | None = None, wait: bool = True) -> paramiko.Message | None:
         if not wait:
             return super().global_request(kind, data, wait)
         with self._ka_order:  # no keepalive in between: its reply would answer this
@@ -184,11 +186,11 @@ class KeepaliveTransport(paramiko.Transport):
         self.keepalives_answered += ours
         return ours
 
-    def _parse_request_success(self, m):
+    def _parse_request_success(self, m: paramiko.Message) -> None:
         if not self._reply_is_ours():
             super()._parse_request_success(m)
 
-    def _parse_request_failure(self, m):
+    def _parse_request_failure(self, m: paramiko.Message) -> None:
         if not self._reply_is_ours():
             super()._parse_request_failure(m)
 
@@ -202,7 +204,7 @@ def keep_alive(conn: Connection, interval: float, count: int) -> None:
                 transport.start_keepalive(interval, count)
 
 
-def _nodelay_transport(sock, **kwargs) -> paramiko.Transport:
+def _nodelay_transport(sock: socket.socket | paramiko.Channel, **kwargs: Any) -> paramiko.Transport:
     """paramiko's Transport on a TCP socket that sends and acknowledges small
     packets at once (SSHClient.connect's ``transport_factory``, called once
     the TCP connection is up, before the SSH handshake): paramiko leaves

@@ -122,9 +122,12 @@ def build(cluster: Cluster, prepared: dict[str, dict | None] | Prepared, rid: st
         made = mod.services(cluster, prof, entry, nodes, prepared, rid)
         for svc in made:
             for u in svc.units:
-                if u.spec is not None:
-                    # what the cluster's container runtime runs for it (deploy --check shows it; Docker's run.sh is it)
-                    u.show = {"container_command": units_runtime.run_command(u.spec, rid), **u.show}
+                if u.spec is None or u.spec.name != u.container:
+                    raise LlmdeployError(f"systems/{sys_.module.__name__.split('.')[-1]}: service {svc.name}'s unit {u.container} on {u.host} "
+                                         f"has {'no container spec' if u.spec is None else f'a container spec named {u.spec.name}'}: "
+                                         f"every unit carries the spec of its own container (Unit.spec)")
+                # what the cluster's container runtime runs for it (deploy --check shows it; Docker's run.sh is it)
+                u.show = {"container_command": units_runtime.run_command(u.spec, rid), **u.show}
             svc.after = after + [a for a in svc.after if a not in after]
             if entry.restart is not None:
                 svc.restart = entry.restart
@@ -184,11 +187,11 @@ def read_plan(cluster: Cluster, rid: str, plan_text: str, metas: dict[str, dict]
         return plan
     for kind in SYSTEMS:
         reader = SYSTEMS[kind].old_release_plan
-        plan = reader(cluster, rid, metas) if reader else None
-        if plan is not None:
-            for key, value in declared(plan.system, cluster).items():
-                setattr(plan, key, value)
-            return plan
+        old = reader(cluster, rid, metas) if reader else None
+        if old is not None:
+            for key, value in declared(old.system, cluster).items():
+                setattr(old, key, value)
+            return old
     raise LlmdeployError(f"release {rid} has no plan.json on {cluster.node0.name}, and no serving system of this tool "
                          f"({', '.join(SYSTEMS)}) reads it from its release.json files")
 

@@ -8,6 +8,7 @@ own profile is resolved once per call into it, by the registry:
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
@@ -20,6 +21,7 @@ from roles.mpi import nics  # noqa: F401 (the systems' OpenMPI *_if_include list
 
 def nccl_node_env(node: Node) -> dict[str, str]:
     """NCCL's and Gloo's socket interface: each node's own serving NIC."""
+    assert node.nic is not None  # the cluster's validation gives every node one (Cluster._derive_nodes)
     return {"NCCL_SOCKET_IFNAME": node.nic, "GLOO_SOCKET_IFNAME": node.nic}
 
 
@@ -27,6 +29,9 @@ class NcclEnvironment:
     """The environment hooks of a profile whose ranks talk NCCL and Gloo over
     each node's serving NIC: those two variables per node, then the
     profile's ``env`` (a mixin before ``ServingProfile``)."""
+
+    if TYPE_CHECKING:  # the profile's field (not declared here: pydantic would collect it)
+        env: dict[str, str]
 
     def node_env(self, cluster: Cluster, node: Node) -> dict[str, str]:
         return nccl_node_env(node)
@@ -159,7 +164,8 @@ def container_meta(cluster: Cluster, release: str, system: str, node: Node, unit
 
 def container_check_node(cluster: Cluster, node: Node, unit, secrets: list[str], rank: dict) -> dict:
     """What ``deploy --check`` shows of a node that runs one serving container, secrets masked."""
-    from llmdeploy.report import mask, mask_env
+    from llmdeploy.errors import mask
+    from llmdeploy.report import mask_env
     from roles import commenv
 
     return {"host": node.name, "role": unit.role, **rank, "env": mask_env(commenv.env_vars(cluster, node), secrets),

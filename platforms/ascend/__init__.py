@@ -20,7 +20,9 @@ from llmdeploy.inventory import Cluster, Node
 from llmdeploy.platform import Platform
 from llmdeploy.sections import answered, placed, section
 
-from .comm import HCCN, LINK_CHECKS, LINK_TOOL, PING_PRELUDE, link_script, parse_links, ping_job
+# re-exported: the device_pings method's members (llmdeploy.platform.Vendor), from .comm
+from .comm import HCCN as HCCN, LINK_CHECKS as LINK_CHECKS, LINK_TOOL as LINK_TOOL, PING_PRELUDE as PING_PRELUDE
+from .comm import link_script as link_script, parse_links as parse_links, ping_job as ping_job
 
 VENDOR = "ascend"
 
@@ -44,14 +46,12 @@ DEVICE_TOOL = ("npusmi", "npu-smi info")
 IB_PORTS = False
 # Ascend's units run with Docker under Slurm too: the NPUs reach a container through docker's
 # --device list and the driver's mounts (the seed's docker run), which a pyxis step does not make
-SCHEDULED_CONTAINERS = ("docker",)
-COMM_METHOD = "device_pings"
+SCHEDULED_CONTAINERS: tuple[str, ...] = ("docker",)
+COMM_METHOD: Literal["device_pings", "collective"] = "device_pings"
 LOG_FILES = {"npu-smi.txt": "npu-smi info 2>&1"}
 TOP_QUERY = "if command -v npu-smi >/dev/null; then npu-smi info; fi"
 # seed 001, "Docker Image Installation": every container gets these beside its /dev/davinciN
 CONTROL_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
-
-__all__ = ["HCCN", "LINK_CHECKS", "LINK_TOOL", "PING_PRELUDE", "link_script", "parse_links", "ping_job"]
 
 
 def row(cluster: Cluster) -> AscendPlatform:

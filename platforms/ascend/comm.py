@@ -30,9 +30,9 @@ def _devices(cluster: Cluster, node: Node) -> int:
 
 def link_script(cluster: Cluster, node: Node) -> str:
     """Every per-NPU query of one node, one round trip."""
-    from . import PLATFORMS
+    from . import row
 
-    query = "-vnic" if PLATFORMS[cluster.platform].npu_ip_query == "vnic" else "-ip"
+    query = "-vnic" if row(cluster).npu_ip_query == "vnic" else "-ip"
     items = [("link", "-link"), ("health", "-net_health"), ("netdetect", "-netdetect"), ("gateway", "-gateway"),
              ("lldp", "-lldp"), ("tls", "-tls"), ("optical", "-optical"), ("npu_ip", query)]
     parts = [HCCN, section("hccn.conf", "cat /etc/hccn.conf")]
@@ -44,9 +44,9 @@ def link_script(cluster: Cluster, node: Node) -> str:
 
 def ping_job(cluster: Cluster, device: int, ip: str) -> str:
     """NPU ``device`` pings ``ip`` (another node's NPU)."""
-    from . import PLATFORMS
+    from . import row
 
-    return f'"$HCCN" -i {int(device)} {PLATFORMS[cluster.platform].ping_flag} -g address {shlex.quote(ip)}'
+    return f'"$HCCN" -i {int(device)} {row(cluster).ping_flag} -g address {shlex.quote(ip)}'
 
 
 def _unread(t: str, known: str | None = None, unset: str = "") -> str:

@@ -14,7 +14,7 @@ Imports only ``llmdeploy``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import re
 
@@ -38,8 +38,8 @@ DEVICE_TOOL = ("nvsmi", "nvidia-smi")
 IB_PORTS = True
 # NVIDIA's GPU Slurm sites run containers as pyxis + enroot steps (srt-slurm, Dynamo's and TensorRT-LLM's
 # Slurm examples: srun --container-image ... --mpi pmix); Docker on the node stays possible
-SCHEDULED_CONTAINERS = ("pyxis", "docker")
-COMM_METHOD = "collective"
+SCHEDULED_CONTAINERS: tuple[str, ...] = ("pyxis", "docker")
+COMM_METHOD: Literal["device_pings", "collective"] = "collective"
 LOG_FILES = {"nvidia-smi.txt": "nvidia-smi 2>&1"}
 GPU_QUERY = "index,utilization.gpu,memory.used,memory.total"
 TOP_QUERY = f"if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits; fi"

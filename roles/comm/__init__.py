@@ -36,36 +36,58 @@ import math
 import re
 import shlex
 from collections import Counter
+from typing import Any, Protocol, cast
 
 from llmdeploy import launcher
-from llmdeploy.inventory import NIC_RE, Cluster, Node
+from llmdeploy.inventory import Cluster, Node
 from llmdeploy.platform import vendor_of
+from llmdeploy.schema import NIC_RE
 from roles import in_one_piece, mpi
 from roles.facts import excerpt, number, section, split_sections
 
 PING_MARK = "@@llmdeploy-ping@@"
 
 
+class _DevicePingsVendor(Protocol):
+    """A vendor whose verify-comm method is ``device_pings``: the plug-in check
+    (platform.REQUIRED_BY_METHOD) makes sure it has these members."""
+
+    LINK_CHECKS: list[str]
+    LINK_TOOL: str
+    PING_PRELUDE: list[str]
+
+    def link_script(self, cluster: Cluster, node: Node) -> str: ...
+
+    def parse_links(self, cluster: Cluster, node: Node, out: str) -> dict: ...
+
+    def ping_job(self, cluster: Cluster, device: int, ip: str) -> str: ...
+
+
+def _pings_vendor(cluster: Cluster) -> _DevicePingsVendor:
+    """``cluster``'s vendor, whose method these checks are (``device_pings``)."""
+    return cast(_DevicePingsVendor, vendor_of(cluster))
+
+
 def link_checks(cluster: Cluster) -> list[str]:
     """The per-device checks of the platform's ``device_pings`` method, in the table's order."""
-    return list(vendor_of(cluster).LINK_CHECKS)
+    return list(_pings_vendor(cluster).LINK_CHECKS)
 
 
 def link_step_name(cluster: Cluster) -> str:
     """How the runner names the per-device checks' step (``hccn_tool checks``)."""
-    return f"{vendor_of(cluster).LINK_TOOL} checks"
+    return f"{_pings_vendor(cluster).LINK_TOOL} checks"
 
 
 def link_script(cluster: Cluster, node: Node) -> str:
     """Every per-device query of one node (the platform's NIC tool), one round trip."""
-    return vendor_of(cluster).link_script(cluster, node)
+    return _pings_vendor(cluster).link_script(cluster, node)
 
 
 def parse_links(cluster: Cluster, node: Node, out: str) -> dict:
     """``link_script``'s output: {"devices": {device: {check: (ok, detail)}},
     "ips": {device: its IP}, "conf": the node's device network configuration
     file (None: unreadable), "conf_name", "conf_path"}."""
-    return vendor_of(cluster).parse_links(cluster, node, out)
+    return _pings_vendor(cluster).parse_links(cluster, node, out)
 
 
 def ping_plan(cluster: Cluster, ips: dict[str, dict[int, str]], full: bool, full_max: int) -> tuple[str, dict[str, list[tuple[int, str, int, str]]]]:
@@ -124,7 +146,8 @@ def lanes_script(prelude: list[str], jobs: list[tuple[int, str]], lanes: int) ->
 def split_marked(out: str) -> dict[str, str]:
     """{file name: its text} from :func:`lanes_script`'s output."""
     results: dict[str, str] = {}
-    cur, buf = None, []
+    cur: str | None = None
+    buf: list[str] = []
     for line in out.splitlines():
         if line.startswith(PING_MARK + " "):
             if cur is not None:
@@ -144,7 +167,7 @@ def ping_script(cluster: Cluster, pings: list[tuple[int, str, int, str]], lanes:
     late replies read as loss."""
     if not pings:
         return None
-    vendor = vendor_of(cluster)
+    vendor = _pings_vendor(cluster)
     jobs = [(d, vendor.ping_job(cluster, d, ip)) for d, _, _, ip in pings]
     return lanes_script(list(vendor.PING_PRELUDE), jobs, lanes)
 
@@ -541,9 +564,9 @@ def all_reduce_failure(cluster: Cluster, args: str, hostnames: dict[str, str | N
         node = node_of_host(m.group("host")) or f"host {m.group('host')}"
         if not named(node):
             add(f"{node}: {m.group('tasks')} (ranks): {m.group('what').strip()}")
-    m = _MPI_PROC.search(text)
-    if m and not named(node_of_rank(int(m.group("rank")))):
-        add(f"{node_of_rank(int(m.group('rank')))}: rank {m.group('rank')} exited with status {m.group('code')}")
+    proc = _MPI_PROC.search(text)
+    if proc and not named(node_of_rank(int(proc.group("rank")))):
+        add(f"{node_of_rank(int(proc.group('rank')))}: rank {proc.group('rank')} exited with status {proc.group('code')}")
     if any(s in text for s in _ORTE_DAEMONS):
         others = [n.name for n in cluster.nodes[1:]]
         anywhere = others[0] if len(others) == 1 else "one of " + ", ".join(others)
@@ -566,7 +589,7 @@ def all_reduce_table(out: str) -> list[dict]:
         f = line.split()
         if len(f) >= 12 and f[0].isdigit():
             try:
-                row = {"size": int(f[0]), "busbw": float(f[7]), "wrong": f[8]}
+                row: dict[str, Any] = {"size": int(f[0]), "busbw": float(f[7]), "wrong": f[8]}
             except ValueError:
                 continue
             if math.isfinite(row["busbw"]):

@@ -275,7 +275,7 @@ def _heatmap(fig, ax, scale_ax, legend_ax, record: dict) -> None:
     import numpy as np
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import Normalize, to_rgba
+    from matplotlib.colors import LinearSegmentedColormap, Normalize, to_rgba
     from matplotlib.patches import Patch
 
     ax_keys = axis(record)
@@ -299,7 +299,7 @@ def _heatmap(fig, ax, scale_ax, legend_ax, record: dict) -> None:
         lo, hi = lo * 0.9, (hi * 1.1 if hi > 0 else 1.0)
     norm = Normalize(lo, hi)
     greens = colormaps["Greens"]
-    cmap = greens.from_list("rtt", [greens(x) for x in np.linspace(0.35, 0.95, 64)])
+    cmap = LinearSegmentedColormap.from_list("rtt", [greens(x) for x in np.linspace(0.35, 0.95, 64)])
     img = np.empty((n, n, 4))
     img[:, :] = to_rgba(NOT_PINGED)
     bad, good = [], []
@@ -322,7 +322,7 @@ def _heatmap(fig, ax, scale_ax, legend_ax, record: dict) -> None:
     ax.set_xlabel(f"destination node / {word}", fontsize=10)
     ax.set_ylabel(f"source node / {word}", fontsize=10)
     # unreachable nodes: their block's rows and columns shaded
-    offset = {}
+    offset: dict[str, int] = {}
     for i, (h, d) in enumerate(ax_keys):
         offset.setdefault(h, i)
     for h in unreachable(record):

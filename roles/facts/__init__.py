@@ -63,8 +63,9 @@ def parse_lscpu(text: str) -> dict[int, int]:
     out: dict[int, int] = {}
     for line in text.splitlines():
         f = line.split()
-        if len(f) >= 2 and number(f[0]) is not None:
-            out[number(f[0])] = number(f[1]) or 0
+        cpu = number(f[0]) if len(f) >= 2 else None
+        if cpu is not None:
+            out[cpu] = number(f[1]) or 0
     return out
 
 

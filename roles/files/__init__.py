@@ -18,8 +18,9 @@ import re
 import shlex
 from typing import Callable
 
-from llmdeploy.inventory import PATH_RE, Node
+from llmdeploy.inventory import Node
 from llmdeploy.errors import mask
+from llmdeploy.schema import PATH_RE
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
 
 RESULT = "@@llmdeploy-put@@"

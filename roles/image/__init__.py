@@ -236,10 +236,12 @@ def _own_accessories(cluster: Cluster, refs: list[str], check: bool) -> str:
     rt, q = runtime.of(cluster), shlex.quote
     lines = []
     for ref in refs:
+        script = rt.image_script(ref, check)
+        assert script is not None  # a runtime with images of its own has a script for each
         lines += [
             f"echo {q(f'{MARK} {ACCESSORY} {ref}')}",
             "(",
-            rt.image_script(ref, check).rstrip("\n"),
+            script.rstrip("\n"),
             ")",
             f'rc=$?; echo {q(f"{MARK} {ACCESSORY_EXIT} {ref}")} "$rc"; [ "$rc" -eq 0 ] || exit "$rc"',
         ]
@@ -285,11 +287,11 @@ def _own_accessories_parse(cluster: Cluster, node: Node, out: str, err: str, cod
     if code != 0:
         # the import that failed (its script's last words are the last on stderr), else the last one begun
         failed = [ref for ref, rc in exits.items() if rc != "0"]
-        ref = failed[-1] if failed else (list(sections)[-1] if sections else None)
-        if ref is None:
+        culprit = failed[-1] if failed else (list(sections)[-1] if sections else None)
+        if culprit is None:
             lines = [ln for ln in err.strip().splitlines() if ln.strip()]
             return HostResult(node.name, FAILED, msg=f"accessory images: {lines[-1] if lines else f'exit {code}'}")
-        return parse_ref(ref, node, "\n".join(sections.get(ref, [])), err, code)
+        return parse_ref(culprit, node, "\n".join(sections.get(culprit, [])), err, code)
     states, files = {}, {}
     for ref in accessories(cluster):
         if ref not in sections or exits.get(ref) != "0":  # every image answers, whole

@@ -22,6 +22,7 @@ def paths(cluster: Cluster) -> dict[str, list[str]]:
     """Directory -> the files required in it (model, then tokenizer)."""
     out: dict[str, list[str]] = {cluster.model.path: list(cluster.model.required_files)}
     tok = cluster.model.tokenizer_path
+    assert tok is not None  # the inventory's validation defaults it to the model's path
     out.setdefault(tok, [])
     out[tok] += [f for f in cluster.model.tokenizer_files if f not in out[tok]]
     return out
@@ -59,14 +60,14 @@ def parse_manifest(out: str) -> dict[str, dict | None]:
             result[cur] = None
         elif line == f"{MARK} sums":
             section = "sums"
-        elif cur and result.get(cur) is not None:
+        elif cur and (entry := result.get(cur)) is not None:
             if section == "files" and "\t" in line:
                 name, size = line.rsplit("\t", 1)
-                result[cur]["files"][name] = number(size) if number(size) is not None else size
+                entry["files"][name] = number(size) if number(size) is not None else size
             elif section == "sums":
                 m = re.match(r"^([0-9a-f]{64})\s+\*?(.+)$", line)
                 if m:
-                    result[cur]["sums"][m.group(2)] = m.group(1)
+                    entry["sums"][m.group(2)] = m.group(1)
     return result
 
 

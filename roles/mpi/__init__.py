@@ -69,6 +69,7 @@ def nics(cluster: Cluster, names: list[str]) -> str:
     out: list[str] = []
     for name in names:
         nic = cluster.node(name).nic
+        assert nic is not None  # the inventory's validation gives every node one
         if nic not in out:
             out.append(nic)
     return ",".join(out)

@@ -12,6 +12,7 @@ unchanged cluster is an unchanged file."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from llmdeploy.inventory import Cluster, Node
 from roles import commenv, image as image_role, wheels
@@ -28,7 +29,7 @@ def content(cluster: Cluster, node: Node, image: dict | None, binding: dict | No
     image, numa and wheels steps' data on the node (None: not run);
     ``accessories``: {accessory image reference: the file it was imported
     as} (``image.accessory_files``; none: no key)."""
-    doc = {
+    doc: dict[str, Any] = {
         "cluster": cluster.name,
         "node": node.name,
         "role": cluster.role_of(node),

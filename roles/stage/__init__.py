@@ -294,6 +294,7 @@ def registry_source(cluster: Cluster) -> ImageSource:
 
 def tarball_source(cluster: Cluster) -> ImageSource:
     """The inventory's image tarball on the head node, as it is (docker load reads it)."""
+    assert cluster.image.tarball is not None  # called for an inventory that names one
     return ImageSource("tarball", command=["cat", "--", cluster.image.tarball])
 
 

@@ -38,6 +38,10 @@ import stat
 import sys
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the type checker's names only: the agent imports nothing more when it runs
+    from typing import Any
+
 PARTIAL = ".llmdeploy-partial"
 PROGRESS = "@@llmdeploy-progress@@"
 CHUNK = 1 << 20
@@ -133,7 +137,7 @@ def list_dir(root):
 
 def scan(order):
     cache = load_cache(order["cache"])
-    out = {"dirs": {}, "sums": {}}
+    out: dict[str, dict[str, Any]] = {"dirs": {}, "sums": {}}
     for d in order["dirs"]:
         free, dev = free_bytes(d)
         entry = {"exists": os.path.isdir(d), "files": {}, "partials": {}, "free": free, "dev": dev}
@@ -302,7 +306,7 @@ def relay(order):
     files = order["files"]
     roots = order["roots"]
     need = set(order["need"])
-    res = {"received": 0, "written": 0, "forwarded": 0, "verified": [], "failed": {}, "upstream": None, "downstream": None}
+    res: dict[str, Any] = {"received": 0, "written": 0, "forwarded": 0, "verified": [], "failed": {}, "upstream": None, "downstream": None}
     link = Link(order, res)
     code = link.open()
     if code is not None:
@@ -365,6 +369,7 @@ def relay(order):
             if link.down is None:
                 return (EXIT_OK if res["downstream"] is None else EXIT_FAILED), res
             continue
+        assert up is not None  # link.open() connected it: this node is not the source
         left = count
         while left:
             try:
@@ -383,6 +388,7 @@ def relay(order):
             chunk = view[:n]
             forward(chunk)  # first: the next node never waits for this one's disk
             if out is not None:
+                assert h is not None  # set with out
                 try:
                     out.write(chunk)
                     h.update(chunk)
@@ -401,6 +407,7 @@ def relay(order):
             out.flush()
             os.fsync(out.fileno())
             out.close()
+            assert h is not None  # set with out
             got = h.hexdigest()
             if got != f["sha256"]:
                 os.unlink(part)
@@ -446,6 +453,7 @@ class Sink:
     def write(self, b):
         if self.p is None or self.err is not None:
             return
+        assert self.p.stdin is not None  # Popen(stdin=PIPE)
         try:
             self.p.stdin.write(b)
         except OSError as exc:
@@ -460,6 +468,7 @@ class Sink:
 
         if self.p is not None:
             self.p.terminate()
+            assert self.p.stdin is not None  # Popen(stdin=PIPE)
             try:
                 self.p.stdin.close()
             except OSError:
@@ -474,6 +483,7 @@ class Sink:
         """Close its input and wait: its failure, or its last line, goes into ``res``."""
         if self.p is None:
             return
+        assert self.p.stdin is not None and self.p.stdout is not None  # Popen(stdin=PIPE, stdout=PIPE)
         try:
             self.p.stdin.close()
         except OSError:
@@ -523,7 +533,7 @@ def pipe(order):
     ends with the sha256 of everything sent, which every node checks."""
     import subprocess
 
-    res = {"received": 0, "forwarded": 0, "upstream": None, "downstream": None, "sink": None}
+    res: dict[str, Any] = {"received": 0, "forwarded": 0, "upstream": None, "downstream": None, "sink": None}
     t0 = time.monotonic()
     link = Link(order, res)
     code = link.open()
@@ -548,6 +558,7 @@ def pipe(order):
                 return EXIT_FAILED, res
         else:
             proc = subprocess.Popen(order["command"], stdout=subprocess.PIPE)
+            assert proc.stdout is not None  # stdout=PIPE
             while True:
                 b = proc.stdout.read(CHUNK)
                 if not b:

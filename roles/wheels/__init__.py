@@ -35,6 +35,7 @@ import hashlib
 import json
 import re
 import shlex
+from typing import Any
 
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.launcher import Wheels
@@ -100,6 +101,7 @@ def spec(cluster: Cluster) -> Wheels | None:
     if not want:
         return None
     ws = cluster.profile.wheel_set()
+    assert ws is not None  # pins() read some from it
     if ws.wheel_dir:
         src = ["--no-index", "--find-links", CONTAINER_WHEELS]
         mounts: tuple[tuple[str, str], ...] = ((ws.wheel_dir, CONTAINER_WHEELS),)
@@ -164,7 +166,7 @@ def parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostRe
     unreadable = f"unreadable versions {excerpt(vm[-1])}" if vm and not isinstance(versions, dict) else ""
     versions = versions if isinstance(versions, dict) else {}
     # what the units run: the runtime's own file, else Docker's derived image
-    data = {"image": served[-1] if served else derived_ref(cluster), "versions": versions, "pins": want}
+    data: dict[str, Any] = {"image": served[-1] if served else derived_ref(cluster), "versions": versions, "pins": want}
     if served:
         data["serving_ref"] = served[-1]
     if ids:  # Docker's image ID of the image with the wheels: the same on every node when it was built once

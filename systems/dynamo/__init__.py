@@ -47,7 +47,7 @@ it lists exactly one instance per worker (``frontend_settled``). None of it depe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import json
 import shlex
@@ -58,7 +58,7 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
-from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
+from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles, ServingProfile
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
 from systems.common import accessory_image, hostfile, launch_agent, mpi_exports, nic_signature, nics, one_launch, render, serving_image
@@ -70,7 +70,7 @@ from . import numa
 from . import workers as dynamo
 from .profile import KIND, DynamoProfile  # noqa: F401 (KIND: the registry reads it here)
 
-PROFILE = DynamoProfile
+PROFILE: type[ServingProfile] = DynamoProfile
 LABELS: dict[str, str] = {"ranks": "ranks"}
 
 PROFILE_ENV = "qwen3.5-gb300-agentic.env"
@@ -256,6 +256,7 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
     if name == "etcd":
         if prof.etcd_endpoints:
             url = urlparse(prof.etcd_endpoints.split(",")[0])
+            assert url.hostname is not None  # DynamoProfile's pattern: every endpoint names a host
             return [Service(name="etcd", units=[], started=Probe(name="external etcd /health", kind="http", host=n0.name, ip=url.hostname,
                                                                  port=url.port or 2379, path="/health", check="json", arg="health=true"))]
         image = accessory_image(n0, prepared, prof.etcd_image)
@@ -266,6 +267,7 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
     if name == "nats":
         if prof.nats_server:
             url = urlparse(prof.nats_server)
+            assert url.hostname is not None  # DynamoProfile's pattern: the server names a host
             # the monitoring port of an external NATS is not known: its client port must accept a connection
             return [Service(name="nats", units=[], started=Probe(name="external NATS client port", kind="port", host=n0.name,
                                                                  ip=url.hostname, port=url.port or 4222))]
@@ -448,7 +450,7 @@ PROBE_CHECKS = {"dynamo_health": frontend_health}
 def files(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, prepared: Prepared, image_id: str | None) -> ReleaseFiles:
     prof = profile
     rd = release_dir(cluster, plan.release)
-    def setup(exports: dict[str, str], unsets: list[tuple[str, str]] = ()) -> str:
+    def setup(exports: dict[str, str], unsets: Sequence[tuple[str, str]] = ()) -> str:
         return render("dynamo/setup.sh.j2", profile_env=PROFILE_ENV, recipes_mount=prof.recipes_mount, exports=exports, unsets=list(unsets))
 
     out: ReleaseFiles = {}
@@ -503,7 +505,8 @@ def files(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, prepared:
 
 
 def check_doc(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, secrets: list[str]) -> dict:
-    from llmdeploy.report import mask, mask_env
+    from llmdeploy.errors import mask
+    from llmdeploy.report import mask_env
 
     nodes = []
     for n in cluster.nodes:

@@ -3,6 +3,8 @@ Serving"): inventory modules call it and override what their cluster needs."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from llmdeploy.inventory import image  # noqa: F401 (inventories take it from here with the image names)
 
 from .profile import DynamoProfile
@@ -17,7 +19,7 @@ def dynamo_gb300(topology: str = "1P1D-B8", *, recipes_dir: str, **overrides) ->
     1P4D-B1 and 1P4D-B4 (9), 2P3D (8), 3P1D (7), 3P2D (5). ``recipes_dir`` is
     the TensorRT-LLM checkout on every node (mounted at /opt/trtllm-recipes);
     the workers are placed from the topology (systems.dynamo.workers.placement)."""
-    values = dict(
+    values: dict[str, Any] = dict(
         served_model_name="nvidia/Qwen3.5-397B-A17B-NVFP4-V2",
         namespace="qwen35-gb300",
         topology=topology,

@@ -3,7 +3,8 @@ nodes, ranks, DYN_SYSTEM_PORTs, and every reason a topology does not fit."""
 
 from __future__ import annotations
 
-from llmdeploy.inventory import PLATFORMS, Node
+from llmdeploy.inventory import Node
+from llmdeploy.platform import PLATFORMS
 
 from .profile import DynamoPlacedWorker, DynamoProfile, DynamoWorker
 
@@ -86,7 +87,7 @@ def _layout(profile: DynamoProfile, specs: list, per: list[DynamoWorker], nodes:
         i = given.index(False)
         return [], [(f"profile.workers[{i}].gpus", "set gpus on every worker or on none (derived from the topology)")]
     if all(given) and per:
-        return [list((n, list(g)) for n, g in w.gpus.items()) for w in per], []
+        return [list((n, list(g)) for n, g in w.gpus.items()) for w in per if w.gpus is not None], []  # all given: every worker
     layout = _derive_gpus([p.gpus for _, p, _ in specs], nodes, spare)
     virtual = sorted({n for parts in layout for n, _ in parts if n.startswith("+")})
     if not virtual:
@@ -191,8 +192,8 @@ def _port_problems(profile: DynamoProfile, workers: list[DynamoPlacedWorker], pe
     # ports: node 0's services, then each worker's system port on its rank-0 node
     used_ports: dict[tuple[str, int], str] = {}
     if nodes:
-        for key, port in profile.ports().items():
-            used_ports.setdefault((nodes[0].name, port), f"profile.{key}")
+        for field_name, port in profile.ports().items():
+            used_ports.setdefault((nodes[0].name, port), f"profile.{field_name}")
     seen_ports: dict[int, str] = {}
     for w, spec in zip(workers, per):
         field = (f"profile.workers[{w.index}].system_port" if spec.system_port is not None

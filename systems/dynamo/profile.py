@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from llmdeploy.inventory import IMAGE_RE, NAME_RE, Cluster, Node, Port, SafePath
-from llmdeploy.schema import ENV_NAME_RE, ClusterProblems, Strict, safe_path
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.schema import ENV_NAME_RE, IMAGE_RE, NAME_RE, ClusterProblems, Port, SafePath, Strict, safe_path
 from llmdeploy.serving import ServingProfile, WheelSet, inventory_field
 from systems.common import nccl_node_env
 

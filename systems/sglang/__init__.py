@@ -34,13 +34,13 @@ from llmdeploy.container import ContainerSpec, Mount
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
-from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
+from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles, ServingProfile
 from roles import containers
 from systems.common import container_check_node, container_files, container_meta, nic_signature, one_launch, openai_probe, render, serving_image
 
 from .profile import KIND, SglangProfile
 
-PROFILE = SglangProfile
+PROFILE: type[ServingProfile] = SglangProfile
 TASK_FILE = "task.sh"
 LABELS = {"node_rank": "node rank"}
 # how messages name a unit of node 0's role
@@ -114,6 +114,7 @@ def container_spec(cluster: Cluster, prof: SglangProfile, node: Node, rid: str, 
     one = one_launch(cluster)
     rank = f"0-{len(cluster.nodes) - 1}" if one else cluster.nodes.index(node)
     mounts = [Mount("/root/.cache", "/root/.cache")]
+    assert cluster.model.tokenizer_path is not None  # Model._default_tokenizer: path unless set
     for path in sorted({cluster.model.path, cluster.model.tokenizer_path}):
         if not path.startswith("/root/.cache/"):
             mounts.append(Mount(path, path, readonly=True))

@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from llmdeploy.inventory import Cluster, Node, Port, SafePath
-from llmdeploy.schema import env_name_list, env_values_one_line, safe_path
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.schema import Port, SafePath, env_name_list, env_values_one_line, safe_path
 from llmdeploy.serving import ServingProfile
 from systems.common import NcclEnvironment
 

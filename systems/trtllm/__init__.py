@@ -31,7 +31,7 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
-from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles
+from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles, ServingProfile
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
 from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, one_launch, openai_probe, render, serving_image
@@ -40,7 +40,7 @@ from . import config as trtllm
 from . import eplb
 from .profile import KIND, TrtllmProfile  # noqa: F401 (KIND: the registry reads it here)
 
-PROFILE = TrtllmProfile
+PROFILE: type[ServingProfile] = TrtllmProfile
 LABELS: dict[str, str] = {"ranks": "ranks"}
 
 CHAT_PROMPT = "Where is New York?"
@@ -300,7 +300,8 @@ def files(cluster: Cluster, profile: TrtllmProfile, plan: ReleasePlan, prepared:
 
 
 def check_doc(cluster: Cluster, profile: TrtllmProfile, plan: ReleasePlan, secrets: list[str]) -> dict:
-    from llmdeploy.report import mask, mask_env
+    from llmdeploy.errors import mask
+    from llmdeploy.report import mask_env
 
     nodes = []
     for n in cluster.nodes:

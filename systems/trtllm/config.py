@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from llmdeploy.inventory import Cluster, safe_path
+from llmdeploy.inventory import Cluster
+from llmdeploy.schema import safe_path
 from roles import render as render_template
 
 from .profile import TrtllmProfile, nest_overrides
@@ -29,6 +30,7 @@ OVERRIDES_NAME = "trtllm-overrides.yaml"
 def curated_path(profile: TrtllmProfile) -> str:
     """The curated profile inside the container, e.g.
     /app/tensorrt_llm/examples/configs/curated/qwen3.8-low-latency.yaml."""
+    assert profile.config_dir is not None  # TrtllmProfile._check_profile fills it in
     return posixpath.join(profile.config_dir, profile.config)
 
 
@@ -95,6 +97,7 @@ def overrides_yaml(cluster: Cluster, prof: TrtllmProfile, eplb_path_on_node: str
     if prof.overrides:
         sources.append(f"profile.overrides: {len(prof.flat_overrides())} key(s)")
     if eplb_path_on_node:
+        assert prof.eplb_map is not None  # overrides_doc refuses a path without a map
         sources.append(f"moe_config.load_balancer: the static EPLB map of profile.eplb_map ({Path(prof.eplb_map).name})")
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=False, width=100)
     return render_template("trtllm/overrides.yaml.j2",

@@ -78,7 +78,7 @@ def _is_int(value) -> bool:
 
 def _ranges(numbers: list[int]) -> str:
     """[1, 2, 3, 7] -> '1..3, 7'"""
-    out: list[str] = []
+    out: list[list[int]] = []
     for n in sorted(numbers):
         if out and isinstance(out[-1], list) and out[-1][1] == n - 1:
             out[-1][1] = n
@@ -227,6 +227,7 @@ def load_map(path: str | Path, config: str) -> EplbMap:
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
         raise ValueError(f"EPLB map {path} is not usable with {config}:\n{lines}")
+    assert doc is not None  # _check gives no document only with a problem
     return EplbMap(
         text=text,
         sha256=hashlib.sha256(raw).hexdigest(),

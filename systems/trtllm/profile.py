@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from llmdeploy.inventory import Cluster, Node, Port, SafePath, inventory_dir
-from llmdeploy.schema import ClusterProblems, env_name_list, env_values_one_line, json_value_problem, safe_path
+from llmdeploy.inventory import Cluster, Node, inventory_dir
+from llmdeploy.schema import ClusterProblems, Port, SafePath, env_name_list, env_values_one_line, json_value_problem, safe_path
 from llmdeploy.serving import ServingProfile
 from systems.common import NcclEnvironment
 
@@ -336,6 +336,7 @@ def _eplb_ep_problems(prof: TrtllmProfile) -> list[tuple[str, str]]:
     """The map's EP (eplb_map_ep, else its file name) against the profile's,
     and the profile's EP against the map's slots."""
     problems: list[tuple[str, str]] = []
+    assert prof.eplb_map is not None  # _eplb_map_problems asks only about a profile with a map
     map_ep = prof.eplb_map_ep or eplb_map_ep_from_name(prof.eplb_map)
     if map_ep is None:
         problems.append(
@@ -357,6 +358,7 @@ def _eplb_file_problems(prof: TrtllmProfile) -> list[tuple[str, str]]:
     """The map is a file on this machine (relative to the inventory directory)."""
     try:
         path = prof.eplb_map_file()
+        assert path is not None  # _eplb_map_problems asks only about a profile with a map
         found = path.is_file()
     except (OSError, RuntimeError) as exc:  # a name too long for the OS, a ~user that does not exist
         return [("eplb_map", f"{prof.eplb_map!r} is not a readable path: {exc}")]

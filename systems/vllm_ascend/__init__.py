@@ -18,13 +18,13 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
-from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFiles
+from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFiles, ServingProfile
 from systems.common import container_check_node, container_files, container_meta, openai_probe, serving_image
 
 from . import serve
 from .profile import KIND, VllmAscendProfile
 
-PROFILE = VllmAscendProfile
+PROFILE: type[ServingProfile] = VllmAscendProfile
 # what the tables call the values a unit shows
 LABELS = {"start_rank": "start rank"}
 

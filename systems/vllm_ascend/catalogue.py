@@ -4,6 +4,8 @@ flag and variable of the guide lives here once."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from llmdeploy.inventory import image  # noqa: F401 (inventories take it from here with the image names)
 
 from .profile import VllmAscendProfile
@@ -11,7 +13,7 @@ from .profile import VllmAscendProfile
 IMAGE_A3 = "quay.io/ascend/vllm-ascend:qwen3.8-a3"
 IMAGE_A2 = "quay.io/ascend/vllm-ascend:v0.23.0"
 
-_VLLM_COMMON = dict(
+_VLLM_COMMON: dict[str, Any] = dict(
     served_model_name="qwen3.8",
     dp_local=1,
     quantization="ascend",
@@ -63,7 +65,7 @@ def a2_env() -> dict[str, str]:
 
 def vllm_a3_w8a8(**overrides) -> VllmAscendProfile:
     """4 x Atlas 800 A3, W8A8, DP4/TP16/EP64."""
-    values = dict(
+    values: dict[str, Any] = dict(
         _VLLM_COMMON,
         dp=4, tp=16, ep=64,
         max_model_len=131072,
@@ -78,7 +80,7 @@ def vllm_a3_w8a8(**overrides) -> VllmAscendProfile:
 
 def vllm_a2_w4a8(**overrides) -> VllmAscendProfile:
     """8 x Atlas 800 A2, W4A8, DP8/TP8/EP64, 262144 context."""
-    values = dict(
+    values: dict[str, Any] = dict(
         _VLLM_COMMON,
         dp=8, tp=8, ep=64,
         max_model_len=262144,

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from llmdeploy.inventory import Cluster, Node, Port
-from llmdeploy.schema import ENV_NAME_RE, ClusterProblems, env_name_list, env_values_one_line, json_value_problem
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.schema import ENV_NAME_RE, ClusterProblems, Port, env_name_list, env_values_one_line, json_value_problem
 from llmdeploy.serving import ServingProfile
 
 KIND = "vllm-ascend"
@@ -83,6 +83,7 @@ class VllmAscendProfile(ServingProfile):
     def node_env(self, cluster: Cluster, node: Node) -> dict[str, str]:
         # HCCL/Gloo/TP interface and address: the node's own
         out = {key: str(node.ip) for key in self.ip_env}
+        assert node.nic is not None  # the cluster's validation gives every node one (Cluster._derive_nodes)
         out.update({key: node.nic for key in self.ifname_env})
         return out
 
@@ -120,6 +121,7 @@ def rank_problems(prof: VllmAscendProfile, cluster: Cluster) -> list[tuple[str, 
     problems: list[tuple[str, str]] = []
     ranks: dict[int, int] = {}
     for i, n in enumerate(cluster.nodes):
+        assert n.start_rank is not None  # Cluster._derive_nodes gives every node one before the profile's checks
         for r in range(n.start_rank, n.start_rank + prof.dp_local):
             if r in ranks:
                 j = ranks[r]

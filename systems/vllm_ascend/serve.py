@@ -41,6 +41,7 @@ def vllm_args(cluster: Cluster, prof: VllmAscendProfile, node: Node) -> list[str
     if worker:
         args.append("--headless")
     args += ["--host", prof.host, "--port", str(prof.port), "--served-model-name", prof.served_model_name]
+    assert cluster.model.tokenizer_path is not None  # Model._default_tokenizer: path unless set
     args += ["--tokenizer", cluster.model.tokenizer_path]
     if prof.trust_remote_code:
         args.append("--trust-remote-code")
@@ -96,6 +97,8 @@ def container_spec(cluster: Cluster, prof: VllmAscendProfile, node: Node, releas
     release's environment file, every NPU and control device of the node
     and the seed's mounts; its command ``vllm serve`` (``vllm_args``)."""
     mounts = [*ASCEND_MOUNTS, cache_mount(cluster)]
+    assert cluster.model.tokenizer_path is not None  # Model._default_tokenizer: path unless set
+    assert node.start_rank is not None  # Cluster._derive_nodes gives every node one
     for path in sorted({cluster.model.path, cluster.model.tokenizer_path}):
         if not path.startswith("/root/.cache/"):
             mounts.append(Mount(path, path, readonly=True))

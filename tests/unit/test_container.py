@@ -86,6 +86,9 @@ def test_bind_mounts_labels_and_every_host_option():
     ("docker run -d --name", "has no value"),
     ("docker run -d -v /a:/a", "has no image"),
     ("podman run img", "not a docker run line"),
+    ("docker run -d --label bare img cmd", "not KEY=VALUE"),
+    ("docker run -d --privileged=maybe img cmd", "not true or false"),
+    ("docker run -d --ipc=host --ipc host img cmd", "ipc is set twice"),
 ])
 def test_a_line_this_tool_never_wrote_is_named(line, said):
     with pytest.raises(ValueError) as e:
@@ -93,7 +96,20 @@ def test_a_line_this_tool_never_wrote_is_named(line, said):
     assert said in str(e.value)
 
 
+def test_what_a_line_says_of_privileged_is_kept():
+    assert read_docker_run("docker run -d --privileged=true img c").privileged
+    off = read_docker_run("docker run -d --privileged=false img c")
+    assert not off.privileged and "--privileged" not in docker_run(off)
+
+
 def test_a_spec_says_what_is_wrong_with_it():
+    with pytest.raises(ValueError, match="'--net=' and '--network' both write network"):
+        ContainerSpec(name="n", image="i", command=(), network="host", docker_flags=("--net=", "--network"))
+    with pytest.raises(TypeError, match="command is a str, expected a sequence"):
+        ContainerSpec(name="n", image="i", command="sleep 1")  # type: ignore[arg-type]
+    # lists are kept as tuples: hashable, and equal to the spec read back
+    listed = ContainerSpec(name="n", image="i", command=["a"], labels=[["k", "v"]], mounts=[Mount("/a", "/a")])  # type: ignore[arg-type]
+    assert hash(listed) and listed == ContainerSpec(name="n", image="i", command=("a",), labels=(("k", "v"),), mounts=(Mount("/a", "/a"),))
     with pytest.raises(ValueError, match="no image"):
         ContainerSpec(name="n", image="", command=())
     with pytest.raises(ValueError, match="'--rm' is not a host option's flag"):
@@ -118,3 +134,34 @@ def test_a_unit_of_a_plan_recorded_before_specs_gets_its_spec_from_its_line():
     # a line this tool would not have written: no spec (the launcher that needs one names the unit)
     assert unit_of({"host": "h", "container": "n", "show": {"container_command": "docker run --entrypoint x img"}}).spec is None
     assert unit_of({"host": "h", "container": "n", "show": {}}).spec is None
+    # a unit written with no spec at all (plan.json's null)
+    assert unit_of({"host": "h", "container": "n", "spec": None, "show": {"container_command": line}}).spec == read_docker_run(line)
+
+
+def test_a_system_whose_unit_has_no_spec_of_its_own_is_named(monkeypatch):
+    import dataclasses as dc
+
+    import systems
+    import systems.trtllm as trtllm
+    from llmdeploy.errors import LlmdeployError
+    from llmdeploy.inventory import load_cluster
+
+    made = trtllm.services
+
+    def without(*a, **k):
+        out = made(*a, **k)
+        out[0].units[0].spec = None
+        return out
+
+    monkeypatch.setattr(trtllm, "services", without)
+    with pytest.raises(LlmdeployError, match=r"systems/trtllm: service world's unit b200-\S+ on b200-node-0 has no container spec"):
+        systems.build(load_cluster("b200"), {}, "20261205T101010Z-0123abcd", None)
+
+    def renamed(*a, **k):
+        out = made(*a, **k)
+        out[0].units[0].spec = dc.replace(out[0].units[0].spec, name="other")
+        return out
+
+    monkeypatch.setattr(trtllm, "services", renamed)
+    with pytest.raises(LlmdeployError, match="has a container spec named other"):
+        systems.build(load_cluster("b200"), {}, "20261205T101010Z-0123abcd", None)

@@ -69,6 +69,7 @@ BASE = ContainerSpec(name="decode0", image="img", command=("cmd",))
     ({"ipc": "private"}, "ipc private"),
     ({"privileged": True}, "privileged: a pyxis container runs with the user's rights only"),
     ({"mounts": (Mount("/a,b", "/a"),)}, "a path with a comma"),
+    ({"mounts": (Mount("/m/a:b", "/m/a:b", readonly=True),)}, "mount /m/a:b at /m/a:b: a path with a colon cannot be a pyxis mount"),
     ({"labels": (("a", "b\nc"),)}, "one line"),
     ({"env_files": ("/e\nx",)}, "a path with a newline"),
     ({"command": ()}, "no command"),

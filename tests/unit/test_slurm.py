@@ -260,7 +260,8 @@ def test_a_pyxis_release_recorded_before_specs_starts_the_same_steps(name):
     assert steps(old) == steps(plan) and steps(plan)
     doc["services"][0]["units"][0]["show"]["container_command"] = "docker run --entrypoint /x img"
     unreadable = ReleasePlan.from_json(json.dumps(doc))
-    with pytest.raises(LlmdeployError, match=f"release {plan.release}'s plan has no container spec for it .*deploy it again"):
+    with pytest.raises(LlmdeployError, match=f"release {plan.release}'s plan has no container spec for it \\(its recorded command: "
+                                             f"docker run option --entrypoint is not one this tool writes\\): deploy it again"):
         plan_steps(c, unreadable, unreadable.units(), lambda u: "", lambda u: 1)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import shlex
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, ContextManager, Iterator
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterator, cast
 
 from ...errors import UnreachableError
 from ...inventory import Cluster, Node
@@ -68,7 +68,7 @@ def outside_ssh(cluster: Cluster) -> bool:
 @contextmanager
 def _handed(cluster: Cluster, nodes: list[Node]) -> Iterator[dict[str, str]]:
     with Runner(cluster, nodes=nodes) as runner:
-        t = runner.transport
+        t = cast(SlurmSteps, runner.transport)  # this launcher's runners carry its transport (``transport``)
         try:
             job = t.allocation(nodes)
         except AllocationError as exc:
@@ -89,6 +89,7 @@ def handoff(cluster: Cluster, nodes: list[Node]) -> ContextManager[dict[str, str
 
 def runtime(cluster: Cluster) -> PyxisUnits | None:
     """A pyxis cluster's units are steps' processes (``units.py``); Docker's units are Docker's (None)."""
+    assert cluster.slurm is not None  # a cluster of this launcher sets it
     return PyxisUnits(cluster) if cluster.slurm.container == "pyxis" else None
 
 

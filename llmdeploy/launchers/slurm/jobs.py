@@ -14,20 +14,24 @@ status's, top's and the watcher's reads.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, cast
 
 from rich.console import Console
 from rich.markup import escape
 
-from ...errors import LlmdeployError
-from ...inventory import Cluster
+from ...container import read_docker_run
+from ...errors import LlmdeployError, UnreachableError
+from ...inventory import Cluster, Slurm
 from ...launcher import ReleaseView
 from ...release import release_dir
 from ...releaseplan import ReleasePlan, Unit
-from ...runner import Runner, Step, UnreachableError
+from ...runner import Runner, Step
 from . import commands as slurm
 from . import pyxis, reader
 from . import units as units_mod
+
+if TYPE_CHECKING:
+    from .steps import SlurmSteps
 
 Failure = tuple[str, str] | None
 
@@ -43,6 +47,7 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
     each, wired by PMIx (``--mpi=none`` when ``Service.mpi`` is off: the
     system's own rendezvous, SGLang's). LlmdeployError: a unit pyxis cannot run as planned. Pure."""
     logdir = slurm.login_log_dir(cluster, plan.release)
+    assert cluster.slurm is not None  # a cluster of this launcher sets it
     if cluster.slurm.container != "pyxis":
         return [(slurm.UnitStep(node=cluster.slurm_name(cluster.node(u.host)), name=u.container,
                                 script=slurm.unit_step_body(script(u), u.container, cluster.deploy.stop_timeout_s),
@@ -61,7 +66,7 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
         first = group[0]
         if first.spec is None:
             raise LlmdeployError(f"{first.container} on {first.host}: release {plan.release}'s plan has no container spec for it "
-                                 f"(its recorded command is not a docker run line this tool wrote): deploy it again to run it on pyxis")
+                                 f"({_unread(first)}): deploy it again to run it on pyxis")
         odd = [u for u in group if u.spec != first.spec or u.tasks != first.tasks]
         if odd:
             raise LlmdeployError(f"world {first.container}: {odd[0].host}'s unit differs from {first.host}'s (a pyxis world is one step: "
@@ -69,7 +74,7 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
         n = number(first)
         world = len(group) > 1 or plan.service_of(first).world
         # a unit that is not a launched world sees no Slurm variables (an mpirun in it is its own, as in Docker)
-        args = units_mod.unit_step_args(first.spec, rd, first.container, n, pyxis.container_name(first.spec, plan.release), plain=not world)
+        args = units_mod.unit_step_args(first.spec, rd, first.container, n, pyxis.container_name(first.container, plan.release), plain=not world)
         out.append((slurm.UnitStep(node=cluster.slurm_name(cluster.node(first.host)), name=first.container, script="", args=args,
                                    nodes=[cluster.slurm_name(cluster.node(u.host)) for u in group], tasks=first.tasks,
                                    # a world not of MPI says so: the site's MpiDefault (often pmix) does not apply
@@ -78,13 +83,32 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
     return out
 
 
+def _unread(unit: Unit) -> str:
+    """Why a unit of a plan recorded before specs has none: what its recorded line is not."""
+    line = unit.show.get("container_command")
+    if not isinstance(line, str):
+        return "it records no container command"
+    try:
+        read_docker_run(line)
+    except ValueError as exc:
+        return f"its recorded command: {exc}"
+    return "its recorded command was not read"
+
+
 class SlurmJobs:
     def __init__(self, cluster: Cluster, runner: Runner, say: Callable[[str], None]):
         self.c = cluster
         self.r = runner
-        self.s = runner.transport  # the runner's SlurmSteps (this launcher's transport)
+        self.s = cast("SlurmSteps", runner.transport)  # the runner's SlurmSteps (this launcher's transport)
         self.say = say
         self.held: str | None = None  # the release whose job the steps run in
+
+    @property
+    def conf(self) -> Slurm:
+        """The cluster's ``slurm`` section: this launcher runs only the clusters that set it (``launcher.name_of``)."""
+        s = self.c.slurm
+        assert s is not None
+        return s
 
     def nodes_of(self, plan: ReleasePlan) -> list[str]:
         """Slurm's names of the nodes the plan's units run on, in the inventory's order."""
@@ -99,11 +123,11 @@ class SlurmJobs:
         try:
             plan_steps(self.c, plan, plan.units(), lambda u: "", lambda u: 1)
         except LlmdeployError as exc:
-            return self.c.slurm.login, f"{exc}: release {plan.release} cannot start as planned (nothing was stopped)"
+            return self.conf.login, f"{exc}: release {plan.release} cannot start as planned (nothing was stopped)"
         try:
             states = self.s.node_states(self.nodes_of(plan))
         except UnreachableError as exc:
-            return self.c.slurm.login, f"cannot read Slurm's node states: {exc}"
+            return self.conf.login, f"cannot read Slurm's node states: {exc}"
         bad = [st for st in states.values() if not st.schedulable]
         if bad:
             return bad[0].name, "; ".join(st.describe() for st in bad) + f": release {plan.release} cannot have its nodes (nothing was stopped)"
@@ -120,13 +144,13 @@ class SlurmJobs:
                 self.s.login_exec(slurm.scancel_name_command(slurm.release_job_name(self.c.name, plan.release)), 30)
             except UnreachableError:
                 pass
-            return self.c.slurm.login, f"Slurm job of release {plan.release}: {exc}"
+            return self.conf.login, f"Slurm job of release {plan.release}: {exc}"
 
     def _hold(self, plan: ReleasePlan) -> Failure:
         try:
             jobs = self.s.squeue()
         except UnreachableError as exc:
-            return self.c.slurm.login, f"cannot read Slurm's queue: {exc}"
+            return self.conf.login, f"cannot read Slurm's queue: {exc}"
         held = slurm.release_job([j for j in jobs if j.state == "RUNNING"], self.c.name, plan.release)
         if held is not None:
             self.s.use_job(held.id, plan.release)
@@ -138,17 +162,17 @@ class SlurmJobs:
         o, e, code = self.s.login_exec(slurm.sbatch_command(self.c, names, plan.release), 60)
         job = o.strip().split(";")[0] if code == 0 else ""
         if not job.isdigit():
-            return self.c.slurm.login, f"sbatch refused release {plan.release}'s job: {(e or o).strip()[-300:]}"
-        limit = self.c.slurm.alloc_timeout_s
+            return self.conf.login, f"sbatch refused release {plan.release}'s job: {(e or o).strip()[-300:]}"
+        limit = self.conf.alloc_timeout_s
         o, e, code = self.s.login_exec(slurm.wait_running_command(job, limit), limit + 30)
         if code != 0:
             self.s.login_exec(slurm.scancel_job_command(job, 30), 60)
             others = [j for j in self.s.squeue() if j.id != job]
-            held = "; ".join(f"job {j.id} ({j.name}, {j.state}) holds {j.nodes}" for j in others if j.nodes)
-            return self.c.slurm.login, (f"Slurm job {job} of release {plan.release} did not start within {limit:g}s "
-                                        f"({o.strip() or e.strip()}); cancelled"
-                                        + (f"; the cluster's other jobs: {held} (a command of the tool's that still runs, "
-                                           f"or one that was killed: scancel it)" if held else ""))
+            holders = "; ".join(f"job {j.id} ({j.name}, {j.state}) holds {j.nodes}" for j in others if j.nodes)
+            return self.conf.login, (f"Slurm job {job} of release {plan.release} did not start within {limit:g}s "
+                                     f"({o.strip() or e.strip()}); cancelled"
+                                     + (f"; the cluster's other jobs: {holders} (a command of the tool's that still runs, "
+                                        f"or one that was killed: scancel it)" if holders else ""))
         self.s.use_job(job, plan.release)
         self.held = plan.release
         self.say(f"slurm: job {job} ({slurm.release_job_name(self.c.name, plan.release)}) holds {', '.join(names)}")
@@ -177,8 +201,10 @@ class SlurmJobs:
             return {f"{u.host}/{u.container}": str(exc) for u in units}
         steps = [step for step, _ in made]
         wait = self.c.deploy.rpc_timeout_s
+        # hold() set the job; str(): one a failed step's retry dropped (SlurmSteps.forget) still goes as "None", srun refuses it
+        job = str(self.s.job)
         try:
-            o, e, code = self.s.login_exec(slurm.start_units_script(self.c, self.s.job, steps, wait), wait + 60)
+            o, e, code = self.s.login_exec(slurm.start_units_script(self.c, job, steps, wait), wait + 60)
         except UnreachableError as exc:
             return {f"{u.host}/{u.container}": f"login host unreachable while its step started: {exc}" for u in units}
         finally:
@@ -260,7 +286,7 @@ class SlurmJobs:
                 per_node[self.c.slurm_name(n)] = mine
         if not per_node:
             return
-        job, s = self.s.job, self.c.slurm
+        job, s = self.s.job, self.conf
         d = reader.reader_dir(self.c, plan.release)
         why = ""
         try:

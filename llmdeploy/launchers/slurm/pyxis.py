@@ -55,6 +55,8 @@ def refusal(spec: ContainerSpec) -> str | None:
     for m in spec.mounts:
         if "," in m.text:
             return f"mount {m.text}: a path with a comma cannot be a pyxis mount (--container-mounts is comma-separated)"
+        if ":" in m.source or ":" in m.target:
+            return f"mount {m.source} at {m.target}: a path with a colon cannot be a pyxis mount (SRC:DST[:ro])"
     for f in spec.env_files:
         if "\n" in f:
             return f"env file {f.splitlines()[0]!r}...: a path with a newline"
@@ -103,9 +105,9 @@ def container_command(spec: ContainerSpec) -> list[str]:
     return ["env", env_files_arg(spec), "sh", "-c", ENV_FILE_LOADER + 'exec "$@"\n', "llmdeploy-unit", *spec.command]
 
 
-def container_name(spec: ContainerSpec, release: str) -> str:
-    """The enroot container of a unit's step: ``<release>.<unit>``."""
-    return f"{release}.{spec.name}"
+def container_name(container: str, release: str) -> str:
+    """The enroot container of unit ``container``'s step: ``<release>.<unit>``."""
+    return f"{release}.{container}"
 
 
 def step_options(spec: ContainerSpec, container_name: str, image: str | None = None) -> list[str]:
@@ -115,6 +117,10 @@ def step_options(spec: ContainerSpec, container_name: str, image: str | None = N
     why = refusal(spec)
     if why:
         raise LlmdeployError(f"{spec.name}: {why}")
+    return _options(spec, container_name, image)
+
+
+def _options(spec: ContainerSpec, container_name: str, image: str | None) -> list[str]:
     args = [f"--container-image={image_uri(image or spec.image)}", f"--container-name={container_name}"]
     if spec.writable:
         # a Docker container's own filesystem is writable (etcd makes its data directory in it): so is the step's
@@ -135,5 +141,7 @@ def step_args(spec: ContainerSpec, container_name: str, image: str | None = None
 def run_command(spec: ContainerSpec, release: str) -> str:
     """What ``deploy --check`` shows a pyxis unit runs: ``srun``, the step's
     pyxis options and the unit's command (srun's job, node, GRES and MPI
-    options are the launcher's, shown with each step's line)."""
-    return shlex.join(["srun", *step_options(spec, container_name(spec, release)), *spec.command])
+    options are the launcher's, shown with each step's line). A spec a step
+    cannot run is refused where its steps are made, with the release and
+    the unit named (``jobs.plan_steps``), not here."""
+    return shlex.join(["srun", *_options(spec, container_name(spec.name, release), None), *spec.command])

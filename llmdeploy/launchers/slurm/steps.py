@@ -28,7 +28,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ...errors import UnreachableError
-from ...inventory import Node
+from ...inventory import Node, Slurm
 from . import commands as slurm
 from . import reader
 
@@ -81,7 +81,7 @@ class SlurmSteps:
     def __init__(self, runner: "Runner"):
         self.r = runner
         self.c = runner.cluster
-        self.login = self.c.slurm.login_node()
+        self.login = self.conf.login_node()
         self.job: str | None = None  # the allocation the steps run in
         self.own = False  # the job is this command's (cancelled at close)
         self.release: str | None = None  # the release whose job it is (None: not known, or the command's own)
@@ -94,6 +94,13 @@ class SlurmSteps:
         if got is not None:
             # the parent command's job (its allocation, or the release's): the steps run in it, and the parent gives it back
             self.job, self.release = got
+
+    @property
+    def conf(self) -> Slurm:
+        """The cluster's ``slurm`` section: this launcher runs only the clusters that set it (``launcher.name_of``)."""
+        s = self.c.slurm
+        assert s is not None
+        return s
 
     # -- the transport (llmdeploy.launcher.Transport) ----------------------------------------
     def hosts(self, nodes: list[Node]) -> list[Node]:
@@ -149,7 +156,7 @@ class SlurmSteps:
         try:
             return self.r.exec_direct(self.login, command, timeout, stdin)
         except UnreachableError as exc:
-            raise UnreachableError(f"login host {self.c.slurm.login}: {exc}") from exc
+            raise UnreachableError(f"login host {self.conf.login}: {exc}") from exc
 
     def squeue(self, recent: bool = False) -> list[slurm.Job]:
         """The cluster's jobs of this user. ``recent``: the answer read with
@@ -161,7 +168,7 @@ class SlurmSteps:
             return q[1]
         out, err, code = self.login_exec(slurm.squeue_command(self.c.name), 60, read=True)
         if code != 0:
-            raise UnreachableError(f"squeue on {self.c.slurm.login} failed: {(err or out).strip()[-300:]}")
+            raise UnreachableError(f"squeue on {self.conf.login} failed: {(err or out).strip()[-300:]}")
         jobs = slurm.parse_squeue(out, self.c.name)
         self._queue = (time.monotonic(), jobs)
         return jobs
@@ -179,7 +186,7 @@ class SlurmSteps:
             if queue is not None:
                 self._queue = (time.monotonic(), slurm.parse_squeue(queue, self.c.name))
         if code != 0:
-            raise UnreachableError(f"sinfo on {self.c.slurm.login} failed: {(err or out).strip()[-300:]}")
+            raise UnreachableError(f"sinfo on {self.conf.login} failed: {(err or out).strip()[-300:]}")
         return slurm.parse_sinfo(out, names)
 
     def check_nodes(self, nodes: list[Node]) -> dict[str, str]:
@@ -219,7 +226,7 @@ class SlurmSteps:
             job, self.job, self.own, self.release = self.job, None, False, None
             with _SHARED_LOCK:
                 entry = _SHARED.get(self.c.name)
-                if entry is None or entry["job"] != job:
+                if entry is None or job is None or entry["job"] != job:
                     return
                 entry["users"] -= 1
                 if entry["users"] > 0:
@@ -236,6 +243,7 @@ class SlurmSteps:
         runner of the command: a nested one would wait for the first)."""
         with self._lock:
             if self.job or self._find_release_job():
+                assert self.job is not None  # _find_release_job set it
                 return self.job
             with _SHARED_LOCK:
                 entry = _SHARED.get(self.c.name)
@@ -275,7 +283,7 @@ class SlurmSteps:
         names = slurm.node_names(self.c, usable)
         name = slurm.command_job_name(self.c.name, TOKEN)
         try:
-            out, err, code = self.login_exec(slurm.salloc_command(self.c, names, name), self.c.slurm.alloc_timeout_s + 30)
+            out, err, code = self.login_exec(slurm.salloc_command(self.c, names, name), self.conf.alloc_timeout_s + 30)
         except BaseException:
             # interrupted or cut off while salloc waited: whatever it was granted goes by its name
             self._cancel_by_name(name)
@@ -285,7 +293,7 @@ class SlurmSteps:
             self._cancel_by_name(name)
             said = slurm.srun_problem(out, err, code).replace("srun", "salloc")
             gres = " ".join(slurm.gres_args(self.c))
-            raise AllocationError(f"no allocation of {', '.join(names)} in partition {self.c.slurm.partition}"
+            raise AllocationError(f"no allocation of {', '.join(names)} in partition {self.conf.partition}"
                                   f"{f' with {gres} on each node' if gres else ''}: {said}")
         return job
 
@@ -438,11 +446,12 @@ class SlurmSteps:
             return None
         snap = reader.parse_snapshot(out)
         got, _ = reader.answers(snap, read, {s: per_node[h][0] for s, h in names.items()}, job,
-                                reader.max_age(self.c.slurm.reader_period_s), since)
+                                reader.max_age(self.conf.reader_period_s), since)
         if got is None:
             if snap.state == "down":
                 self.restart_reader(d, job)
             return None
+        assert snap.now is not None  # answers() gives none without the login host's time
         return {names[s]: (r.stdout, r.stderr, r.code, max(0.0, r.age(snap.now) or 0.0)) for s, r in got.items()}
 
     def restart_reader(self, d: str, job: str) -> None:

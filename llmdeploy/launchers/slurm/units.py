@@ -584,7 +584,7 @@ class PyxisUnits:
     # a world is one step over its nodes, srun --mpi=pmix for an MPI one (jobs.plan_steps)
     worlds = True
     # Slurm sets these for the step's GRES (pyxis passes them in): a unit's, not the release's
-    own_env = pyxis.DEVICE_VARIABLES
+    own_env: tuple[str, ...] = pyxis.DEVICE_VARIABLES
 
     def __init__(self, cluster: Cluster):
         self.c = cluster
