@@ -6,6 +6,7 @@ operations on a running cluster are their own flows (``flows.releases``,
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -14,6 +15,9 @@ from flows.plan import Context, load_playbook, resolve_step, select_nodes
 from llmdeploy import report
 from llmdeploy.inventory import Cluster, load_cluster
 from llmdeploy.runner import SKIPPED, Runner
+
+if TYPE_CHECKING:  # pragma: no cover - types only (flows.stage is imported where prepare stages or distributes)
+    from flows.stage import ImageOutcome, Outcome
 
 
 def run_playbook(
@@ -136,34 +140,12 @@ def prepare(
     mode = " (check mode: nothing is changed)" if check else ""
     if not json_out:
         con.print(f"[bold]prepare {cluster.name}[/]: {len(select_nodes(cluster, limit))} nodes{mode}")
-    staged = None
-    if cluster.model.stage_from:
-        # the weights first (invoke stage): what is missing, resumed and verified; then the model check passes
-        from flows import stage as stage_flow
-
-        staged = stage_flow.run(cluster, con, check=check, quiet=json_out, limit=limit)
-        if not json_out:
-            stage_flow.show(con, cluster, staged, False)
-        if not staged.ok and not check:
-            if json_out:
-                report.emit_json({"cluster": cluster.name, "check": check, "ok": False, "changed": 0, "steps": {}, "recap": {},
-                                  "round_trips": {}, "stage": staged.as_json(cluster.stage.link_mbit)})
-            else:
-                con.print("[bold red]FAILED[/]: staging the model did not finish; nothing else was prepared")
-            return 1
-    distributed = wheels_sent = None
-    if not check:
-        from flows import stage as stage_flow
-
-        if cluster.image.distribute:
-            # one pull (or load), then the image down the nodes' chain; the image step then compares IDs
-            distributed = stage_flow.distribute_image(cluster, con, quiet=json_out, limit=limit)
-            if _not_everywhere(con, cluster, json_out, "image", cluster.image.ref, distributed):
-                return 1
-        # the image with the pinned wheels: one pip install for the cluster, then down the same chain
-        wheels_sent = stage_flow.distribute_wheels(cluster, con, quiet=json_out, limit=limit)
-        if wheels_sent is not None and _not_everywhere(con, cluster, json_out, "wheels", wheels_sent.ref or "", wheels_sent):
-            return 1
+    staged, failed = _stage_first(cluster, con, check, json_out, limit)
+    if failed:
+        return 1
+    distributed, wheels_sent, failed = _distribute(cluster, con, json_out, limit) if not check else (None, None, False)
+    if failed:
+        return 1
     # --json: no host rows (the step bars on a terminal's stderr, as before)
     recap, results, trips = run_playbook(cluster, "prepare", limit, con, ctx=ctx, host_lines=not json_out)
     status = _exit_status(recap)
@@ -177,6 +159,45 @@ def prepare(
             con.print("[bold]node acceptance tests[/] (invoke check)")
         status = node_check.run(cluster, limit=limit, con=con, quiet=json_out)
     return status
+
+
+def _stage_first(cluster: Cluster, con: Console, check: bool, json_out: bool, limit: str | None) -> tuple[Outcome | None, bool]:
+    """prepare's first part where the model is staged (invoke stage): what is
+    missing, resumed and verified, so that the model check then passes.
+    (the stage's outcome or None, whether it failed and prepare stops)."""
+    if not cluster.model.stage_from:
+        return None, False
+    from flows import stage as stage_flow
+
+    staged = stage_flow.run(cluster, con, check=check, quiet=json_out, limit=limit)
+    if not json_out:
+        stage_flow.show(con, cluster, staged, False)
+    if staged.ok or check:
+        return staged, False
+    if json_out:
+        report.emit_json({"cluster": cluster.name, "check": check, "ok": False, "changed": 0, "steps": {}, "recap": {},
+                          "round_trips": {}, "stage": staged.as_json(cluster.stage.link_mbit)})
+    else:
+        con.print("[bold red]FAILED[/]: staging the model did not finish; nothing else was prepared")
+    return staged, True
+
+
+def _distribute(cluster: Cluster, con: Console, json_out: bool, limit: str | None) -> tuple[ImageOutcome | None, ImageOutcome | None, bool]:
+    """The image (one pull or load, then down the nodes' chain; the image step
+    then compares IDs) and the image with the pinned wheels (one pip install
+    for the cluster, then down the same chain). (what each sent, whether a
+    node lacks one and prepare stops)."""
+    from flows import stage as stage_flow
+
+    distributed = None
+    if cluster.image.distribute:
+        distributed = stage_flow.distribute_image(cluster, con, quiet=json_out, limit=limit)
+        if _not_everywhere(con, cluster, json_out, "image", cluster.image.ref, distributed):
+            return distributed, None, True
+    wheels_sent = stage_flow.distribute_wheels(cluster, con, quiet=json_out, limit=limit)
+    if wheels_sent is not None and _not_everywhere(con, cluster, json_out, "wheels", wheels_sent.ref or "", wheels_sent):
+        return distributed, wheels_sent, True
+    return distributed, wheels_sent, False
 
 
 def _prepare_locked(cluster_name: str, diff: bool, limit: str | None, json_out: bool, run_checks: bool, message: str | None,

@@ -262,10 +262,12 @@ def platform_refusal(runner: Runner, cluster: Cluster) -> str | None:
     return facts.refusal(cluster, runner.run(facts.gather_step(cluster)))
 
 
-def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: bool, skip_prepare: bool, secrets: list[str], force: bool,
-                   prepare_fn, where: dict) -> tuple[int, str | None]:
-    """The deploy under the lock; ``where["phase"]`` says how far it got (for an interruption or a failure)."""
-    # the last communication check, kept on node 0
+def _ready_to_deploy(cluster: Cluster, runner: Runner, con: Console, json_out: bool, skip_prepare: bool, force: bool,
+                     prepare_fn) -> tuple[int, dict[str, Any], str]:
+    """What a deploy checks before it writes anything: the last communication
+    check (kept on node 0), prepare (or, without it, the platform's refusal
+    of a node), and the nodes' prepare records, which must name one image.
+    (prepare's status, non-zero when it failed; the records; the image ID)."""
     out, _, _ = runner.exec(cluster.node0, verify.last_report_script(cluster))
     go, said = verify.gate(cluster, out, force)
     if not go:
@@ -282,7 +284,7 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
         if status:
             if not json_out:
                 con.print("[bold red]deploy stopped: prepare failed[/] (nothing was started or stopped)")
-            return status, None
+            return status, {}, ""
     prepared = read_prepared(runner, cluster)
     missing = [h for h, p in prepared.items() if p is None]
     if missing:
@@ -290,7 +292,15 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
     image_ids = {(p or {}).get("image", {}).get("id") for p in prepared.values()} - {None}
     if len(image_ids) != 1:
         raise LlmdeployError(f"the nodes' prepare records name {len(image_ids)} image IDs: run invoke prepare --cluster {cluster.name}")
-    image_id = image_ids.pop()
+    return 0, prepared, image_ids.pop()
+
+
+def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: bool, skip_prepare: bool, secrets: list[str], force: bool,
+                   prepare_fn, where: dict) -> tuple[int, str | None]:
+    """The deploy under the lock; ``where["phase"]`` says how far it got (for an interruption or a failure)."""
+    status, prepared, image_id = _ready_to_deploy(cluster, runner, con, json_out, skip_prepare, force, prepare_fn)
+    if status:
+        return status, None
     rid, chash, plan = plan_release(cluster, prepared, image_id, image_id)
     where.update(release=rid, image_id=image_id, config_hash=chash[:16])
     con.print(f"[bold]deploy {cluster.name}[/]: release {rid} ({plan.system}: {' -> '.join(s.name for s in plan.services)})")

@@ -8,11 +8,11 @@ own profile is resolved once per call into it, by the registry:
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
-from llmdeploy.releaseplan import Probe
+from llmdeploy.releaseplan import Probe, ReleasePlan
 from llmdeploy.serving import Prepared, ReleaseFile
 from roles import mpi, runtime
 from roles import render  # noqa: F401 (the systems render their files with it)
@@ -160,6 +160,13 @@ def container_meta(cluster: Cluster, release: str, system: str, node: Node, unit
     return {"release": release, "cluster": cluster.name, "host": node.name, "role": unit.role, **rank,
             "container": unit.container, "image": unit.show["image"], "image_id": image_id, "system": system,
             "command": shlex.split(unit.show["serve_command"])}
+
+
+def check_files(plan: ReleasePlan, host: str, secrets: list[str], shown: Callable[[str], bool]) -> dict[str, str]:
+    """The files of ``host``'s release that ``deploy --check`` shows (``shown(name)``), by name, secrets masked."""
+    from llmdeploy.errors import mask
+
+    return {name: mask(text, secrets) for name, (text, _) in sorted(plan.files[host].items()) if shown(name)}
 
 
 def container_check_node(cluster: Cluster, node: Node, unit, secrets: list[str], rank: dict) -> dict:

@@ -36,7 +36,7 @@ import math
 import re
 import shlex
 from collections import Counter
-from typing import Any, Protocol, cast
+from typing import Any, Callable, Protocol, cast
 
 from llmdeploy import launcher
 from llmdeploy.inventory import Cluster, Node
@@ -524,15 +524,7 @@ def all_reduce_failure(cluster: Cluster, args: str, hostnames: dict[str, str | N
     could not start its daemon on a node. Empty when the output says none
     of these."""
     ranks = all_reduce_ranks(cluster, args)
-    by_host: dict[str, str] = {}
-    for n in cluster.nodes:
-        by_host[n.name] = by_host[str(n.ip)] = n.name  # mpirun names a node by its -H entry
-        h = (hostnames.get(n.name) or "").strip()
-        if h:
-            by_host[h] = by_host[h.split(".")[0]] = n.name
-
-    def node_of_host(h: str) -> str | None:
-        return by_host.get(h) or by_host.get(h.split(".")[0])
+    node_of_host = _node_finder(cluster, hostnames)
 
     def node_of_rank(r: int) -> str:
         return next((n.name for n, _, rs in ranks if r in rs), f"rank {r}")
@@ -567,16 +559,39 @@ def all_reduce_failure(cluster: Cluster, args: str, hostnames: dict[str, str | N
     proc = _MPI_PROC.search(text)
     if proc and not named(node_of_rank(int(proc.group("rank")))):
         add(f"{node_of_rank(int(proc.group('rank')))}: rank {proc.group('rank')} exited with status {proc.group('code')}")
-    if any(s in text for s in _ORTE_DAEMONS):
-        others = [n.name for n in cluster.nodes[1:]]
-        anywhere = others[0] if len(others) == 1 else "one of " + ", ".join(others)
-        said = list(_SSH.finditer(text)) or [None]
-        for s in said:
-            host = (s.group("host") or s.group("chost")) if s else None
-            words = f" ({s.group(0).strip()})" if s else ""
-            add(f"{(node_of_host(host) if host else None) or anywhere}: mpirun on {cluster.node0.name} could not start its daemon there over SSH{words}; "
-                "check node 0's ssh_config (profile.launch_ssh_config), its key and known_hosts for that node")
+    for msg in _daemon_failures(cluster, text, node_of_host):
+        add(msg)
     return problems
+
+
+def _node_finder(cluster: Cluster, hostnames: dict[str, str | None]) -> Callable[[str], str | None]:
+    """The node a host name in mpirun's or NCCL's output stands for: its -H
+    entry (the inventory's name or IP), or its hostname from the facts, with
+    or without the domain."""
+    by_host: dict[str, str] = {}
+    for n in cluster.nodes:
+        by_host[n.name] = by_host[str(n.ip)] = n.name  # mpirun names a node by its -H entry
+        h = (hostnames.get(n.name) or "").strip()
+        if h:
+            by_host[h] = by_host[h.split(".")[0]] = n.name
+    return lambda h: by_host.get(h) or by_host.get(h.split(".")[0])
+
+
+def _daemon_failures(cluster: Cluster, text: str, node_of_host: Callable[[str], str | None]) -> list[str]:
+    """mpirun could not start its daemon on a node over SSH: the node ssh's
+    own words name (else every node but node 0), with what to check."""
+    if not any(s in text for s in _ORTE_DAEMONS):
+        return []
+    others = [n.name for n in cluster.nodes[1:]]
+    anywhere = others[0] if len(others) == 1 else "one of " + ", ".join(others)
+    out = []
+    said: list[re.Match[str] | None] = [*_SSH.finditer(text)] or [None]
+    for s in said:
+        host = (s.group("host") or s.group("chost")) if s else None
+        words = f" ({s.group(0).strip()})" if s else ""
+        out.append(f"{(node_of_host(host) if host else None) or anywhere}: mpirun on {cluster.node0.name} could not start its daemon there "
+                   f"over SSH{words}; check node 0's ssh_config (profile.launch_ssh_config), its key and known_hosts for that node")
+    return out
 
 
 def all_reduce_table(out: str) -> list[dict]:

@@ -275,8 +275,7 @@ def _heatmap(fig, ax, scale_ax, legend_ax, record: dict) -> None:
     import numpy as np
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import LinearSegmentedColormap, Normalize, to_rgba
-    from matplotlib.patches import Patch
+    from matplotlib.colors import LinearSegmentedColormap, Normalize
 
     ax_keys = axis(record)
     n = len(ax_keys)
@@ -300,6 +299,23 @@ def _heatmap(fig, ax, scale_ax, legend_ax, record: dict) -> None:
     norm = Normalize(lo, hi)
     greens = colormaps["Greens"]
     cmap = LinearSegmentedColormap.from_list("rtt", [greens(x) for x in np.linspace(0.35, 0.95, 64)])
+    _draw_cells(ax, cells, n, norm, cmap)
+    _ticks(ax, record, n)
+    ax.set_xlabel(f"destination node / {word}", fontsize=10)
+    ax.set_ylabel(f"source node / {word}", fontsize=10)
+    _shade_unreachable(ax, record, ax_keys)
+    _mark_failed(ax, record, ax_keys, n)
+    _legend(legend_ax, plan)
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=scale_ax, orientation="horizontal")
+    bar.set_label("round-trip time (ms) of the pings without loss" if rtts else "round-trip time: no reply times recorded", fontsize=9)
+    bar.ax.tick_params(labelsize=8)
+
+
+def _draw_cells(ax, cells: dict, n: int, norm, cmap) -> None:
+    """Each pinged pair's cell: its round trip's green, or the colour of its loss."""
+    import numpy as np
+    from matplotlib.colors import to_rgba
+
     img = np.empty((n, n, 4))
     img[:, :] = to_rgba(NOT_PINGED)
     bad, good = [], []
@@ -318,10 +334,10 @@ def _heatmap(fig, ax, scale_ax, legend_ax, record: dict) -> None:
             if cells_:
                 ax.scatter([b for _, b, _ in cells_], [a for a, _, _ in cells_], marker="s", s=size, c=[c for _, _, c in cells_],
                            linewidths=0, zorder=3)
-    _ticks(ax, record, n)
-    ax.set_xlabel(f"destination node / {word}", fontsize=10)
-    ax.set_ylabel(f"source node / {word}", fontsize=10)
-    # unreachable nodes: their block's rows and columns shaded
+
+
+def _shade_unreachable(ax, record: dict, ax_keys: list) -> None:
+    """Unreachable nodes: their block's rows and columns shaded."""
     offset: dict[str, int] = {}
     for i, (h, d) in enumerate(ax_keys):
         offset.setdefault(h, i)
@@ -330,7 +346,10 @@ def _heatmap(fig, ax, scale_ax, legend_ax, record: dict) -> None:
             k = devices(record)[h]
             ax.axhspan(offset[h] - 0.5, offset[h] + k - 0.5, color=LOST, alpha=0.12, lw=0)
             ax.axvspan(offset[h] - 0.5, offset[h] + k - 0.5, color=LOST, alpha=0.12, lw=0)
-    # failed devices: their row and column shaded (at least ~4 pixels wide), named on the right (rows) and on top (columns)
+
+
+def _mark_failed(ax, record: dict, ax_keys: list, n: int) -> None:
+    """Failed devices: their row and column shaded (at least ~4 pixels wide), named on the right (rows) and on top (columns)."""
     index = {k: i for i, k in enumerate(ax_keys)}
     failed = [f for f in failed_devices(record) if (f["host"], f["device"]) in index]
     half = max(0.5, n / 300)
@@ -351,13 +370,16 @@ def _heatmap(fig, ax, scale_ax, legend_ax, record: dict) -> None:
             sec.tick_params(colors=LOST, labelsize=8 if len(shown) > 8 else 10, length=4)
             for tl in sec.get_xticklabels() + sec.get_yticklabels():
                 tl.set_fontweight("bold")
+
+
+def _legend(legend_ax, plan: str) -> None:
+    from matplotlib.colors import to_rgba
+    from matplotlib.patches import Patch
+
     handles = [Patch(color=LOST, label="lost (100% loss)"), Patch(color=PARTIAL, label="partial loss"),
                Patch(color=NOT_PINGED, label="not pinged (" + ("sampled plan" if plan == "sampled" else "not in the plan") + ")"),
                Patch(facecolor=to_rgba(LOST, 0.22), edgecolor=LOST, label="failed device: its row and column")]
     legend_ax.legend(handles=handles, loc="center", ncol=2, fontsize=9, frameon=False)
-    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=scale_ax, orientation="horizontal")
-    bar.set_label("round-trip time (ms) of the pings without loss" if rtts else "round-trip time: no reply times recorded", fontsize=9)
-    bar.ax.tick_params(labelsize=8)
 
 
 def _cross_box(i: int, half: float):

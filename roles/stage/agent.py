@@ -312,116 +312,151 @@ def relay(order):
     if code is not None:
         return code, res
     cache = load_cache(order["cache"])
-    source, up, forward = link.source, link.up, link.forward
     total = sum(f["size"] - f["offset"] for f in files)
     progress = Progress(total, "stage")
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
+    view = memoryview(bytearray(CHUNK))
 
     for f in files:
         key = "%d/%s" % (f["dir"], f["name"])
         root = roots[f["dir"]]
-        count = f["size"] - f["offset"]
-        out, h = None, None
-        if key in need and not source:
-            part = os.path.join(root, partial_name(f["name"]))
-            try:
-                os.makedirs(os.path.dirname(part), exist_ok=True)
-                out = open(part, "a+b")
-                out.seek(0, os.SEEK_END)
-                have = out.tell()
-                if have < f["offset"]:
-                    raise OSError(0, "partial file is %d bytes, the stream resumes at %d" % (have, f["offset"]))
-                out.truncate(f["offset"])
-                h = hashlib.sha256()
-                out.seek(0)
-                left = f["offset"]
-                while left:  # the bytes kept from an interrupted stage: hashed, not sent again
-                    b = out.read(min(CHUNK * 4, left))
-                    if not b:
-                        raise OSError(0, "partial file shrank while it was read")
-                    h.update(b)
-                    left -= len(b)
-                out.seek(f["offset"])
-            except OSError as exc:
-                res["failed"][key] = "cannot write %s: %s" % (part, exc.strerror or exc)
-                if out is not None:
-                    out.close()
-                out, h = None, None
-        if source:
-            path = os.path.join(root, f["name"])
-            try:
-                with open(path, "rb") as src:
-                    src.seek(f["offset"])
-                    left = count
-                    while left:
-                        n = src.readinto(view[: min(CHUNK, left)])
-                        if not n:
-                            raise OSError(0, "file shrank while it was sent (%d bytes short)" % left)
-                        forward(view[:n])
-                        left -= n
-                        progress.add(n)
-                        if link.down is None:
-                            break
-            except OSError as exc:
-                res["failed"][key] = "cannot read %s: %s" % (path, exc.strerror or exc)
-                return EXIT_FAILED, res
-            if link.down is None:
-                return (EXIT_OK if res["downstream"] is None else EXIT_FAILED), res
+        if link.source:
+            code = send_file(f, root, key, link, view, progress, res)
+            if code is not None:
+                return code, res
             continue
-        assert up is not None  # link.open() connected it: this node is not the source
-        left = count
-        while left:
-            try:
-                n = up.recv_into(view[: min(CHUNK, left)])
-            except OSError as exc:
-                n, why = 0, exc.strerror or str(exc)
-            else:
-                why = "connection closed"
-            if not n:
-                if out is not None:
-                    out.flush()
-                    out.close()
-                res["upstream"] = "the stream ended in %s with %d of %d bytes left (%s)" % (f["name"], left, count, why)
-                save_cache(order["cache"], cache)
-                return EXIT_UPSTREAM, res
-            chunk = view[:n]
-            forward(chunk)  # first: the next node never waits for this one's disk
-            if out is not None:
-                assert h is not None  # set with out
-                try:
-                    out.write(chunk)
-                    h.update(chunk)
-                    res["written"] += n
-                except OSError as exc:
-                    res["failed"][key] = "cannot write %s: %s" % (f["name"], exc.strerror or exc)
-                    out.close()
-                    os.unlink(os.path.join(root, partial_name(f["name"])))
-                    out, h = None, None
-            res["received"] += n
-            left -= n
-            progress.add(n)
+        out, h = open_partial(f, root, key, res) if key in need else (None, None)
+        code, out, h = receive_file(f, root, key, link, out, h, view, progress, res)
+        if code is not None:
+            save_cache(order["cache"], cache)
+            return code, res
         if out is not None:
-            part = os.path.join(root, partial_name(f["name"]))
-            final = os.path.join(root, f["name"])
-            out.flush()
-            os.fsync(out.fileno())
-            out.close()
             assert h is not None  # set with out
-            got = h.hexdigest()
-            if got != f["sha256"]:
-                os.unlink(part)
-                res["failed"][key] = "sha256 %s, the source's is %s" % (got[:16], f["sha256"][:16])
-            else:
-                os.replace(part, final)
-                st = os.stat(final)
-                cache[final] = [st.st_size, st.st_mtime_ns, got]
-                res["verified"].append(key)
+            if keep_file(f, root, key, out, h, cache, res):
                 save_cache(order["cache"], cache)  # a killed stage does not hash this file again
     progress.add(0, force=True)
     link.close()
     save_cache(order["cache"], cache)
     return (EXIT_FAILED if res["failed"] else EXIT_OK), res
+
+
+def open_partial(f, root, key, res):
+    """The partial file this node appends the stream of ``f`` to, with the
+    bytes an interrupted stage kept hashed (not sent again); (None, None)
+    when it cannot be written (``res`` says why)."""
+    part = os.path.join(root, partial_name(f["name"]))
+    out = None
+    try:
+        os.makedirs(os.path.dirname(part), exist_ok=True)
+        out = open(part, "a+b")
+        out.seek(0, os.SEEK_END)
+        have = out.tell()
+        if have < f["offset"]:
+            raise OSError(0, "partial file is %d bytes, the stream resumes at %d" % (have, f["offset"]))
+        out.truncate(f["offset"])
+        h = hashlib.sha256()
+        out.seek(0)
+        left = f["offset"]
+        while left:
+            b = out.read(min(CHUNK * 4, left))
+            if not b:
+                raise OSError(0, "partial file shrank while it was read")
+            h.update(b)
+            left -= len(b)
+        out.seek(f["offset"])
+        return out, h
+    except OSError as exc:
+        res["failed"][key] = "cannot write %s: %s" % (part, exc.strerror or exc)
+        if out is not None:
+            out.close()
+        return None, None
+
+
+def send_file(f, root, key, link, view, progress, res):
+    """The source's part: ``f``'s bytes from its offset down the chain. None
+    to go on with the next file, else the stage's exit code (a file it cannot
+    read, or no next node left to send to)."""
+    path = os.path.join(root, f["name"])
+    try:
+        with open(path, "rb") as src:
+            src.seek(f["offset"])
+            left = f["size"] - f["offset"]
+            while left:
+                n = src.readinto(view[: min(CHUNK, left)])
+                if not n:
+                    raise OSError(0, "file shrank while it was sent (%d bytes short)" % left)
+                link.forward(view[:n])
+                left -= n
+                progress.add(n)
+                if link.down is None:
+                    break
+    except OSError as exc:
+        res["failed"][key] = "cannot read %s: %s" % (path, exc.strerror or exc)
+        return EXIT_FAILED
+    if link.down is None:
+        return EXIT_OK if res["downstream"] is None else EXIT_FAILED
+    return None
+
+
+def receive_file(f, root, key, link, out, h, view, progress, res):
+    """A relay's part: ``f``'s bytes from upstream, each chunk forwarded first
+    (the next node never waits for this one's disk), then written to ``out``
+    where this node needs the file. (None, or EXIT_UPSTREAM when the stream
+    ended early; the file and its hash, None once a write failed)."""
+    up = link.up
+    assert up is not None  # link.open() connected it: this node is not the source
+    count = f["size"] - f["offset"]
+    left = count
+    while left:
+        try:
+            n = up.recv_into(view[: min(CHUNK, left)])
+        except OSError as exc:
+            n, why = 0, exc.strerror or str(exc)
+        else:
+            why = "connection closed"
+        if not n:
+            if out is not None:
+                out.flush()
+                out.close()
+            res["upstream"] = "the stream ended in %s with %d of %d bytes left (%s)" % (f["name"], left, count, why)
+            return EXIT_UPSTREAM, None, None
+        chunk = view[:n]
+        link.forward(chunk)
+        if out is not None:
+            assert h is not None  # set with out
+            try:
+                out.write(chunk)
+                h.update(chunk)
+                res["written"] += n
+            except OSError as exc:
+                res["failed"][key] = "cannot write %s: %s" % (f["name"], exc.strerror or exc)
+                out.close()
+                os.unlink(os.path.join(root, partial_name(f["name"])))
+                out, h = None, None
+        res["received"] += n
+        left -= n
+        progress.add(n)
+    return None, out, h
+
+
+def keep_file(f, root, key, out, h, cache, res):
+    """A received file, whole: on disk, its sha256 checked against the
+    source's, then under its own name (and in the hash cache), or removed.
+    Whether it was kept."""
+    part = os.path.join(root, partial_name(f["name"]))
+    final = os.path.join(root, f["name"])
+    out.flush()
+    os.fsync(out.fileno())
+    out.close()
+    got = h.hexdigest()
+    if got != f["sha256"]:
+        os.unlink(part)
+        res["failed"][key] = "sha256 %s, the source's is %s" % (got[:16], f["sha256"][:16])
+        return False
+    os.replace(part, final)
+    st = os.stat(final)
+    cache[final] = [st.st_size, st.st_mtime_ns, got]
+    res["verified"].append(key)
+    return True
 
 
 # --- pipe: a command's output down the chain (docker save -> docker load) ---
@@ -531,8 +566,6 @@ def pipe(order):
     framed; a node with ``order["sink"]`` (the source too) feeds the stream to
     that command's standard input while it forwards the frames. The stream
     ends with the sha256 of everything sent, which every node checks."""
-    import subprocess
-
     res: dict[str, Any] = {"received": 0, "forwarded": 0, "upstream": None, "downstream": None, "sink": None}
     t0 = time.monotonic()
     link = Link(order, res)
@@ -542,39 +575,53 @@ def pipe(order):
     progress = Progress(int(order.get("size_hint") or 0), "stream")
     sink = Sink(order.get("sink"))
     if link.source:
-        feed = Feed(link, sink, progress)
-        if order.get("export"):
-            try:
-                res["export"] = export(order["export"], feed)
-            except Unsupported as exc:
-                sink.abort()
-                link.close()
-                res["unsupported"] = str(exc)
-                return EXIT_UNSUPPORTED, res
-            except (OSError, ValueError, KeyError) as exc:
-                sink.abort()
-                link.close()
-                res["sink"] = "registry: %s" % (getattr(exc, "strerror", None) or exc)
-                return EXIT_FAILED, res
-        else:
-            proc = subprocess.Popen(order["command"], stdout=subprocess.PIPE)
-            assert proc.stdout is not None  # stdout=PIPE
-            while True:
-                b = proc.stdout.read(CHUNK)
-                if not b:
-                    break
-                feed.write(b)
-            code = proc.wait()
-            if code != 0:
-                sink.abort()
-                link.close()
-                res["sink"] = "%s exited %d" % (order["command"][0], code)
-                return EXIT_FAILED, res
-        feed.end()
-        progress.add(0, force=True)
-        link.close()
-        timed_finish(sink, res, t0)
-        return (EXIT_FAILED if res["downstream"] or res["sink"] else EXIT_OK), res
+        return pipe_source(order, link, sink, progress, res, t0), res
+    return pipe_relay(link, sink, progress, res, t0), res
+
+
+def pipe_source(order, link, sink, progress, res, t0):
+    """The source's part of ``pipe``: the image read from its registry, or
+    the command's output, framed down the chain and into the sink; its exit code."""
+    import subprocess
+
+    feed = Feed(link, sink, progress)
+    if order.get("export"):
+        try:
+            res["export"] = export(order["export"], feed)
+        except Unsupported as exc:
+            sink.abort()
+            link.close()
+            res["unsupported"] = str(exc)
+            return EXIT_UNSUPPORTED
+        except (OSError, ValueError, KeyError) as exc:
+            sink.abort()
+            link.close()
+            res["sink"] = "registry: %s" % (getattr(exc, "strerror", None) or exc)
+            return EXIT_FAILED
+    else:
+        proc = subprocess.Popen(order["command"], stdout=subprocess.PIPE)
+        assert proc.stdout is not None  # stdout=PIPE
+        while True:
+            b = proc.stdout.read(CHUNK)
+            if not b:
+                break
+            feed.write(b)
+        code = proc.wait()
+        if code != 0:
+            sink.abort()
+            link.close()
+            res["sink"] = "%s exited %d" % (order["command"][0], code)
+            return EXIT_FAILED
+    feed.end()
+    progress.add(0, force=True)
+    link.close()
+    timed_finish(sink, res, t0)
+    return EXIT_FAILED if res["downstream"] or res["sink"] else EXIT_OK
+
+
+def pipe_relay(link, sink, progress, res, t0):
+    """A relay's part of ``pipe``: each frame from upstream forwarded, then
+    fed to the sink, and the stream's sha256 checked at its end; the exit code."""
     h = hashlib.sha256()
     up = link.up
     while True:
@@ -589,7 +636,7 @@ def pipe(order):
         if head is None or body is None:
             sink.abort()
             res["upstream"] = "the stream ended after %d bytes (%s)" % (res["received"], why)
-            return EXIT_UPSTREAM, res
+            return EXIT_UPSTREAM
         link.forward(head + body)
         if n == 0:
             digest = body
@@ -603,9 +650,9 @@ def pipe(order):
     if digest != h.digest():
         sink.abort()
         res["sink"] = "the stream's sha256 is not the source's"
-        return EXIT_FAILED, res
+        return EXIT_FAILED
     timed_finish(sink, res, t0)
-    return (EXIT_FAILED if res["sink"] else EXIT_OK), res
+    return EXIT_FAILED if res["sink"] else EXIT_OK
 
 
 # --- export: an image from its registry, as docker load reads it ------------

@@ -61,7 +61,7 @@ from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, U
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles, ServingProfile
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
-from systems.common import accessory_image, hostfile, launch_agent, mpi_exports, nic_signature, nics, one_launch, render, serving_image
+from systems.common import accessory_image, check_files, hostfile, launch_agent, mpi_exports, nic_signature, nics, one_launch, render, serving_image
 # the workers are TensorRT-LLM engines: its configuration merge and launch mounts
 from systems.trtllm import config as trtllm
 from systems.trtllm import ssh_mounts_for
@@ -249,72 +249,88 @@ def env_text(cluster: Cluster, node: Node, env: dict[str, str], what: str) -> st
 # --- the plan ------------------------------------------------------------------------------------
 def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared,
              rid: str) -> list[Service]:
-    prof = profile
-    name, phase = entry.name, entry.stop_phase
+    name = entry.name
+    if name == "etcd":
+        return [_etcd(cluster, profile, rid, entry.stop_phase, prepared)]
+    if name == "nats":
+        return [_nats(cluster, profile, rid, entry.stop_phase, prepared)]
+    if name == "frontend":
+        return [_frontend(cluster, profile, rid, entry.stop_phase, prepared)]
+    if name in ("prefill", "decode"):
+        return [_worker_group(cluster, profile, rid, entry.stop_phase, prepared, w) for w in dynamo.placement(cluster, profile) if w.role == name]
+    raise LlmdeployError(f"playbooks/serve-dynamo.yaml: dynamo has no service {name!r} (etcd, nats, frontend, prefill, decode)")
+
+
+def _etcd(cluster: Cluster, prof: DynamoProfile, rid: str, phase: int, prepared: Prepared) -> Service:
+    """etcd on node 0, or the inventory's own (its /health, nothing started)."""
+    n0 = cluster.node0
+    if prof.etcd_endpoints:
+        url = urlparse(prof.etcd_endpoints.split(",")[0])
+        assert url.hostname is not None  # DynamoProfile's pattern: every endpoint names a host
+        return Service(name="etcd", units=[], started=Probe(name="external etcd /health", kind="http", host=n0.name, ip=url.hostname,
+                                                            port=url.port or 2379, path="/health", check="json", arg="health=true"))
+    image = accessory_image(n0, prepared, prof.etcd_image)
+    unit = Unit(host=n0.name, container=container(cluster, rid, "etcd"), prefix="etcd.", role="control-plane", devices=0,
+                spec=etcd_spec(cluster, prof, rid, phase, image), show={"image": image})
+    return Service(name="etcd", units=[unit], started=Probe(name="etcd /health", kind="http", host=n0.name, port=prof.etcd_port,
+                                                            path="/health", check="json", arg="health=true"))
+
+
+def _nats(cluster: Cluster, prof: DynamoProfile, rid: str, phase: int, prepared: Prepared) -> Service:
+    """NATS on node 0, or the inventory's own (its client port, nothing started)."""
+    n0 = cluster.node0
+    if prof.nats_server:
+        url = urlparse(prof.nats_server)
+        assert url.hostname is not None  # DynamoProfile's pattern: the server names a host
+        # the monitoring port of an external NATS is not known: its client port must accept a connection
+        return Service(name="nats", units=[], started=Probe(name="external NATS client port", kind="port", host=n0.name,
+                                                            ip=url.hostname, port=url.port or 4222))
+    image = accessory_image(n0, prepared, prof.nats_image)
+    unit = Unit(host=n0.name, container=container(cluster, rid, "nats"), prefix="nats.", role="control-plane", devices=0,
+                spec=nats_spec(cluster, prof, rid, phase, image), show={"image": image})
+    return Service(name="nats", units=[unit], started=Probe(name="NATS /healthz", kind="http", host=n0.name, port=prof.nats_monitor_port,
+                                                            path="/healthz", check="json", arg="status=ok"))
+
+
+def _frontend(cluster: Cluster, prof: DynamoProfile, rid: str, phase: int, prepared: Prepared) -> Service:
     n0 = cluster.node0
     rd = release_dir(cluster, rid)
-    if name == "etcd":
-        if prof.etcd_endpoints:
-            url = urlparse(prof.etcd_endpoints.split(",")[0])
-            assert url.hostname is not None  # DynamoProfile's pattern: every endpoint names a host
-            return [Service(name="etcd", units=[], started=Probe(name="external etcd /health", kind="http", host=n0.name, ip=url.hostname,
-                                                                 port=url.port or 2379, path="/health", check="json", arg="health=true"))]
-        image = accessory_image(n0, prepared, prof.etcd_image)
-        unit = Unit(host=n0.name, container=container(cluster, rid, "etcd"), prefix="etcd.", role="control-plane", devices=0,
-                    spec=etcd_spec(cluster, prof, rid, phase, image), show={"image": image})
-        return [Service(name="etcd", units=[unit], started=Probe(name="etcd /health", kind="http", host=n0.name, port=prof.etcd_port,
-                                                                 path="/health", check="json", arg="health=true"))]
-    if name == "nats":
-        if prof.nats_server:
-            url = urlparse(prof.nats_server)
-            assert url.hostname is not None  # DynamoProfile's pattern: the server names a host
-            # the monitoring port of an external NATS is not known: its client port must accept a connection
-            return [Service(name="nats", units=[], started=Probe(name="external NATS client port", kind="port", host=n0.name,
-                                                                 ip=url.hostname, port=url.port or 4222))]
-        image = accessory_image(n0, prepared, prof.nats_image)
-        unit = Unit(host=n0.name, container=container(cluster, rid, "nats"), prefix="nats.", role="control-plane", devices=0,
-                    spec=nats_spec(cluster, prof, rid, phase, image), show={"image": image})
-        return [Service(name="nats", units=[unit], started=Probe(name="NATS /healthz", kind="http", host=n0.name, port=prof.nats_monitor_port,
-                                                                 path="/healthz", check="json", arg="status=ok"))]
-    if name == "frontend":
-        image = serving_image(cluster, n0, prepared)
-        spec = trtllm_spec(cluster, prof, rid, container(cluster, rid, "frontend"), "frontend", "frontend", phase, image,
-                           f"{rd}/frontend.env", ["sh", f"{rd}/frontend.sh"])
-        unit = Unit(host=n0.name, container=container(cluster, rid, "frontend"), prefix="frontend.", role="frontend", devices=0, spec=spec,
-                    show={"image": image,
-                          "serve_command": f"python3 -m dynamo.frontend --http-port {prof.frontend_port} --router-mode kv --router-session-affinity-ttl-secs 14400"})
-        return [Service(name="frontend", units=[unit])]
-    if name in ("prefill", "decode"):
-        pmix = one_launch(cluster)
-        out = []
-        for w in dynamo.placement(cluster, prof):
-            if w.role != name:
-                continue
-            units = []
-            # mpirun's line only where mpirun starts the group
-            mpirun, tail = mpirun_args(cluster, prof, rid, w, prepared) if not pmix else ([], "")
-            for i, (host, gpus) in enumerate(w.nodes):
-                node = cluster.node(host)
-                launcher = i == 0
-                # a PMIx group's line is the same on every node (one launch): its first node's image, which prepare made every node's
-                image = serving_image(cluster, cluster.node(w.rank0_node) if pmix else node, prepared)
-                script = f"{w.name}.{'task' if pmix else 'serve' if launcher else 'hold'}.sh"
-                spec = trtllm_spec(cluster, prof, rid, container(cluster, rid, w.name), w.name, w.role, phase, image,
-                                   f"{rd}/{w.name}.env", ["sh", f"{rd}/{script}"], ssh=launcher and len(w.nodes) > 1 and not pmix,
-                                   ranks=f"0-{w.ranks - 1}" if pmix else ",".join(map(str, gpus)))
-                show = {"image": image, "ranks": f"{w.ranks} ({len(gpus)} here)",
-                        "cuda_visible_devices": w.cuda_visible_devices(host), "system_port": w.system_port}
-                if pmix or launcher:
-                    note, show["numactl"] = membind_shown(cluster, prof, node, prepared)
-                    # pmix: every task of the group's one launch runs its node's task.sh (the setup, the merge, then this)
-                    show["serve_command"] = (note + task_command(cluster, prof, rid, w, node, prepared) if pmix
-                                             else f"{shlex.join(mpirun)} <-x every variable of {PROFILE_ENV}> {note}{tail}")
-                # a PMIx group starts at once (one launch, a task per GPU here); mpirun's starts its holders first
-                units.append(Unit(host=host, container=container(cluster, rid, w.name), prefix=f"{w.name}.", spec=spec,
-                                  order=0 if pmix or not launcher else 1, role=w.role, show=show, tasks=len(gpus) if pmix else 1))
-            out.append(Service(name=w.name, units=units, restart="group", world=pmix))
-        return out
-    raise LlmdeployError(f"playbooks/serve-dynamo.yaml: dynamo has no service {name!r} (etcd, nats, frontend, prefill, decode)")
+    image = serving_image(cluster, n0, prepared)
+    spec = trtllm_spec(cluster, prof, rid, container(cluster, rid, "frontend"), "frontend", "frontend", phase, image,
+                       f"{rd}/frontend.env", ["sh", f"{rd}/frontend.sh"])
+    unit = Unit(host=n0.name, container=container(cluster, rid, "frontend"), prefix="frontend.", role="frontend", devices=0, spec=spec,
+                show={"image": image,
+                      "serve_command": f"python3 -m dynamo.frontend --http-port {prof.frontend_port} --router-mode kv --router-session-affinity-ttl-secs 14400"})
+    return Service(name="frontend", units=[unit])
+
+
+def _worker_group(cluster: Cluster, prof: DynamoProfile, rid: str, phase: int, prepared: Prepared, w: dynamo.Worker) -> Service:
+    """One prefill or decode group: a unit per node it spans, one MPI world."""
+    rd = release_dir(cluster, rid)
+    pmix = one_launch(cluster)
+    units = []
+    # mpirun's line only where mpirun starts the group
+    mpirun, tail = mpirun_args(cluster, prof, rid, w, prepared) if not pmix else ([], "")
+    for i, (host, gpus) in enumerate(w.nodes):
+        node = cluster.node(host)
+        launcher = i == 0
+        # a PMIx group's line is the same on every node (one launch): its first node's image, which prepare made every node's
+        image = serving_image(cluster, cluster.node(w.rank0_node) if pmix else node, prepared)
+        script = f"{w.name}.{'task' if pmix else 'serve' if launcher else 'hold'}.sh"
+        spec = trtllm_spec(cluster, prof, rid, container(cluster, rid, w.name), w.name, w.role, phase, image,
+                           f"{rd}/{w.name}.env", ["sh", f"{rd}/{script}"], ssh=launcher and len(w.nodes) > 1 and not pmix,
+                           ranks=f"0-{w.ranks - 1}" if pmix else ",".join(map(str, gpus)))
+        show = {"image": image, "ranks": f"{w.ranks} ({len(gpus)} here)",
+                "cuda_visible_devices": w.cuda_visible_devices(host), "system_port": w.system_port}
+        if pmix or launcher:
+            note, show["numactl"] = membind_shown(cluster, prof, node, prepared)
+            # pmix: every task of the group's one launch runs its node's task.sh (the setup, the merge, then this)
+            show["serve_command"] = (note + task_command(cluster, prof, rid, w, node, prepared) if pmix
+                                     else f"{shlex.join(mpirun)} <-x every variable of {PROFILE_ENV}> {note}{tail}")
+        # a PMIx group starts at once (one launch, a task per GPU here); mpirun's starts its holders first
+        units.append(Unit(host=host, container=container(cluster, rid, w.name), prefix=f"{w.name}.", spec=spec,
+                          order=0 if pmix or not launcher else 1, role=w.role, show=show, tasks=len(gpus) if pmix else 1))
+    return Service(name=w.name, units=units, restart="group", world=pmix)
 
 
 def entry_port(cluster: Cluster, profile: DynamoProfile) -> int:
@@ -504,6 +520,11 @@ def files(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, prepared:
     return out
 
 
+def _shown_file(name: str) -> bool:
+    """What ``deploy --check`` shows of a node's files: its scripts, role settings, environments and hostfiles."""
+    return name.endswith((".sh", ".yaml", ".env", "hostfile")) and not name.endswith("run.sh") and name != trtllm.MERGE_SCRIPT_NAME
+
+
 def check_doc(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, secrets: list[str]) -> dict:
     from llmdeploy.errors import mask
     from llmdeploy.report import mask_env
@@ -516,8 +537,7 @@ def check_doc(cluster: Cluster, profile: DynamoProfile, plan: ReleasePlan, secre
                "units": [{"service": plan.service_of(u).name, "container": u.container, **{k: (mask(v, secrets) if isinstance(v, str) else v)
                                                                                             for k, v in u.show.items()}} for u in units],
                "container_command": "\n  ".join(mask(u.show["container_command"], secrets) for u in units),
-               "files": {name: mask(text, secrets) for name, (text, _) in sorted(plan.files[n.name].items())
-                         if name.endswith((".sh", ".yaml", ".env", "hostfile")) and not name.endswith("run.sh") and name != trtllm.MERGE_SCRIPT_NAME}}
+               "files": check_files(plan, n.name, secrets, _shown_file)}
         nodes.append(doc)
     return {"nodes": nodes, "topology": profile.topology,
             "workers": [w.as_dict() for w in dynamo.placement(cluster, profile)]}

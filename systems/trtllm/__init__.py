@@ -34,7 +34,7 @@ from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, U
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles, ServingProfile
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
-from systems.common import hostfile, launch_agent, mpi_exports, nic_signature, nics, one_launch, openai_probe, render, serving_image
+from systems.common import check_files, hostfile, launch_agent, mpi_exports, nic_signature, nics, one_launch, openai_probe, render, serving_image
 
 from . import config as trtllm
 from . import eplb
@@ -316,8 +316,8 @@ def check_doc(cluster: Cluster, profile: TrtllmProfile, plan: ReleasePlan, secre
                "container_command": mask(u.show["container_command"], secrets)}
         if u.role == "launcher":
             doc["serve_command"] = mask(u.show["serve_command"], secrets)
-            doc["files"] = {name: mask(text, secrets) for name, (text, _) in sorted(plan.files[n.name].items())
-                            if name in (trtllm.OVERRIDES_NAME, SERVE_FILES["hostfile"], SERVE_FILES["agent"], SERVE_FILES["serve"])}
+            doc["files"] = check_files(plan, n.name, secrets,
+                                       lambda name: name in (trtllm.OVERRIDES_NAME, SERVE_FILES["hostfile"], SERVE_FILES["agent"], SERVE_FILES["serve"]))
         nodes.append(doc)
     exported, per_node = world_envs(cluster, profile)
     return {"nodes": nodes, "launch": {"host": cluster.node0.name, "mpirun": nodes[0].get("serve_command"),

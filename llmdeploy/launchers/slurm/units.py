@@ -336,6 +336,58 @@ PLAIN = ("set -f; for llu_v in $(env); do case $llu_v in SLURM_*=*|SLURMD_*=*|PM
          "unset llu_v; set +f\n")
 
 
+def _task_shim(u: str, log: str, container: str, plain: bool) -> str:
+    """What each task runs in the container before the unit's command (``unit_command``): its output to
+    the unit's log, its pid recorded, the environment files read, task 0's STARTED_MARK."""
+    return (
+        PROC_FUNCS
+        # the unit's output goes to its log, and so does this shell's own (an environment file it cannot read); fd 3: the step's, for STARTED_MARK
+        + f"exec 3>&1 >>{q(log)} 2>&1\n"
+        + f"u={q(u)}; i=${{SLURM_LOCALID:-0}}\n"
+        # this shell's pid is the command's once it execs it: recorded first, so the unit reads as running from now on
+        + 'me=$(llu_start $$) && w=$(llu_start $PPID) || { echo "llmdeploy: no /proc/$$/stat: the unit cannot be recorded" >&2; exit 125; }\n'
+        + "printf '%s %s %s %s\\n' $$ \"$me\" $PPID \"$w\" > \"$u/.task.$i\" && mv -f \"$u/.task.$i\" \"$u/task.$i\" || exit 125\n"
+        + (PLAIN if plain else "")
+        + pyxis.ENV_FILE_LOADER
+        + f'[ "$i" != 0 ] || echo {q(STARTED_MARK)} {q(container)} >&3\n'
+        + 'exec 3>&-\nexec "$@"\n'
+    )
+
+
+def _start_or_wait(spec: ContainerSpec, u: str, logs: str, log: str, container: str, attempt: int, image: str | None) -> str:
+    """The wrapper's record of a start (``unit_command``): task 0 ends what runs of an earlier start, keeps
+    its log as its attempt's and writes the new record; the other tasks wait until it has."""
+    labels = " ".join(q(f"{k}={v}") for k, v in spec.labels)
+    return (
+        'if [ "$i" = 0 ]; then\n'
+        # a start: what runs of an earlier one ends (its wrappers too, so that none writes its exit code
+        # into the new record), its log is kept as its attempt's, its record replaced
+        + '  for t in "$u"/task.*; do\n'
+        + '    [ -f "$t" ] && read -r p ps wp ws < "$t" || continue\n'
+        + '    ! llu_alive "$p" "$ps" || kill -KILL "$p" 2>/dev/null\n'
+        + '    k=0; while [ "$k" -lt 50 ] && llu_alive "$wp" "$ws"; do sleep 0.1; k=$((k + 1)); done\n'
+        + "  done\n"
+        + f'  [ ! -f "$log" ] || mv -f "$log" {q(f"{logs}/{container}.attempt-{int(attempt) - 1}.log")}\n'
+        + '  new="${u%/*}/.${u##*/}.$$"\n'
+        + '  { rm -rf "$new" && mkdir "$new"; } || exit 125\n'
+        + (f'  printf \'%s\\n\' {labels} > "$new/labels"\n' if labels else '  : > "$new/labels"\n')
+        + f"  printf '%s\\n' {q(pyxis.image_uri(image or spec.image))} > \"$new/image\"\n"
+        + "  printf '%s\\000' \"$@\" > \"$new/cmd\"\n"
+        + '  llu_now > "$new/started"\n'
+        + "  printf '%s\\n' \"$n\" > \"$new/attempt\"\n"
+        + '  [ ! -e "$u" ] || { mv "$u" "$new.old" && rm -rf "$new.old"; }\n'
+        + '  mv "$new" "$u" || exit 125\n'
+        + f"  printf '%s\\n' \"$n\" > {q(f'{logs}/{container}.attempt')}\n"
+        + "else\n"
+        + "  k=0\n"
+        + '  until [ "$(cat "$u/attempt" 2>/dev/null)" = "$n" ]; do\n'
+        + f'    k=$((k + 1)); if [ "$k" -gt 600 ]; then echo {q(f"llmdeploy: no record of start {int(attempt)} of {container} after 60 s (its task 0 did not make it)")} >&2; exit 125; fi\n'
+        + "    sleep 0.1\n"
+        + "  done\n"
+        + "fi\n"
+    )
+
+
 def unit_command(spec: ContainerSpec, release_dir: str, container: str, attempt: int, image: str | None = None,
                  plain: bool = False) -> list[str]:
     """A unit's command in its step's container (every task of it): the
@@ -365,52 +417,14 @@ def unit_command(spec: ContainerSpec, release_dir: str, container: str, attempt:
         raise ValueError(f"attempt numbers start at 1: {attempt!r}")
     u = record_dir(release_dir, container)
     logs = f"{release_dir}/logs"
-    labels = " ".join(q(f"{k}={v}") for k, v in spec.labels)
     log = f"{logs}/{container}.log"
-    shim = (
-        PROC_FUNCS
-        # the unit's output goes to its log, and so does this shell's own (an environment file it cannot read); fd 3: the step's, for STARTED_MARK
-        + f"exec 3>&1 >>{q(log)} 2>&1\n"
-        + f"u={q(u)}; i=${{SLURM_LOCALID:-0}}\n"
-        # this shell's pid is the command's once it execs it: recorded first, so the unit reads as running from now on
-        + 'me=$(llu_start $$) && w=$(llu_start $PPID) || { echo "llmdeploy: no /proc/$$/stat: the unit cannot be recorded" >&2; exit 125; }\n'
-        + "printf '%s %s %s %s\\n' $$ \"$me\" $PPID \"$w\" > \"$u/.task.$i\" && mv -f \"$u/.task.$i\" \"$u/task.$i\" || exit 125\n"
-        + (PLAIN if plain else "")
-        + pyxis.ENV_FILE_LOADER
-        + f'[ "$i" != 0 ] || echo {q(STARTED_MARK)} {q(container)} >&3\n'
-        + 'exec 3>&-\nexec "$@"\n'
-    )
+    shim = _task_shim(u, log, container, plain)
     wrapper = (
         PROC_FUNCS
         + "llu_now() { t=$(date -u +%Y-%m-%dT%H:%M:%S.%NZ); case $t in *[!0-9TZ:.-]*) t=$(date -u +%Y-%m-%dT%H:%M:%S.000000000Z) ;; esac; echo \"$t\"; }\n"
         + f"u={q(u)}; logs={q(logs)}; log={q(log)}; n={int(attempt)}; i=${{SLURM_LOCALID:-0}}\n"
         + 'mkdir -p "$logs" "${u%/*}" || { echo "llmdeploy: cannot write $logs" >&2; exit 125; }\n'
-        + 'if [ "$i" = 0 ]; then\n'
-        # a start: what runs of an earlier one ends (its wrappers too, so that none writes its exit code
-        # into the new record), its log is kept as its attempt's, its record replaced
-        + '  for t in "$u"/task.*; do\n'
-        + '    [ -f "$t" ] && read -r p ps wp ws < "$t" || continue\n'
-        + '    ! llu_alive "$p" "$ps" || kill -KILL "$p" 2>/dev/null\n'
-        + '    k=0; while [ "$k" -lt 50 ] && llu_alive "$wp" "$ws"; do sleep 0.1; k=$((k + 1)); done\n'
-        + "  done\n"
-        + f'  [ ! -f "$log" ] || mv -f "$log" {q(f"{logs}/{container}.attempt-{int(attempt) - 1}.log")}\n'
-        + '  new="${u%/*}/.${u##*/}.$$"\n'
-        + '  { rm -rf "$new" && mkdir "$new"; } || exit 125\n'
-        + (f'  printf \'%s\\n\' {labels} > "$new/labels"\n' if labels else '  : > "$new/labels"\n')
-        + f"  printf '%s\\n' {q(pyxis.image_uri(image or spec.image))} > \"$new/image\"\n"
-        + "  printf '%s\\000' \"$@\" > \"$new/cmd\"\n"
-        + '  llu_now > "$new/started"\n'
-        + "  printf '%s\\n' \"$n\" > \"$new/attempt\"\n"
-        + '  [ ! -e "$u" ] || { mv "$u" "$new.old" && rm -rf "$new.old"; }\n'
-        + '  mv "$new" "$u" || exit 125\n'
-        + f"  printf '%s\\n' \"$n\" > {q(f'{logs}/{container}.attempt')}\n"
-        + "else\n"
-        + "  k=0\n"
-        + '  until [ "$(cat "$u/attempt" 2>/dev/null)" = "$n" ]; do\n'
-        + f'    k=$((k + 1)); if [ "$k" -gt 600 ]; then echo {q(f"llmdeploy: no record of start {int(attempt)} of {container} after 60 s (its task 0 did not make it)")} >&2; exit 125; fi\n'
-        + "    sleep 0.1\n"
-        + "  done\n"
-        + "fi\n"
+        + _start_or_wait(spec, u, logs, log, container, attempt, image)
         + "trap : TERM INT HUP\n"
         + f'sh -c {q(shim)} llmdeploy-unit "$@"\n'
         + "code=$?\n"

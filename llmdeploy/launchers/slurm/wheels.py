@@ -91,6 +91,40 @@ def container_name(cluster: str) -> str:
     return f"llmdeploy-wheels-{cluster}-"
 
 
+def _build_lines(cluster: str, wheels: Wheels, mounts: list[str]) -> list[str]:
+    """``wheels_script``'s build: a container of the base, the pinned wheels
+    installed and checked in it, exported into a squashfs kept under its
+    name only whole; the container removed whatever happens."""
+    m = WHEELS_MARK
+    start = shlex.join(["enroot", "start", "--rw", "--root", *mounts]) + ' "$ctr" ' + shlex.join(wheels.install)
+    return [
+        'base=$f',
+        f"command -v enroot >/dev/null 2>&1 || {{ echo {q(f'no enroot on this node: it installs the wheels into {wheels.ref}')} >&2; exit 3; }}",
+        f'ctr={q(container_name(cluster))}"$(uname -n)"',
+        # what a build cut short left (prepare builds under the cluster's lock: none other runs)
+        'rm -rf "$images"/.wheels.*',
+        'enroot remove -f "$ctr" >/dev/null 2>&1',
+        'tmp=$(mktemp -d "$images/.wheels.XXXXXXXX") || exit 3',
+        # the container goes whatever happens (src/runtime.sh:598-620; -f: no question)
+        "trap 'enroot remove -f \"$ctr\" >/dev/null 2>&1; rm -rf \"$tmp\"' EXIT",
+        "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM",
+        'enroot create --name "$ctr" "$base" >&2 || exit $?',
+        counted(start, wheels.progress) + " || exit $?",
+        # the check in the container, before anything is kept: its versions line
+        # on stdout (and beside the file), anything else its entrypoint says dropped
+        f'enroot start --root "$ctr" {shlex.join(wheels.verify)} > "$tmp/verify"; rc=$?',
+        f"grep {q(f'^{m} versions ')} \"$tmp/verify\" > \"$tmp/versions\"; cat \"$tmp/versions\"",
+        '[ "$rc" -eq 0 ] || { echo "installed, but the versions in the container are not the pinned ones" >&2; exit 5; }',
+        '[ -s "$tmp/versions" ] || { echo "the check of the installed wheels printed no versions" >&2; exit 5; }',
+        'enroot export --output "$tmp/image.sqsh" "$ctr" >&2 || exit $?',
+        '[ "$(head -c 4 "$tmp/image.sqsh" 2>/dev/null)" = hsqs ] || { echo "enroot export wrote no squashfs" >&2; exit 4; }',
+        # under its name only whole, its versions first (present needs both)
+        'chmod 0644 "$tmp/image.sqsh" "$tmp/versions" && mv -f "$tmp/versions" "$vers" && mv -f "$tmp/image.sqsh" "$out" || exit 4',
+        f'echo "{m} state built"',
+        f'echo "{m} serving $out"',
+    ]
+
+
 def wheels_script(images: str, cluster: str, wheels: Wheels, check: bool = False) -> str:
     """``wheels`` installed into the image ``wheels.ref`` was imported as,
     once (module docstring): ``WHEELS_MARK versions <JSON>`` and ``state
@@ -130,31 +164,5 @@ def wheels_script(images: str, cluster: str, wheels: Wheels, check: bool = False
     if check:
         lines.append(f'echo "{m} state would-build"; echo "{m} serving $out"')
         return "\n".join(lines) + "\n"
-    start = shlex.join(["enroot", "start", "--rw", "--root", *mounts]) + ' "$ctr" ' + shlex.join(wheels.install)
-    lines += [
-        'base=$f',
-        f"command -v enroot >/dev/null 2>&1 || {{ echo {q(f'no enroot on this node: it installs the wheels into {wheels.ref}')} >&2; exit 3; }}",
-        f'ctr={q(container_name(cluster))}"$(uname -n)"',
-        # what a build cut short left (prepare builds under the cluster's lock: none other runs)
-        'rm -rf "$images"/.wheels.*',
-        'enroot remove -f "$ctr" >/dev/null 2>&1',
-        'tmp=$(mktemp -d "$images/.wheels.XXXXXXXX") || exit 3',
-        # the container goes whatever happens (src/runtime.sh:598-620; -f: no question)
-        "trap 'enroot remove -f \"$ctr\" >/dev/null 2>&1; rm -rf \"$tmp\"' EXIT",
-        "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM",
-        'enroot create --name "$ctr" "$base" >&2 || exit $?',
-        counted(start, wheels.progress) + " || exit $?",
-        # the check in the container, before anything is kept: its versions line
-        # on stdout (and beside the file), anything else its entrypoint says dropped
-        f'enroot start --root "$ctr" {shlex.join(wheels.verify)} > "$tmp/verify"; rc=$?',
-        f"grep {q(f'^{m} versions ')} \"$tmp/verify\" > \"$tmp/versions\"; cat \"$tmp/versions\"",
-        '[ "$rc" -eq 0 ] || { echo "installed, but the versions in the container are not the pinned ones" >&2; exit 5; }',
-        '[ -s "$tmp/versions" ] || { echo "the check of the installed wheels printed no versions" >&2; exit 5; }',
-        'enroot export --output "$tmp/image.sqsh" "$ctr" >&2 || exit $?',
-        '[ "$(head -c 4 "$tmp/image.sqsh" 2>/dev/null)" = hsqs ] || { echo "enroot export wrote no squashfs" >&2; exit 4; }',
-        # under its name only whole, its versions first (present needs both)
-        'chmod 0644 "$tmp/image.sqsh" "$tmp/versions" && mv -f "$tmp/versions" "$vers" && mv -f "$tmp/image.sqsh" "$out" || exit 4',
-        f'echo "{m} state built"',
-        f'echo "{m} serving $out"',
-    ]
+    lines += _build_lines(cluster, wheels, mounts)
     return "\n".join(lines) + "\n"
