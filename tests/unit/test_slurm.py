@@ -543,3 +543,45 @@ def test_status_diff_leaves_slurms_gpu_mask_to_slurm():
     assert drift(plan, st, c_, True, set(), ()) == ["environment CUDA_VISIBLE_DEVICES: running '0,1,2,3,4,5,6,7', release None"]
     st["env"]["CUDA_VISIBLE_DEVICES"] = "0,1"
     assert drift(plan, st, c_, True, set(), own) == ["environment CUDA_VISIBLE_DEVICES: running '0,1,2,3,4,5,6,7', release '0,1'"]
+
+
+def test_a_start_after_the_jobs_step_found_it_gone_holds_the_job_again(b200):
+    """A step's retry found the release's job ended and dropped it
+    (``SlurmSteps.forget``): the next start holds the release's job again
+    (here the running one of that name) instead of sending its steps to
+    ``--jobid=None``; with no job to be had, every unit says why."""
+    from llmdeploy.launchers.slurm.jobs import SlurmJobs
+
+    plan = _pyxis_plan(b200)
+    running = slurm.Job("77", slurm.release_job_name(b200.name, plan.release), "RUNNING", "None", "n[0-1]", {})
+
+    class Steps:
+        job, release, sent = None, None, []
+        jobs = [running]
+
+        def squeue(self):
+            return self.jobs
+
+        def use_job(self, job_id, release=None):
+            self.job, self.release = job_id, release if job_id else None
+
+        def login_exec(self, cmd, timeout):
+            self.sent.append(cmd)
+            if cmd.startswith("sbatch"):
+                return "", "sbatch: error: Batch job submission failed: Requested node configuration is not available", 1
+            return "", "", 0
+
+        def changed(self):
+            pass
+
+    steps = Steps()
+    jobs = SlurmJobs(b200, type("R", (), {"transport": steps})(), print)
+    jobs.held = plan.release  # held once; then a step's retry dropped the job: steps.job is None
+    jobs.start_units(plan, plan.units(), lambda u: "", lambda u: 1)
+    assert steps.job == "77" and jobs.held == plan.release
+    assert all("--jobid=None" not in c for c in steps.sent) and any("--jobid=77" in c for c in steps.sent), steps.sent
+    # the job is gone for good: the new batch job is refused, and each unit says so
+    steps.jobs, steps.job, steps.sent = [], None, []
+    failed = jobs.start_units(plan, plan.units(), lambda u: "", lambda u: 1)
+    assert failed is not None and "sbatch refused release" in failed[1] and "Requested node configuration" in failed[1], failed
+    assert not any("srun" in c for c in steps.sent), steps.sent

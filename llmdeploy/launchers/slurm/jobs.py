@@ -190,8 +190,12 @@ class SlurmJobs:
         return None
 
     def _start_steps(self, plan: ReleasePlan, units: list[Unit], script: Callable[[Unit], str], number: Callable[[Unit], int]) -> dict[str, str]:
-        """{"<host>/<container>": "" or why it did not start}."""
-        if self.held != plan.release:
+        """{"<host>/<container>": "" or why it did not start}. The release's job
+        is held again when this command does not hold it, or no longer does
+        (a step found it ended, ``SlurmSteps.forget``): a step is never sent
+        to a job that is gone."""
+        if self.held != plan.release or self.s.job is None or self.s.release != plan.release:
+            self.held = None
             failed = self.hold(plan)
             if failed is not None:
                 return {f"{u.host}/{u.container}": failed[1] for u in units}
@@ -201,8 +205,9 @@ class SlurmJobs:
             return {f"{u.host}/{u.container}": str(exc) for u in units}
         steps = [step for step, _ in made]
         wait = self.c.deploy.rpc_timeout_s
-        # hold() set the job; str(): one a failed step's retry dropped (SlurmSteps.forget) still goes as "None", srun refuses it
-        job = str(self.s.job)
+        job = self.s.job
+        if job is None:  # hold() set it; nothing ran between
+            return {f"{u.host}/{u.container}": f"release {plan.release} holds no Slurm job" for u in units}
         try:
             o, e, code = self.s.login_exec(slurm.start_units_script(self.c, job, steps, wait), wait + 60)
         except UnreachableError as exc:
