@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
 
 from .errors import LlmdeployError
-from .plugin import check
+from .plugin import Registry, check
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from rich.console import Console
@@ -325,23 +325,21 @@ def name_of(cluster: "Cluster") -> str:
     return next(name for name, section in registered.items() if section is None)
 
 
-_LOADED: dict[str, LauncherPlugin] = {}
+def _accept(mod: ModuleType, name: str) -> LauncherPlugin:
+    check(mod, LauncherPlugin, "launcher")
+    if mod.NAME != name:
+        raise TypeError(f"{mod.__name__}: NAME {mod.NAME!r} is not its registered name {name!r}")
+    accepted: LauncherPlugin = mod
+    return accepted
+
+
+# the launchers: the module llmdeploy/launchers/<name> of each name LAUNCHERS lists
+LAUNCHERS: Registry[LauncherPlugin] = Registry("launcher", PLUGINS, lambda: {name: name for name in _registry().LAUNCHERS}, _accept)
 
 
 def plugin(name: str) -> LauncherPlugin:
     """The module ``llmdeploy/launchers/<name>``, loaded on first use and checked against :class:`LauncherPlugin`."""
-    loaded = _LOADED.get(name)
-    if loaded is not None:
-        return loaded
-    registered = _registry().LAUNCHERS
-    if name not in registered:
-        raise LlmdeployError(f"no launcher {name!r} (registered: {', '.join(registered)})")
-    mod = importlib.import_module(f"{PLUGINS}.{name}")
-    check(mod, LauncherPlugin, "launcher")
-    if mod.NAME != name:
-        raise TypeError(f"{mod.__name__}: NAME {mod.NAME!r} is not its registered name {name!r}")
-    _LOADED[name] = mod
-    return mod
+    return LAUNCHERS.load(name)
 
 
 def of(cluster: "Cluster") -> LauncherPlugin:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import Field
 
 from .errors import LlmdeployError
-from .plugin import check
+from .plugin import Registry, check
 from .schema import Strict
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -149,19 +149,9 @@ def vendor_name(platform_name: str) -> str:
     raise LlmdeployError(f"platform {platform_name!r}: no vendor under {PLUGINS}/ declares it (known: {', '.join(platform_names())})")
 
 
-_LOADED: dict[str, Vendor] = {}
-
-
-def vendor(name: str) -> Vendor:
-    """The package ``platforms/<name>/``, loaded on first use and checked
-    against the interface (:class:`Vendor`, ``llmdeploy.plugin.check``) and the registry's line."""
-    loaded = _LOADED.get(name)
-    if loaded is not None:
-        return loaded
+def _accept(mod: ModuleType, name: str) -> Vendor:
+    """``platforms/<name>/`` against the interface (:class:`Vendor`, ``llmdeploy.plugin.check``) and the registry's line."""
     registered = _registry().VENDORS
-    if name not in registered:
-        raise LlmdeployError(f"no platform vendor {name!r} (registered: {', '.join(registered)})")
-    mod = importlib.import_module(f"{PLUGINS}.{name}")
     check(mod, Vendor, "platform vendor")
     if mod.VENDOR != name:
         raise TypeError(f"{mod.__name__}: VENDOR {mod.VENDOR!r} is not its package's name {name!r}")
@@ -177,8 +167,18 @@ def vendor(name: str) -> Vendor:
     wrong = [k for k, row in mod.PLATFORMS.items() if row.vendor != name]
     if wrong:
         raise TypeError(f"{mod.__name__}: the rows {', '.join(wrong)} name another vendor")
-    _LOADED[name] = mod
-    return mod
+    accepted: Vendor = mod
+    return accepted
+
+
+# the vendors: the package platforms/<name>/ of each name VENDORS lists
+VENDORS: Registry[Vendor] = Registry("platform vendor", PLUGINS, lambda: {name: name for name in _registry().VENDORS}, _accept)
+
+
+def vendor(name: str) -> Vendor:
+    """The package ``platforms/<name>/``, loaded on first use and checked
+    against the interface and the registry's line (``_accept``)."""
+    return VENDORS.load(name)
 
 
 def platform(platform_name: str) -> Platform:

@@ -2,14 +2,25 @@
 interface is a ``typing.Protocol``, and a plug-in package is checked against
 it when it loads: every declared value present and of its type, every hook a
 function with the Protocol's parameters (names and kinds), each problem named
-with the package, the hook and what was expected.
+with the package, the hook and what was expected. One loader serves the three
+axes (:class:`Registry`): a name's package is imported on first use, checked,
+and kept.
 
-Core: imports nothing above ``llmdeploy``.
+Core: imports nothing above ``llmdeploy`` (a plug-in package is imported by
+its name, which the axis's registry lists).
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+from collections.abc import Callable, Iterator, Mapping
+from types import ModuleType
+from typing import Generic, TypeVar
+
+from .errors import LlmdeployError
+
+T = TypeVar("T")
 
 
 def members(proto: type) -> tuple[list[str], list[str]]:
@@ -53,3 +64,43 @@ def check(mod: object, proto: type, what: str) -> None:
     wrong = [p for p in (signature_problem(name, proto, h, getattr(mod, h)) for h in hooks) if p]
     if wrong:
         raise TypeError("; ".join(wrong))
+
+
+class Registry(Mapping[str, T], Generic[T]):
+    """One plug-in axis: name -> what its package gives once loaded.
+
+    ``packages()`` lists the names and the package under ``root`` each is
+    (read at every use: the axis's registry module is the one place a
+    plug-in is registered); listing them imports no plug-in. A name's
+    package is imported when it is first asked for and given to ``accept``
+    (the interface's check, ``check``, and the axis's own; it returns what
+    the axis keeps: the module, or a record of it), then kept in ``loaded``.
+    ``load(name)`` names the axis and the registered names when there is no such one."""
+
+    def __init__(self, what: str, root: str, packages: Callable[[], Mapping[str, str]], accept: Callable[[ModuleType, str], T]):
+        self.what = what
+        self.root = root
+        self.packages = packages
+        self.accept = accept
+        self.loaded: dict[str, T] = {}
+
+    def __getitem__(self, name: str) -> T:
+        got = self.loaded.get(name)
+        if got is not None:
+            return got
+        package = self.packages()[name]  # KeyError: no such name
+        got = self.accept(importlib.import_module(f"{self.root}.{package}"), name)
+        self.loaded[name] = got
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.packages())
+
+    def __len__(self) -> int:
+        return len(self.packages())
+
+    def load(self, name: str) -> T:
+        """The plug-in ``name``; LlmdeployError when the axis has none of that name."""
+        if name not in self.packages():
+            raise LlmdeployError(f"no {self.what} {name!r} (registered: {', '.join(self.packages())})")
+        return self[name]

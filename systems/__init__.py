@@ -15,11 +15,9 @@ system by name.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Iterator, Mapping
-
 from llmdeploy import playbook as playbooks
 from llmdeploy.errors import LlmdeployError
+from llmdeploy.plugin import Registry
 from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan, Service, order_services
 from llmdeploy.serving import PlaybookEntry, Prepared, System, register
@@ -27,36 +25,16 @@ from roles import runtime
 from systems.common import nic_reason, NIC_PATTERN
 
 
-class Registry(Mapping):
-    """kind -> :class:`llmdeploy.serving.System`. Listing the kinds imports
-    nothing; a system's package is imported, and checked against the
-    interface (``llmdeploy.serving.register``), when its kind is first asked for."""
-
-    def __init__(self, packages: dict[str, str]):
-        self._packages = dict(packages)
-        self._loaded: dict[str, System] = {}
-
-    def __getitem__(self, kind: str) -> System:
-        if kind not in self._loaded:
-            package = self._packages[kind]  # KeyError: no such kind
-            self._loaded[kind] = register(importlib.import_module(f"{__name__}.{package}"), kind)
-        return self._loaded[kind]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._packages)
-
-    def __len__(self) -> int:
-        return len(self._packages)
-
-
-def _registry(**packages: str) -> Registry:
-    """kind=package under ``systems/``; a package named twice is refused."""
+def _registry(**packages: str) -> Registry[System]:
+    """kind=package under ``systems/``; a package named twice is refused. A
+    system's package is imported, and checked against the interface
+    (``llmdeploy.serving.register``), when its kind is first asked for."""
     seen: dict[str, str] = {}
     for kind, package in packages.items():
         if package in seen:
             raise TypeError(f"systems.{package}: registered already, as {seen[package]!r}")
         seen[package] = kind
-    return Registry(packages)
+    return Registry("serving system", __name__, lambda: packages, register)
 
 
 # kind -> the system's package: one line per system

@@ -74,7 +74,7 @@ def fake_vendor(monkeypatch):
     """A registry with one more vendor, ``fake``, whose package the test writes."""
     reg = types.SimpleNamespace(VENDORS={**platforms.VENDORS, "fake": ("f1",)})
     monkeypatch.setattr(platform, "_registry", lambda: reg)
-    monkeypatch.setattr(platform, "_LOADED", {})
+    monkeypatch.setattr(platform.VENDORS, "loaded", {})
 
     def install(code: str):
         mod = types.ModuleType("platforms.fake")
