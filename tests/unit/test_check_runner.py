@@ -208,8 +208,10 @@ class _Login(Runner):
     grants salloc job 91 (or refuses it), and runs each srun's tasks here,
     one bash per node of --nodelist."""
 
-    def __init__(self, cluster, release: bool = False, salloc_ok: bool = True):
+    def __init__(self, cluster, release: bool = False, salloc_ok: bool = True, sinfo: dict[str, list[str]] | None = None):
         self.cluster = cluster
+        # what each sinfo that asks for a node says of it, in turn ("<state>|<reason>"; after those, and for the others: idle)
+        self.sinfo = {k: list(v) for k, v in (sinfo or {}).items()}
         self.progress, self.lines = None, None
         self.unreachable, self.excluded = {}, {}
         self.release, self.salloc_ok = release, salloc_ok
@@ -224,7 +226,10 @@ class _Login(Runner):
         if command.startswith("squeue"):
             return queue, "", 0
         if command.startswith("sinfo"):
-            return "".join(f"{n}|idle|none\n" for n in names) + (f"{slurm.SQUEUE_MARK} 0\n{queue}" if slurm.SQUEUE_MARK in command else ""), "", 0
+            asked = slurm.expand_hostlist(shlex.split(command)[3].split("=", 1)[1])
+            said = {n: self.sinfo[n].pop(0) for n in asked if self.sinfo.get(n)}
+            return ("".join(f"{n}|{said.get(n, 'idle|none')}\n" for n in names)
+                    + (f"{slurm.SQUEUE_MARK} 0\n{queue}" if slurm.SQUEUE_MARK in command else "")), "", 0
         if command.startswith("salloc"):
             return ("", "salloc: Granted job allocation 91\n", 0) if self.salloc_ok else ("", "salloc: error: Unable to allocate resources: busy\n", 1)
         if command.startswith("scancel"):
@@ -341,3 +346,35 @@ def test_pytest_workers_run_real_testinfra_through_the_runner(tmp_path, b200):
     assert got[n0] == {"passed": 3, "failed": [], "skipped": 0}, res.stdout
     assert got[n1]["passed"] == 2 and [t for t, _ in got[n1]["failed"]] == ["test_fails_on_node_1"], res.stdout
     assert "not node 0" in got[n1]["failed"][0][1]
+
+
+def test_a_node_slurm_left_out_of_the_allocation_is_named_and_no_step_asks_for_it(b200, no_handed):
+    """The race seen in test_slurm_b200 (issue 45): Slurm's first answer says
+    node 1 drains, so the command's allocation leaves it out; its next says
+    node 1 is idle. A step on node 1 is then never sent (srun would refuse
+    the whole step: "Only allocated 1 nodes asked for 2"): it is named, with
+    the job and the state it was left out in, by this runner and by a second
+    one that shares the allocation and was told node 1 is idle; node 0's
+    steps run in the allocation."""
+    n0, n1 = b200.nodes
+    s1 = b200.slurm_name(n1)
+    login = _Login(b200, sinfo={s1: ["draining|maintenance window"]})
+    out, _, code = login.transport.step_exec(n0, "echo on node 0", 30, None)
+    assert (out, code) == ("on node 0\n", 0) and login.jobs == ["91"]
+    want = (f"{n1.name} is not in Slurm job 91 (this command's allocation, on {n0.name}): it was left out when the job was "
+            f"allocated, as Slurm reports {s1} draining (reason: maintenance window)")
+    with pytest.raises(UnreachableError) as exc:
+        login.transport.step_exec(n1, "echo on node 1", 30, None)
+    assert str(exc.value) == want
+    # a nested runner of the same command, whose own sinfo says node 1 is idle now: the same allocation, the same answer
+    nested = _Login(b200)
+    with pytest.raises(UnreachableError) as exc:
+        nested.transport.step_exec(n1, "echo on node 1", 30, None)
+    assert str(exc.value) == want and "salloc" not in nested.sent
+    # a step over both nodes: node 0 answers, node 1 is named; no srun ever asked for node 1
+    got = nested.transport.dispatch("both", {n0.name: ("echo hi", None), n1.name: ("echo hi", None)}, 30)
+    assert got[n0.name] == ("hi\n", "", 0) and got[n1.name] == want
+    assert all(j == "91" for j in login.jobs + nested.jobs)
+    assert not any("Only allocated" in str(v) for v in got.values())
+    nested.close()
+    login.close()

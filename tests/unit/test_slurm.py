@@ -562,7 +562,7 @@ def test_a_start_after_the_jobs_step_found_it_gone_holds_the_job_again(b200):
         def squeue(self):
             return self.jobs
 
-        def use_job(self, job_id, release=None):
+        def use_job(self, job_id, release=None, nodes=None):
             self.job, self.release = job_id, release if job_id else None
 
         def login_exec(self, cmd, timeout):
@@ -585,3 +585,9 @@ def test_a_start_after_the_jobs_step_found_it_gone_holds_the_job_again(b200):
     failed = jobs.start_units(plan, plan.units(), lambda u: "", lambda u: 1)
     assert failed is not None and "sbatch refused release" in failed[1] and "Requested node configuration" in failed[1], failed
     assert not any("srun" in c for c in steps.sent), steps.sent
+
+
+def test_sruns_only_allocated_is_said_in_words():
+    said = slurm.srun_problem("", "srun: error: Only allocated 1 nodes asked for 2\n", 1)
+    assert said.startswith("the job does not hold every node the step asked for, and Slurm ran none of it (srun: error: Only allocated")
+    assert slurm.srun_problem("", "srun: error: Unable to create step\n", 1) == "srun: error: Unable to create step"

@@ -454,6 +454,10 @@ def srun_problem(stdout: str, stderr: str, code: int) -> str:
     """What srun said when a task left no record (its own error lines, else the exit code)."""
     lines = [ln.strip() for ln in (stderr + "\n" + stdout).splitlines() if ln.strip() and not LABEL_RE.match(ln) and "@@lds-" not in ln]
     errs = [ln for ln in lines if ln.startswith(("srun:", "slurmstepd:"))] or lines
+    short = next((ln for ln in errs if "Only allocated" in ln), None)
+    if short:
+        # srun refuses a step whose nodes the job does not all hold (src/srun/srun_job.c of 25.11.7): say so in words
+        return f"the job does not hold every node the step asked for, and Slurm ran none of it ({short})"
     return "; ".join(errs[-3:]) if errs else f"srun exited {code}"
 
 

@@ -153,7 +153,7 @@ class SlurmJobs:
             return self.conf.login, f"cannot read Slurm's queue: {exc}"
         held = slurm.release_job([j for j in jobs if j.state == "RUNNING"], self.c.name, plan.release)
         if held is not None:
-            self.s.use_job(held.id, plan.release)
+            self.s.use_job(held.id, plan.release, slurm.expand_hostlist(held.nodes) if held.nodes else None)
             self.held = plan.release
             return None
         names = self.nodes_of(plan)
@@ -173,7 +173,7 @@ class SlurmJobs:
                                      f"({o.strip() or e.strip()}); cancelled"
                                      + (f"; the cluster's other jobs: {holders} (a command of the tool's that still runs, "
                                         f"or one that was killed: scancel it)" if holders else ""))
-        self.s.use_job(job, plan.release)
+        self.s.use_job(job, plan.release, names)
         self.held = plan.release
         self.say(f"slurm: job {job} ({slurm.release_job_name(self.c.name, plan.release)}) holds {', '.join(names)}")
         return None

@@ -85,6 +85,10 @@ class SlurmSteps:
         self.job: str | None = None  # the allocation the steps run in
         self.own = False  # the job is this command's (cancelled at close)
         self.release: str | None = None  # the release whose job it is (None: not known, or the command's own)
+        # the nodes the job holds (inventory names; None: not known, a job handed by the parent) and, for
+        # the nodes this command's own allocation left out, Slurm's state when it was asked for
+        self.held_nodes: frozenset[str] | None = None
+        self.left_out: dict[str, str] = {}
         self._restarted: float | None = None  # when this transport last started the release's reader again
         self.checked: set[str] = set()  # nodes whose Slurm state was read
         self.states: dict[str, slurm.NodeState] = {}
@@ -141,6 +145,9 @@ class SlurmSteps:
             job = self.allocation(nodes)
         except AllocationError as exc:
             raise UnreachableError(str(exc)) from exc
+        outside = self.outside(job, nodes)
+        if outside:
+            raise UnreachableError("; ".join(outside.values()))
         command = slurm.world_command(self.c, job, [self.c.slurm_name(n) for n in nodes], tasks, argv,
                                       {self.c.slurm_name(n): env.get(n.name, {}) for n in nodes})
         return self.login_exec(command, timeout)
@@ -212,11 +219,13 @@ class SlurmSteps:
             raise UnreachableError(bad[node.name])
 
     # -- the allocation ---------------------------------------------------------------
-    def use_job(self, job_id: str | None, release: str | None = None) -> None:
-        """Run the next steps in ``job_id`` (``release``'s job); None: find one again."""
+    def use_job(self, job_id: str | None, release: str | None = None, nodes: list[str] | None = None) -> None:
+        """Run the next steps in ``job_id`` (``release``'s job, on the Slurm
+        nodes ``nodes`` when known); None: find one again."""
         with self._lock:
             self.release_own()
             self.job, self.own, self.release = job_id, False, release if job_id else None
+            self.held_nodes, self.left_out = (self._inventory_names(nodes) if job_id and nodes is not None else None), {}
 
     def release_own(self) -> None:
         """Give back this runner's share of the process's own allocation (cancelled with its last user)."""
@@ -224,6 +233,7 @@ class SlurmSteps:
             if not self.own:
                 return
             job, self.job, self.own, self.release = self.job, None, False, None
+            self.held_nodes, self.left_out = None, {}
             with _SHARED_LOCK:
                 entry = _SHARED.get(self.c.name)
                 if entry is None or job is None or entry["job"] != job:
@@ -248,9 +258,11 @@ class SlurmSteps:
             with _SHARED_LOCK:
                 entry = _SHARED.get(self.c.name)
                 if entry is None:
-                    entry = _SHARED[self.c.name] = {"job": self._salloc(nodes), "users": 0}
+                    job, held, left = self._salloc(nodes)
+                    entry = _SHARED[self.c.name] = {"job": job, "users": 0, "nodes": held, "left": left}
                 entry["users"] += 1
             self.job, self.own = entry["job"], True
+            self.held_nodes, self.left_out = entry["nodes"], dict(entry["left"])
             return self.job
 
     def _find_release_job(self) -> bool:
@@ -259,7 +271,32 @@ class SlurmSteps:
         if held is None:
             return False
         self.job, self.own, self.release = held.id, False, slurm.release_of_job(self.c.name, held.name)
+        self.held_nodes, self.left_out = (self._inventory_names(slurm.expand_hostlist(held.nodes)) if held.nodes else None), {}
         return True
+
+    def _inventory_names(self, slurm_names: list[str]) -> frozenset[str]:
+        by_slurm = {self.c.slurm_name(n): n.name for n in self.c.nodes}
+        return frozenset(by_slurm.get(s, s) for s in slurm_names)
+
+    def outside(self, job: str, nodes: list[Node]) -> dict[str, str]:
+        """The nodes of ``nodes`` that job ``job`` (the one the steps run in)
+        does not hold, each with why: Slurm's state when this command's
+        allocation was asked for, or the job's own node list. A step is
+        never sent to them: srun would refuse the whole step ("Only
+        allocated N nodes asked for M")."""
+        with self._lock:
+            held, left, own, release = self.held_nodes, dict(self.left_out), self.own, self.release
+        if held is None:
+            return {}
+        whose = "this command's allocation" if own else f"release {release}'s job" if release else "the job the steps run in"
+        out = {}
+        for n in nodes:
+            if n.name in held:
+                continue
+            why = left.get(n.name)
+            out[n.name] = (f"{n.name} is not in Slurm job {job} ({whose}, on {', '.join(sorted(held)) or 'no node'}): "
+                           + (f"it was left out when the job was allocated, as {why}" if why else "Slurm did not give it to that job"))
+        return out
 
     def release_held(self) -> tuple[str, str] | None:
         """(job, release) of the running release job the steps run in, None
@@ -274,12 +311,15 @@ class SlurmSteps:
                 return None
             return self.job, self.release
 
-    def _salloc(self, nodes: list[Node]) -> str:
+    def _salloc(self, nodes: list[Node]) -> tuple[str, frozenset[str], dict[str, str]]:
+        """This command's allocation: (its job, the nodes it holds, each node
+        it left out with Slurm's state then)."""
         # every node of the cluster that Slurm can give (a later step, or a nested runner, may want any)
         bad = self.check_nodes(self.c.nodes)
         for h, why in bad.items():
             self.r.unreachable.setdefault(h, why)
         usable = [n for n in self.c.nodes if self.states.get(n.name) is None or self.states[n.name].schedulable] or nodes
+        left = {n.name: self.states[n.name].describe() for n in self.c.nodes if n not in usable and n.name in self.states}
         names = slurm.node_names(self.c, usable)
         name = slurm.command_job_name(self.c.name, TOKEN)
         try:
@@ -295,7 +335,7 @@ class SlurmSteps:
             gres = " ".join(slurm.gres_args(self.c))
             raise AllocationError(f"no allocation of {', '.join(names)} in partition {self.conf.partition}"
                                   f"{f' with {gres} on each node' if gres else ''}: {said}")
-        return job
+        return job, frozenset(n.name for n in usable), left
 
     def _cancel_by_name(self, name: str) -> None:
         try:
@@ -313,6 +353,7 @@ class SlurmSteps:
                     if _SHARED.get(self.c.name, {}).get("job") == job_id:
                         del _SHARED[self.c.name]
             self.job, self.own, self.release = None, False, None
+            self.held_nodes, self.left_out = None, {}
 
     def close(self) -> None:
         self.release_own()
@@ -325,6 +366,11 @@ class SlurmSteps:
         ``read`` (a standing step's), it may have changed something on the nodes (``changed``)."""
         nodes = [self.c.node(h) for h in per_node]
         job = self.allocation(nodes)
+        outside = self.outside(job, nodes)
+        res: dict[str, tuple[str, str, int] | str] = dict(outside)
+        nodes = [n for n in nodes if n.name not in outside]
+        if not nodes:
+            return res
         names = {self.c.slurm_name(n): n for n in nodes}
         data = slurm.payload({self.c.slurm_name(n): per_node[n.name] for n in nodes}, timeout)
         cmd = slurm.srun_dispatch_command(self.c, job, list(names), step_name)
@@ -338,7 +384,6 @@ class SlurmSteps:
             # the job ended under us (a redeploy by another command cancelled it): once more in the one that holds the nodes now
             self.forget(job)
             return self.dispatch(step_name, per_node, timeout, retry=False, read=read)
-        res: dict[str, tuple[str, str, int] | str] = {}
         for name, n in names.items():
             o = got.get(name)
             if o is None:
@@ -362,7 +407,11 @@ class SlurmSteps:
     def one_step_command(self, node: Node, command: str, step_name: str) -> str:
         """The login host's command that runs ``command`` on ``node`` as one step, output as it comes."""
         self.refuse_unusable(node)
-        return slurm.srun_one_command(self.c, self.allocation([node]), self.c.slurm_name(node), step_name, command)
+        job = self.allocation([node])
+        outside = self.outside(job, [node])
+        if outside:
+            raise UnreachableError(outside[node.name])
+        return slurm.srun_one_command(self.c, job, self.c.slurm_name(node), step_name, command)
 
     def srun_step(self, step: "Step", targets: list[Node]) -> dict[str, "HostResult"]:
         """``step`` on ``targets`` as one srun (local and decided hosts need none)."""
