@@ -324,6 +324,9 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
             where["phase"] = "while the new release was starting"
             if eng.start(plan, outcome, previous) and gate_passes(runner, cluster, con, plan, outcome, where, json_out):
                 finish(runner, cluster, plan, outcome, image_id, chash[:16], **({"gate": outcome.gate} if outcome.gate else {}))
+            elif outcome.refused:
+                # the launcher refused it before anything stopped: the serving release serves on, nothing to bring back
+                where["phase"] = "before anything was stopped"
     except KeyboardInterrupt:
         with report.shielded():
             if where["phase"] != "before anything was stopped":
@@ -461,8 +464,10 @@ def report_outcome(cluster, runner, con, eng: Engine, plan: ReleasePlan, outcome
                    verb="deploy", stopped_nothing: bool = False, **extra) -> int:
     """The summary; on failure the log bundle, the ledger line (an attempt of
     ``verb``, with ``extra``) and the stop (unless the release never started:
-    then what serves keeps serving)."""
+    then what serves keeps serving, as when the launcher refused it before
+    anything stopped: ``Outcome.refused``)."""
     rid = outcome.release
+    stopped_nothing = stopped_nothing or outcome.refused
     states = eng.states(plan)
     # each unit's attempt number: the release's, counted across the commands that started it
     numbers = {k: outcome.number(k) for k in outcome.attempts}

@@ -57,6 +57,8 @@ class Outcome:
     gate: dict | None = None
     # files for the log bundle besides the nodes' (the gate's comparison)
     bundle_files: dict[str, str] = field(default_factory=dict)
+    # refused before anything was stopped (the launcher's preflight: a node Slurm cannot give): what serves keeps serving
+    refused: bool = False
 
     def number(self, key: str) -> int:
         """The attempt number of a unit's latest start: the release's, counted across commands."""
@@ -322,6 +324,7 @@ class Engine:
         t = time.monotonic()
         failed = self.launcher.preflight(plan)
         if failed is not None:
+            out.refused = True
             return self._fail(out, *failed)
         if previous is not None and previous.release != plan.release:
             self.drain(previous)

@@ -18,11 +18,14 @@ cd "$(dirname "$0")/.."
 # build-essential (cc, make, nm): builds both; libslurm-dev: pyxis compiles against its slurm/spank.h
 # libbsd-dev: enroot's helpers link libbsd (strlcpy); makeself: enroot installs it as enroot-makeself (its submodule is not in the tarball)
 # squashfs-tools, parallel, jq, curl, zstd: what enroot runs to import and unpack images (its Debian package's Depends)
+# libmunge-dev, libhwloc-dev, libjson-c-dev, libyaml-dev (and libpmix-dev): Slurm 25.11.7, the current Slurm of the
+# simulated NVIDIA sites, built from its release tarball with munge, PMIx, hwloc, JSON and YAML (sim/gpusite.py)
 # (not installed: enroot's optional pigz, squashfuse and fuse-overlayfs, and libcap2-bin for its +caps flavour:
 # the simulated nodes run enroot as root, with the kernel's overlayfs and gzip)
 DEBS=(openssh-server openssh-client iproute2 iputils-ping util-linux procps psmisc openmpi-bin etcd-server nats-server
       docker.io docker-registry debootstrap munge slurm-wlm slurmctld slurmd slurm-client libpmix-dev rsync chromium
-      build-essential libslurm-dev libbsd-dev makeself squashfs-tools parallel jq curl zstd)
+      build-essential libslurm-dev libbsd-dev makeself squashfs-tools parallel jq curl zstd
+      libmunge-dev libhwloc-dev libjson-c-dev libyaml-dev)
 # packages whose postinst may start a system daemon: package -> service and process name
 # (the Debian services run as the packages' own users: processes of other users are not theirs;
 # slurmctld and slurmd start as root, and start only once /etc/slurm/slurm.conf exists, which Debian does not ship)
@@ -104,10 +107,11 @@ if [ "$(id -u)" -eq 0 ] && ip netns add lds-setup-probe 2>/dev/null; then
     .venv/bin/python -m sim.images
 fi
 
-# NVIDIA's pyxis and enroot for the simulated NVIDIA Slurm sites (sim/gpusite.py: the
-# pinned release tarballs from $LLMDEPLOY_SOURCES or ../shared/sources, else
-# downloaded; a few seconds once per machine, a no-op after). Without them
-# everything else works; sim.up of an NVIDIA Slurm cluster then names what is missing.
+# NVIDIA's pyxis and enroot, and Slurm 25.11.7, for the simulated NVIDIA Slurm sites
+# (sim/gpusite.py: the pinned release tarballs from $LLMDEPLOY_SOURCES or
+# ../shared/sources, else downloaded; about 5 min on 2 cores once per machine for
+# Slurm, a no-op after). Without them everything else works; sim.up of an NVIDIA
+# Slurm cluster then names what is missing.
 if ! .venv/bin/python -m sim.gpusite; then
-    echo "setup: pyxis and enroot are not built (above): the simulated NVIDIA Slurm clusters need them" >&2
+    echo "setup: pyxis, enroot or Slurm 25.11 is not built (above): the simulated NVIDIA Slurm clusters need them" >&2
 fi

@@ -89,6 +89,16 @@ PYXIS = Pin("pyxis", "0.24.0", "063653ba39125ac29796cc6079701d1ec34dd4c5baf698ef
 ENROOT = Pin("enroot", "4.1.2", "817e8d551135e6f3fc311d1ee57b03fb4d30325acba732f8dea43069ca11f8d3",
              "https://github.com/NVIDIA/enroot/archive/refs/tags/v4.1.2.tar.gz")
 PINS = {p.name: p for p in (PYXIS, ENROOT)}
+# a current Slurm for the NVIDIA sites (Debian 12 ships 22.05): SchedMD's tag slurm-25-11-7-1, made with `git archive`
+SLURM = Pin("slurm", "25.11.7", "fde046ae991d17cd27f53732b6f3544a2980ff6faadd2fde540c87783ad03bef",
+            "https://github.com/SchedMD/slurm/archive/refs/tags/slurm-25-11-7-1.tar.gz")
+# Debian's PMIx (libpmix-dev), which mpi/pmix is built against (its headers and libpmix.so under this prefix)
+PMIX_PREFIX = Path("/usr/lib/x86_64-linux-gnu/pmix2")
+# the headers Slurm's configure needs to build what the sites use: munge, PMIx, hwloc, JSON and YAML (Debian's -dev packages)
+SLURM_HEADERS = {"libmunge-dev": Path("/usr/include/munge.h"), "libpmix-dev": PMIX_PREFIX / "include" / "pmix.h",
+                 "libhwloc-dev": Path("/usr/include/hwloc.h"), "libjson-c-dev": Path("/usr/include/json-c/json.h"),
+                 "libyaml-dev": Path("/usr/include/yaml.h")}
+SLURM_BUILD_REV = 1
 # the build steps' revision: raise it when ensure() builds differently, so every machine builds again
 BUILD_REV = 1
 PMI_HOOK = "50-slurm-pmi.sh"
@@ -247,20 +257,115 @@ def wanted(slurm: str) -> dict:
             "slurm": slurm, "build_rev": BUILD_REV}
 
 
+# --- a current Slurm ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SlurmBuild:
+    """Slurm built under its own prefix in the cache (binaries, plug-ins, headers)."""
+
+    root: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def sbin(self) -> Path:
+        return self.root / "sbin"
+
+    @property
+    def include(self) -> Path:
+        """Where ``slurm/spank.h`` is: pyxis compiles against it."""
+        return self.root / "include"
+
+    @property
+    def stamp(self) -> Path:
+        return self.root / ".complete"
+
+
+def slurm_wanted() -> dict:
+    return {"pin": {"version": SLURM.version, "sha256": SLURM.sha256}, "pmix": str(PMIX_PREFIX), "build_rev": SLURM_BUILD_REV}
+
+
+def slurm_build() -> SlurmBuild:
+    return SlurmBuild(cache() / f"slurm-{_key(slurm_wanted())}")
+
+
+def missing_slurm() -> list[str]:
+    """The Debian packages Slurm's build needs and this machine lacks (scripts/setup.sh installs them)."""
+    out = [pkg for pkg, header in SLURM_HEADERS.items() if not header.is_file()]
+    if not shutil.which("cc") or not shutil.which("make"):
+        out.append("build-essential")
+    return out
+
+
+def ensure_slurm(echo=_say) -> SlurmBuild:
+    """Slurm 25.11.7 built from its pinned tarball with PMIx, munge and
+    cgroup (a no-op when the cache has it: the build is keyed by the pin)."""
+    want, b = slurm_wanted(), slurm_build()
+    if _done(b, want):
+        return b
+    try:
+        with _lock("slurm.lock"):
+            if _done(b, want):
+                return b
+            lacking = missing_slurm()
+            if lacking:
+                raise SimError(f"building Slurm {SLURM.version} needs the Debian packages {', '.join(lacking)}: run scripts/setup.sh")
+            path = tarball(SLURM, echo)
+            for old in cache().glob("slurm-*.part-*"):
+                shutil.rmtree(old, ignore_errors=True)
+            echo(f"sim: building Slurm {SLURM.version} into {b.root} (about 5 min on 2 cores, once per machine)")
+            _build_slurm(b, want, path)
+    except PermissionError as e:
+        raise SimError(f"building Slurm into {cache()}: {e} (set LLMDEPLOY_SIM_CACHE to a folder of yours)") from e
+    return b
+
+
+def _build_slurm(b: SlurmBuild, want: dict, path: Path) -> None:
+    """configure, make and make install into a staging folder (DESTDIR) next
+    to the result, moved into place only when complete: the binaries find
+    their plug-ins and libraries under the final prefix."""
+    stage = Path(tempfile.mkdtemp(prefix=f"{b.root.name}.part-", dir=cache()))
+    try:
+        src = stage / "src"
+        src.mkdir()
+        _run(["tar", "-xzf", str(path), "--no-same-owner", "-C", str(src)], f"unpacking {path.name}")
+        top = src / SLURM.top
+        env = _make_env(top)
+        # sources/README.md's build line, with this build's own prefix
+        _run(["./configure", f"--prefix={b.root}", f"--sysconfdir={b.root}/etc", f"--with-pmix={PMIX_PREFIX}", "--with-munge",
+              "--disable-dependency-tracking"], "configuring Slurm", cwd=top, env=env, timeout=900)
+        _run(["make", f"-j{os.cpu_count() or 2}"], "building Slurm", cwd=top, env=env, timeout=3600)
+        destdir = stage / "root"
+        _run(["make", "install", f"DESTDIR={destdir}"], "installing Slurm", cwd=top, env=env, timeout=900)
+        staged = destdir / b.root.relative_to("/")
+        for plugin in ("mpi_pmix.so", "cgroup_v1.so", "proctrack_cgroup.so", "task_cgroup.so", "cred_munge.so", "auth_munge.so"):
+            if not (staged / "lib" / "slurm" / plugin).is_file():
+                raise SimError(f"building Slurm {SLURM.version}: no {plugin} was built (see configure's output in {top}/config.log)")
+        (staged / b.stamp.name).write_text(json.dumps(want, indent=1, sort_keys=True) + "\n")
+        if b.root.exists():
+            shutil.rmtree(b.root)
+        staged.rename(b.root)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
 def build_dir(want: dict) -> Build:
     return Build(cache() / f"gpusite-{_key(want)}")
 
 
-def _done(b: Build, want: dict) -> bool:
+def _done(b: "Build | SlurmBuild", want: dict) -> bool:
     try:
         return json.loads(b.stamp.read_text()) == want
     except (OSError, ValueError):
         return False
 
 
-def ensure(echo=_say) -> Build:
-    """The build of the pinned pyxis and enroot, made if missing (a no-op when it is there)."""
-    slurm = slurm_version()
+def ensure(echo=_say, against: SlurmBuild | None = None) -> Build:
+    """The build of the pinned pyxis and enroot, made if missing (a no-op when
+    it is there); pyxis against ``against``'s headers (the Slurm it is loaded
+    into), else Debian's (libslurm-dev)."""
+    slurm = SLURM.version if against is not None else slurm_version()
     if slurm is None:
         lacking = missing()
         raise SimError(f"building pyxis and enroot needs the Debian packages {', '.join(lacking) or 'libslurm-dev'} "
@@ -281,7 +386,7 @@ def ensure(echo=_say) -> Build:
             for old in cache().glob("gpusite-*.part-*"):
                 shutil.rmtree(old, ignore_errors=True)
             echo(f"sim: building enroot {ENROOT.version} and pyxis {PYXIS.version} (Slurm {slurm}) into {b.root}")
-            _build(b, want, tarballs)
+            _build(b, want, tarballs, against)
     except PermissionError as e:
         raise SimError(f"building pyxis and enroot into {cache()}: {e} (set LLMDEPLOY_SIM_CACHE to a folder of yours)") from e
     return b
@@ -297,7 +402,7 @@ def _make_env(src: Path) -> dict[str, str]:
     return env
 
 
-def _build(b: Build, want: dict, tarballs: dict[str, Path]) -> None:
+def _build(b: Build, want: dict, tarballs: dict[str, Path], against: SlurmBuild | None = None) -> None:
     """Build in a folder of its own next to the result and rename it into place only when complete."""
     stage = Path(tempfile.mkdtemp(prefix=f"{b.root.name}.part-", dir=cache()))
     try:
@@ -331,7 +436,9 @@ def _build(b: Build, want: dict, tarballs: dict[str, Path]) -> None:
         shutil.copy2(hook, sysconf / "hooks.d" / PMI_HOOK)
 
         pyxis_src = src / PYXIS.top
-        _run(["make", "-C", str(pyxis_src)], "building pyxis", env=env, timeout=600)
+        # another Slurm's spank.h first (searched before /usr/include, after any -I: gcc(1) C_INCLUDE_PATH)
+        pyxis_env = {**env, "C_INCLUDE_PATH": str(against.include)} if against is not None else env
+        _run(["make", "-C", str(pyxis_src)], "building pyxis", env=pyxis_env, timeout=600)
         so = staged / b.pyxis_so.relative_to(b.root)
         so.parent.mkdir(parents=True)
         shutil.copy2(pyxis_src / "spank_pyxis.so", so)
@@ -398,11 +505,14 @@ def plugstack_conf(pyxis_so: Path, runtime_path: Path, container_scope: str = "j
 if __name__ == "__main__":
     try:
         built = ensure()
+        slurm = ensure_slurm()
+        current = ensure(against=slurm)
     except SimError as e:
         print(f"sim.gpusite: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     print(f"sim gpusite: enroot {ENROOT.version} in {built.enroot_prefix} (put {built.enroot_bin} first on slurmd's PATH)")
     print(f"sim gpusite: pyxis {PYXIS.version} at {built.pyxis_so} (Slurm {slurm_version()})")
+    print(f"sim gpusite: Slurm {SLURM.version} in {slurm.root}; pyxis {PYXIS.version} for it at {current.pyxis_so}")
 
 
 def container_cli_script() -> str:

@@ -56,6 +56,35 @@ def pyxis(cluster: Cluster) -> bool:
     return bool(cluster.slurm) and cluster.platform_info.vendor != "ascend"
 
 
+# NVIDIA sites that stay on Debian 12's Slurm 22.05, as an older site does: one pyxis cluster with a multi-node world
+OLDER_SITES = ("sim-h200-sglang-slurm",)
+
+
+def current(cluster: Cluster) -> bool:
+    """Whether the simulated site runs Slurm 25.11 (``gpusite.ensure_slurm``):
+    the NVIDIA sites do (GPU sites run 23.11 to 26.05 today), but for the
+    older one; the Ascend ones run Debian's 22.05."""
+    return pyxis(cluster) and cluster.name not in OLDER_SITES
+
+
+def slurm_lines(cluster: Cluster) -> list[str]:
+    """Shell lines of a host's script, first: on a current site, the 25.11
+    build's programs over Debian's in /usr/bin and /usr/sbin, in the host's
+    own mount namespace (read-only overlays: both folders' files, the
+    build's first), as where a site's packages put them; slurmd then runs
+    its own slurmstepd and plug-ins from the build's prefix."""
+    if not current(cluster):
+        return []
+    b = gpusite.ensure_slurm()
+    return [f"mount -t overlay overlay -o {shlex.quote(f'lowerdir={b.bin}:/usr/bin')} /usr/bin",
+            f"mount -t overlay overlay -o {shlex.quote(f'lowerdir={b.sbin}:/usr/sbin')} /usr/sbin"]
+
+
+def pyxis_build(cluster: Cluster) -> gpusite.Build:
+    """pyxis and enroot as the site's Slurm loads them (pyxis compiled against that Slurm's spank.h)."""
+    return gpusite.ensure(against=gpusite.ensure_slurm() if current(cluster) else None)
+
+
 # enroot's folders on a node: its own /run, and its own /root/.cache (sim/paths.py PRIVATE_DIRS)
 ENROOT_NODE_DIR = Path("/root/.cache")
 # pyxis's runtime_path (default /run/pyxis): it writes each image's squashfs
@@ -104,7 +133,7 @@ def login_name(cluster: Cluster) -> str:
 
 
 def slurm_conf(cluster: Cluster, cdir: Path) -> str:
-    """slurm.conf of the simulated cluster (slurm.conf(5) of Slurm 22.05)."""
+    """slurm.conf of the simulated cluster (slurm.conf(5) of Slurm 22.05 and of 25.11)."""
     _, ctl_ip = login_ips(cluster)
     lines = [
         "# slurm.conf of a simulated cluster (sim/slurm.py); slurm.conf(5)",
@@ -170,11 +199,13 @@ def constrained(cluster: Cluster, mountinfo: str | None = None) -> bool:
     return {"devices", "freezer"} <= v1
 
 
-def cgroup_conf() -> str:
+def cgroup_conf(automount_option: bool = True) -> str:
     """cgroup.conf (cgroup.conf(5)): the v1 plug-in on the hierarchies each host
-    mounts itself (no automount), devices constrained to the step's GRES."""
+    mounts itself (no automount), devices constrained to the step's GRES.
+    ``automount_option``: Slurm 22.05's CgroupAutomount=no, which 25.11 no
+    longer has (src/interfaces/cgroup.c lists it as defunct)."""
     return ("# cgroup.conf of a simulated cluster (sim/slurm.py); cgroup.conf(5)\n"
-            "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\nConstrainDevices=yes\n")
+            "CgroupPlugin=cgroup/v1\n" + ("CgroupAutomount=no\n" if automount_option else "") + "ConstrainDevices=yes\n")
 
 
 def host_cgroup_lines(folder: str, mountinfo: str | None = None) -> list[str]:
@@ -314,12 +345,12 @@ def host_lines(cluster: Cluster, cdir: Path, node_name: str, env: dict[str, str]
     if not cluster.slurm:
         return []
     node = next(n for n in cluster.nodes if n.name == node_name)
-    lines = munged_lines(cdir, host_dir(cluster.name, node_name))
+    lines = slurm_lines(cluster) + munged_lines(cdir, host_dir(cluster.name, node_name))
     sdir = slurm_dir(cdir)
     lines += [f"mount --bind {shlex.quote(str(sdir / 'nodes' / cluster.slurm_name(node) / sub))} {shlex.quote(str(node_path(sdir, sub)))}"
               for sub in NODE_DIRS]
     if pyxis(cluster):
-        built = gpusite.ensure()
+        built = pyxis_build(cluster)
         # enroot where a site's package puts it, on the PATH of slurmd (pyxis runs
         # "enroot" from it), of tasks and SSH sessions, and of the job epilog, where
         # pyxis sets PATH=/usr/local/bin:/usr/bin:/bin (pyxis_slurmd.c job_epilog_fixup):
@@ -354,18 +385,18 @@ def prepare(cluster: Cluster, cdir: Path) -> None:
     # slurmd reads gres.conf and cgroup.conf from slurm.conf's folder (gres.conf(5), cgroup.conf(5))
     (sdir / "gres.conf").write_text(gres_conf(cluster))
     if constrained(cluster):
-        (sdir / "cgroup.conf").write_text(cgroup_conf())
+        (sdir / "cgroup.conf").write_text(cgroup_conf(automount_option=not current(cluster)))
     (sdir / "task_prolog").write_text(task_prolog(cdir))
     os.chmod(sdir / "task_prolog", 0o755)
     if pyxis(cluster):
-        prepare_pyxis(cdir)
+        prepare_pyxis(cluster, cdir)
 
 
-def prepare_pyxis(cdir: Path) -> None:
+def prepare_pyxis(cluster: Cluster, cdir: Path) -> None:
     """plugstack.conf, and the cluster's enroot configuration: a copy of the
     build's etc/enroot (its hooks, mounts, environment) with the cluster's
     enroot.conf and the hardware state's mount."""
-    built = gpusite.ensure()
+    built = pyxis_build(cluster)
     sdir = slurm_dir(cdir)
     (sdir / "plugstack.conf").write_text(gpusite.plugstack_conf(built.pyxis_so, PYXIS_RUNTIME))
     etc = enroot_etc(cdir)
@@ -427,6 +458,7 @@ def start_login(cluster: Cluster, cdir: Path, state: dict, links: dict, hosts: s
         f"if [ -f /root/.bashrc ]; then mount --bind {q(ldir / 'bashrc')} /root/.bashrc; fi",
         "mount -t tmpfs -o mode=755,size=64m tmpfs /run",
         "mkdir -p /run/sshd",
+        *slurm_lines(cluster),
         *munged_lines(cdir, ldir),
         # slurmctld forks into the background (slurmctld(8) without -D)
         f"env SLURM_CONF={q(conf_path(cdir))} slurmctld -f {q(conf_path(cdir))}",

@@ -365,6 +365,18 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
     old = 'trtllm_qwen38_fp8("qwen3.8-low-latency.yaml"'
     assert old in text
     (inv / "sim_b200_slurm.py").write_text(text.replace(old, old + ', overrides={"max_batch_size": 4}'))
+    # node 1 drains while release a serves: the new release cannot have it, and is refused before anything stops
+    login(f"scontrol update nodename={NODES[1]} state=drain reason='fan swap'")
+    try:
+        res = _deploy("--skip-prepare", env={"LLMDEPLOY_INVENTORY": str(inv)})
+        out = res.stdout + res.stderr
+        assert res.returncode != 0 and f"Slurm reports {NODES[1]} draining" in out and "fan swap" in out, out
+        assert "cannot have its nodes (nothing was stopped)" in out, out
+        res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
+        doc = json.loads(res.stdout)
+        assert res.returncode == 0 and doc["healthy"] and doc["release"] == a and doc["slurm"]["job"] == job.id, doc
+    finally:
+        login(f"scontrol update nodename={NODES[1]} state=resume")
     res = _deploy("--skip-prepare", env={"LLMDEPLOY_INVENTORY": str(inv)})
     assert res.returncode == 0, res.stdout + res.stderr
     b = _ledger()[-1]["release"]

@@ -237,3 +237,62 @@ def test_enroot_reads_the_node_conf_as_written(tmp_path):
     node = tmp_path / "node with space" / "enroot"
     assert res.stdout.splitlines() == [str(node / "runtime"), str(node / "cache"), str(node / "data"), str(node / "tmp"), "1",
                                        "-comp lz4 -noD -exit-on-error -processors 1", "/ca/ca.pem"]
+
+
+# --- a current Slurm (25.11) ------------------------------------------------------------------------
+def test_the_slurm_build_is_keyed_by_its_pin_and_steps_and_built_once(monkeypatch, tmp_path):
+    monkeypatch.setenv("LLMDEPLOY_SIM_CACHE", str(tmp_path))
+    here = gpusite.slurm_build().root
+    assert here.parent == tmp_path and here.name.startswith("slurm-")
+    with monkeypatch.context() as m:
+        m.setattr(gpusite, "SLURM_BUILD_REV", gpusite.SLURM_BUILD_REV + 1)
+        assert gpusite.slurm_build().root != here
+    with monkeypatch.context() as m:
+        m.setattr(gpusite, "SLURM", gpusite.Pin("slurm", "25.11.8", "0" * 64, gpusite.SLURM.url))
+        assert gpusite.slurm_build().root != here
+    here.mkdir()
+    here.joinpath(".complete").write_text(json.dumps(gpusite.slurm_wanted()))
+
+    def build(*a):
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(gpusite, "_build_slurm", build)
+    assert gpusite.ensure_slurm() == gpusite.slurm_build()
+    here.joinpath(".complete").write_text("{}")
+    monkeypatch.setattr(gpusite, "SLURM_HEADERS", {"libyaml-dev": tmp_path / "no-yaml.h", "libmunge-dev": here / ".complete"})
+    with pytest.raises(SimError, match=r"building Slurm 25.11.7 needs the Debian packages libyaml-dev: run scripts/setup.sh"):
+        gpusite.ensure_slurm()
+
+
+def _slurm_or_skip() -> gpusite.SlurmBuild:
+    b = gpusite.slurm_build()
+    if not gpusite._done(b, gpusite.slurm_wanted()):
+        pytest.skip("Slurm 25.11 is not built on this machine (scripts/setup.sh builds it; this test does not)")
+    return b
+
+
+def test_the_built_slurm_is_25_11_with_pmix_and_refuses_what_22_05_took(tmp_path):
+    """srun 25.11.7 (the build's own) refuses --nodes beside an arbitrary
+    distribution before it asks slurmctld anything ("--nodes is incompatible
+    with --distribution=arbitrary", src/common/slurm_opt.c), and takes the
+    world the launcher writes: its error is then that there is no
+    controller, not the options."""
+    from llmdeploy.inventory import load_cluster
+    from llmdeploy.launchers.slurm import commands as slurm
+
+    b = _slurm_or_skip()
+    assert (b.root / "lib" / "slurm" / "mpi_pmix.so").is_file()
+    # a configuration whose controller is not there (loopback, no slurmctld), answered within 2 s
+    (tmp_path / "slurm.conf").write_text("ClusterName=t\nSlurmctldHost=localhost(127.0.0.1)\nMessageTimeout=2\n")
+    env = {"PATH": f"{b.bin}:/usr/bin:/bin", "SLURM_CONF": str(tmp_path / "slurm.conf")}
+    res = subprocess.run([str(b.bin / "srun"), "--version"], capture_output=True, text=True, env=env, timeout=60)
+    assert res.stdout.strip() == f"slurm {gpusite.SLURM.version}", res.stdout + res.stderr
+    old = subprocess.run([str(b.bin / "srun"), "--nodes=2", "--ntasks=2", "--distribution=arbitrary", "--nodelist=a,b", "true"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert old.returncode != 0 and "--nodes is incompatible with --distribution=arbitrary" in old.stderr, old.stderr
+    c = load_cluster("sim-b200-slurm")
+    step = slurm.UnitStep(node="a", name="w", script="", log="", args=["true"], nodes=["a", "b"], tasks=8, mpi="pmix")
+    args = slurm.unit_srun_args(c, "42", step)
+    assert args[0] == "srun" and "--distribution=arbitrary" in args and not any(a.startswith("--nodes=") for a in args)
+    res = subprocess.run([str(b.bin / "srun"), *args[1:]], capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode != 0 and "Unable to contact slurm controller" in res.stderr and "incompatible" not in res.stderr, res.stderr

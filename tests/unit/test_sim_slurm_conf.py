@@ -1,6 +1,7 @@
 """The simulated Slurm cluster's slurm.conf (sim/slurm.py, a pure function of the inventory)."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 from llmdeploy.inventory import load_cluster
 from sim import slurm
@@ -56,14 +57,18 @@ def test_a3_four_nodes_in_the_npu_partition():
     assert conf["PartitionName"][0].startswith("npu Nodes=sim-a3-slurm-0,sim-a3-slurm-1,sim-a3-slurm-2,sim-a3-slurm-3 ")
 
 
-def test_slurm_names_from_the_inventory_nodelist():
+def test_slurm_names_from_the_inventory_nodelist(monkeypatch):
+    built = SimpleNamespace(enroot_bin=Path("/cache/gs/enroot/bin"), enroot_sysconf=Path("/cache/gs/enroot/etc/enroot"))
+    monkeypatch.setattr(slurm.gpusite, "ensure", lambda against=None: built)
+    monkeypatch.setattr(slurm.gpusite, "ensure_slurm", lambda echo=None: slurm.gpusite.SlurmBuild(Path("/cache/slurm-1")))
     cluster = load_cluster("sim-b200-slurm")
     cluster = cluster.model_copy(update={"slurm": cluster.slurm.model_copy(update={"nodelist": ["gpu-a", "gpu-b"]})})
     text = slurm.slurm_conf(cluster, Path("/sim/c"))
     assert "NodeName=gpu-a NodeAddr=198.18.25.10 " in text and "Nodes=gpu-a,gpu-b " in text
     # slurmd is started with the Slurm name, munged first, in the host's script
     lines = slurm.host_lines(cluster, Path("/sim/c"), "sim-b200-slurm-1", {"PATH": "/x"})
-    assert lines[-1].endswith("slurmd -f /sim/c/slurm/slurm.conf -N gpu-b") and "munged --force" in lines[1]
+    assert lines[-1].endswith("slurmd -f /sim/c/slurm/slurm.conf -N gpu-b") and "munged --force" in lines[3]
+    assert lines[0].endswith(" /usr/bin") and lines[1].endswith(" /usr/sbin")  # Slurm 25.11's programs first
     # its own spool and TmpFS at the one path slurm.conf names
     assert "mount --bind /sim/c/slurm/nodes/gpu-b/spool /sim/c/slurm/node/spool" in lines
     assert "mount --bind /sim/c/slurm/nodes/gpu-b/tmp /sim/c/slurm/node/tmp" in lines
@@ -93,7 +98,8 @@ def test_nvidia_sites_load_pyxis_and_ascend_ones_do_not(monkeypatch, tmp_path):
         enroot_bin = Path("/cache/gs/enroot/bin")
         enroot_sysconf = Path("/cache/gs/enroot/etc/enroot")
 
-    monkeypatch.setattr(slurm.gpusite, "ensure", lambda: Built())
+    monkeypatch.setattr(slurm.gpusite, "ensure", lambda against=None: Built())
+    monkeypatch.setattr(slurm.gpusite, "ensure_slurm", lambda echo=None: slurm.gpusite.SlurmBuild(Path("/cache/slurm-1")))
     b200 = load_cluster("sim-b200-slurm")
     lines = slurm.host_lines(b200, Path("/sim/c"), "sim-b200-slurm-1", {"PATH": "/h/bin:/usr/bin"})
     # enroot in /usr/local/bin (slurmd, tasks and pyxis's job epilog find it there), the cluster's enroot configuration
@@ -165,3 +171,21 @@ def test_devices_are_constrained_where_the_machine_has_cgroup_v1_devices():
                      "echo $$ > /sys/fs/cgroup/unified/lds-x-n0.host/cgroup.procs",
                      "mkdir -p /sys/fs/cgroup/freezer/lds-x-n0.host",
                      "echo $$ > /sys/fs/cgroup/freezer/lds-x-n0.host/cgroup.procs"]
+
+
+def test_the_nvidia_sites_run_slurm_25_11_but_one_older_pyxis_site(monkeypatch):
+    """The NVIDIA sites run the 25.11 build's programs, laid over Debian's in
+    each host's own mount namespace; sim-h200-sglang-slurm (a pyxis world of
+    two nodes) stays on Debian's 22.05 as the older site, and so do the
+    Ascend sites (Docker only). 25.11's cgroup.conf has no CgroupAutomount."""
+    from sim import gpusite
+
+    monkeypatch.setattr(gpusite, "ensure_slurm", lambda echo=None: gpusite.SlurmBuild(Path("/cache/slurm-1")))
+    b200, gb300, sglang, a3 = (load_cluster(n) for n in ("sim-b200-slurm", "sim-gb300-1p2d-slurm", "sim-h200-sglang-slurm", "sim-a3-slurm"))
+    assert slurm.current(b200) and slurm.current(gb300) and not slurm.current(sglang) and not slurm.current(a3)
+    assert slurm.pyxis(sglang) and "sim-h200-sglang-slurm" in slurm.OLDER_SITES
+    assert slurm.slurm_lines(b200) == ["mount -t overlay overlay -o lowerdir=/cache/slurm-1/bin:/usr/bin /usr/bin",
+                                       "mount -t overlay overlay -o lowerdir=/cache/slurm-1/sbin:/usr/sbin /usr/sbin"]
+    assert slurm.slurm_lines(sglang) == [] and slurm.slurm_lines(a3) == []
+    assert "CgroupAutomount" not in slurm.cgroup_conf(automount_option=False)
+    assert "CgroupAutomount=no" in slurm.cgroup_conf()
