@@ -270,10 +270,8 @@ def _etcd(cluster: Cluster, prof: DynamoProfile, rid: str, phase: int, prepared:
         return Service(name="etcd", units=[], started=Probe(name="external etcd /health", kind="http", host=n0.name, ip=url.hostname,
                                                             port=url.port or 2379, path="/health", check="json", arg="health=true"))
     image = accessory_image(n0, prepared, prof.etcd_image)
-    unit = Unit(host=n0.name, container=container(cluster, rid, "etcd"), prefix="etcd.", role="control-plane", devices=0,
-                spec=etcd_spec(cluster, prof, rid, phase, image), show={"image": image})
-    return Service(name="etcd", units=[unit], started=Probe(name="etcd /health", kind="http", host=n0.name, port=prof.etcd_port,
-                                                            path="/health", check="json", arg="health=true"))
+    return _on_node0(cluster, rid, "etcd", image, etcd_spec(cluster, prof, rid, phase, image),
+                     Probe(name="etcd /health", kind="http", host=n0.name, port=prof.etcd_port, path="/health", check="json", arg="health=true"))
 
 
 def _nats(cluster: Cluster, prof: DynamoProfile, rid: str, phase: int, prepared: Prepared) -> Service:
@@ -286,10 +284,16 @@ def _nats(cluster: Cluster, prof: DynamoProfile, rid: str, phase: int, prepared:
         return Service(name="nats", units=[], started=Probe(name="external NATS client port", kind="port", host=n0.name,
                                                             ip=url.hostname, port=url.port or 4222))
     image = accessory_image(n0, prepared, prof.nats_image)
-    unit = Unit(host=n0.name, container=container(cluster, rid, "nats"), prefix="nats.", role="control-plane", devices=0,
-                spec=nats_spec(cluster, prof, rid, phase, image), show={"image": image})
-    return Service(name="nats", units=[unit], started=Probe(name="NATS /healthz", kind="http", host=n0.name, port=prof.nats_monitor_port,
-                                                            path="/healthz", check="json", arg="status=ok"))
+    return _on_node0(cluster, rid, "nats", image, nats_spec(cluster, prof, rid, phase, image),
+                     Probe(name="NATS /healthz", kind="http", host=n0.name, port=prof.nats_monitor_port, path="/healthz", check="json",
+                           arg="status=ok"))
+
+
+def _on_node0(cluster: Cluster, rid: str, name: str, image: str, spec: ContainerSpec, started: Probe) -> Service:
+    """A control-plane service: one container on node 0, no accelerator, ``started`` when it answers."""
+    unit = Unit(host=cluster.node0.name, container=container(cluster, rid, name), prefix=f"{name}.", role="control-plane", devices=0,
+                spec=spec, show={"image": image})
+    return Service(name=name, units=[unit], started=started)
 
 
 def _frontend(cluster: Cluster, prof: DynamoProfile, rid: str, phase: int, prepared: Prepared) -> Service:
