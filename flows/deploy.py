@@ -48,7 +48,7 @@ from llmdeploy.release import (
     write_script,
 )
 from llmdeploy.releaseplan import ReleasePlan
-from llmdeploy.runner import Runner, Step
+from llmdeploy.runner import SKIPPED, Runner, Step
 from llmdeploy.serving import ReleaseFile
 from roles import runtime
 
@@ -157,7 +157,8 @@ def read_prepared(runner: Runner, cluster: Cluster) -> dict[str, dict | None]:
     from roles.files import read_script
 
     res = runner.run(Step(name="read prepare records", build=lambda n: read_script(record.prepared_path(cluster))))
-    bad = {h: r.msg for h, r in res.items() if r.failed}
+    # a node an earlier step found unreachable is skipped: its record is unknown, not absent
+    bad = {h: r.msg for h, r in res.items() if r.failed or r.status == SKIPPED}
     if bad:
         raise LlmdeployError("cannot read the nodes' prepare records: " + "; ".join(f"{h}: {m}" for h, m in bad.items()))
     out = {}

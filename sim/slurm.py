@@ -58,6 +58,9 @@ def pyxis(cluster: Cluster) -> bool:
 
 # NVIDIA sites that stay on Debian 12's Slurm 22.05, as an older site does: one pyxis cluster with a multi-node world
 OLDER_SITES = ("sim-h200-sglang-slurm",)
+# sites that keep pyxis's default container_scope, global (pyxis config.c): a named container outlives its job;
+# the others set job, so that pyxis's job epilog removes them
+GLOBAL_SCOPE_SITES = ("sim-b200-slurm",)
 
 
 def current(cluster: Cluster) -> bool:
@@ -398,7 +401,8 @@ def prepare_pyxis(cluster: Cluster, cdir: Path) -> None:
     enroot.conf and the hardware state's mount."""
     built = pyxis_build(cluster)
     sdir = slurm_dir(cdir)
-    (sdir / "plugstack.conf").write_text(gpusite.plugstack_conf(built.pyxis_so, PYXIS_RUNTIME))
+    scope = "global" if cluster.name in GLOBAL_SCOPE_SITES else "job"
+    (sdir / "plugstack.conf").write_text(gpusite.plugstack_conf(built.pyxis_so, PYXIS_RUNTIME, scope))
     etc = enroot_etc(cdir)
     if etc.exists():
         shutil.rmtree(etc)

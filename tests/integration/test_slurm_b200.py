@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -165,6 +166,21 @@ def _ranks(job: str) -> dict[int, tuple[int, dict[str, str]]]:
 def _enroot_containers(cluster: str = SIM_CLUSTER) -> str:
     """``enroot list`` on every node (a step of its own), as an operator would look."""
     return login(f"srun -N{len(NODES)} -w {','.join(NODES)} --gres=gpu:8 enroot list", cluster)
+
+
+def _pyxis_containers(job: str) -> dict[str, set[str]]:
+    """The enroot containers on each node, read by a step of the release's job (``--overlap``)."""
+    inner = shlex.quote('echo "host $(hostname)"; enroot list')
+    out = login(f"srun --jobid={job} --overlap -N{len(NODES)} -w {','.join(NODES)} --gres=gpu:8 --label sh -c {inner}")
+    hosts: dict[str, str] = {}
+    names: dict[str, set[str]] = {}
+    for line in out.splitlines():
+        task, _, said = line.partition(": ")
+        if said.startswith("host "):
+            hosts[task.strip()] = said.split()[1]
+        elif said.strip():
+            names.setdefault(task.strip(), set()).add(said.strip())
+    return {hosts[t]: names.get(t, set()) for t in hosts}
 
 
 def nothing_left_pyxis() -> None:
@@ -377,6 +393,10 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
         assert res.returncode == 0 and doc["healthy"] and doc["release"] == a and doc["slurm"]["job"] == job.id, doc
     finally:
         login(f"scontrol update nodename={NODES[1]} state=resume")
+        # Slurm 25.11 shows a resumed node "not responding" (alloc*) for a moment: a deploy then names it unreachable
+        end = time.monotonic() + 30
+        while time.monotonic() < end and login(f"sinfo -N -h -n {NODES[1]} -o %T").strip() != "allocated":
+            time.sleep(0.5)
     res = _deploy("--skip-prepare", env={"LLMDEPLOY_INVENTORY": str(inv)})
     assert res.returncode == 0, res.stdout + res.stderr
     b = _ledger()[-1]["release"]
@@ -404,12 +424,17 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
     (job_r,) = jobs()
     assert job_r.name == slurm.release_job_name(SIM_CLUSTER, b) and len(unit_steps(job_r)) == 1, job_r
     assert sorted(_ranks(job_r.id)) == list(range(16))
+    # pyxis's global scope here: the restart runs a new container (attempt 2), and no earlier one is left on a node
+    assert _pyxis_containers(job_r.id) == {n: {f"pyxis_{b}.{SIM_CLUSTER}-{b}.2"} for n in NODES}
 
     res = run_invoke("rollback", "--cluster", SIM_CLUSTER, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"serving, release {a}, healthy" in res.stdout
     (job_a,) = jobs()
     assert job_a.name == slurm.release_job_name(SIM_CLUSTER, a) and len(unit_steps(job_a)) == 1
+    # release b's containers were removed when it stopped; release a's runs a container of its new start
+    held = _pyxis_containers(job_a.id)
+    assert all(len(names) == 1 and next(iter(names)).startswith(f"pyxis_{a}.{SIM_CLUSTER}-{a}.") for names in held.values()), held
 
     res = run_invoke("stop", "--cluster", SIM_CLUSTER, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -113,3 +113,24 @@ def test_deploy_refuses_a_profile_kind_it_does_not_know(monkeypatch):
     monkeypatch.setattr(systems, "SYSTEMS", systems._registry(**{"vllm-ascend": "vllm_ascend"}))
     with pytest.raises(LlmdeployError, match="deploy cannot start dynamo profiles yet"):
         systems.module_for("dynamo")
+
+
+def test_a_node_unreachable_earlier_is_named_not_taken_for_one_without_a_prepare_record():
+    """The runner skips a node an earlier step of the command found
+    unreachable (a Slurm node not responding): its record is unknown, and
+    deploy says why instead of "no prepare record on <node>"."""
+    from flows.deploy import read_prepared
+    from llmdeploy.errors import LlmdeployError
+    from llmdeploy.inventory import load_cluster
+    from llmdeploy.runner import OK, SKIPPED, HostResult
+
+    c = load_cluster("sim-b200-slurm")
+    n0, n1 = (n.name for n in c.nodes)
+
+    class Runner:
+        def run(self, step):
+            return {n0: HostResult(n0, OK, stdout='{"node": "%s"}' % n0),
+                    n1: HostResult(n1, SKIPPED, msg="unreachable earlier: Slurm reports sim-b200-slurm-1 allocated, not responding")}
+
+    with pytest.raises(LlmdeployError, match=f"cannot read the nodes' prepare records: {n1}: unreachable earlier: Slurm reports"):
+        read_prepared(Runner(), c)

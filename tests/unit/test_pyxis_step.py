@@ -92,7 +92,7 @@ def test_what_the_step_has_by_itself_is_not_rendered():
 
 def test_the_check_shows_the_step_a_unit_runs():
     spec = dataclasses.replace(BASE, mounts=(Mount("/m", "/model", readonly=True),), command=("sh", "/r/task.sh"))
-    assert pyxis.run_command(spec, "R1") == ("srun --container-image=img --container-name=R1.decode0 --container-writable --no-container-mount-home "
+    assert pyxis.run_command(spec, "R1") == ("srun --container-image=img --container-name=R1.decode0.1 --container-writable --no-container-mount-home "
                                              "--container-env=CUDA_VISIBLE_DEVICES --container-mounts=/m:/model:ro sh /r/task.sh")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -236,7 +237,7 @@ def test_stop_kills_what_ignores_sigterm_and_what_the_unit_started(node):
     p = node.start("u-1", stubborn)
     child = int(until(lambda: (node.tmp / "child").exists() and (node.tmp / "child").read_text().strip(), what="child"))
     pid = node.task_pid("u-1")
-    res = node.sh(units.stop_units_script(node.release(), ["u-1", "nope"], 1, "attempt-1"))
+    res = node.sh(units.stop_units_script(CLUSTER, node.releases, node.release(), ["u-1", "nope"], 1, "attempt-1"))
     assert res.stdout == "stopped u-1\n", res
     assert not alive(pid) and not alive(child)
     assert p.wait(5) == 137
@@ -485,3 +486,30 @@ def test_a_unit_that_is_no_world_sees_no_step_variables(tmp_path, plain):
     assert seen["CUDA_VISIBLE_DEVICES"] == "0,1"
     gone = {"SLURM_JOB_ID", "SLURM_LOCALID", "SLURMD_NODENAME", "PMIX_RANK", "OMPI_MCA_x"}
     assert (gone & set(seen)) == (set() if plain else gone), seen
+
+
+def test_the_stop_removes_the_enroot_containers_of_units_that_no_longer_run(node, tmp_path):
+    """Under pyxis's default global scope a step's named container outlives
+    its job (pyxis config.c): a node's stop scripts remove every one of this
+    cluster's (pyxis_[<job>_]<release>.<unit>.<attempt>) but the running
+    start's of each unit, and leave other clusters' and other names alone.
+    ``enroot`` here is a stand-in that lists and removes names in a file."""
+    rid = RID
+    node.start(f"{CLUSTER}-w", ["sleep", "300"], attempt=2)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    names = tmp_path / "enroot-names"
+    kept = [f"pyxis_{rid}.{CLUSTER}-w.2", f"pyxis_20260101T000000Z-00000000.{CLUSTER}-w.1", f"pyxis_{rid}.other-u.1", "pyxis_other", "mine"]
+    names.write_text("\n".join([f"pyxis_{rid}.{CLUSTER}-w.1", f"pyxis_77_{rid}.{CLUSTER}-v.3", *kept]) + "\n")
+    (bin_dir / "enroot").write_text(
+        "#!/bin/sh\n"
+        f'f={shlex.quote(str(names))}\n'
+        'case $1 in list) cat "$f" ;; remove) [ "$2" = -f ] && grep -vxF "$3" "$f" > "$f.new"; mv "$f.new" "$f" ;; *) exit 2 ;; esac\n')
+    (bin_dir / "enroot").chmod(0o755)
+    res = subprocess.run(["sh", "-c", units.FUNCS + f"llu_enroot_gc {shlex.quote(CLUSTER)} {shlex.quote(node.releases)}\n"],
+                         capture_output=True, text=True, env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.split("\n")) == sorted(["", f"removed enroot container pyxis_{rid}.{CLUSTER}-w.1",
+                                                     f"removed enroot container pyxis_77_{rid}.{CLUSTER}-v.3"])
+    # the running start (attempt 2) stays; so do a release this cluster does not have, another cluster's unit, other names
+    assert names.read_text().split() == kept

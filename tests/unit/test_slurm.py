@@ -292,7 +292,10 @@ def test_a_pyxis_trtllm_world_is_one_pmix_step_of_every_rank(b200):
                         "--nodelist=" + ",".join(["sim-b200-slurm-0"] * 8 + ["sim-b200-slurm-1"] * 8), "--gres=gpu:8",
                         f"--job-name=sim-b200-slurm-{RID}"]
     assert "--mpi=pmix" in srun and "--container-image=nvcr.io#nvidia/tensorrt-llm/release:1.4.0rc1" in srun
-    assert f"--container-name={RID}.sim-b200-slurm-{RID}" in srun and srun[-2:] == ["sh", f"{rd}/task.sh"]
+    # named for its start (attempt 1): a later start never reuses this one's writable root
+    assert f"--container-name={RID}.sim-b200-slurm-{RID}.1" in srun and srun[-2:] == ["sh", f"{rd}/task.sh"]
+    again = SlurmJobs(b200, type("R", (), {"transport": None})(), print).unit_steps(plan, plan.units(), lambda u: "", lambda u: 2)
+    assert f"--container-name={RID}.sim-b200-slurm-{RID}.2" in again[0][0].args
     # the world has started when both nodes' first tasks said so
     assert f"2:sim-b200-slurm-0/sim-b200-slurm-{RID}=" in text
 

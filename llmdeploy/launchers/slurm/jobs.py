@@ -74,7 +74,7 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
         n = number(first)
         world = len(group) > 1 or plan.service_of(first).world
         # a unit that is not a launched world sees no Slurm variables (an mpirun in it is its own, as in Docker)
-        args = units_mod.unit_step_args(first.spec, rd, first.container, n, pyxis.container_name(first.container, plan.release), plain=not world)
+        args = units_mod.unit_step_args(first.spec, rd, first.container, n, pyxis.container_name(first.container, plan.release, n), plain=not world)
         out.append((slurm.UnitStep(node=cluster.slurm_name(cluster.node(first.host)), name=first.container, script="", args=args,
                                    nodes=[cluster.slurm_name(cluster.node(u.host)) for u in group], tasks=first.tasks,
                                    # a world not of MPI says so: the site's MpiDefault (often pmix) does not apply

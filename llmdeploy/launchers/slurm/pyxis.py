@@ -105,9 +105,14 @@ def container_command(spec: ContainerSpec) -> list[str]:
     return ["env", env_files_arg(spec), "sh", "-c", ENV_FILE_LOADER + 'exec "$@"\n', "llmdeploy-unit", *spec.command]
 
 
-def container_name(container: str, release: str) -> str:
-    """The enroot container of unit ``container``'s step: ``<release>.<unit>``."""
-    return f"{release}.{container}"
+def container_name(container: str, release: str, attempt: int) -> str:
+    """The enroot container of start ``attempt`` of unit ``container``:
+    ``<release>.<unit>.<attempt>``. A start never reuses an earlier one's
+    writable root (etcd's data directory is in it), whatever pyxis's
+    ``container_scope``; the node's stop scripts remove the containers of
+    units that no longer run (``units.ENROOT_GC``), so that under pyxis's
+    default global scope nothing piles up."""
+    return f"{release}.{container}.{int(attempt)}"
 
 
 def step_options(spec: ContainerSpec, container_name: str, image: str | None = None) -> list[str]:
@@ -144,4 +149,4 @@ def run_command(spec: ContainerSpec, release: str) -> str:
     options are the launcher's, shown with each step's line). A spec a step
     cannot run is refused where its steps are made, with the release and
     the unit named (``jobs.plan_steps``), not here."""
-    return shlex.join(["srun", *_options(spec, container_name(spec.name, release), None), *spec.command])
+    return shlex.join(["srun", *_options(spec, container_name(spec.name, release, 1), None), *spec.command])

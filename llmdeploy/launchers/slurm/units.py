@@ -226,6 +226,25 @@ llu_stop() {
   done
   true
 }
+# llu_enroot_gc CLUSTER RELEASES_DIR: remove the enroot containers pyxis made for this cluster's unit steps
+# (pyxis_[<job>_]<release>.<unit>.<attempt>, pyxis.container_name) but the running start's of each unit:
+# under pyxis's default global scope they outlive their job (pyxis config.c), one unpacked image each
+llu_enroot_gc() {
+  command -v enroot >/dev/null 2>&1 || return 0
+  enroot list 2>/dev/null | while IFS= read -r llu_n; do
+    case $llu_n in pyxis_*) ;; *) continue ;; esac
+    llu_x=${llu_n#pyxis_}; llu_j=${llu_x%%_*}
+    case $llu_j in ''|*[!0-9]*) ;; *) llu_x=${llu_x#*_} ;; esac
+    llu_r=${llu_x%%.*}; llu_y=${llu_x#*.}; llu_u=${llu_y%.*}; llu_a=${llu_y##*.}
+    case $llu_x in *.*.*) ;; *) continue ;; esac
+    case $llu_u in "$1"-*) ;; *) continue ;; esac
+    case $llu_r in */*|.*|'') continue ;; esac
+    [ -d "$2/$llu_r" ] || continue  # a release of this cluster's only (another cluster's nodes may be these)
+    [ "$(cat "$2/$llu_r/units/$llu_u/attempt" 2>/dev/null)" = "$llu_a" ] && continue
+    enroot remove -f "$llu_n" >/dev/null 2>&1 && echo "removed enroot container $llu_n"
+  done
+  true
+}
 # llu_remove: docker rm of the record $d
 llu_remove() {
   llu_g="${d%/*}/.${d##*/}.removed.$$"
@@ -503,17 +522,21 @@ def stop_script(cluster: str, releases_dir: str, keep_release: str | None, timeo
     body = (f'd={r}/"$rel"/units/"$name"; llu_stop {int(timeout)} </dev/null; l={r}/"$rel"/logs; mkdir -p "$l"; '
             'if [ -f "$l/$name.log" ]; then mv -f "$l/$name.log" "$l/$name.final.log"; else : > "$l/$name.final.log"; fi; '
             'llu_remove && echo "stopped $name"; ')
-    return FUNCS + us.each_unit(_list(cluster, releases_dir), keep_release, body, phase) + "; true\n"
+    return (FUNCS + us.each_unit(_list(cluster, releases_dir), keep_release, body, phase)
+            + f"\nllu_enroot_gc {q(cluster)} {r}; true\n")
 
 
-def stop_units_script(release_dir: str, containers: list[str], timeout: int, log_suffix: str = "stopped") -> str:
+def stop_units_script(cluster: str, releases_dir: str, release_dir: str, containers: list[str], timeout: int,
+                      log_suffix: str = "stopped") -> str:
     """Stop and remove the named units of one release (a group restart),
-    their logs kept as ``<container>.<log_suffix>.log``; ``stopped <name>`` each."""
+    their logs kept as ``<container>.<log_suffix>.log``; ``stopped <name>``
+    each; then the enroot containers of units that no longer run (``llu_enroot_gc``)."""
     lines = [FUNCS + f"mkdir -p {q(release_dir + '/logs')}"]
     for c in containers:
         log, kept = f"{release_dir}/logs/{_name(c)}.log", f"{release_dir}/logs/{c}.{log_suffix}.log"
         lines.append(f"d={q(record_dir(release_dir, c))}; if [ -f \"$d/labels\" ]; then llu_stop {int(timeout)}; "
                      f"if [ -f {q(log)} ]; then mv -f {q(log)} {q(kept)}; else : > {q(kept)}; fi; llu_remove; echo stopped {q(c)}; fi")
+    lines.append(f"llu_enroot_gc {q(cluster)} {q(releases_dir)}; true")
     return "\n".join(lines) + "\n"
 
 
@@ -626,7 +649,7 @@ class PyxisUnits:
         return stop_script(self.c.name, self.rds, keep_release, timeout, phase)
 
     def stop_units_script(self, release_dir: str, containers: list[str], timeout: int, log_suffix: str = "stopped") -> str:
-        return stop_units_script(release_dir, containers, timeout, log_suffix)
+        return stop_units_script(self.c.name, self.rds, release_dir, containers, timeout, log_suffix)
 
     def signal_script(self, containers: list[str], sig: str = "TERM") -> str:
         return signal_script(self.rds, containers, sig)
