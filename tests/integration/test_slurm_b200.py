@@ -391,6 +391,9 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
         res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
         doc = json.loads(res.stdout)
         assert res.returncode == 0 and doc["healthy"] and doc["release"] == a and doc["slurm"]["job"] == job.id, doc
+        # status names the node that is not plainly the job's, with Slurm's state and the admin's reason
+        said = doc["slurm"]["nodes"][NODES[1]]
+        assert said["state"].startswith("draining") and said["reason"] == "fan swap" and NODES[0] not in doc["slurm"]["nodes"], doc["slurm"]
     finally:
         login(f"scontrol update nodename={NODES[1]} state=resume")
         # Slurm 25.11 shows a resumed node "not responding" (alloc*) for a moment: a deploy then names it unreachable

@@ -594,3 +594,12 @@ def test_sruns_only_allocated_is_said_in_words():
     said = slurm.srun_problem("", "srun: error: Only allocated 1 nodes asked for 2\n", 1)
     assert said.startswith("the job does not hold every node the step asked for, and Slurm ran none of it (srun: error: Only allocated")
     assert slurm.srun_problem("", "srun: error: Unable to create step\n", 1) == "srun: error: Unable to create step"
+
+
+def test_a_node_plainly_a_jobs_and_one_status_names():
+    plain = [slurm.NodeState("n", s, "none") for s in ("allocated", "mixed", "completing")]
+    odd = [slurm.NodeState("n", s, r) for s, r in (("draining", "fan swap"), ("allocated*", "none"), ("reserved", "maint"), ("down", "x"),
+                                                   ("idle", "none"))]
+    assert all(st.plain for st in plain) and not any(st.plain for st in odd)
+    assert odd[0].describe() == "Slurm reports n draining (reason: fan swap)"
+    assert odd[1].describe() == "Slurm reports n allocated, not responding"

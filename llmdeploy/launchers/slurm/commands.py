@@ -132,6 +132,12 @@ class NodeState:
         """Whether a new job can get the node (a draining one cannot)."""
         return self.usable and not self.state.lower().startswith("draining")
 
+    @property
+    def plain(self) -> bool:
+        """Whether the node is plainly a job's: allocated (or mixed, completing), with no flag and no admin's reason."""
+        base = self.state.lower()
+        return base in ("allocated", "alloc", "mixed", "mix", "completing", "comp")
+
     def describe(self) -> str:
         flag = STATE_FLAGS.get(self.state[-1:], "")
         state = self.state.rstrip("".join(STATE_FLAGS)).lower()

@@ -360,13 +360,21 @@ class SlurmJobs:
         def unit_doc(u: Unit) -> dict:
             return {"slurm_step": job.step_named(u.container, c.slurm_name(c.node(u.host)))} if job is not None else {}
 
+        # a node of the release that is not plainly its job's (draining, down, reserved, not responding), with the admin's reason:
+        # Slurm's state as this command's reads found it (no read of its own)
+        hosts = set(plan.hosts()) if plan is not None else set()
+        odd = {n.name: st for n in c.nodes if n.name in hosts and (st := self.s.states.get(n.name)) is not None and not st.plain}
+
         def show(con: Console) -> None:
             if job:
                 ends = f", time limit {job.time_limit}" + (f" (ends {job.end})" if job.end not in ("", "N/A", "Unknown", "NONE") else "") if job.time_limit else ""
                 con.print(f"slurm: job {job.id} {job.state}, {len(job.steps)} steps{ends}")
+            for st in odd.values():
+                con.print(f"[yellow]slurm: {escape(st.describe())}[/]", soft_wrap=True)
             if problem:
                 con.print(f"[bold red]not serving[/] slurm: {escape(problem)}", soft_wrap=True)
 
         doc = {"job": job.id if job else None, "state": job.state if job else None, "problem": problem,
-               "time_limit": job.time_limit if job else None, "ends": job.end if job else None, "steps": dict(sorted(job.steps.items())) if job else {}}
+               "time_limit": job.time_limit if job else None, "ends": job.end if job else None, "steps": dict(sorted(job.steps.items())) if job else {},
+               "nodes": {h: {"state": st.state, "reason": st.reason, "said": st.describe()} for h, st in odd.items()}}
         return ReleaseView(problem=problem, doc={"slurm": doc}, unit_state=unit_state, unit_doc=unit_doc, show=show)
