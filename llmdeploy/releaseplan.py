@@ -31,16 +31,27 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from .container import ContainerSpec, read_docker_run
-from .serving import ReleaseFiles
 
 RestartPolicy = Literal["each", "group", "none"]
 
 # what the system contributes to a plan for later commands (systems.declared);
 # a plan.json written by an earlier version may lack any of them
 DECLARED = ("stop_cleanup", "drift_env_prefixes", "signatures", "show_labels", "role_labels")
+
+
+class ReleaseFile(NamedTuple):
+    """One file of a release on one node: its text and its mode (e.g. 0o755).
+    A tuple, so ``text, mode = f`` reads it as the release records always did."""
+
+    text: str
+    mode: int
+
+
+# host -> file name (in the release directory) -> the file
+ReleaseFiles = dict[str, dict[str, ReleaseFile]]
 
 
 @dataclass

@@ -46,6 +46,7 @@ from pydantic import Field
 
 from .errors import LlmdeployError
 from .plugin import members, signature_problem
+from .releaseplan import ReleaseFile as ReleaseFile, ReleaseFiles as ReleaseFiles  # where they were first declared
 from .schema import Strict
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -165,16 +166,6 @@ class ServingProfile(Strict):
 # --- what crosses the interface ------------------------------------------------------------------
 
 
-class ReleaseFile(NamedTuple):
-    """One file of a release on one node: its text and its mode (e.g. 0o755).
-    A tuple, so ``text, mode = f`` reads it as the release records always did."""
-
-    text: str
-    mode: int
-
-
-# host -> file name (in the release directory) -> the file
-ReleaseFiles = dict[str, dict[str, ReleaseFile]]
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from llmdeploy.inventory import Cluster, Node
 from llmdeploy.platform import vendor_of
 from llmdeploy.schema import NIC_RE
 from roles import in_one_piece, mpi
-from roles.facts import excerpt, number, section, split_sections
+from llmdeploy.sections import excerpt, number, section, split_sections
 
 PING_MARK = "@@llmdeploy-ping@@"
 

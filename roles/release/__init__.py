@@ -16,7 +16,7 @@ from llmdeploy.inventory import Cluster
 from llmdeploy.lock import audit_path
 from llmdeploy.release import append_script, current_link, ledger_path, release_dir, releases_dir
 from roles import runtime
-from roles.facts import section, split_sections
+from llmdeploy.sections import section, split_sections
 
 
 def ledger_script(cluster: Cluster, benches: bool = False) -> str:

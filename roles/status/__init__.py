@@ -21,7 +21,7 @@ from llmdeploy.inventory import Cluster
 from llmdeploy.platform import vendor_of
 from llmdeploy.unitscripts import LABEL, LOG_MARK, UNIT_MARK
 from roles.commenv import parse_env_file
-from roles.facts import split_sections
+from llmdeploy.sections import split_sections
 
 # the current release's record (what stop, top and deploy read first): every runtime's
 current_script = unitscripts.current_script
