@@ -400,7 +400,8 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
         end = time.monotonic() + 30
         while time.monotonic() < end and login(f"sinfo -N -h -n {NODES[1]} -o %T").strip() != "allocated":
             time.sleep(0.5)
-    res = _deploy("--skip-prepare", env={"LLMDEPLOY_INVENTORY": str(inv)})
+    # the gate compares two releases' latency: test_gate_and_drain_a3's, not this test's (a full suite's load makes it noisy here)
+    res = _deploy("--skip-prepare", "--no-gate", env={"LLMDEPLOY_INVENTORY": str(inv)})
     assert res.returncode == 0, res.stdout + res.stderr
     b = _ledger()[-1]["release"]
     (job_b,) = jobs()
