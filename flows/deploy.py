@@ -495,8 +495,11 @@ def report_outcome(cluster, runner, con, eng: Engine, plan: ReleasePlan, outcome
     con.print(summary(cluster, plan, states, numbers, con))
     con.print(f"[bold red]{verb} failed[/] on {outcome.where}: {escape(outcome.reason)}")
     con.print(f"logs: {root} ({tgz})")
-    if stopped_nothing:
+    if stopped_nothing and verb == "deploy":
         con.print(f"release {rid} is marked failed before anything was stopped or started: what served before still serves")
+    elif stopped_nothing:
+        # a rollback after a failed deploy finds the cluster stopped already: this command stopped nothing, and says only that
+        con.print(f"release {rid} is marked failed: this {verb} stopped and started nothing")
     else:
         con.print(f"release {rid} is marked failed; the cluster is stopped (no serving container runs)")
     if json_out:

@@ -118,6 +118,9 @@ def poll_delay(n: int, poll_s: float) -> float:
 class Engine:
     def __init__(self, cluster: Cluster, runner: Runner, con: Console, quiet: bool = False, signatures=None):
         """``signatures``: the failure signatures of the release's plan (``ReleasePlan.signatures``)."""
+        # whether this engine stopped or signalled units already (a restart stops before it starts): a start the
+        # launcher then refuses has changed the cluster, and says so (Outcome.refused only where it has not)
+        self.touched = False
         self.c = cluster
         self.r = runner
         self.con = con
@@ -146,6 +149,7 @@ class Engine:
         reverse start order: the phases found on the nodes, phase 0 first.
         ``cleanup`` runs on every node afterwards."""
         c = self.c
+        self.touched = True
         nodes = hosts if hosts is not None else list(c.nodes)
         found = self.r.run(Step(name=f"{name}: phases", build=lambda n: self.rt.phases_script(keep_release)), nodes)
         results: dict[str, HostResult] = {h: r for h, r in found.items() if r.failed}
@@ -229,6 +233,7 @@ class Engine:
         by_host: dict[str, list[str]] = {}
         for u in units:
             by_host.setdefault(u.host, []).append(u.container)
+        self.touched = True
         res = self.r.run(Step(name="drain: stop new work", build=lambda n: self.rt.signal_script(by_host[n.name], "TERM")), [self.node(h) for h in by_host])
         done = [line.split(None, 1)[1] for r in res.values() if not r.failed for line in r.stdout.splitlines() if line.startswith("signalled ")]
         if done:
@@ -258,6 +263,7 @@ class Engine:
         """Stop ``units`` of the plan's release, highest ``order`` first, every
         host of an order at once; each one's log is kept in the release as
         ``<container>.<suffix(unit)>.log``."""
+        self.touched = True
         rd = release_dir(self.c, plan.release)
         results: dict[str, HostResult] = {}
         for order in sorted({u.order for u in units}, reverse=True):
@@ -324,7 +330,7 @@ class Engine:
         t = time.monotonic()
         failed = self.launcher.preflight(plan)
         if failed is not None:
-            out.refused = True
+            out.refused = not self.touched
             return self._fail(out, *failed)
         if previous is not None and previous.release != plan.release:
             self.drain(previous)

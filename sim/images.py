@@ -179,7 +179,10 @@ def cache() -> Path:
 
 
 def _run(args: list[str], what: str, **kw) -> subprocess.CompletedProcess:
-    res = subprocess.run(args, capture_output=True, text=True, **kw)
+    try:
+        res = subprocess.run(args, capture_output=True, text=True, **kw)
+    except subprocess.TimeoutExpired as e:
+        raise SimError(f"{what}: {shlex.join(args)} did not finish within {e.timeout:g} s") from None
     if res.returncode != 0:
         tail = (res.stderr.strip() or res.stdout.strip())[-1500:]
         raise SimError(f"{what}: {shlex.join(args)} failed (exit {res.returncode}): {tail}")
