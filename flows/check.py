@@ -11,7 +11,8 @@ How testinfra reaches a node is the cluster's launcher's choice
   the runner resolves them), with host-key checking on and one shared master
   connection per host;
 - through the tool's runner (a launcher whose nodes admit no outside SSH:
-  Slurm's, whose commands are job steps from the login host): the
+  Slurm's, whose commands are job steps from the login host; the default
+  launcher's with ``ssh.become``, whose commands run under sudo): the
   ``runner://`` backend (``flows/checkhost.py``), each command
   ``Runner.exec`` on the node. What the launcher holds for the command (an
   allocation) is held here, around the whole run, and handed to the pytest
@@ -25,6 +26,7 @@ pytest's JUnit XML, per host (the tests' ids name the scheme: ``[ssh://node]``,
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import re
 import subprocess
@@ -44,6 +46,7 @@ from flows.plan import select_nodes
 from llmdeploy import interrupt, launcher, report
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.errors import UnreachableError
+from llmdeploy.runner import Runner
 from llmdeploy.sshfiles import known_hosts_files
 
 REPO = Path(__file__).resolve().parent.parent
@@ -218,4 +221,34 @@ def _run(cluster: Cluster, nodes: list[Node], con: Console, quiet: bool, select:
             con.print(escape(last[-1]))
     if any(not r["passed"] and not r["failed"] for r in per_host.values()):
         failed_any = True
+    failed_any = not site(cluster, nodes, con, quiet) or failed_any
     return 1 if failed_any or any(r["failed"] for r in per_host.values()) else 0
+
+
+def _serving_image(cluster: Cluster, runner: Runner, node: Node) -> str | None:
+    """What the units run, as ``node``'s prepare record names it (the same path on every node; None: no record)."""
+    from roles.files import read_script
+    from roles.record import prepared_path
+
+    out, _, code = runner.exec(node, read_script(prepared_path(cluster)))
+    try:
+        doc = json.loads(out) if code == 0 and out.strip() else {}
+    except ValueError:
+        doc = {}
+    ref = (doc.get("image") or {}).get("serving_ref") if isinstance(doc, dict) else None
+    return ref if isinstance(ref, str) and ref else None
+
+
+def site(cluster: Cluster, nodes: list[Node], con: Console, quiet: bool) -> bool:
+    """What the cluster's launcher asks of its site (``Launcher.site_checks``:
+    a Slurm site's PMIx, memlock), a line each; True when nothing failed."""
+    with Runner(cluster, nodes=nodes) as runner:
+        units = launcher.of(cluster).launcher(cluster, runner, lambda _: None)
+        try:
+            found = units.site_checks(nodes, _serving_image(cluster, runner, nodes[0]) if nodes else None)
+        except UnreachableError as exc:
+            found = [("the site's checks", str(exc))]
+    if found and not quiet:
+        rows = [[what, "[bold red]FAILED[/]" if problem else "[green]ok[/]", escape(problem or "-")] for what, problem in found]
+        con.print(report.table(f"site: {cluster.name} (what the units need of it)", ["check", "result", "problem"], rows))
+    return not any(problem for _, problem in found)

@@ -413,6 +413,14 @@ REAP_SCRIPT = (
     'n=0; for c in $(pgrep -P "$PPID"); do [ "$c" = "$$" ] && continue; '
     'kill -TERM -- "-$c" 2>/dev/null && n=$((n+1)); done; echo "$n"'
 )
+# The same under ``ssh.become`` (``Runner.wire``: under sudo, as root): the other
+# sessions' processes are root's, which the login user may not signal, and under
+# sudo $PPID is sudo, not sshd; the login shell passes its $PPID (the sshd process
+# serving the connection) as $1 and its $$ (this session) as $2.
+REAP_AS_ROOT = (
+    'n=0; for c in $(pgrep -P "$1"); do [ "$c" = "$2" ] && continue; '
+    'kill -TERM -- "-$c" 2>/dev/null && n=$((n+1)); done; echo "$n"'
+)
 
 
 class _NotOpened(paramiko.SSHException):  # type: ignore[misc]  # paramiko has no type hints

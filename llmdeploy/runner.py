@@ -8,7 +8,10 @@ The SSH side is ``llmdeploy/connect.py``; with ``ssh.persist_s`` the commands
 go through a connection holder instead (``llmdeploy/mux.py``). Which host a
 command goes to, and as what, is the cluster's transport's
 (``llmdeploy/launcher.py``): the node itself over SSH, or another
-launcher's way of reaching it (``llmdeploy/launchers/``).
+launcher's way of reaching it (``llmdeploy/launchers/``). With
+``ssh.become`` every command goes on the wire under ``sudo -n`` as root
+(:meth:`Runner.wire`, ``llmdeploy/become.py``), and sudo's refusal reads as
+one failure naming the node (:meth:`Runner.sudo_refusal`).
 
 Every SSH failure reads as what happened, where and how to fix it (refused,
 no banner, unknown or changed host key, authentication, connection lost,
@@ -24,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import interrupt, launcher
+from . import become, interrupt, launcher
 from .errors import ConnectionLost, UnreachableError
 from .inventory import Cluster, Node
 from .sshfiles import check_ssh_config
@@ -341,9 +344,13 @@ class Runner:
 
         A command past its deadline gets exit code 124 and "command timed out
         after Ns" in stderr; a connection that dies under it raises
-        :class:`ConnectionLost` (an UnreachableError). The transport carries it."""
+        :class:`ConnectionLost` (an UnreachableError). The transport carries it.
+        With ``ssh.become``, a command sudo refused to run has the reason in
+        words as its stderr (:meth:`sudo_refusal`)."""
         interrupt.check()
-        return self.transport.exec(node, command, timeout, stdin, on_line)
+        out, err, code = self.transport.exec(node, command, timeout, stdin, on_line)
+        refused = self.sudo_refusal(node, out, err, code)
+        return (out, refused, code) if refused else (out, err, code)
 
     def world(self, nodes: list[Node], tasks: int, argv: list[str], env: dict[str, dict[str, str]],
               timeout: float | None = None) -> tuple[str, str, int] | None:
@@ -358,8 +365,28 @@ class Runner:
         node, command = self.transport.follow(node, command, name)
         conn = self._open(node)
         with interrupt.native():  # Invoke's runner ends the follow on Ctrl-C itself (its wait loop catches it)
-            code: int = conn.run(command, warn=True, pty=False, in_stream=False).exited
+            code: int = conn.run(self.wire(command), warn=True, pty=False, in_stream=False).exited
             return code
+
+    def wire(self, command: str, login_args: str = "") -> str:
+        """What goes on the SSH session channel for ``command``: the command
+        itself, or with ``ssh.become`` the command under ``sudo -n`` as root
+        (:func:`llmdeploy.become.command`; ``login_args``: its words the login
+        shell expands). The one place a node's command is wrapped: every
+        command this runner sends over SSH passes here (``_exec_ssh``: each
+        step's and exec's, and the connection holder's, whose runner is one of
+        these and is sent the command unwrapped; ``stream``; ``_reap``)."""
+        if not self.cluster.ssh.become:
+            return command
+        return become.command(command, login_args)
+
+    def sudo_refusal(self, node: Node, out: str, err: str, code: int) -> str | None:
+        """With ``ssh.become``, why sudo did not run a command on ``node``, in
+        words naming the node (:func:`llmdeploy.become.refusal`); None when it
+        ran, and always without ``ssh.become``."""
+        if not self.cluster.ssh.become:
+            return None
+        return become.refusal(node.name, self.cluster.ssh.user, out, err, code)
 
     def exec_direct(
         self, node: Node, command: str, timeout: float | None = None, stdin: str | bytes | None = None,
@@ -405,6 +432,7 @@ class Runner:
             self._inflight[node.name] += 1
         start = time.monotonic()
         data = stdin.encode() if isinstance(stdin, str) else stdin
+        command = self.wire(command)
         try:
             try:
                 try:
@@ -517,8 +545,11 @@ class Runner:
 
         if not conn.is_connected:
             return "the connection is gone: the command may still run on the host"
+        # with ssh.become the sessions' processes are root's: the reaper runs under sudo, told by the
+        # login shell which sshd process serves the connection and which session is its own
+        reap = self.wire(cx.REAP_AS_ROOT, '"$PPID" "$$"') if self.cluster.ssh.become else cx.REAP_SCRIPT
         try:
-            out, _, code = cx.run_channel(conn.client.get_transport(), cx.REAP_SCRIPT, max(5.0, self.cluster.ssh.connect_timeout))
+            out, _, code = cx.run_channel(conn.client.get_transport(), reap, max(5.0, self.cluster.ssh.connect_timeout))
         except Exception as exc:  # best effort
             return f"could not stop it on the host ({type(exc).__name__}): it may still run there"
         count = out.strip().splitlines()[-1:] if code == 0 else []
@@ -548,6 +579,10 @@ class Runner:
             # partial output: not for the parser
             return HostResult(node.name, FAILED, msg=f"timed out after {fired[0]:g}s at step '{step.name}' (the command's deadline); {fired[1]}",
                               stdout=out, stderr=err, exit_code=code)
+        refused = self.sudo_refusal(node, out, err, code)
+        if refused:
+            # sudo's refusal (ssh.become), not the command's output: no parser reads it
+            return HostResult(node.name, FAILED, msg=refused, stdout=out, stderr=err, exit_code=code)
         res = (step.parse or default_parse)(node, out, err, code)
         res.host = node.name
         if res.exit_code is None:

@@ -104,6 +104,10 @@ class DockerUnits:
     def serve_reads(self, plan: ReleasePlan, reads: list[Step]) -> None:
         """Every read is one command per node over SSH (or the connection holder): nothing to keep running."""
 
+    def site_checks(self, nodes: list[Node], image: str | None) -> list[tuple[str, str | None]]:
+        """Nothing of a site: prepare's own steps check each node."""
+        return []
+
 
 def transport(runner: Runner) -> SshTransport:
     return SshTransport(runner)
@@ -116,8 +120,10 @@ def launcher(cluster: Cluster, runner: Runner, say: Callable[[str], None]) -> Do
 def outside_ssh(cluster: Cluster) -> bool:
     """The nodes are SSH hosts: ``invoke check``'s testinfra logs in to each
     one itself (its ssh backend, one master connection per host), directly or
-    through the inventory's jump host."""
-    return True
+    through the inventory's jump host. Not with ``ssh.become``: its commands
+    would run as the user who logs in; they go through the runner, which
+    runs every command under sudo (``Runner.wire``)."""
+    return not cluster.ssh.become
 
 
 def handoff(cluster: Cluster, nodes: list[Node]) -> ContextManager[dict[str, str]]:

@@ -12,6 +12,14 @@ verify-comm's ``all_reduce_perf`` (straight onto the hosts).
   launch instead of being accepted).
 - OpenMPI's own TCP (its out-of-band channel and the byte-transfer layer) is
   kept on the serving NICs.
+- ``ssh.become`` changes nothing here: mpirun runs as root on node 0 (in
+  node 0's container, which root's dockerd runs; verify-comm's under sudo,
+  as every node command), so this SSH is root's own, node 0's ``/root/.ssh``
+  or ``launch_ssh_config``, as with ``ssh.user="root"``. The operator's key
+  and sudo stay on the operator's side of node 0: the nodes need root's key
+  between them, and the user the launch logs in as (root unless the
+  ssh_config names another) runs ``docker exec`` or the daemon there
+  (``llmdeploy/become.py``).
 
 Pure: values in, argument lists out.
 """
