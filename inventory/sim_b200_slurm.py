@@ -7,19 +7,27 @@ as pyxis + enroot steps (NVIDIA's default): the world is one `srun
 
 from llmdeploy.inventory import Cluster, Model, Slurm, VerifySettings
 from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
-from sim.paths import sim_deploy, sim_nodes, sim_ssh
+from sim.paths import sim_deploy, sim_nodes, sim_ssh, node_memlock_kib
+from sim.users import OPERATOR
 
 cluster = Cluster(
     name="sim-b200-slurm",
     platform="b200",
     nic="ens1f0",
-    ssh=sim_ssh("sim-b200-slurm"),
+    # the site's ordinary user (sim/users.py): jobs, steps and containers run as them
+    ssh=sim_ssh("sim-b200-slurm", user=OPERATOR),
+    cache_dir="/home/ops/.cache",
     nodes=sim_nodes("sim-b200-slurm-", 2, "198.19.25.10"),
-    model=Model(path="/root/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8"),
+    model=Model(path="/home/ops/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8"),
     image=image(IMAGE_TRTLLM),
     verify=VerifySettings(nccl_min_busbw=300),
     deploy=sim_deploy(),
-    slurm=Slurm(login="sim-b200-slurm-login", partition="gpu", time_limit="1-00:00:00"),
+    slurm=Slurm(login="sim-b200-slurm-login", partition="gpu", time_limit="1-00:00:00",
+                # the memlock the simulated nodes can give (sim/paths.py node_memlock_kib; a real GPU node: unlimited)
+                memlock_kib=node_memlock_kib(),
+                # this site keeps PropagateResourceLimits=ALL (sim/slurm.py): without this the tasks would get the
+                # login shell's 64 KiB memlock; --propagate=NONE gives them slurmd's
+                propagate_limits=False),
     # one srun --mpi=pmix step forms the world: no mpirun, no SSH between the nodes
     profile=trtllm_qwen38_fp8("qwen3.8-low-latency.yaml"),
 )

@@ -9,21 +9,26 @@ meet at node rank 0's torch.distributed store (--dist-init-addr), not through
 MPI; each node's task runs its own line, with its own --node-rank."""
 
 from llmdeploy.inventory import Cluster, Model, Slurm, VerifySettings
-from sim.paths import sim_deploy, sim_nodes, sim_ssh
+from sim.paths import sim_deploy, sim_nodes, sim_ssh, node_memlock_kib
+from sim.users import OPERATOR
 from systems.sglang.catalogue import IMAGE_SGLANG, image, sglang_qwen38_fp8
 
 cluster = Cluster(
     name="sim-h200-sglang-slurm",
     platform="h200",
     nic="ens1f0",
-    ssh=sim_ssh("sim-h200-sglang-slurm"),
+    # the site's ordinary user (sim/users.py): jobs, steps and containers run as them
+    ssh=sim_ssh("sim-h200-sglang-slurm", user=OPERATOR),
+    cache_dir="/home/ops/.cache",
     nodes=sim_nodes("sim-h200-sglang-slurm-", 2, "198.19.41.10"),
-    model=Model(path="/root/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8"),
+    model=Model(path="/home/ops/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8"),
     image=image(IMAGE_SGLANG),
     verify=VerifySettings(nccl_min_busbw=300),
     # seconds, not the minutes a real load takes
     deploy=sim_deploy(),
-    slurm=Slurm(login="sim-h200-sglang-slurm-login", partition="gpu", time_limit="1-00:00:00"),
+    slurm=Slurm(login="sim-h200-sglang-slurm-login", partition="gpu", time_limit="1-00:00:00",
+                # the memlock the simulated nodes can give (sim/paths.py node_memlock_kib; a real GPU node: unlimited)
+                memlock_kib=node_memlock_kib(),),
     # --dist-timeout short enough that a world that cannot form fails inside ready_timeout_s
     profile=sglang_qwen38_fp8(dist_timeout_s=30),
 )

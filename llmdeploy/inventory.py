@@ -8,6 +8,7 @@ Every problem names the file, the field and, for per-node values, the node.
 
 from __future__ import annotations
 
+import getpass
 import importlib.util
 import ipaddress
 import os
@@ -48,11 +49,13 @@ from .platform import PLATFORMS, Platform, platform as _platform_row, platform_n
 
 
 # --- SSH ----------------------------------------------------------------------
+# a user name (useradd's default NAME_REGEX)
+USER_RE = r"^[a-z_][a-z0-9_-]{0,31}$"
 class Ssh(Strict):
     """How to reach the nodes. Host keys are always checked."""
 
     # Unset user/port fall back to the ssh_config entry, then to ssh's defaults.
-    user: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    user: str | None = Field(default=None, pattern=USER_RE)
     port: Port | None = None
     identity_file: SafePath | None = None
     # known_hosts to check host keys against; default: the ssh_config's
@@ -80,6 +83,15 @@ class Ssh(Strict):
     # deadline. 0: off.
     keepalive_s: float = Field(default=15.0, ge=0, le=3600)
     keepalive_count: int = Field(default=3, ge=1, le=100)
+    # Run every command on the nodes as root through sudo, like Ansible's
+    # become: SSH logs in as ``user`` (yourself) and each command runs as
+    # ``sudo -n -H -u root -- /bin/bash -c '<command>'`` (llmdeploy/become.py).
+    # -n never prompts: each node's sudoers must let the user run anything
+    # as root without a password (``alice ALL=(root) NOPASSWD: ALL``); a
+    # node whose sudo refuses fails with the reason. MPI worlds across nodes
+    # still need root's own SSH key between them (mpirun runs as root on
+    # node 0). Refused with ``slurm``: its jobs run as the submitting user.
+    become: bool = False
 
     @field_validator("identity_file", "known_hosts", "config_file")
     @classmethod
@@ -303,6 +315,17 @@ class Slurm(Strict):
     # top's and the watcher's scripts on every node: docker inspect, the
     # accelerators' query, the metrics page on its node
     reader_period_s: float = Field(default=1.0, ge=0.2, le=10)
+    # Slurm gives a step's tasks srun's own soft limits, i.e. the login
+    # shell's (slurm.conf PropagateResourceLimits=ALL, the default): often a
+    # memlock of 64 KiB to 8 MiB, under which NCCL, UCX and NIXL cannot
+    # register memory. Where the site does not set
+    # PropagateResourceLimitsExcept=MEMLOCK, False makes every srun, salloc
+    # and sbatch of the tool run with --propagate=NONE: the tasks then get
+    # slurmd's limits. prepare and invoke check read the memlock in a step.
+    propagate_limits: bool = True
+    # the memlock (KiB) a pyxis unit's tasks need at least; None: unlimited
+    # (RDMA registration, as the seeds' docker run --ulimit memlock=-1)
+    memlock_kib: int | None = Field(default=None, ge=1)
 
     @field_validator("nodelist")
     @classmethod
@@ -364,6 +387,8 @@ class StageSettings(Strict):
 
 
 # --- the cluster ------------------------------------------------------------------
+# a Slurm cluster's per-user defaults of base_dir, etc_dir and log_dir: /var/tmp/llmdeploy-<user>/<this>
+USER_DIRS = {"base_dir": "lib", "etc_dir": "etc", "log_dir": "log"}
 class Cluster(Strict):
     name: str = Field(pattern=CLUSTER_RE.pattern)
     # one of the registered platforms (platforms/__init__.py)
@@ -387,15 +412,26 @@ class Cluster(Strict):
     # environment file, masked everywhere else.
     secret_env: dict[str, str] = Field(default_factory=dict)
     # Where the tool keeps releases, the ledger and the lock on every node.
+    # On a Slurm cluster, where jobs run as the user who submits them, the
+    # three default to a folder of that user's on each node instead:
+    # /var/tmp/llmdeploy-<user>/{lib,etc,log} (node-local, kept across
+    # reboots, writable by every user; <user>: ssh.user, else your own
+    # name here, as ssh logs in with it). A path the user cannot write is
+    # named by prepare.
     base_dir: SafePath = "/var/lib/llmdeploy"
     # Where rendered environment files go on every node.
     etc_dir: SafePath = "/etc/llmdeploy"
     log_dir: SafePath = "/var/log/llmdeploy"
+    # The folder the seeds mount into the serving containers as the model
+    # cache (their ``-v /root/.cache:/root/.cache``), at the same path; a
+    # model outside it gets a mount of its own. On a site run as an ordinary
+    # user, a folder of theirs (their ~/.cache): a user cannot read /root.
+    cache_dir: SafePath = "/root/.cache"
     # the nodes belong to a Slurm controller (None: the tool reaches every node over SSH)
     slurm: Slurm | None = None
     stage: StageSettings = Field(default_factory=StageSettings)
 
-    _check_dirs = field_validator("base_dir", "etc_dir", "log_dir")(
+    _check_dirs = field_validator("base_dir", "etc_dir", "log_dir", "cache_dir")(
         classmethod(lambda cls, v: safe_path(v))
     )
 
@@ -529,12 +565,28 @@ class Cluster(Strict):
                     seen[key][value] = i
         return problems
 
+    def _user_dirs(self) -> list[tuple[str, str]]:
+        """On a Slurm cluster, what the tool writes on a node defaults to the user's own folder (``base_dir``)."""
+        unset = [f for f in USER_DIRS if f not in self.model_fields_set]
+        if self.slurm is None or not unset:
+            return []
+        user = self.ssh.user or getpass.getuser()
+        if not re.match(USER_RE, user):
+            return [("ssh.user", f"unset, and your own name {user!r} is no user name a path can hold: set ssh.user, or base_dir, etc_dir and log_dir")]
+        for f in unset:
+            setattr(self, f, f"/var/tmp/llmdeploy-{user}/{USER_DIRS[f]}")
+        return []
+
     def _slurm_problems(self) -> list[tuple[str, str]]:
         """What contradicts in ``slurm`` (named before any connection)."""
         s = self.slurm
         if s is None:
             return []
-        problems = []
+        problems = self._user_dirs()
+        if self.ssh.become:
+            # sudo on the login host would submit every job step as root: srun runs as the user who calls it
+            problems.append(("ssh.become", "not with slurm: a Slurm job runs as the user who submits it, and under sudo "
+                                           "srun would run every step as root; log in as the user the jobs should run as"))
         names = [n.name for n in self.nodes]
         if s.nodelist is not None:
             if len(s.nodelist) != len(self.nodes):

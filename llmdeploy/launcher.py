@@ -145,7 +145,11 @@ class Launcher(Protocol):
     the watcher's reads of its nodes, ``Step.standing``) that the launcher
     may answer from one long-lived reader of its own instead of a command
     each; it says what it did (``say``), and a reader it could not start
-    only costs the reads their commands."""
+    only costs the reads their commands. ``site_checks(nodes, image)``: what
+    prepare and ``invoke check`` ask of the site the launcher runs the units
+    on (``image``: what the units run, as the first node's prepare record names it;
+    None: not prepared), as (what, its problem or None); empty where the
+    launcher needs nothing of a site."""
 
     def preflight(self, plan: "ReleasePlan") -> tuple[str, str] | None: ...
 
@@ -159,6 +163,8 @@ class Launcher(Protocol):
     def view(self, plan: "ReleasePlan | None") -> ReleaseView: ...
 
     def serve_reads(self, plan: "ReleasePlan", reads: "list[Step]") -> None: ...
+
+    def site_checks(self, nodes: "list[Node]", image: str | None) -> list[tuple[str, str | None]]: ...
 
 
 class UnitRuntime(Protocol):

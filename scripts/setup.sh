@@ -20,12 +20,15 @@ cd "$(dirname "$0")/.."
 # squashfs-tools, parallel, jq, curl, zstd: what enroot runs to import and unpack images (its Debian package's Depends)
 # libmunge-dev, libhwloc-dev, libjson-c-dev, libyaml-dev (and libpmix-dev): Slurm 25.11.7, the current Slurm of the
 # simulated NVIDIA sites, built from its release tarball with munge, PMIx, hwloc, JSON and YAML (sim/gpusite.py)
-# (not installed: enroot's optional pigz, squashfuse and fuse-overlayfs, and libcap2-bin for its +caps flavour:
-# the simulated nodes run enroot as root, with the kernel's overlayfs and gzip)
+# python3: Debian's, for the simulated hosts' stand-in programs where the project's Python is not everybody's (sim/paths.py host_python)
+# sudo: a simulated SSH cluster's operator who is not root runs the tool with ssh.become (sudo -n); the simulated
+# hosts read their own /etc/sudoers (sim/users.py), this machine's is not changed
+# libcap2-bin (setcap): enroot's +caps flavour, with which the simulated sites' ordinary user imports images (sim/gpusite.py)
+# (not installed: enroot's optional pigz, squashfuse and fuse-overlayfs: the simulated nodes run the kernel's overlayfs and gzip)
 DEBS=(openssh-server openssh-client iproute2 iputils-ping util-linux procps psmisc openmpi-bin etcd-server nats-server
       docker.io docker-registry debootstrap munge slurm-wlm slurmctld slurmd slurm-client libpmix-dev rsync chromium
       build-essential libslurm-dev libbsd-dev makeself squashfs-tools parallel jq curl zstd
-      libmunge-dev libhwloc-dev libjson-c-dev libyaml-dev)
+      libmunge-dev libhwloc-dev libjson-c-dev libyaml-dev sudo python3 libcap2-bin)
 # packages whose postinst may start a system daemon: package -> service and process name
 # (the Debian services run as the packages' own users: processes of other users are not theirs;
 # slurmctld and slurmd start as root, and start only once /etc/slurm/slurm.conf exists, which Debian does not ship)

@@ -29,13 +29,15 @@ from pathlib import Path
 from llmdeploy.errors import SimError
 from llmdeploy.inventory import Cluster, list_clusters
 
-from . import curated, dockerd, gpusite, hardware, images, model, netns, slurm, sshd
+from . import curated, dockerd, gpusite, hardware, images, model, netns, slurm, sshd, users
 from . import links as links_
 from .standins import __main__ as standins
 from .standins import fast, slow
 from .paths import (
     HOST_STATE_DIR,
     PRIVATE_DIRS,
+    PRIVATE_MODES,
+    host_python,
     SYSTEM_PATH,
     cluster_dir,
     host_dir,
@@ -110,7 +112,7 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 def _standin_wrapper(tool: str) -> str:
-    return fast.wrapper(tool, sys.executable, str(REPO))
+    return fast.wrapper(tool, host_python(), str(REPO))
 
 
 def write_model(model_dir: Path) -> None:
@@ -140,7 +142,7 @@ def _hccn_wrapper() -> str:
     """hccn_tool: pings go over the simulated NPU network for real (ping
     from interface npu<d>), in the tool's output format; the rest is answered
     from node.json (rendered, see sim/standins/fast.py)."""
-    return fast.wrapper("hccn_tool", sys.executable, str(REPO), prelude=HCCN_PING)
+    return fast.wrapper("hccn_tool", host_python(), str(REPO), prelude=HCCN_PING)
 
 
 # hccn_tool -i D -ping|-hccs_ping -g address IP: a real ping from npu<D>, its
@@ -326,7 +328,15 @@ def _up(cluster: Cluster, echo) -> dict:
     # client key, the tool's known_hosts and ssh_config
     key = cdir / "id_ed25519"
     _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"llmdeploy-sim-{cluster.name}", "-f", str(key))
-    _write(cdir / "authorized_keys", (cdir / "id_ed25519.pub").read_text(), 0o600)
+    _write(cdir / "authorized_keys", (cdir / "id_ed25519.pub").read_text(), 0o644)  # read by sshd as the user logging in (root or an operator)
+    # every host's accounts (root and the operators) and the shared /home
+    users.prepare(cdir)
+    # a stand-in checkpoint in an operator's home: once, every host sees it (an NFS home)
+    for path in {cluster.model.path, cluster.model.tokenizer_path}:
+        home = users.home_of(path)
+        if home is not None:
+            write_model(cdir / path.lstrip("/"))
+            users.give(cdir / home.lstrip("/"), cdir / path.lstrip("/"), dict(users.USERS)[Path(home).name])
     # mount points on this machine: remembered across clusters, removed (if
     # still empty) when the last simulated cluster goes down
     with _mount_points_lock():
@@ -431,12 +441,18 @@ def _up(cluster: Cluster, echo) -> dict:
         root = hdir / "root"
         for d in PRIVATE_DIRS:
             (root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        for d, (mode, uid) in PRIVATE_MODES.items():
+            os.chmod(root / d.lstrip("/"), mode)
+            if uid is not None:
+                os.chown(root / d.lstrip("/"), uid, uid)
         hardware.save(root / HOST_STATE_DIR.lstrip("/"), hw)
         # the simulator's CA for each registry name, as a site gives docker a private registry's CA
         ca = images.tls()["ca"].read_text()
         for reg in images.REGISTRY_NAMES:
             _write(root / "etc/docker/certs.d" / reg / "ca.crt", ca)
         fast.render(str(root / HOST_STATE_DIR.lstrip("/")), standins.TOOLS)
+        # the simulated hardware's state is written by whoever runs a stand-in (a Slurm site's user too)
+        users.open_to_all(root / HOST_STATE_DIR.lstrip("/"))
         _write(hdir / "meminfo", hardware.meminfo(hw))
         _write(hdir / "bashrc", "# ~/.bashrc of a simulated host (sim/cluster.py)\n")
         bindir = hdir / "bin"
@@ -445,7 +461,7 @@ def _up(cluster: Cluster, echo) -> dict:
             _write(bindir / tool, _standin_wrapper(tool), 0o755)
         # the host's docker is Debian's client, whatever this machine has in /usr/local/bin
         # (paced on request, as its sha256sum: node.json "slow", sim/standins/slow.py)
-        _write(bindir / "docker", slow.docker_wrapper(sys.executable, str(REPO)), 0o755)
+        _write(bindir / "docker", slow.docker_wrapper(host_python(), str(REPO)), 0o755)
         _write(bindir / "sha256sum", slow.sha256sum_wrapper(), 0o755)
         _write(bindir / "ping", slow.ping_wrapper(), 0o755)
         if ascend:
@@ -468,6 +484,10 @@ def _up(cluster: Cluster, echo) -> dict:
         for path in {cluster.model.path, cluster.model.tokenizer_path}:
             if path.startswith("/root/.cache/"):
                 write_model(root / path.lstrip("/"))
+            elif path.startswith(users.DATA + "/"):
+                # on the node's data disk, put there by the site's user
+                write_model(root / path.lstrip("/"))
+                users.give(root / users.DATA.lstrip("/"), root / path.lstrip("/"), users.OPERATOR_UID)
         # a Dynamo profile's TensorRT-LLM checkout (the agentic base role files)
         recipes = getattr(cluster.profile, "recipes_dir", None)
         if not ascend and recipes and recipes.startswith(("/root/.cache/", "/opt/trtllm-recipes")):
@@ -496,6 +516,7 @@ def _up(cluster: Cluster, echo) -> dict:
                 *([f"mount --bind {q(hdir / src)} {dst}" for dst, src in {**ASCEND_HOST_FILES, **ASCEND_HOST_DIRS}.items()]
                   if ascend else []),
                 f"mount --bind {q(hdir / 'hosts')} /etc/hosts",
+                *users.bind_lines(cdir),
                 # the host's own /dev when it has devices of its own (Ascend's davinci nodes)
                 # (an NVIDIA Slurm site's too: its gres.conf names the GPUs' device files)
                 *(dev_lines(hw) if ascend or cluster.slurm else []),

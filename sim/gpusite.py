@@ -361,10 +361,34 @@ def _done(b: "Build | SlurmBuild", want: dict) -> bool:
         return False
 
 
+# enroot's +caps flavour (enroot+caps_<version>.deb; its Makefile's ``setcap`` target): the capabilities
+# that let an unprivileged user import and convert images. Without them, a user's ``enroot import`` fails
+# "enroot-aufs2ovlfs: failed to set capabilities: Operation not permitted" (enroot-aufs2ovlfs.c
+# init_capabilities). GPU sites whose users import install it; the simulated sites' users import.
+ENROOT_CAPS = {"enroot-mksquashovlfs": "cap_sys_admin=ep", "enroot-aufs2ovlfs": "cap_sys_admin,cap_mknod=ep"}
+
+
 def ensure(echo=_say, against: SlurmBuild | None = None) -> Build:
     """The build of the pinned pyxis and enroot, made if missing (a no-op when
     it is there); pyxis against ``against``'s headers (the Slurm it is loaded
-    into), else Debian's (libslurm-dev)."""
+    into), else Debian's (libslurm-dev); enroot's helpers with the +caps flavour's capabilities."""
+    b = _ensure(echo, against)
+    grant_caps(b)
+    return b
+
+
+def grant_caps(b: Build) -> None:
+    """enroot's ``make setcap`` on the build's helpers, where they lack it (getcap, setcap: libcap2-bin)."""
+    for helper, caps in ENROOT_CAPS.items():
+        path = b.enroot_bin / helper
+        if not shutil.which("setcap") or not shutil.which("getcap"):
+            raise SimError("setcap is missing (Debian's libcap2-bin): run scripts/setup.sh")
+        have = subprocess.run(["getcap", str(path)], capture_output=True, text=True).stdout.split()
+        if have[-1:] != [caps]:
+            _run(["setcap", caps.replace("=ep", "+ep"), str(path)], f"giving {helper} enroot's +caps capabilities")
+
+
+def _ensure(echo, against: SlurmBuild | None) -> Build:
     slurm = SLURM.version if against is not None else slurm_version()
     if slurm is None:
         lacking = missing()
@@ -453,22 +477,30 @@ def _build(b: Build, want: dict, tarballs: dict[str, Path], against: SlurmBuild 
 
 
 # --- the simulated nodes' configuration ----------------------------------------------------------
-def enroot_dirs(node_dir: Path) -> dict[str, Path]:
-    """One node's enroot folders (shared ones collide between nodes: "File exists")."""
+def enroot_dirs(node_dir: Path, uid: int | str = "$(id -u)") -> dict[str, Path]:
+    """One node's enroot folders (shared ones collide between nodes: "File exists"): each user's runtime,
+    cache and data in a folder of their own (``user-<uid>``: enroot makes them, mode 0700, enroot.in), as
+    NVIDIA's DeepOps configures a site's enroot (``ENROOT_DATA_PATH /tmp/enroot-data/user-$(id -u)``); the
+    temporary files in the node's folder (sticky and writable by all, as /tmp). ``uid``: a number, or the
+    ``$(id -u)`` that enroot.conf holds and enroot expands for whoever runs it."""
     d = Path(node_dir) / "enroot"
-    return {"ENROOT_RUNTIME_PATH": d / "runtime", "ENROOT_CACHE_PATH": d / "cache",
-            "ENROOT_DATA_PATH": d / "data", "ENROOT_TEMP_PATH": d / "tmp"}
+    u = d / f"user-{uid}"
+    return {"ENROOT_RUNTIME_PATH": u / "runtime", "ENROOT_CACHE_PATH": u / "cache",
+            "ENROOT_DATA_PATH": u / "data", "ENROOT_TEMP_PATH": d / "tmp"}
 
 
 def enroot_conf(node_dir: Path, ssl_cert_file: Path | None = None) -> str:
     """enroot.conf of one simulated node. The names and defaults are enroot's
     (conf/enroot.conf.in and enroot.in in the tarball, doc/configuration.md);
     enroot reads each line as ``NAME value`` and expands the value with
-    ``eval echo``, so paths are shell-quoted. ``ssl_cert_file``: a CA bundle
+    ``eval echo`` (enroot.in ``config::load``), so paths are shell-quoted and
+    ``$(id -u)`` is the uid of whoever runs enroot. ``ssl_cert_file``: a CA bundle
     for its registry pulls (``SSL_CERT_FILE``, read from enroot.conf too)."""
+    marker = "@UID@"
     lines = [f"# enroot {ENROOT.version} of one simulated Slurm node (llmdeploy sim/gpusite.py)",
-             "# per-node folders (default: XDG_RUNTIME_DIR, XDG_CACHE_HOME, XDG_DATA_HOME, TMPDIR)"]
-    lines += [f"{k} {shlex.quote(str(v))}" for k, v in enroot_dirs(node_dir).items()]
+             "# per-node folders, per user (default: XDG_RUNTIME_DIR, XDG_CACHE_HOME, XDG_DATA_HOME, TMPDIR)"]
+    lines += [f"{k} " + '"$(id -u)"'.join(shlex.quote(part) for part in str(v).split(marker))
+              for k, v in enroot_dirs(node_dir, marker).items()]
     lines += [
         "# one processor for parallel tasks and for mksquashfs (default: nproc): many nodes share this machine",
         "ENROOT_MAX_PROCESSORS 1",

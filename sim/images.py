@@ -296,6 +296,11 @@ def _context(ref: str, spec: dict, base: str) -> dict[str, tuple[bytes, int]]:
     bins: dict[str, str] = {}
     if spec["kind"] == "vllm":
         bins["vllm"] = _wrapper("vllm")
+    if ref.startswith("nats:"):
+        # where NATS's own image has it (nats-docker's alpine Dockerfile: /usr/local/bin/nats-server), on
+        # every user's PATH: Debian's package puts it in /usr/sbin, which only root's PATH has (a pyxis
+        # container of an ordinary user: "exec: nats-server: not found")
+        bins["nats-server"] = '#!/bin/sh\nexec /usr/sbin/nats-server "$@"\n'
     if spec["kind"] == "trtllm":
         bins["trtllm-serve"] = _wrapper("trtllm-serve")
         bins["numactl"] = _wrapper("numactl")

@@ -6,9 +6,13 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import sys
 from pathlib import Path
 
+from llmdeploy.errors import SimError
 from llmdeploy.inventory import DeploySettings, GateSettings, GateTolerance, Ssh, StageSettings
+
+from .users import OPERATOR_UID, operator_tmp
 
 # Paths on a simulated host that are private to it (bind-mounted per host).
 PRIVATE_DIRS = [
@@ -23,11 +27,47 @@ PRIVATE_DIRS = [
     "/opt/trtllm-recipes",
     # the registries' CA where docker (and the stage agent reading a registry) looks for it
     "/etc/docker/certs.d",
+    # a node's own data disk (as a DGX's /raid): where a site's users keep a model each node reads locally
+    "/data",
+    # a Slurm node's enroot and pyxis folders (sim/slurm.py ENROOT_NODE_DIR), each user's in it (sticky, as /tmp)
+    "/var/lib/enroot",
+    # the operator's folder in a node's /var/tmp (sim/users.py): the tool's per-user default on a Slurm
+    # cluster; this machine's /var/tmp is every simulated host's, so each host gets its own there
+    operator_tmp(),
 ]
+# private folders that are not root's: (mode, owner's uid or None)
+PRIVATE_MODES = {"/data": (0o1777, None), "/var/lib/enroot": (0o1777, None), operator_tmp(): (0o700, OPERATOR_UID)}
 # Inside a host, the stand-ins read their state here.
 HOST_STATE_DIR = "/etc/llmdeploy-sim"
 # a simulated host's PATH after its own bin directory (stand-ins, the docker wrapper)
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def host_python() -> str:
+    """The interpreter of the hosts' stand-in wrappers (ibstat, nvidia-smi,
+    docker's pacing, ...): every user of a simulated host runs them, as any
+    user runs a node's ibstat. The simulator's own when everybody may run it;
+    else Debian's /usr/bin/python3 (scripts/setup.sh installs it; the
+    stand-ins need only the standard library), e.g. where the simulator runs
+    from a Python under /root."""
+    exe = Path(os.path.realpath(sys.executable))
+    if all(os.stat(p).st_mode & 0o001 for p in [exe, *exe.parents]):
+        return sys.executable
+    if os.access("/usr/bin/python3", os.X_OK):
+        return "/usr/bin/python3"
+    raise SimError(f"{exe} cannot be run by the simulated hosts' users and /usr/bin/python3 is missing: run scripts/setup.sh")
+
+
+def node_memlock_kib() -> int | None:
+    """The memlock (KiB) a simulated Slurm node's tasks can have: slurmd's,
+    which is this machine's hard limit (None: unlimited). A real GPU node
+    gives unlimited; where this machine cannot (8 MiB in a container
+    without CAP_SYS_RESOURCE), the simulated inventories ask for what it gives
+    (``slurm.memlock_kib``), so that the site check still tells 64 KiB apart."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    return None if hard == resource.RLIM_INFINITY else hard // 1024
 
 
 def sim_root() -> Path:
@@ -40,6 +80,13 @@ def cluster_dir(cluster: str) -> Path:
 
 def host_dir(cluster: str, node: str) -> Path:
     return cluster_dir(cluster) / "hosts" / node
+
+
+def on_host(cluster: str, node: str, path: str) -> Path:
+    """Where this machine sees ``path`` of a simulated host: a path in one of its PRIVATE_DIRS."""
+    if not any(path == d or path.startswith(d + "/") for d in PRIVATE_DIRS):
+        raise ValueError(f"{path} is not in a simulated host's own folders (sim/paths.py PRIVATE_DIRS)")
+    return host_dir(cluster, node) / "root" / path.lstrip("/")
 
 
 def short_id(cluster: str) -> str:

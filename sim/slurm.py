@@ -36,7 +36,7 @@ from pathlib import Path
 from llmdeploy.errors import SimError
 from llmdeploy.inventory import Cluster
 
-from . import gpusite, hardware, images, sshd
+from . import gpusite, hardware, images, sshd, users
 from .paths import HOST_STATE_DIR, SYSTEM_PATH, host_dir, mgmt_ip, netns_name
 
 LOGIN_HOST = 250  # the login host's address in the data /24 (and, mapped, the management one)
@@ -61,6 +61,14 @@ OLDER_SITES = ("sim-h200-sglang-slurm",)
 # sites that keep pyxis's default container_scope, global (pyxis config.c): a named container outlives its job;
 # the others set job, so that pyxis's job epilog removes them
 GLOBAL_SCOPE_SITES = ("sim-b200-slurm",)
+
+
+# sites that keep slurm.conf's PropagateResourceLimits=ALL (the default): a task gets the login shell's
+# 64 KiB memlock (LOGIN_MEMLOCK_KIB) unless srun --propagate=NONE (the inventory's slurm.propagate_limits);
+# the others set PropagateResourceLimitsExcept=MEMLOCK, as sites that run RDMA do
+PROPAGATE_ALL_SITES = ("sim-b200-slurm",)
+# the login host's memlock limit (soft and hard, KiB): a login shell's, as pam_limits' defaults give it
+LOGIN_MEMLOCK_KIB = 64
 
 
 def current(cluster: Cluster) -> bool:
@@ -88,11 +96,12 @@ def pyxis_build(cluster: Cluster) -> gpusite.Build:
     return gpusite.ensure(against=gpusite.ensure_slurm() if current(cluster) else None)
 
 
-# enroot's folders on a node: its own /run, and its own /root/.cache (sim/paths.py PRIVATE_DIRS)
-ENROOT_NODE_DIR = Path("/root/.cache")
+# enroot's folders on a node: each user's under <this>/enroot (sim/paths.py PRIVATE_DIRS: every host its own)
+ENROOT_NODE_DIR = Path("/var/lib")
 # pyxis's runtime_path (default /run/pyxis): it writes each image's squashfs
-# there, too large for the hosts' 64 MiB /run ("No space left on device")
-PYXIS_RUNTIME = ENROOT_NODE_DIR / "pyxis"
+# there, too large for the hosts' 64 MiB /run ("No space left on device"), in
+# a folder per uid (pyxis_slurmstepd.c: "%s/%u")
+PYXIS_RUNTIME = ENROOT_NODE_DIR / "enroot" / "pyxis"
 
 
 def enroot_etc(cdir: Path) -> Path:
@@ -144,6 +153,9 @@ def slurm_conf(cluster: Cluster, cdir: Path) -> str:
         f"SlurmctldHost={login_name(cluster)}({ctl_ip})",
         *_settings(slurm_dir(cdir), constrained(cluster)),
     ]
+    if cluster.name not in PROPAGATE_ALL_SITES:
+        # the tasks keep slurmd's memlock, not the login shell's (slurm.conf(5) PropagateResourceLimitsExcept)
+        lines.append("PropagateResourceLimitsExcept=MEMLOCK")
     if pyxis(cluster):
         # SPANK plug-ins of slurmd and of srun on the login host (spank(8)): pyxis
         lines.append(f"PlugStackConfig={slurm_dir(cdir) / 'plugstack.conf'}")
@@ -362,7 +374,8 @@ def host_lines(cluster: Cluster, cdir: Path, node_name: str, env: dict[str, str]
         lines.append(f"mount -t overlay overlay -o {shlex.quote(f'lowerdir={built.enroot_bin}:/usr/local/bin')} /usr/local/bin")
         lines.append(f"mount --bind {shlex.quote(str(enroot_etc(cdir)))} {shlex.quote(str(built.enroot_sysconf))}")
         # enroot makes none of its folders (mktemp in ENROOT_TEMP_PATH fails "No such file or directory")
-        lines.append("mkdir -p " + " ".join(shlex.quote(str(d)) for d in [*gpusite.enroot_dirs(ENROOT_NODE_DIR).values(), PYXIS_RUNTIME]))
+        tmp = gpusite.enroot_dirs(ENROOT_NODE_DIR)["ENROOT_TEMP_PATH"]
+        lines.append(f"mkdir -p -m 1777 {shlex.quote(str(tmp))}")
     assign = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     # slurmd forks into the background (slurmd(8) without -D)
     return [*lines, f"env {assign} slurmd -f {shlex.quote(str(conf_path(cdir)))} -N {shlex.quote(cluster.slurm_name(node))}"]
@@ -450,11 +463,15 @@ def start_login(cluster: Cluster, cdir: Path, state: dict, links: dict, hosts: s
     (ldir / "sshd_config").write_text(sshd.sshd_config([m_ip, data_ip], ldir, cdir, env))
     (ldir / "hosts").write_text(hosts + f"{data_ip} {name}\n")
     (ldir / "bashrc").write_text("# ~/.bashrc of a simulated login host (sim/slurm.py)\n")
+    users.private_dir(ldir / "operator-tmp")
     q = lambda p: shlex.quote(str(p))  # noqa: E731
     script = "\n".join([
         "set -e",
         f"hostname {shlex.quote(name)}",
         f"mount --bind {q(ldir / 'hosts')} /etc/hosts",
+        *users.bind_lines(cdir),
+        # the operator's folder in the login host's /var/tmp (the tool's per-user default there too)
+        f"mount --bind {q(ldir / 'operator-tmp')} {q(users.operator_tmp())}",
         # bash sources ~/.bashrc for every SSH command: the login host's own,
         # as a node's (sim/cluster.py), not this machine's (a pyenv init there
         # made every command on the login host 100 ms longer: 105 ms against a
@@ -466,6 +483,8 @@ def start_login(cluster: Cluster, cdir: Path, state: dict, links: dict, hosts: s
         *munged_lines(cdir, ldir),
         # slurmctld forks into the background (slurmctld(8) without -D)
         f"env SLURM_CONF={q(conf_path(cdir))} slurmctld -f {q(conf_path(cdir))}",
+        # a login shell's memlock: every SSH session's, and so srun's (which Slurm gives the tasks unless told not to)
+        f"ulimit -l {LOGIN_MEMLOCK_KIB}",
         f"exec {sshd.SSHD} -D -r -f {q(ldir / 'sshd_config')} -E {q(ldir / 'sshd.log')}",
     ])
     proc = subprocess.Popen(

@@ -285,3 +285,39 @@ class _Puts:
 
     def stdin(self, node: Node) -> bytes:
         return b"".join(stdin_payload(content) for _, (_, content, _) in self.todo(node))
+
+
+# --- where the tool writes: writable by the user it runs as ---------------------------------------
+WRITES = ("base_dir", "etc_dir", "log_dir")
+
+
+def writable_script(cluster) -> str:
+    """Each of the inventory's folders the tool writes on a node (releases, ledger, lock; environment
+    files; logs) is a folder the user the tool runs as can write, or can be made by them: its nearest
+    existing folder is writable. Changes nothing (check mode too). Prints ``FIELD: PATH ...`` for each
+    that is not, and exits 1."""
+    lines = ['me=$(id -un 2>/dev/null); [ -n "$me" ] || me=$(id -u); bad=0',
+             'llw() { d=$2; while [ ! -e "$d" ]; do d=$(dirname "$d"); done',
+             '  if [ "$d" = "$2" ] && [ ! -d "$d" ]; then echo "$1: $2 is not a folder"; bad=1',
+             '  elif [ ! -w "$d" ] || [ ! -x "$d" ]; then',
+             '    if [ "$d" = "$2" ]; then echo "$1: $2 is not writable by $me"; else echo "$1: $2 cannot be made by $me ($d is not writable by them)"; fi; bad=1',
+             '  fi; }']
+    lines += [f"llw {f} {shlex.quote(getattr(cluster, f))}" for f in WRITES]
+    return "\n".join(lines + ['exit "$bad"']) + "\n"
+
+
+def writable_step(ctx) -> Step:
+    """prepare's check that the user the tool runs as can write where it writes (names field and path)."""
+    cluster = ctx.cluster
+
+    def parse(node: Node, out: str, err: str, code: int) -> HostResult:
+        said = [line for line in out.splitlines() if line.split(":", 1)[0] in WRITES]
+        if code == 0:
+            return HostResult(node.name, OK, msg=", ".join(WRITES) + " writable")
+        return HostResult(node.name, FAILED, msg="; ".join(said or [err.strip() or f"exit {code}"])
+                          + ": set them in the inventory to folders this user can write, or run as one who can")
+
+    return Step(name="writable", build=lambda node: writable_script(cluster), parse=parse)
+
+
+STEPS = {"writable": writable_step}

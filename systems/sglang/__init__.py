@@ -113,10 +113,10 @@ def container_spec(cluster: Cluster, prof: SglangProfile, node: Node, rid: str, 
     every node's: its labels say the world, the command is ``task.sh``."""
     one = one_launch(cluster)
     rank = f"0-{len(cluster.nodes) - 1}" if one else cluster.nodes.index(node)
-    mounts = [Mount("/root/.cache", "/root/.cache")]
+    mounts = [Mount(cluster.cache_dir, cluster.cache_dir)]
     assert cluster.model.tokenizer_path is not None  # Model._default_tokenizer: path unless set
     for path in sorted({cluster.model.path, cluster.model.tokenizer_path}):
-        if not path.startswith("/root/.cache/"):
+        if not path.startswith(cluster.cache_dir + "/"):
             mounts.append(Mount(path, path, readonly=True))
     command = ["sh", f"{release_dir(cluster, rid)}/{TASK_FILE}"] if one else server_args(cluster, prof, node)
     return ContainerSpec(

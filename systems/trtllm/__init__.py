@@ -152,8 +152,8 @@ def container_spec(cluster: Cluster, prof: TrtllmProfile, node: Node, rid: str, 
     pmix = one_launch(cluster)
     # a PMIx world is one launch of the same line on every node: its labels say the world, not the node's part
     role, shown = ("world", _ranks_text(range(prof.tp * prof.pp))) if pmix else ("launcher" if launcher else "ranks", _ranks_text(ranks))
-    mounts = [Mount("/root/.cache", "/root/.cache", form="volume-mode")]
-    if not cluster.model.path.startswith("/root/.cache/"):
+    mounts = [Mount(cluster.cache_dir, cluster.cache_dir, form="volume-mode")]
+    if not cluster.model.path.startswith(cluster.cache_dir + "/"):
         mounts.append(Mount(cluster.model.path, cluster.model.path, readonly=True))
     mounts.append(Mount(rd, rd))
     if multi and launcher and not pmix:

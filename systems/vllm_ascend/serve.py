@@ -87,8 +87,8 @@ def container_name(cluster: Cluster, release: str) -> str:
 
 
 def cache_mount(cluster: Cluster) -> Mount:
-    """The seed mounts /root/.cache; a model elsewhere gets its own directory mounted too."""
-    return Mount("/root/.cache", "/root/.cache")
+    """The seed mounts /root/.cache (the inventory's ``cache_dir``); a model elsewhere gets its own directory mounted too."""
+    return Mount(cluster.cache_dir, cluster.cache_dir)
 
 
 def container_spec(cluster: Cluster, prof: VllmAscendProfile, node: Node, release: str, env_file: str, image: str,
@@ -100,7 +100,7 @@ def container_spec(cluster: Cluster, prof: VllmAscendProfile, node: Node, releas
     assert cluster.model.tokenizer_path is not None  # Model._default_tokenizer: path unless set
     assert node.start_rank is not None  # Cluster._derive_nodes gives every node one
     for path in sorted({cluster.model.path, cluster.model.tokenizer_path}):
-        if not path.startswith("/root/.cache/"):
+        if not path.startswith(cluster.cache_dir + "/"):
             mounts.append(Mount(path, path, readonly=True))
     return ContainerSpec(
         name=container_name(cluster, release), image=image, command=tuple(vllm_args(cluster, prof, node)),

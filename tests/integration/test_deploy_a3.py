@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmdeploy.release import parse_ledger
-from sim import hardware, hostview
+from sim import hardware, hostview, users
 from sim.paths import host_dir
 from tests.conftest import REPO, run_invoke
 
@@ -133,3 +133,44 @@ def test_slow_node0_is_waited_for(faults):
     res = _deploy("--skip-prepare")
     assert res.returncode == 0, res.stdout + res.stderr
     assert _ledger()[-1]["result"] == "good"
+
+
+def _as(tmp_path, user: str) -> dict[str, str]:
+    """The environment of a run by ``user`` (sim/users.py), who logs in as themselves and becomes root through sudo."""
+    inv = tmp_path / f"inventory-{user}"
+    inv.mkdir()
+    text = (REPO / "inventory" / "sim_a3.py").read_text()
+    assert 'ssh=sim_ssh("sim-a3")' in text
+    (inv / "sim_a3.py").write_text(text.replace('ssh=sim_ssh("sim-a3")', f'ssh=sim_ssh("sim-a3", user={user!r}, become=True)'))
+    return {"LLMDEPLOY_INVENTORY": str(inv), "LLMDEPLOY_LOG_DIR": str(tmp_path / "logs")}
+
+
+def test_an_operator_with_sudo_prepares_deploys_rolls_back_and_stops_with_become(faults, tmp_path):
+    """ssh.become: the operator logs in as themselves (ops), every command runs as root through sudo -n;
+    prepare (with its node tests), deploy, rollback and stop work as they do for root. A user whom sudo
+    asks for a password is named with that reason, node by node, and nothing runs."""
+    env = _as(tmp_path, users.PASSWORD_USER)
+    res = run_invoke("facts", "--cluster", SIM_CLUSTER, env=env)
+    assert res.returncode != 0
+    for i in range(4):
+        assert (f"failed: sim-a3-{i} (facts): sudo asks for a password on node sim-a3-{i}: ssh.become needs NOPASSWD sudo for {users.PASSWORD_USER} there"
+                in " ".join((res.stdout + res.stderr).split())), res.stdout + res.stderr
+    env = _as(tmp_path, users.OPERATOR)
+    res = run_invoke("prepare", "--cluster", SIM_CLUSTER, env=env, timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    before = _ledger()[-1]["release"] if _ledger() else None
+    res = _deploy("--skip-prepare", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rid = _ledger()[-1]["release"]
+    assert rid != before and _ledger()[-1]["result"] == "good"
+    # root's files, written through sudo: the release directory is root's as when root logs in
+    assert (host_dir(SIM_CLUSTER, "sim-a3-0") / BASE / "releases" / rid).stat().st_uid == 0
+    log = (host_dir(SIM_CLUSTER, "sim-a3-0") / "sshd.log").read_text()
+    assert f"Accepted publickey for {users.OPERATOR} " in log
+    if before is not None:
+        res = run_invoke("rollback", "--cluster", SIM_CLUSTER, env=env, timeout=400)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert json.loads(run_invoke("status", "--cluster", SIM_CLUSTER, "--json", env=env).stdout)["release"] == before
+    res = run_invoke("stop", "--cluster", SIM_CLUSTER, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert all(_containers(f"sim-a3-{i}") == {} for i in range(4))

@@ -232,7 +232,7 @@ def test_trtllm_world_is_one_pmix_step_in_pyxis_containers(sim_cluster):
     try:
         ok(f"for i in $(seq 100); do [ \"$(squeue -h -j {job} -o %T)\" = RUNNING ] && exit 0; sleep 0.2; done; exit 1")
         world = (f"srun --jobid={job} --overlap -N2 --ntasks-per-node=8 --gres=gpu:8 --mpi=pmix --kill-on-bad-exit=1 "
-                 f"--container-image={image} --container-mounts=/root/.cache:/root/.cache --container-name=world --job-name=world "
+                 f"--container-image={image} --container-mounts={cluster.cache_dir}:{cluster.cache_dir} --container-name=world --job-name=world "
                  f"trtllm-llmapi-launch trtllm-serve {shlex.quote(cluster.model.path)} --host 0.0.0.0 --port 8000 --tp_size 16")
         ok(f"setsid nohup {world} > /tmp/world-{job}.log 2>&1 < /dev/null &")
         health = (f"for i in $(seq 300); do c=$(curl -s -o /dev/null -w '%{{http_code}}' http://{NODES[0]}:8000/health); "

@@ -16,10 +16,13 @@ import pytest
 from llmdeploy.launchers.slurm import commands as slurm
 from llmdeploy.release import parse_ledger
 from sim import hostview
-from sim.paths import host_dir
+from sim import users
+from sim.paths import on_host, host_dir
 from tests.conftest import run_invoke
 from tests.integration import test_slurm_b200 as b200
 
+# the inventory's base_dir: on a Slurm cluster the default of the user it runs as (sim/users.py OPERATOR)
+BASE = "/var/tmp/llmdeploy-ops/lib"
 SIM_CLUSTER = "sim-a3-slurm"
 NODES = [f"sim-a3-slurm-{i}" for i in range(4)]
 
@@ -29,7 +32,7 @@ def jobs():
 
 
 def _ledger():
-    return parse_ledger((host_dir(SIM_CLUSTER, NODES[0]) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}/ledger.jsonl").read_text())
+    return parse_ledger((on_host(SIM_CLUSTER, NODES[0], BASE) / f"{SIM_CLUSTER}/ledger.jsonl").read_text())
 
 
 @pytest.mark.slow
@@ -51,7 +54,7 @@ def test_prepare_verify_deploy_kill_a_step_and_stop(sim_cluster):
     assert res.returncode == 0 and doc["healthy"], doc
     # every headless worker with its own DP start rank, as on SSH
     for i, node in enumerate(NODES):
-        run_sh = (host_dir(SIM_CLUSTER, node) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}/releases/{rid}/run.sh").read_text()
+        run_sh = (on_host(SIM_CLUSTER, node, BASE) / f"{SIM_CLUSTER}/releases/{rid}/run.sh").read_text()
         assert ("--headless" in run_sh) == (i > 0) and (f"--data-parallel-start-rank {i}" in run_sh) == (i > 0)
         assert hostview.containers(SIM_CLUSTER, node) == {f"{SIM_CLUSTER}-{rid}": "running"}
 
@@ -66,11 +69,16 @@ def test_prepare_verify_deploy_kill_a_step_and_stop(sim_cluster):
     b200.nothing_left(SIM_CLUSTER, NODES)
 
 
-MODEL = "root/.cache/models/Qwen3.8-2.4T-A95B-w8a8"
+MODEL = "/data/models/Qwen3.8-2.4T-A95B-w8a8"
 
 
 def _model(node):
-    return host_dir(SIM_CLUSTER, node) / "root" / MODEL
+    return on_host(SIM_CLUSTER, node, MODEL)
+
+
+def _theirs(node):
+    """The model folder on ``node`` and what is in it belong to the site's user (sim/users.py), as when they made it."""
+    users.give(on_host(SIM_CLUSTER, node, users.DATA), _model(node), users.OPERATOR_UID)
 
 
 def _digest(root):
@@ -99,6 +107,8 @@ def test_stage_runs_as_steps_of_an_allocation(sim_cluster):
         for n in NODES[1:]:
             shutil.rmtree(_model(n))
             _model(n).mkdir()
+            _theirs(n)  # the site's user staged the model there: it writes into their folder
+        _theirs(NODES[0])
         want = _digest(_model(NODES[0]))
         before = {n: _task_launches(n) for n in NODES}
         res = run_invoke("stage", "--cluster", SIM_CLUSTER, "--json", timeout=300)
@@ -117,4 +127,5 @@ def test_stage_runs_as_steps_of_an_allocation(sim_cluster):
         for n in NODES:
             shutil.rmtree(_model(n))
             shutil.copytree(keep[n], _model(n))
+            _theirs(n)
             shutil.rmtree(keep[n])

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -26,19 +27,23 @@ from llmdeploy.inventory import load_cluster
 from llmdeploy.launchers.slurm import commands as slurm
 from llmdeploy.launchers.slurm import reader
 from llmdeploy.release import parse_ledger
-from sim import hostview
-from sim.paths import cluster_dir, host_dir
+from sim import gpusite, hostview
+from sim.users import OPERATOR, OPERATOR_UID
+from sim.paths import on_host, cluster_dir, host_dir
 from sim.slurm import slurm_dir
 from tests.conftest import REPO, run_invoke, sim_pids
 from tests.integration.conftest import top_once
 
+# the inventory's base_dir: on a Slurm cluster the default of the user it runs as (sim/users.py OPERATOR)
+BASE = "/var/tmp/llmdeploy-ops/lib"
 SIM_CLUSTER = "sim-b200-slurm"
 NODES = ["sim-b200-slurm-0", "sim-b200-slurm-1"]
 
 
-def login(command: str, cluster: str = SIM_CLUSTER) -> str:
-    """A command on the cluster's login host, over the simulator's ssh_config (as an operator would)."""
-    res = subprocess.run(["ssh", "-F", str(cluster_dir(cluster) / "ssh_config"), f"{cluster}-login", command],
+def login(command: str, cluster: str = SIM_CLUSTER, user: str = OPERATOR) -> str:
+    """A command on the cluster's login host, over the simulator's ssh_config, as the site's user the tool
+    runs as (``user="root"``: the site's admin, who drains and resumes nodes)."""
+    res = subprocess.run(["ssh", "-F", str(cluster_dir(cluster) / "ssh_config"), "-l", user, f"{cluster}-login", command],
                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout
@@ -63,7 +68,7 @@ def nothing_left(cluster: str, nodes: list[str]) -> None:
 
 
 def _base(node):
-    return host_dir(SIM_CLUSTER, node) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}"
+    return on_host(SIM_CLUSTER, node, BASE) / f"{SIM_CLUSTER}"
 
 
 def _ledger():
@@ -97,7 +102,7 @@ def _deploy(*extra, env=None):
 
 
 def test_a_drained_node_is_named_before_anything_starts(sim_cluster):
-    login(f"scontrol update nodename={NODES[1]} state=drain reason='bad fan'")
+    login(f"scontrol update nodename={NODES[1]} state=drain reason='bad fan'", user="root")
     try:
         res = run_invoke("prepare", "--cluster", SIM_CLUSTER, timeout=300)
         assert res.returncode != 0
@@ -109,7 +114,7 @@ def test_a_drained_node_is_named_before_anything_starts(sim_cluster):
         assert "nothing was started or stopped" in out, out
         assert not _containers(NODES[0]) and not _containers(NODES[1])
     finally:
-        login(f"scontrol update nodename={NODES[1]} state=resume")
+        login(f"scontrol update nodename={NODES[1]} state=resume", user="root")
         # the next test allocates both nodes: wait until Slurm has the resumed node idle again
         # (seen once: the next prepare's allocation left it out, "srun: error: Only allocated 1 nodes asked for 2")
         end = time.monotonic() + 30
@@ -137,6 +142,50 @@ def test_prepare_and_verify_comm_as_job_steps(sim_cluster):
     for node in NODES:
         (sqsh,) = list((_base(node) / "images").glob("*.sqsh"))
         assert len(sqsh.stem) == 64 and hostview.containers(SIM_CLUSTER, node) == {}
+    assert jobs() == []
+
+
+@contextlib.contextmanager
+def _site_without_pmix_hook_and_limits(tmp_path):
+    """The running site changed three ways, put back after: its login host's srun without the mpi/pmix
+    plug-ins (in the login host's own mount namespace: /dev/null over them), enroot's PMIx hook taken
+    out of the nodes' hooks.d, and an inventory that lets Slurm give the tasks the login shell's 64 KiB
+    memlock (this site keeps PropagateResourceLimits=ALL: sim/slurm.py)."""
+    login_pid = str(json.loads((cluster_dir(SIM_CLUSTER) / "state.json").read_text())["login"]["pid"])
+    plugins = gpusite.ensure_slurm().root / "lib" / "slurm"
+    hook = cluster_dir(SIM_CLUSTER) / "slurm" / "enroot" / "hooks.d" / gpusite.PMI_HOOK
+    saved = tmp_path / gpusite.PMI_HOOK
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    text = (REPO / "inventory" / "sim_b200_slurm.py").read_text()
+    assert "propagate_limits=False" in text
+    (inv / "sim_b200_slurm.py").write_text(text.replace("propagate_limits=False", "propagate_limits=True"))
+    hidden = []
+    try:
+        for so in ("mpi_pmix.so", "mpi_pmix_v4.so"):
+            subprocess.run(["nsenter", "-t", login_pid, "-m", "mount", "--bind", "/dev/null", str(plugins / so)], check=True)
+            hidden.append(so)
+        shutil.move(hook, saved)
+        yield {"LLMDEPLOY_INVENTORY": str(inv)}
+    finally:
+        if saved.exists():
+            shutil.move(saved, hook)
+        for so in hidden:
+            subprocess.run(["nsenter", "-t", login_pid, "-m", "umount", str(plugins / so)], check=True)
+
+
+def test_a_site_without_pmix_its_hook_or_memlock_is_refused_by_prepare_naming_each(sim_cluster, tmp_path):
+    with _site_without_pmix_hook_and_limits(tmp_path) as env:
+        res = run_invoke("prepare", "--cluster", SIM_CLUSTER, env=env, timeout=600)
+    said = " ".join((res.stdout + res.stderr).split()).replace("│ ", "")
+    assert res.returncode != 0, said
+    assert "srun --mpi=list on the login host lists none, cray_shasta, pmi2, no pmix" in said, said
+    assert "memlock in a job step is 64 KiB" in said and "PropagateResourceLimitsExcept=MEMLOCK" in said, said
+    assert "slurm.propagate_limits = False" in said, said
+    assert "PMIx does not work inside the container" in said and "50-slurm-pmi.sh" in said, said
+    # the site as it was, and the inventory's --propagate=NONE: every check passes again
+    res = run_invoke("check", "--cluster", SIM_CLUSTER, timeout=300)
+    assert res.returncode == 0 and "PMIx in the container (2-task world)" in res.stdout, res.stdout + res.stderr
     assert jobs() == []
 
 
@@ -335,6 +384,30 @@ def test_200_status_calls_create_a_handful_of_steps(sim_cluster):
 
 
 @pytest.mark.slow
+def _uid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith("Uid:")))
+
+
+def _run_as_the_user(job: str, ranks: dict) -> None:
+    """The site's user (sim/users.py) owns every rank and every process of the release's job, and what the
+    tool wrote on a node: its folders are the user's, and nothing is in /root (each host's own /root/.cache)."""
+    assert {_uid(pid) for pid, _ in ranks.values()} == {OPERATOR_UID}
+    for pid in sim_pids(SIM_CLUSTER):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split("=", 1) for v in f.read().decode(errors="replace").split("\0") if "=" in v)
+            uid = _uid(pid)
+        except OSError:
+            continue
+        assert env.get("SLURM_JOB_ID") != job or uid == OPERATOR_UID, (pid, uid)
+    for node in NODES:
+        mine = on_host(SIM_CLUSTER, node, BASE).parent
+        owners = {p.stat().st_uid for p in [mine, *mine.rglob("*")]}
+        assert owners == {OPERATOR_UID}, (node, owners)
+        assert list(on_host(SIM_CLUSTER, node, "/root/.cache").iterdir()) == [], node
+
+
 def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_path):
     """pyxis (the NVIDIA default): the release is a job; its world one
     ``srun --mpi=pmix`` step of 16 tasks in enroot containers (no Docker
@@ -357,6 +430,7 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
         # block distribution: ranks 0-7 on node 0, 8-15 on node 1; each its node's 8 GPUs as Slurm set them
         assert env["SLURMD_NODENAME"] == NODES[rank // 8] and env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7", (rank, env)
         assert "OMPI_MCA_orte_hnp_uri" not in env  # not started by mpirun
+    _run_as_the_user(job.id, ranks)
     assert all(_containers(n) == {} for n in NODES)  # no Docker container: the step is the container
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     doc = json.loads(res.stdout)
@@ -382,7 +456,7 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
     assert old in text
     (inv / "sim_b200_slurm.py").write_text(text.replace(old, old + ', overrides={"max_batch_size": 4}'))
     # node 1 drains while release a serves: the new release cannot have it, and is refused before anything stops
-    login(f"scontrol update nodename={NODES[1]} state=drain reason='fan swap'")
+    login(f"scontrol update nodename={NODES[1]} state=drain reason='fan swap'", user="root")
     try:
         res = _deploy("--skip-prepare", env={"LLMDEPLOY_INVENTORY": str(inv)})
         out = res.stdout + res.stderr
@@ -395,7 +469,7 @@ def test_serving_as_a_job_kill_a_step_restart_rollback_stop(sim_cluster, tmp_pat
         said = doc["slurm"]["nodes"][NODES[1]]
         assert said["state"].startswith("draining") and said["reason"] == "fan swap" and NODES[0] not in doc["slurm"]["nodes"], doc["slurm"]
     finally:
-        login(f"scontrol update nodename={NODES[1]} state=resume")
+        login(f"scontrol update nodename={NODES[1]} state=resume", user="root")
         # Slurm 25.11 shows a resumed node "not responding" (alloc*) for a moment: a deploy then names it unreachable
         end = time.monotonic() + 30
         while time.monotonic() < end and login(f"sinfo -N -h -n {NODES[1]} -o %T").strip() != "allocated":

@@ -17,10 +17,12 @@ import pytest
 from llmdeploy.launchers.slurm import commands as slurm
 from llmdeploy.release import parse_ledger
 from sim import hostview
-from sim.paths import host_dir
+from sim.paths import on_host, host_dir
 from tests.conftest import run_invoke, sim_pids
 from tests.integration.test_slurm_b200 import jobs, login, pmix_ranks, unit_steps
 
+# the inventory's base_dir: on a Slurm cluster the default of the user it runs as (sim/users.py OPERATOR)
+BASE = "/var/tmp/llmdeploy-ops/lib"
 SIM_CLUSTER = "sim-gb300-1p2d-slurm"
 NODES = [f"{SIM_CLUSTER}-{i}" for i in range(5)]
 GROUPS = {"prefill0": NODES[:1], "decode0": NODES[1:3], "decode1": NODES[3:5]}
@@ -52,12 +54,12 @@ def test_dynamo_1p2d_on_pyxis_worker_groups_are_pmix_steps(sim_cluster):
     res = run_invoke("deploy", "--cluster", SIM_CLUSTER, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "(dynamo: etcd -> nats -> frontend -> prefill0 -> decode0 -> decode1)" in res.stdout, res.stdout
-    base = host_dir(SIM_CLUSTER, NODES[0]) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}"
+    base = on_host(SIM_CLUSTER, NODES[0], BASE) / f"{SIM_CLUSTER}"
     # prepare built the squashfs with the wheels once (one pip install, on node 0) and sent it down the chain:
     # the same bytes on every node (two enroot exports of two pip installs differ in their files' times)
     assert f"built on {NODES[0]}, then 4 node(s) got it from {NODES[0]} (files)" in " ".join(res.stdout.split()), res.stdout
     sums = {n: sorted(hashlib.sha256(p.read_bytes()).hexdigest()
-                      for p in (host_dir(SIM_CLUSTER, n) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}/images").glob("*-wheels-*.sqsh"))
+                      for p in (on_host(SIM_CLUSTER, n, BASE) / f"{SIM_CLUSTER}/images").glob("*-wheels-*.sqsh"))
             for n in NODES}
     assert all(len(v) == 1 for v in sums.values()) and len({v[0] for v in sums.values()}) == 1, sums
     rid = parse_ledger((base / "ledger.jsonl").read_text())[-1]["release"]
@@ -81,7 +83,7 @@ def test_dynamo_1p2d_on_pyxis_worker_groups_are_pmix_steps(sim_cluster):
     assert _mpi_processes() == []
     assert all(hostview.containers(SIM_CLUSTER, n) == {} for n in NODES)  # no Docker container: each step is its containers
     # no hostfile, no launch agent: only each node's task.sh
-    rd = host_dir(SIM_CLUSTER, NODES[1]) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}/releases/{rid}"
+    rd = on_host(SIM_CLUSTER, NODES[1], BASE) / f"{SIM_CLUSTER}/releases/{rid}"
     assert (rd / "decode0.task.sh").exists() and not list(rd.glob("decode0.hostfile")) and not list(rd.glob("*.mpi-agent.sh"))
     res = run_invoke("status", "--cluster", SIM_CLUSTER, "--json")
     doc = json.loads(res.stdout)

@@ -17,10 +17,12 @@ import pytest
 from llmdeploy.launchers.slurm import commands as slurm
 from llmdeploy.release import parse_ledger
 from sim import hostview
-from sim.paths import host_dir
+from sim.paths import on_host, host_dir
 from tests.conftest import run_invoke
 from tests.integration.test_slurm_b200 import jobs, login, unit_steps
 
+# the inventory's base_dir: on a Slurm cluster the default of the user it runs as (sim/users.py OPERATOR)
+BASE = "/var/tmp/llmdeploy-ops/lib"
 SIM_CLUSTER = "sim-h200-sglang-slurm"
 NODES = ["sim-h200-sglang-slurm-0", "sim-h200-sglang-slurm-1"]
 
@@ -42,7 +44,7 @@ def _arg(cmd: str, flag: str) -> str:
 
 
 def _ledger():
-    return parse_ledger((host_dir(SIM_CLUSTER, NODES[0]) / f"root/var/lib/llmdeploy/{SIM_CLUSTER}/ledger.jsonl").read_text())
+    return parse_ledger((on_host(SIM_CLUSTER, NODES[0], BASE) / f"{SIM_CLUSTER}/ledger.jsonl").read_text())
 
 
 @pytest.mark.slow

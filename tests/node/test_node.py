@@ -43,7 +43,9 @@ def test_environment_file_content_and_mode(host, cluster, node):
     f = host.file(commenv.env_path(cluster, node))
     assert f.exists, f"{f.path} is missing"
     assert f.mode == commenv.env_mode(cluster), f"mode {f.mode:o}, expected {commenv.env_mode(cluster):o}"
-    assert f.user == "root"
+    # the tool's own user wrote it (root over SSH, or the user a Slurm site's jobs run as): nobody else can change it
+    me = host.user().name
+    assert f.user == me, f"{f.path} belongs to {f.user}, not to {me}, who runs the tool here"
     want = commenv.parse_env_file(commenv.render(cluster, node))
     have = commenv.parse_env_file(f.content_string)
     drift = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))

@@ -181,8 +181,10 @@ def test_check_holds_the_launchers_handoff_around_pytest_and_hands_it_on(b200, m
     plug = launcher.of(b200)
     monkeypatch.setattr(plug, "handoff", handoff)
     monkeypatch.setattr(check, "run_pytest", fake_run)
+    # the site's checks (Launcher.site_checks) run in this process while the handoff is held
+    monkeypatch.setattr(check, "site", lambda cluster, nodes, con, quiet: events.append("site") or True)
     assert check.run(b200, quiet=True) == 0
-    assert events == ["held", "pytest", "given back"]
+    assert events == ["held", "pytest", "site", "given back"]
     assert seen["env"]["HANDED"] == "job 5" and seen["env"][checkhost.CLUSTER_ENV] == b200.name
     assert any(a.startswith("--hosts=runner://") for a in seen["cmd"])
 

@@ -135,16 +135,16 @@ def test_enroot_conf_keeps_each_node_apart():
     text = gpusite.enroot_conf(Path("/sim/c1/hosts/n0"))
     settings = dict(line.split(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
     assert settings == {
-        "ENROOT_RUNTIME_PATH": "/sim/c1/hosts/n0/enroot/runtime",
-        "ENROOT_CACHE_PATH": "/sim/c1/hosts/n0/enroot/cache",
-        "ENROOT_DATA_PATH": "/sim/c1/hosts/n0/enroot/data",
+        "ENROOT_RUNTIME_PATH": '/sim/c1/hosts/n0/enroot/user-"$(id -u)"/runtime',
+        "ENROOT_CACHE_PATH": '/sim/c1/hosts/n0/enroot/user-"$(id -u)"/cache',
+        "ENROOT_DATA_PATH": '/sim/c1/hosts/n0/enroot/user-"$(id -u)"/data',
         "ENROOT_TEMP_PATH": "/sim/c1/hosts/n0/enroot/tmp",
         "ENROOT_MAX_PROCESSORS": "1",
         "ENROOT_SQUASH_OPTIONS": "-comp lz4 -noD -exit-on-error -processors 1",
     }
     assert gpusite.enroot_conf(Path("/sim/c1/hosts/n1")) != text
     with_ca = gpusite.enroot_conf(Path("/n"), ssl_cert_file=Path("/ca dir/ca.pem"))
-    assert "SSL_CERT_FILE '/ca dir/ca.pem'\n" in with_ca and "ENROOT_DATA_PATH /n/enroot/data\n" in with_ca
+    assert "SSL_CERT_FILE '/ca dir/ca.pem'\n" in with_ca and "ENROOT_DATA_PATH /n/enroot/user-\"$(id -u)\"/data\n" in with_ca
 
 
 def test_plugstack_conf_loads_pyxis_with_a_runtime_path_per_node():
@@ -184,6 +184,7 @@ def test_a_stamped_build_is_not_built_again_and_a_stale_one_is(monkeypatch, tmp_
         raise AssertionError("built again")
 
     monkeypatch.setattr(gpusite, "_build", build)
+    monkeypatch.setattr(gpusite, "grant_caps", lambda built: None)  # an empty folder here: no helper to give them to
     assert gpusite.ensure() == b
     b.stamp.write_text(json.dumps({**want, "build_rev": 0}))
     monkeypatch.setattr(gpusite, "missing", lambda: ["libbsd-dev", "makeself"])
@@ -206,7 +207,7 @@ def test_the_built_enroot_runs_and_pyxis_is_a_spank_plugin(tmp_path):
     b = _built_or_skip()
     # enroot makes its runtime, cache and data folders on every run: the test's own
     env = {"PATH": f"{b.enroot_bin}:{os.environ['PATH']}", "HOME": str(tmp_path),
-           **{k: str(v) for k, v in gpusite.enroot_dirs(tmp_path).items()}}
+           **{k: str(v) for k, v in gpusite.enroot_dirs(tmp_path, os.getuid()).items()}}
     res = subprocess.run(["enroot", "version"], capture_output=True, text=True, env=env, timeout=60)
     assert (res.returncode, res.stdout.strip()) == (0, gpusite.ENROOT.version), res.stderr
     hook = b.hooks_dir / gpusite.PMI_HOOK
@@ -234,8 +235,10 @@ def test_enroot_reads_the_node_conf_as_written(tmp_path):
     res = subprocess.run(["bash", "-c", "set -euo pipefail\n" + section.replace(installed, f'config::init "{conf}"') + show],
                          capture_output=True, text=True, env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)}, timeout=60)
     assert res.returncode == 0, res.stderr
+    # each user's folders: enroot expands $(id -u) for whoever runs it
     node = tmp_path / "node with space" / "enroot"
-    assert res.stdout.splitlines() == [str(node / "runtime"), str(node / "cache"), str(node / "data"), str(node / "tmp"), "1",
+    user = node / f"user-{os.getuid()}"
+    assert res.stdout.splitlines() == [str(user / "runtime"), str(user / "cache"), str(user / "data"), str(node / "tmp"), "1",
                                        "-comp lz4 -noD -exit-on-error -processors 1", "/ca/ca.pem"]
 
 

@@ -279,18 +279,19 @@ def test_a_pyxis_trtllm_world_is_one_pmix_step_of_every_rank(b200):
     assert svc.world and svc.restart == "group" and [u.tasks for u in svc.units] == [8, 8] and {u.order for u in svc.units} == {0}
     lines = {u.show["container_command"] for u in svc.units}
     assert len(lines) == 1 and "/root/.ssh" not in lines.pop()
-    rd = f"/var/lib/llmdeploy/sim-b200-slurm/releases/{RID}"
+    rd = f"/var/tmp/llmdeploy-ops/lib/sim-b200-slurm/releases/{RID}"
     task = plan.files["sim-b200-slurm-1"]["task.sh"][0]
-    assert "exec trtllm-llmapi-launch trtllm-serve /root/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8 --host 0.0.0.0 --port 8000" in task
+    assert "exec trtllm-llmapi-launch trtllm-serve /home/ops/.cache/huggingface/hub/Qwen3.8-2.4T-A95B-FP8 --host 0.0.0.0 --port 8000" in task
     assert f'mv -f "$tmp" {rd}/config.yaml' in task and "mpirun" not in task
     assert "serve.sh" not in plan.files["sim-b200-slurm-0"] and "mpi-agent.sh" not in plan.files["sim-b200-slurm-0"]
     steps = SlurmJobs(b200, type("R", (), {"transport": None})(), print).unit_steps(plan, plan.units(), lambda u: "", lambda u: 1)
     assert len(steps) == 1 and len(steps[0][1]) == 2
     text = slurm.start_units_script(b200, "42", [steps[0][0]], 30)
     srun = shlex.split(text.split("setsid nohup ", 1)[1].split(f" > {shlex.quote(steps[0][0].log)} 2>&1", 1)[0])
-    assert srun[:8] == ["srun", "--jobid=42", "--overlap", "--ntasks=16", "--distribution=arbitrary",
+    # the inventory's slurm.propagate_limits = False: the tasks get slurmd's limits, not the login shell's
+    assert srun[:9] == ["srun", "--jobid=42", "--overlap", "--ntasks=16", "--distribution=arbitrary",
                         "--nodelist=" + ",".join(["sim-b200-slurm-0"] * 8 + ["sim-b200-slurm-1"] * 8), "--gres=gpu:8",
-                        f"--job-name=sim-b200-slurm-{RID}"]
+                        "--propagate=NONE", f"--job-name=sim-b200-slurm-{RID}"]
     assert "--mpi=pmix" in srun and "--container-image=nvcr.io#nvidia/tensorrt-llm/release:1.4.0rc1" in srun
     # named for its start (attempt 1): a later start never reuses this one's writable root
     assert f"--container-name={RID}.sim-b200-slurm-{RID}.1" in srun and srun[-2:] == ["sh", f"{rd}/task.sh"]
@@ -401,7 +402,7 @@ def test_dynamo_worker_groups_on_pyxis_are_one_pmix_step_each():
     c = load_cluster("sim-gb300-1p2d-slurm")
     assert c.slurm.container == "pyxis"
     plan = _pyxis_plan(c)
-    rd = f"/var/lib/llmdeploy/sim-gb300-1p2d-slurm/releases/{RID}"
+    rd = f"/var/tmp/llmdeploy-ops/lib/sim-gb300-1p2d-slurm/releases/{RID}"
     decode0 = plan.service("decode0")
     assert decode0.world and decode0.restart == "group" and [u.tasks for u in decode0.units] == [4, 4]
     assert {u.order for u in decode0.units} == {0} and len({u.show["container_command"] for u in decode0.units}) == 1

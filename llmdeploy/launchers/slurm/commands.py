@@ -171,6 +171,18 @@ def parse_sinfo(out: str, names: list[str]) -> dict[str, NodeState]:
 EXCLUSIVE = ("--exclusive", "--mem=0")
 
 
+def propagate_args(cluster: Cluster) -> list[str]:
+    """``--propagate=NONE`` where the inventory says the login shell's limits
+    must not reach the tasks (``slurm.propagate_limits = False``): srun(1)
+    and sbatch(1) --propagate, "NONE: do not propagate any resource limits";
+    the tasks then get slurmd's own (a site's 64 KiB login memlock stays on
+    the login host). salloc has no such option (salloc(1)): a command's
+    allocation runs nothing but the tool's sruns, which pass it."""
+    s = cluster.slurm
+    assert s is not None
+    return [] if s.propagate_limits else ["--propagate=NONE"]
+
+
 def salloc_command(cluster: Cluster, names: list[str], job_name: str, time_limit: str | None = None) -> str:
     """An allocation of ``names`` for one command's steps, without a shell
     (salloc --no-shell: the job holds the nodes until scancel or its limit),
@@ -202,6 +214,7 @@ def sbatch_command(cluster: Cluster, names: list[str], release: str) -> str:
     # memory: EXCLUSIVE); the tool's own steps in it share them (srun --overlap)
     args = ["sbatch", "--parsable", f"--job-name={release_job_name(cluster.name, release)}", f"--nodes={len(names)}",
             f"--nodelist={hostlist(names)}", "--ntasks-per-node=1", *EXCLUSIVE, *gres_args(cluster), *where_args(cluster),
+            *propagate_args(cluster),
             # the batch step only sleeps: nothing to keep of its output
             "--output=/dev/null", "--chdir=/", f"--comment=llmdeploy release {release} of {cluster.name}"]
     if s.time_limit:
@@ -375,7 +388,8 @@ def blob_lines(blobs: dict[bytes, int]) -> list[str]:
 def srun_dispatch_command(cluster: Cluster, job_id: str, names: list[str], step_name: str) -> str:
     """One job step over ``names``, one task per node, running DISPATCH."""
     args = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(names)}", f"--nodelist={hostlist(names)}",
-            f"--ntasks={len(names)}", "--ntasks-per-node=1", *gres_args(cluster), "--input=all", "--label", "--kill-on-bad-exit=0",
+            f"--ntasks={len(names)}", "--ntasks-per-node=1", *gres_args(cluster), *propagate_args(cluster), "--input=all", "--label",
+            "--kill-on-bad-exit=0",
             f"--job-name={step_safe(step_name)}", "bash", "-c", DISPATCH]
     return " ".join(q(a) for a in args)
 
@@ -383,7 +397,7 @@ def srun_dispatch_command(cluster: Cluster, job_id: str, names: list[str], step_
 def srun_one_command(cluster: Cluster, job_id: str, name: str, step_name: str, command: str) -> str:
     """``command`` as one step on one node, its output straight to srun's (a log followed)."""
     args = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={name}", *gres_args(cluster),
-            f"--job-name={step_safe(step_name)}", "bash", "-c", command]
+            *propagate_args(cluster), f"--job-name={step_safe(step_name)}", "bash", "-c", command]
     return " ".join(q(a) for a in args)
 
 
@@ -515,7 +529,7 @@ def step_shape_args(u: UnitStep) -> list[str]:
 
 def unit_srun_args(cluster: Cluster, job_id: str, u: UnitStep) -> list[str]:
     """The srun that runs a unit's step (``start_units_script``; what ``deploy --check`` prints)."""
-    return ["srun", f"--jobid={job_id}", "--overlap", *step_shape_args(u), *gres_args(cluster, u.devices),
+    return ["srun", f"--jobid={job_id}", "--overlap", *step_shape_args(u), *gres_args(cluster, u.devices), *propagate_args(cluster),
             f"--job-name={step_safe(u.name)}", "--kill-on-bad-exit=1", *([f"--mpi={u.mpi}"] if u.mpi else []),
             *(u.args or ["bash", "-c", u.script])]
 

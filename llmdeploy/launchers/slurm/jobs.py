@@ -21,13 +21,13 @@ from rich.markup import escape
 
 from ...container import read_docker_run
 from ...errors import LlmdeployError, UnreachableError
-from ...inventory import Cluster, Slurm
+from ...inventory import Cluster, Node, Slurm
 from ...launcher import ReleaseView
 from ...release import release_dir
 from ...releaseplan import ReleasePlan, Unit
-from ...runner import Runner, Step
+from ...runner import FAILED, OK, HostResult, Runner, Step
 from . import commands as slurm
-from . import pyxis, reader
+from . import pyxis, reader, site
 from . import units as units_mod
 
 if TYPE_CHECKING:
@@ -114,6 +114,41 @@ class SlurmJobs:
         """Slurm's names of the nodes the plan's units run on, in the inventory's order."""
         hosts = {u.host for u in plan.units()}
         return [self.c.slurm_name(n) for n in self.c.nodes if n.name in hosts]
+
+    def site_checks(self, nodes: list[Node], image: str | None) -> list[tuple[str, str | None]]:
+        """What a pyxis cluster needs of its site (``site.py``): pmix in srun's
+        MPI plug-ins, the memlock of a job step on every node, and PMIx
+        inside the cluster's image (a world over its first two nodes). A
+        Docker cluster's units get their limits from docker run: nothing."""
+        if self.conf.container != "pyxis" or not nodes:
+            return []
+        o, e, code = self.s.login_exec(site.MPI_LIST, 60, read=True)
+        found: list[tuple[str, str | None]] = [("pmix in srun --mpi=list", site.mpi_list_problem(o + e, code))]
+        found += self._memlock(nodes)
+        pair = nodes[:2]
+        what = f"PMIx in the container ({len(pair)}-task world)"
+        if image is None:
+            return found + [(what, f"no image recorded on {nodes[0].name}: run invoke prepare")]
+        try:
+            job = self.s.allocation(pair)
+            o, e, code = self.s.login_exec(site.pmix_world_command(self.c, job, [self.c.slurm_name(n) for n in pair], image), 300)
+        except UnreachableError as exc:
+            return found + [(what, str(exc))]
+        return found + [(what, site.pmix_world_problem(o + e, code, len(pair)))]
+
+    def _memlock(self, nodes: list[Node]) -> list[tuple[str, str | None]]:
+        """The memlock in a job step on each node, one line per distinct problem."""
+        def parse(node: Node, out: str, err: str, code: int) -> HostResult:
+            have = site.memlock_of(out)
+            problem = site.memlock_problem(self.c, have) if code == 0 else (err.strip() or out.strip() or f"exit {code}")
+            return HostResult(node.name, FAILED if problem else OK, msg=problem or f"memlock {have}")
+
+        results = self.r.run(Step(name="memlock", build=lambda n: site.MEMLOCK_SCRIPT, parse=parse), nodes)
+        by_problem: dict[str | None, list[str]] = {}
+        for n in nodes:
+            r = results.get(n.name)
+            by_problem.setdefault(("no answer" if r is None else r.msg) if r is None or r.failed else None, []).append(n.name)
+        return [(f"memlock in a job step on {', '.join(names)}", problem) for problem, names in by_problem.items()]
 
     def preflight(self, plan: ReleasePlan) -> Failure:
         """Before anything stops: the plan's units can be its steps (a pyxis
