@@ -245,7 +245,8 @@ def site(cluster: Cluster, nodes: list[Node], con: Console, quiet: bool) -> bool
     with Runner(cluster, nodes=nodes) as runner:
         units = launcher.of(cluster).launcher(cluster, runner, lambda _: None)
         try:
-            found = units.site_checks(nodes, _serving_image(cluster, runner, nodes[0]) if nodes else None)
+            # the image is read from the node only when the launcher asks for it
+            found = units.site_checks(nodes, lambda: _serving_image(cluster, runner, nodes[0]) if nodes else None)
         except UnreachableError as exc:
             found = [("the site's checks", str(exc))]
     if found and not quiet:

@@ -1,7 +1,7 @@
 """A unit's container as data (``ContainerSpec``), which each container
 runtime renders: Docker as ``docker run`` (``docker_run``, here: the plans'
 own form since the seeds), pyxis as ``srun --container-*`` options
-(``llmdeploy/launchers/slurm/pyxis.py``), and later a Kubernetes pod spec.
+(``launchers/slurm/pyxis.py``), and later a Kubernetes pod spec.
 No runtime reads another runtime's output.
 
 The serving systems build one spec per unit (``Unit.spec``), and the plan

@@ -277,7 +277,7 @@ SLURM_TIME_RE = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{
 class Slurm(Strict):
     """The cluster's nodes belong to a Slurm controller: commands reach them as
     job steps (srun) from the login host, and a release is a job whose steps
-    are its units (the Slurm launcher, llmdeploy/launchers/slurm/)."""
+    are its units (the Slurm launcher, launchers/slurm/)."""
 
     # the login host: reached over SSH like a node (an ssh_config name or an address)
     login: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]*$")

@@ -4,10 +4,10 @@ stop (a :class:`Launcher`). The generic code (the runner, the engine, the
 flows, the roles) asks a cluster's launcher through what is declared here
 and never names one.
 
-A launcher is a module or package ``llmdeploy/launchers/<name>``
-(``llmdeploy/launchers/ssh.py``: SSH and Docker; ``llmdeploy/launchers/slurm/``:
+A launcher is a module or package ``launchers/<name>``
+(``launchers/ssh.py``: SSH and Docker; ``launchers/slurm/``:
 job steps from a login host, Docker on the nodes) registered with one line in
-``llmdeploy/launchers/__init__.py`` (``LAUNCHERS``: the launcher -> the
+``launchers/__init__.py`` (``LAUNCHERS``: the launcher -> the
 inventory section that picks it, None for the default one). A cluster's
 launcher is picked once, from its inventory (:func:`name_of`), and its module
 is loaded on first use (:func:`plugin`) and checked against
@@ -15,7 +15,7 @@ is loaded on first use (:func:`plugin`) and checked against
 hardware vendors are).
 
 Core: imports nothing above ``llmdeploy``; nothing outside
-``llmdeploy/launchers/`` imports a launcher (import-linter's ``launchers``
+``launchers/`` imports a launcher (import-linter's ``launchers``
 contract).
 """
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from .runner import HostResult, Runner, Step
 
 # the package that holds the launchers and their registry (``LAUNCHERS``)
-PLUGINS = "llmdeploy.launchers"
+PLUGINS = "launchers"
 
 
 class Transport(Protocol):
@@ -147,9 +147,9 @@ class Launcher(Protocol):
     each; it says what it did (``say``), and a reader it could not start
     only costs the reads their commands. ``site_checks(nodes, image)``: what
     prepare and ``invoke check`` ask of the site the launcher runs the units
-    on (``image``: what the units run, as the first node's prepare record names it;
-    None: not prepared), as (what, its problem or None); empty where the
-    launcher needs nothing of a site."""
+    on (``image()``: what the units run, as the first node's prepare record
+    names it, read when called; None: not prepared), as (what, its problem
+    or None); empty where the launcher needs nothing of a site."""
 
     def preflight(self, plan: "ReleasePlan") -> tuple[str, str] | None: ...
 
@@ -164,7 +164,7 @@ class Launcher(Protocol):
 
     def serve_reads(self, plan: "ReleasePlan", reads: "list[Step]") -> None: ...
 
-    def site_checks(self, nodes: "list[Node]", image: str | None) -> list[tuple[str, str | None]]: ...
+    def site_checks(self, nodes: "list[Node]", image: Callable[[], str | None]) -> list[tuple[str, str | None]]: ...
 
 
 class UnitRuntime(Protocol):
@@ -277,7 +277,7 @@ class UnitRuntime(Protocol):
 
 
 class LauncherPlugin(Protocol):
-    """What a launcher's module declares (``llmdeploy/launchers/<name>``).
+    """What a launcher's module declares (``launchers/<name>``).
 
     ``NAME``: the registry's name of it. ``MPIRUN_ARGS``: the options an
     ``mpirun`` needs when it runs through this transport (verify-comm's
@@ -318,7 +318,7 @@ class LauncherPlugin(Protocol):
 
 
 def _registry() -> ModuleType:
-    """The registry (``llmdeploy/launchers/__init__.py``: ``LAUNCHERS``)."""
+    """The registry (``launchers/__init__.py``: ``LAUNCHERS``)."""
     return importlib.import_module(PLUGINS)
 
 
@@ -339,12 +339,12 @@ def _accept(mod: ModuleType, name: str) -> LauncherPlugin:
     return accepted
 
 
-# the launchers: the module llmdeploy/launchers/<name> of each name LAUNCHERS lists
+# the launchers: the module launchers/<name> of each name LAUNCHERS lists
 LAUNCHERS: Registry[LauncherPlugin] = Registry("launcher", PLUGINS, lambda: {name: name for name in _registry().LAUNCHERS}, _accept)
 
 
 def plugin(name: str) -> LauncherPlugin:
-    """The module ``llmdeploy/launchers/<name>``, loaded on first use and checked against :class:`LauncherPlugin`."""
+    """The module ``launchers/<name>``, loaded on first use and checked against :class:`LauncherPlugin`."""
     return LAUNCHERS.load(name)
 
 

@@ -8,7 +8,7 @@ The SSH side is ``llmdeploy/connect.py``; with ``ssh.persist_s`` the commands
 go through a connection holder instead (``llmdeploy/mux.py``). Which host a
 command goes to, and as what, is the cluster's transport's
 (``llmdeploy/launcher.py``): the node itself over SSH, or another
-launcher's way of reaching it (``llmdeploy/launchers/``). With
+launcher's way of reaching it (``launchers/``). With
 ``ssh.become`` every command goes on the wire under ``sudo -n`` as root
 (:meth:`Runner.wire`, ``llmdeploy/become.py``), and sudo's refusal reads as
 one failure naming the node (:meth:`Runner.sudo_refusal`).

@@ -7,7 +7,7 @@ by stop phase, the wait for a port while a unit runs).
 A runtime gives the commands: how to read one unit's state, list the
 cluster's units, inspect them, print one's log. Docker's are in
 ``roles.containers`` and ``roles.status``; a pyxis job step's in the Slurm
-launcher (``llmdeploy/launchers/slurm/units.py``), which reads a record its
+launcher (``launchers/slurm/units.py``), which reads a record its
 units keep. The text around them is here, once, so the flows read every
 runtime's output with the same parsers (``roles.containers.parse_states``,
 ``roles.status.parse_status``, ``parse_top``, ``parse_logs``).

@@ -300,7 +300,8 @@ def _context(ref: str, spec: dict, base: str) -> dict[str, tuple[bytes, int]]:
         # where NATS's own image has it (nats-docker's alpine Dockerfile: /usr/local/bin/nats-server), on
         # every user's PATH: Debian's package puts it in /usr/sbin, which only root's PATH has (a pyxis
         # container of an ordinary user: "exec: nats-server: not found")
-        bins["nats-server"] = '#!/bin/sh\nexec /usr/sbin/nats-server "$@"\n'
+        # (bash's exec -a: the process is "nats-server ...", as one the real image starts)
+        bins["nats-server"] = '#!/bin/bash\nexec -a nats-server /usr/sbin/nats-server "$@"\n'
     if spec["kind"] == "trtllm":
         bins["trtllm-serve"] = _wrapper("trtllm-serve")
         bins["numactl"] = _wrapper("numactl")

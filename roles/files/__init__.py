@@ -295,15 +295,16 @@ def writable_script(cluster) -> str:
     """Each of the inventory's folders the tool writes on a node (releases, ledger, lock; environment
     files; logs) is a folder the user the tool runs as can write, or can be made by them: its nearest
     existing folder is writable. Changes nothing (check mode too). Prints ``FIELD: PATH ...`` for each
-    that is not, and exits 1."""
-    lines = ['me=$(id -un 2>/dev/null); [ -n "$me" ] || me=$(id -u); bad=0',
+    that is not, and exits 0 either way: it is also the step's probe in the facts script
+    (``PROBES``), whose answer decides the node without a round trip of its own."""
+    lines = ['me=$(id -un 2>/dev/null); [ -n "$me" ] || me=$(id -u)',
              'llw() { d=$2; while [ ! -e "$d" ]; do d=$(dirname "$d"); done',
-             '  if [ "$d" = "$2" ] && [ ! -d "$d" ]; then echo "$1: $2 is not a folder"; bad=1',
+             '  if [ "$d" = "$2" ] && [ ! -d "$d" ]; then echo "$1: $2 is not a folder"',
              '  elif [ ! -w "$d" ] || [ ! -x "$d" ]; then',
-             '    if [ "$d" = "$2" ]; then echo "$1: $2 is not writable by $me"; else echo "$1: $2 cannot be made by $me ($d is not writable by them)"; fi; bad=1',
+             '    if [ "$d" = "$2" ]; then echo "$1: $2 is not writable by $me"; else echo "$1: $2 cannot be made by $me ($d is not writable by them)"; fi',
              '  fi; }']
     lines += [f"llw {f} {shlex.quote(getattr(cluster, f))}" for f in WRITES]
-    return "\n".join(lines + ['exit "$bad"']) + "\n"
+    return "\n".join(lines + ["true"]) + "\n"
 
 
 def writable_step(ctx) -> Step:
@@ -312,12 +313,17 @@ def writable_step(ctx) -> Step:
 
     def parse(node: Node, out: str, err: str, code: int) -> HostResult:
         said = [line for line in out.splitlines() if line.split(":", 1)[0] in WRITES]
-        if code == 0:
+        if code == 0 and not said:
             return HostResult(node.name, OK, msg=", ".join(WRITES) + " writable")
         return HostResult(node.name, FAILED, msg="; ".join(said or [err.strip() or f"exit {code}"])
                           + ": set them in the inventory to folders this user can write, or run as one who can")
 
-    return Step(name="writable", build=lambda node: writable_script(cluster), parse=parse)
+    def decide(node: Node) -> HostResult | None:
+        said = ctx.probe("files.writable", node.name)
+        return parse(node, said, "", 0) if said is not None else None
+
+    return Step(name="writable", build=lambda node: writable_script(cluster), parse=parse, decide=decide)
 
 
 STEPS = {"writable": writable_step}
+PROBES = {"writable": lambda cluster, node: writable_script(cluster)}

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from llmdeploy.inventory import load_cluster
-from llmdeploy.launchers.slurm import commands as slurm
+from launchers.slurm import commands as slurm
 from tests.conftest import run_invoke
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "check_golden"

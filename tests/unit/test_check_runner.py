@@ -28,9 +28,9 @@ from flows import check, checkhost
 from llmdeploy import launcher
 from llmdeploy.errors import UnreachableError
 from llmdeploy.inventory import load_cluster
-from llmdeploy.launchers.slurm import commands as slurm
-from llmdeploy.launchers.slurm import steps
-from llmdeploy.launchers.slurm.steps import SlurmSteps
+from launchers.slurm import commands as slurm
+from launchers.slurm import steps
+from launchers.slurm.steps import SlurmSteps
 from llmdeploy.runner import Runner
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -262,7 +262,7 @@ def no_handed(monkeypatch, b200):
 
 def _handed(monkeypatch, b200, login: _Login) -> dict[str, str]:
     """What the Slurm launcher's handoff yields, its runner ``login``; the login host's commands after it was given back."""
-    from llmdeploy.launchers import slurm as plugin
+    from launchers import slurm as plugin
 
     monkeypatch.setattr(plugin, "Runner", lambda cluster, nodes: login)
     with plugin.handoff(b200, b200.nodes) as env:

@@ -281,7 +281,7 @@ def test_the_built_slurm_is_25_11_with_pmix_and_refuses_what_22_05_took(tmp_path
     world the launcher writes: its error is then that there is no
     controller, not the options."""
     from llmdeploy.inventory import load_cluster
-    from llmdeploy.launchers.slurm import commands as slurm
+    from launchers.slurm import commands as slurm
 
     b = _slurm_or_skip()
     assert (b.root / "lib" / "slurm" / "mpi_pmix.so").is_file()

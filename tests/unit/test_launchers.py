@@ -1,4 +1,4 @@
-"""The launcher registry (llmdeploy/launcher.py, llmdeploy/launchers/): a
+"""The launcher registry (llmdeploy/launcher.py, launchers/): a
 cluster's launcher is picked by its inventory, every registered launcher
 loads and implements the interface, and a module that does not is refused
 with what it lacks."""
@@ -44,7 +44,7 @@ def test_the_units_runtime_is_the_launchers_own_or_dockers():
     """roles.runtime.of: Docker's over SSH and on Slurm with container="docker";
     the Slurm launcher's pyxis units with container="pyxis". Each runtime
     has every member of UnitRuntime with the interface's parameters."""
-    from llmdeploy.launchers.slurm.units import PyxisUnits
+    from launchers.slurm.units import PyxisUnits
     from roles import runtime
 
     b200 = load_cluster("sim-b200-slurm")
@@ -64,17 +64,17 @@ def test_the_units_runtime_is_the_launchers_own_or_dockers():
 
 
 def test_a_module_that_lacks_a_hook_is_refused(monkeypatch):
-    mod = types.ModuleType("llmdeploy.launchers.half")
+    mod = types.ModuleType("launchers.half")
     mod.NAME, mod.MPIRUN_ARGS = "half", ()
     mod.transport = lambda runner: None
-    monkeypatch.setitem(sys.modules, "llmdeploy.launchers.half", mod)
+    monkeypatch.setitem(sys.modules, "launchers.half", mod)
     monkeypatch.setitem(launcher._registry().LAUNCHERS, "half", "half")
-    with pytest.raises(TypeError, match=r"llmdeploy.launchers.half is no launcher: it lacks launcher, outside_ssh, handoff"):
+    with pytest.raises(TypeError, match=r"launchers.half is no launcher: it lacks launcher, outside_ssh, handoff"):
         launcher.plugin("half")
 
 
 def test_a_hook_with_other_parameters_is_refused(monkeypatch):
-    mod = types.ModuleType("llmdeploy.launchers.odd")
+    mod = types.ModuleType("launchers.odd")
     mod.NAME, mod.MPIRUN_ARGS = "odd", ()
     mod.transport = lambda runner: None
     mod.launcher = lambda runner, say: None
@@ -82,9 +82,9 @@ def test_a_hook_with_other_parameters_is_refused(monkeypatch):
     mod.handoff = lambda cluster, nodes: None
     mod.runtime = lambda cluster: None
     mod.start_lines = lambda cluster, plan, script: []
-    monkeypatch.setitem(sys.modules, "llmdeploy.launchers.odd", mod)
+    monkeypatch.setitem(sys.modules, "launchers.odd", mod)
     monkeypatch.setitem(launcher._registry().LAUNCHERS, "odd", "odd")
-    with pytest.raises(TypeError, match=r"llmdeploy.launchers.odd.launcher\(runner, say\) does not match the interface: expected launcher\(cluster, runner, say\)"):
+    with pytest.raises(TypeError, match=r"launchers.odd.launcher\(runner, say\) does not match the interface: expected launcher\(cluster, runner, say\)"):
         launcher.plugin("odd")
 
 

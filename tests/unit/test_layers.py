@@ -15,10 +15,10 @@
    vendor).
 4. Nor is a launcher (issue 29): ``slurm`` and its commands (``srun``,
    ``squeue``, ``sbatch``, ``salloc``, ``scancel``, ``sinfo``), and every
-   launcher llmdeploy/launchers/ registers but the default one (SSH, the
+   launcher launchers/ registers but the default one (SSH, the
    transport every other one reaches its first host with), in the generic
    packages and tasks.py. A launcher's name belongs in
-   llmdeploy/launchers/<name> (and in the inventory's schema,
+   launchers/<name> (and in the inventory's schema,
    llmdeploy/inventory.py, whose section picks it).
 
 The checker is tested on small snippets first, so it cannot pass by seeing
@@ -56,13 +56,13 @@ FIXED_NAMES = ("vllm", "vllm-ascend", "vllm_ascend", "trtllm", "trtllm-serve", "
 # also catches nvidia-smi; "ascend" the driver's /usr/local/Ascend paths).
 FIXED_VENDORS = ("ascend", "nvidia")
 
-# Always checked as a launcher's words, whatever llmdeploy/launchers/ holds today:
+# Always checked as a launcher's words, whatever launchers/ holds today:
 # the Slurm launcher's name and the commands only it runs
 FIXED_LAUNCHER_WORDS = ("slurm", "srun", "squeue", "sbatch", "salloc", "scancel", "sinfo")
 
 # where a launcher's name may appear: its own implementation, and the inventory's
 # schema, which declares the section that picks it (``Cluster.slurm``)
-LAUNCHER_PLACES = ("llmdeploy/launchers/", "llmdeploy/inventory.py")
+LAUNCHER_PLACES = ("launchers/", "llmdeploy/inventory.py")
 
 # Folders under systems/ that are not a serving system (shared helpers, if the
 # restructuring makes any); a folder listed here is not a name to look for.
@@ -197,7 +197,7 @@ def vendor_names(repo: Path = REPO) -> set[str]:
 
 
 def launcher_registry(launchers_dir: Path) -> dict[str, str | None]:
-    """The registry in llmdeploy/launchers/__init__.py: a module-level dict
+    """The registry in launchers/__init__.py: a module-level dict
     whose keys are strings and whose values are strings or None (``LAUNCHERS``:
     launcher -> the inventory section that picks it, None for the default)."""
     init = launchers_dir / "__init__.py"
@@ -214,7 +214,7 @@ def launcher_registry(launchers_dir: Path) -> dict[str, str | None]:
 
 
 def derived_launcher_names(launchers_dir: Path) -> set[str]:
-    """The launchers llmdeploy/launchers/ declares, but the default one: every
+    """The launchers launchers/ declares, but the default one: every
     module or package under it (but private ones), and the names and sections
     of its registry."""
     if not launchers_dir.is_dir():
@@ -228,7 +228,7 @@ def derived_launcher_names(launchers_dir: Path) -> set[str]:
 
 
 def launcher_names(repo: Path = REPO) -> set[str]:
-    return spellings(set(FIXED_LAUNCHER_WORDS) | derived_launcher_names(repo / "llmdeploy" / "launchers"))
+    return spellings(set(FIXED_LAUNCHER_WORDS) | derived_launcher_names(repo / "launchers"))
 
 
 # --- where the code names them -------------------------------------------------------------------
@@ -410,7 +410,7 @@ def test_no_launcher_named_in_generic_code():
     sources = launcher_generic_sources()
     assert any(str(p.relative_to(REPO)) == "flows/engine.py" for p in sources)
     fail_on_hits(generic_code_hits(names=names, sources=sources), names, "a launcher", f"{GENERIC_DIRS} and tasks.py",
-                 "move them into the launcher under llmdeploy/launchers/ and ask it through llmdeploy.launcher "
+                 "move them into the launcher under launchers/ and ask it through llmdeploy.launcher "
                  "(the Transport and Launcher interfaces)")
 
 
@@ -423,9 +423,9 @@ def test_every_launcher_is_in_the_independence_contract():
 
     contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     (independent,) = [c for c in contracts if c["id"] == "launchers-independent"]
-    registered = launcher_registry(REPO / "llmdeploy" / "launchers")
+    registered = launcher_registry(REPO / "launchers")
     assert len(registered) >= 2, registered
-    assert sorted(independent["modules"]) == sorted(f"llmdeploy.launchers.{name}" for name in registered)
+    assert sorted(independent["modules"]) == sorted(f"launchers.{name}" for name in registered)
 
 
 # --- the checker itself --------------------------------------------------------------------------
@@ -563,7 +563,7 @@ def test_vendor_names_come_from_the_registry(tmp_path):
 
 
 def test_launcher_names_come_from_the_registry_but_the_default(tmp_path):
-    launchers = tmp_path / "llmdeploy" / "launchers"
+    launchers = tmp_path / "launchers"
     (launchers / "kube").mkdir(parents=True)
     (launchers / "kube" / "__init__.py").write_text("")
     (launchers / "_common.py").write_text("")
@@ -590,9 +590,9 @@ def test_launcher_words_in_code_fail_and_docstrings_pass():
 
 
 def test_this_tree_declares_launchers():
-    """The derivation reads today's llmdeploy/launchers/ (else a new launcher would be checked against the fixed words only)."""
-    assert "slurm" in derived_launcher_names(REPO / "llmdeploy" / "launchers")
-    assert "ssh" not in derived_launcher_names(REPO / "llmdeploy" / "launchers")
+    """The derivation reads today's launchers/ (else a new launcher would be checked against the fixed words only)."""
+    assert "slurm" in derived_launcher_names(REPO / "launchers")
+    assert "ssh" not in derived_launcher_names(REPO / "launchers")
 
 
 def test_this_tree_declares_vendors():

@@ -1,4 +1,4 @@
-"""A pyxis cluster's image on its nodes (llmdeploy/launchers/slurm/images.py,
+"""A pyxis cluster's image on its nodes (launchers/slurm/images.py,
 through roles.image, roles.facts, roles.release and roles.record), run
 here: prepare's image scripts under sh and bash with a stand-in enroot on
 PATH that does what enroot 4.1.2's docker:// import does to its cache and
@@ -26,7 +26,7 @@ from flows import deploy as dep
 from flows import status as status_flow
 from flows.plan import Context
 from llmdeploy.inventory import Cluster, load_cluster
-from llmdeploy.launchers.slurm import images, jobs, units
+from launchers.slurm import images, jobs, units
 from llmdeploy.release import release_dir, releases_dir
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult
 from llmdeploy.serving import Prepared, PreparedNode

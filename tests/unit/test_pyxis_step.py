@@ -1,4 +1,4 @@
-"""A unit's container spec as a pyxis step (llmdeploy/launchers/slurm/pyxis.py):
+"""A unit's container spec as a pyxis step (launchers/slurm/pyxis.py):
 every real plan's spec becomes a step with its image, command, environment
 files and mounts; what a pyxis step cannot do is refused by name; the
 environment file is read in the container by Docker's --env-file rules."""
@@ -13,7 +13,7 @@ import pytest
 
 from llmdeploy.container import ContainerSpec, Mount, read_docker_run
 from llmdeploy.errors import LlmdeployError
-from llmdeploy.launchers.slurm import pyxis
+from launchers.slurm import pyxis
 
 # the recorded plans of Docker clusters (a pyxis cluster's own are srun steps already)
 GOLDEN = sorted(p for p in Path(__file__).resolve().parents[1].joinpath("data", "check_golden").glob("*.json") if '"docker run ' in p.read_text())

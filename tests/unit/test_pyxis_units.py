@@ -1,4 +1,4 @@
-"""Pyxis units on their node (llmdeploy/launchers/slurm/units.py), run here:
+"""Pyxis units on their node (launchers/slurm/units.py), run here:
 a release directory in tmp_path, units that are real processes started
 through the step's wrapper (each in a session of its own, killed at the
 end), and the node's scripts run under sh and bash. They print what the
@@ -22,8 +22,8 @@ from flows import status as status_flow
 from llmdeploy.container import ContainerSpec, Mount, read_docker_run
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import load_cluster
-from llmdeploy.launchers.slurm import units
-from llmdeploy.launchers.slurm.commands import STARTED_MARK
+from launchers.slurm import units
+from launchers.slurm.commands import STARTED_MARK
 from llmdeploy.release import releases_dir
 from roles import containers as ctr
 from roles.status import parse_logs, parse_status, parse_top

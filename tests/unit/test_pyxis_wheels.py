@@ -1,5 +1,5 @@
 """A pyxis cluster's image with the profile's pinned wheels
-(llmdeploy/launchers/slurm/wheels.py, through roles.wheels, roles.record,
+(launchers/slurm/wheels.py, through roles.wheels, roles.record,
 roles.release and the inventory), run here: prepare's image and wheels
 scripts under sh and bash with a stand-in enroot on PATH that does what
 enroot 4.1.2's create, start, export and remove do to its data directory
@@ -26,8 +26,8 @@ from llmdeploy.container import read_docker_run
 
 from flows.plan import Context
 from llmdeploy.inventory import Cluster, load_cluster
-from llmdeploy.launchers.slurm import images, units
-from llmdeploy.launchers.slurm import wheels as pyxis_wheels
+from launchers.slurm import images, units
+from launchers.slurm import wheels as pyxis_wheels
 from llmdeploy.release import release_dir
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult
 from llmdeploy.serving import Prepared

@@ -1,6 +1,6 @@
 """The Slurm launcher's text: inventory checks, the dispatch (run here by bash
 as each task of a step would run it), sinfo and squeue readers, the command
-lines (llmdeploy/launchers/slurm/commands.py)."""
+lines (launchers/slurm/commands.py)."""
 
 import dataclasses
 import json
@@ -12,7 +12,7 @@ import pytest
 from llmdeploy.container import ContainerSpec
 from llmdeploy.errors import InventoryError, LlmdeployError
 from llmdeploy.inventory import Cluster, load_cluster
-from llmdeploy.launchers.slurm import commands as slurm
+from launchers.slurm import commands as slurm
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +242,7 @@ def test_a_pyxis_release_recorded_before_specs_starts_the_same_steps(name):
     steps are the ones a fresh plan's are. A line this tool never wrote
     leaves the unit without a spec, and the launcher names it and what to do."""
     from llmdeploy.container import docker_run
-    from llmdeploy.launchers.slurm.jobs import plan_steps
+    from launchers.slurm.jobs import plan_steps
     from llmdeploy.releaseplan import ReleasePlan
 
     c = load_cluster(name)
@@ -271,7 +271,7 @@ def test_a_pyxis_trtllm_world_is_one_pmix_step_of_every_rank(b200):
     task running task.sh (the node's merge, then trtllm-llmapi-launch
     trtllm-serve); the launcher makes that one ``srun --mpi=pmix`` step of
     16 tasks in pyxis containers, no mpirun, no SSH files mounted."""
-    from llmdeploy.launchers.slurm.jobs import SlurmJobs
+    from launchers.slurm.jobs import SlurmJobs
 
     assert b200.slurm.container == "pyxis"
     plan = _pyxis_plan(b200)
@@ -373,7 +373,7 @@ def test_each_unit_asks_for_the_accelerators_it_uses():
     """Per-unit GRES: Dynamo's etcd, NATS and frontend use no GPU and ask for
     none (under ConstrainDevices their steps see none); its workers ask for
     the node's 4, on pyxis and on docker alike."""
-    from llmdeploy.launchers.slurm.jobs import plan_steps
+    from launchers.slurm.jobs import plan_steps
 
     pyxis = load_cluster("sim-gb300-1p2d-slurm")
     for c in (pyxis, _with(pyxis, container="docker")):
@@ -397,7 +397,7 @@ def test_dynamo_worker_groups_on_pyxis_are_one_pmix_step_each():
     documents for multi-node TensorRT-LLM workers on Slurm: no mpirun, no
     hostfile, no launch agent, no SSH files. On docker the same cluster keeps
     mpirun from the group's first container."""
-    from llmdeploy.launchers.slurm.jobs import plan_steps
+    from launchers.slurm.jobs import plan_steps
 
     c = load_cluster("sim-gb300-1p2d-slurm")
     assert c.slurm.container == "pyxis"
@@ -442,7 +442,7 @@ def test_sglang_on_pyxis_is_one_step_a_task_per_node():
     what runs, so status --diff finds no drift. On docker each node's
     container keeps its rank written in its line."""
     from flows.status import _command_drift
-    from llmdeploy.launchers.slurm.jobs import plan_steps
+    from launchers.slurm.jobs import plan_steps
     from llmdeploy.releaseplan import ReleasePlan
 
     d = load_cluster("sim-h200-sglang").model_dump()
@@ -501,7 +501,7 @@ def test_a_world_pyxis_cannot_launch_keeps_docker_and_is_found_before_anything_s
     Docker, asked for pyxis it is refused by field. And whatever else a
     pyxis plan cannot start as is found by the launcher's preflight, before
     the serving release is stopped."""
-    from llmdeploy.launchers.slurm.jobs import SlurmJobs
+    from launchers.slurm.jobs import SlurmJobs
 
     d = load_cluster("sim-gb300-1p2d-slurm").model_dump()
     n = [f"sim-gb300-1p2d-slurm-{i}" for i in range(5)]
@@ -533,7 +533,7 @@ def test_status_diff_leaves_slurms_gpu_mask_to_slurm():
     --diff does not call it drift where the release does not set it, and
     compares it where the release does (a Dynamo worker's mask)."""
     from flows.status import drift
-    from llmdeploy.launchers.slurm.units import PyxisUnits
+    from launchers.slurm.units import PyxisUnits
 
     d = load_cluster("sim-h200-sglang").model_dump()
     d["slurm"] = {"login": "login01", "partition": "gpu"}
@@ -554,7 +554,7 @@ def test_a_start_after_the_jobs_step_found_it_gone_holds_the_job_again(b200):
     (``SlurmSteps.forget``): the next start holds the release's job again
     (here the running one of that name) instead of sending its steps to
     ``--jobid=None``; with no job to be had, every unit says why."""
-    from llmdeploy.launchers.slurm.jobs import SlurmJobs
+    from launchers.slurm.jobs import SlurmJobs
 
     plan = _pyxis_plan(b200)
     running = slurm.Job("77", slurm.release_job_name(b200.name, plan.release), "RUNNING", "None", "n[0-1]", {})

@@ -1,4 +1,4 @@
-"""The release's reader on Slurm (llmdeploy/launchers/slurm/reader.py and its
+"""The release's reader on Slurm (launchers/slurm/reader.py and its
 wiring in steps.py and jobs.py): status's, top's and the watcher's reads
 answered by one long-lived step instead of a step each.
 
@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from llmdeploy.inventory import load_cluster
-from llmdeploy.launchers.slurm import commands as slurm
-from llmdeploy.launchers.slurm import reader, steps
-from llmdeploy.launchers.slurm.jobs import SlurmJobs
-from llmdeploy.launchers.slurm.steps import SlurmSteps
+from launchers.slurm import commands as slurm
+from launchers.slurm import reader, steps
+from launchers.slurm.jobs import SlurmJobs
+from launchers.slurm.steps import SlurmSteps
 from llmdeploy.releaseplan import ReleasePlan, Service, Unit
 from llmdeploy.runner import Runner, Step
 

@@ -1,4 +1,4 @@
-"""What prepare and invoke check ask of a Slurm site (llmdeploy/launchers/slurm/site.py): the readers of
+"""What prepare and invoke check ask of a Slurm site (launchers/slurm/site.py): the readers of
 srun --mpi=list, of a step's memlock and of the PMIx world, and what the tool passes itself
 (--propagate=NONE, --mem=0 beside --exclusive)."""
 
@@ -7,8 +7,8 @@ import shlex
 import pytest
 
 from llmdeploy.inventory import load_cluster
-from llmdeploy.launchers.slurm import commands as slurm
-from llmdeploy.launchers.slurm import site
+from launchers.slurm import commands as slurm
+from launchers.slurm import site
 
 
 def _cluster(**slurm_settings):

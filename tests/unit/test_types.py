@@ -34,9 +34,9 @@ def test_the_product_type_checks():
 def _plugin_copy(tmp_path: Path, name: str, change: tuple[str, str] | None) -> Path:
     """The SSH launcher as a plug-in module of its own (``name``), its
     relative imports made absolute, with one ``change`` (old, new) made."""
-    text = (ROOT / "llmdeploy" / "launchers" / "ssh.py").read_text()
+    text = (ROOT / "launchers" / "ssh.py").read_text()
     text = re.sub(r"^from \.\.(\w+) import", r"from llmdeploy.\1 import", text, flags=re.M)
-    text = text.replace("import llmdeploy.launchers.ssh as _this", f"import {name} as _this")
+    text = text.replace("import launchers.ssh as _this", f"import {name} as _this")
     assert f"import {name} as _this" in text, "the SSH launcher no longer declares its conformance"
     if change:
         assert change[0] in text, change[0]

@@ -27,13 +27,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
-from ...errors import UnreachableError
-from ...inventory import Node, Slurm
+from llmdeploy.errors import UnreachableError
+from llmdeploy.inventory import Node, Slurm
 from . import commands as slurm
 from . import reader
 
 if TYPE_CHECKING:
-    from ...runner import HostResult, Runner, Step
+    from llmdeploy.runner import HostResult, Runner, Step
 
 
 # the process's own allocation per cluster, shared by its runners (a command
@@ -415,7 +415,7 @@ class SlurmSteps:
 
     def srun_step(self, step: "Step", targets: list[Node]) -> dict[str, "HostResult"]:
         """``step`` on ``targets`` as one srun (local and decided hosts need none)."""
-        from ...runner import FAILED, SKIPPED, UNREACHABLE, HostResult
+        from llmdeploy.runner import FAILED, SKIPPED, UNREACHABLE, HostResult
 
         results: dict[str, HostResult] = {}
         t0 = time.monotonic()

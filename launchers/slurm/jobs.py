@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Callable, cast
 from rich.console import Console
 from rich.markup import escape
 
-from ...container import read_docker_run
-from ...errors import LlmdeployError, UnreachableError
-from ...inventory import Cluster, Node, Slurm
-from ...launcher import ReleaseView
-from ...release import release_dir
-from ...releaseplan import ReleasePlan, Unit
-from ...runner import FAILED, OK, HostResult, Runner, Step
+from llmdeploy.container import read_docker_run
+from llmdeploy.errors import LlmdeployError, UnreachableError
+from llmdeploy.inventory import Cluster, Node, Slurm
+from llmdeploy.launcher import ReleaseView
+from llmdeploy.release import release_dir
+from llmdeploy.releaseplan import ReleasePlan, Unit
+from llmdeploy.runner import FAILED, OK, HostResult, Runner, Step
 from . import commands as slurm
 from . import pyxis, reader, site
 from . import units as units_mod
@@ -115,7 +115,7 @@ class SlurmJobs:
         hosts = {u.host for u in plan.units()}
         return [self.c.slurm_name(n) for n in self.c.nodes if n.name in hosts]
 
-    def site_checks(self, nodes: list[Node], image: str | None) -> list[tuple[str, str | None]]:
+    def site_checks(self, nodes: list[Node], image: Callable[[], str | None]) -> list[tuple[str, str | None]]:
         """What a pyxis cluster needs of its site (``site.py``): pmix in srun's
         MPI plug-ins, the memlock of a job step on every node, and PMIx
         inside the cluster's image (a world over its first two nodes). A
@@ -127,11 +127,12 @@ class SlurmJobs:
         found += self._memlock(nodes)
         pair = nodes[:2]
         what = f"PMIx in the container ({len(pair)}-task world)"
-        if image is None:
+        imported = image()
+        if imported is None:
             return found + [(what, f"no image recorded on {nodes[0].name}: run invoke prepare")]
         try:
             job = self.s.allocation(pair)
-            o, e, code = self.s.login_exec(site.pmix_world_command(self.c, job, [self.c.slurm_name(n) for n in pair], image), 300)
+            o, e, code = self.s.login_exec(site.pmix_world_command(self.c, job, [self.c.slurm_name(n) for n in pair], imported), 300)
         except UnreachableError as exc:
             return found + [(what, str(exc))]
         return found + [(what, site.pmix_world_problem(o + e, code, len(pair)))]

@@ -14,10 +14,10 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Callable, ContextManager
 
-from ..inventory import Cluster, Node
-from ..launcher import ReleaseView
-from ..releaseplan import ReleasePlan, Unit
-from ..runner import SKIPPED, HostResult, Runner, Step
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.launcher import ReleaseView
+from llmdeploy.releaseplan import ReleasePlan, Unit
+from llmdeploy.runner import SKIPPED, HostResult, Runner, Step
 
 NAME = "ssh"
 
@@ -104,7 +104,7 @@ class DockerUnits:
     def serve_reads(self, plan: ReleasePlan, reads: list[Step]) -> None:
         """Every read is one command per node over SSH (or the connection holder): nothing to keep running."""
 
-    def site_checks(self, nodes: list[Node], image: str | None) -> list[tuple[str, str | None]]:
+    def site_checks(self, nodes: list[Node], image: Callable[[], str | None]) -> list[tuple[str, str | None]]:
         """Nothing of a site: prepare's own steps check each node."""
         return []
 
@@ -143,7 +143,7 @@ def start_lines(cluster: Cluster, plan: ReleasePlan, script: Callable[[Unit], st
 
 # this plug-in's conformance, for the type checker (the registry checks it again when it loads)
 if TYPE_CHECKING:  # pragma: no cover - types only
-    import llmdeploy.launchers.ssh as _this
+    import launchers.ssh as _this
     from llmdeploy.launcher import Launcher, LauncherPlugin, Transport
 
     _conforms: LauncherPlugin = _this

@@ -49,10 +49,10 @@ from __future__ import annotations
 
 import shlex
 
-from ... import release
-from ...inventory import Cluster
-from ...sections import counted
-from ...unitscripts import IMAGE_MARK
+from llmdeploy import release
+from llmdeploy.inventory import Cluster
+from llmdeploy.sections import counted
+from llmdeploy.unitscripts import IMAGE_MARK
 from . import pyxis
 
 q = shlex.quote

@@ -1,4 +1,4 @@
-"""Launchers as plug-ins: each is a module or package ``llmdeploy/launchers/<name>``
+"""Launchers as plug-ins: each is a module or package ``launchers/<name>``
 behind the interface ``llmdeploy.launcher`` declares (the runner's transport:
 how a command reaches a node; the engine's launcher: how a release's units
 start, are watched and stop; see docs/launchers.md).
@@ -10,7 +10,8 @@ pick a cluster's launcher and loads that launcher only; nothing here imports
 one, and nothing outside this package does (import-linter's ``launchers``
 contract).
 
-Layer: the core's; a launcher imports only ``llmdeploy``.
+Layer: beside ``platforms/`` (import-linter's layers: ``platforms | launchers``), above the core;
+a launcher imports only ``llmdeploy``.
 """
 
 # launcher -> the inventory section (a field of ``Cluster``) that picks it; None: the default

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from ...inventory import Cluster
+from llmdeploy.inventory import Cluster
 from . import commands as slurm
 
 MPI_LIST = "srun --mpi=list 2>&1"

@@ -32,10 +32,10 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from ... import platform
-from ...inventory import Cluster, Node
-from ...hostlist import expand as expand_hostlist
-from ...hostlist import join as hostlist
+from llmdeploy import platform
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.hostlist import expand as expand_hostlist
+from llmdeploy.hostlist import join as hostlist
 
 q = shlex.quote
 

@@ -54,7 +54,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from ...inventory import Cluster
+from llmdeploy.inventory import Cluster
 from .commands import blob_lines, gres_args, hostlist, login_log_dir
 
 q = shlex.quote
@@ -215,7 +215,7 @@ def run_script(cluster: Cluster, names: list[str]) -> str:
     s = cluster.slurm
     assert s is not None
     return "\n".join([
-        "# the release's reader (llmdeploy/launchers/slurm/reader.py): started by deploy, started again by a read that finds it gone",
+        "# the release's reader (launchers/slurm/reader.py): started by deploy, started again by a read that finds it gone",
         "umask 077",
         'cd "$(dirname "$0")" || exit 1',
         "exec 9>> lock",

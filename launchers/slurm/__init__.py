@@ -30,10 +30,10 @@ import shlex
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, ContextManager, Iterator, cast
 
-from ...errors import UnreachableError
-from ...inventory import Cluster, Node
-from ...releaseplan import ReleasePlan, Unit
-from ...runner import Runner
+from llmdeploy.errors import UnreachableError
+from llmdeploy.inventory import Cluster, Node
+from llmdeploy.releaseplan import ReleasePlan, Unit
+from llmdeploy.runner import Runner
 from . import steps
 from .commands import unit_srun_args
 from .jobs import SlurmJobs, plan_steps
@@ -107,7 +107,7 @@ def start_lines(cluster: Cluster, plan: ReleasePlan, script: Callable[[Unit], st
 
 # this plug-in's conformance, for the type checker (the registry checks it again when it loads)
 if TYPE_CHECKING:  # pragma: no cover - types only
-    import llmdeploy.launchers.slurm as _this
+    import launchers.slurm as _this
     from llmdeploy.launcher import Launcher, LauncherPlugin, Transport, UnitRuntime
 
     _conforms: LauncherPlugin = _this

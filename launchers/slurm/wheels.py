@@ -51,9 +51,9 @@ from __future__ import annotations
 import re
 import shlex
 
-from ...launcher import Wheels
-from ...sections import counted
-from ...unitscripts import WHEELS_MARK
+from llmdeploy.launcher import Wheels
+from llmdeploy.sections import counted
+from llmdeploy.unitscripts import WHEELS_MARK
 from .images import FUNCS, SUFFIX, ref_key
 
 q = shlex.quote

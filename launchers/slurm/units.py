@@ -54,12 +54,12 @@ import dataclasses
 import re
 import shlex
 
-from ... import release
-from ...container import ContainerSpec, Mount
-from ... import unitscripts as us
-from ...errors import LlmdeployError
-from ...inventory import Cluster
-from ...launcher import Wheels
+from llmdeploy import release
+from llmdeploy.container import ContainerSpec, Mount
+from llmdeploy import unitscripts as us
+from llmdeploy.errors import LlmdeployError
+from llmdeploy.inventory import Cluster
+from llmdeploy.launcher import Wheels
 from . import images, pyxis
 from . import wheels as wheels_builder
 from .commands import STARTED_MARK

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import shlex
 
-from ...container import ContainerSpec
-from ...errors import LlmdeployError
+from llmdeploy.container import ContainerSpec
+from llmdeploy.errors import LlmdeployError
 
 # what Slurm sets for a step's GRES and the image must not override (pyxis
 # keeps the image's value of a variable unless --container-env names it)
