@@ -17,7 +17,7 @@ import pytest
 
 from llmdeploy.connect import make_connection
 from llmdeploy.inventory import load_cluster
-from llmdeploy.launchers.slurm import pyxis
+from launchers.slurm import pyxis
 from sim import slurm as sim_slurm
 from sim.paths import cluster_dir, netns_name
 from tests.conftest import run_invoke, sim_pids
@@ -114,7 +114,7 @@ def test_a_world_s_tasks_follow_the_plan_s_node_order(sim_cluster):
     [node 1, node 0] would have rank 0 on node 0. The tool's world step
     (commands.step_shape_args: --distribution=arbitrary, a name per task)
     puts rank 0 on the plan's first node, here under PMIx as a world runs."""
-    from llmdeploy.launchers.slurm.commands import UnitStep, step_shape_args
+    from launchers.slurm.commands import UnitStep, step_shape_args
 
     # the whole nodes, as a release's job holds them (a job's default is one CPU per node)
     with held_job("--exclusive") as job:

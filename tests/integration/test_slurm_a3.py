@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llmdeploy.launchers.slurm import commands as slurm
+from launchers.slurm import commands as slurm
 from llmdeploy.release import parse_ledger
 from sim import hostview
 from sim import users

@@ -24,8 +24,8 @@ from rich.console import Console
 
 from flows import status as status_flow
 from llmdeploy.inventory import load_cluster
-from llmdeploy.launchers.slurm import commands as slurm
-from llmdeploy.launchers.slurm import reader
+from launchers.slurm import commands as slurm
+from launchers.slurm import reader
 from llmdeploy.release import parse_ledger
 from sim import gpusite, hostview
 from sim.users import OPERATOR, OPERATOR_UID

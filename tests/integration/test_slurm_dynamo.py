@@ -6,6 +6,7 @@ groups are each one ``srun --mpi=pmix`` step, a task per GPU, no mpirun, no
 Docker container, no SSH between the nodes. A killed decode rank is named by
 status; that group alone is restarted; stop leaves nothing."""
 
+import base64
 import hashlib
 import json
 import os
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from llmdeploy.launchers.slurm import commands as slurm
+from launchers.slurm import commands as slurm
 from llmdeploy.release import parse_ledger
 from sim import hostview
 from sim.paths import on_host, host_dir
@@ -116,6 +117,17 @@ def test_dynamo_1p2d_on_pyxis_worker_groups_are_pmix_steps(sim_cluster):
     # the frontend no longer listed that instance, so status agrees at once
     res = run_invoke("status", "--cluster", SIM_CLUSTER)
     assert res.returncode == 0, res.stdout
+
+    # the release restarted whole (etcd alone is refused: control-plane): etcd runs in an enroot container of
+    # this start (named per attempt), so what the previous one wrote in its writable root (--data-dir
+    # /etcd-data) is not there (etcd's v3 JSON gateway, from the login host)
+    key = base64.b64encode(b"llmdeploy-test-marker").decode()
+    kv = f"http://{NODES[0]}:2379/v3/kv"
+    login(f"curl -sf -X POST {kv}/put -d '{{\"key\": \"{key}\", \"value\": \"{key}\"}}'", SIM_CLUSTER)
+    assert '"kvs"' in login(f"curl -sf -X POST {kv}/range -d '{{\"key\": \"{key}\"}}'", SIM_CLUSTER)
+    res = run_invoke("restart", "--cluster", SIM_CLUSTER, timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert '"kvs"' not in login(f"curl -sf -X POST {kv}/range -d '{{\"key\": \"{key}\"}}'", SIM_CLUSTER)
 
     res = run_invoke("stop", "--cluster", SIM_CLUSTER, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr

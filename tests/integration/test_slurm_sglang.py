@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from llmdeploy.launchers.slurm import commands as slurm
+from launchers.slurm import commands as slurm
 from llmdeploy.release import parse_ledger
 from sim import hostview
 from sim.paths import on_host, host_dir
