@@ -242,7 +242,8 @@ def _serving_image(cluster: Cluster, runner: Runner, node: Node) -> str | None:
 def site(cluster: Cluster, nodes: list[Node], con: Console, quiet: bool) -> bool:
     """What the cluster's launcher asks of its site (``Launcher.site_checks``:
     a Slurm site's PMIx, memlock), a line each; True when nothing failed."""
-    with Runner(cluster, nodes=nodes) as runner:
+    # not through a connection holder: a launcher without site checks sends nothing at all
+    with Runner(cluster, nodes=nodes, persist=False) as runner:
         units = launcher.of(cluster).launcher(cluster, runner, lambda _: None)
         try:
             # the image is read from the node only when the launcher asks for it

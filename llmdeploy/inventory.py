@@ -319,9 +319,9 @@ class Slurm(Strict):
     # shell's (slurm.conf PropagateResourceLimits=ALL, the default): often a
     # memlock of 64 KiB to 8 MiB, under which NCCL, UCX and NIXL cannot
     # register memory. Where the site does not set
-    # PropagateResourceLimitsExcept=MEMLOCK, False makes every srun, salloc
-    # and sbatch of the tool run with --propagate=NONE: the tasks then get
-    # slurmd's limits. prepare and invoke check read the memlock in a step.
+    # PropagateResourceLimitsExcept=MEMLOCK, False makes every srun and
+    # sbatch of the tool run with --propagate=NONE (salloc has no such
+    # option): the tasks then get slurmd's limits. prepare and invoke check read the memlock in a step.
     propagate_limits: bool = True
     # the memlock (KiB) a pyxis unit's tasks need at least; None: unlimited
     # (RDMA registration, as the seeds' docker run --ulimit memlock=-1)
@@ -570,7 +570,10 @@ class Cluster(Strict):
         unset = [f for f in USER_DIRS if f not in self.model_fields_set]
         if self.slurm is None or not unset:
             return []
-        user = self.ssh.user or getpass.getuser()
+        try:
+            user = self.ssh.user or getpass.getuser()
+        except (KeyError, OSError):  # a uid without a passwd entry here
+            return [("ssh.user", "unset, and your own user has no name here: set ssh.user, or base_dir, etc_dir and log_dir")]
         if not re.match(USER_RE, user):
             return [("ssh.user", f"unset, and your own name {user!r} is no user name a path can hold: set ssh.user, or base_dir, etc_dir and log_dir")]
         for f in unset:

@@ -56,10 +56,13 @@ def holder_record(command: str, message: str | None) -> dict[str, Any]:
 def acquire_script(cluster: Cluster, holder: dict[str, Any]) -> str:
     d = shlex.quote(lock_dir(cluster))
     body = shlex.quote(json.dumps(holder, sort_keys=True))
+    # a folder the user cannot make is said as such (base_dir), not as a lock someone holds
+    cannot = shlex.quote(f"(base_dir {cluster.base_dir}: a folder the user the tool runs as can write)")
     return (
-        f"mkdir -p \"$(dirname {d})\"\n"
-        f"if mkdir {d} 2>/dev/null; then printf '%s\\n' {body} > {d}/holder.json; echo acquired; "
-        f"else echo held; cat {d}/holder.json 2>/dev/null || echo '{{}}'; fi\n"
+        f"e=$(mkdir -p \"$(dirname {d})\" 2>&1) || {{ printf '%s %s\\n' \"$e\" {cannot} >&2; exit 1; }}\n"
+        f"if e=$(mkdir {d} 2>&1); then printf '%s\\n' {body} > {d}/holder.json; echo acquired; "
+        f"elif [ -d {d} ]; then echo held; cat {d}/holder.json 2>/dev/null || echo '{{}}'; "
+        f"else printf '%s %s\\n' \"$e\" {cannot} >&2; exit 1; fi\n"
     )
 
 

@@ -385,7 +385,9 @@ def grant_caps(b: Build) -> None:
             raise SimError("setcap is missing (Debian's libcap2-bin): run scripts/setup.sh")
         have = subprocess.run(["getcap", str(path)], capture_output=True, text=True).stdout.split()
         if have[-1:] != [caps]:
-            _run(["setcap", caps.replace("=ep", "+ep"), str(path)], f"giving {helper} enroot's +caps capabilities")
+            _run(["setcap", caps.replace("=ep", "+ep"), str(path)],
+                 f"giving {helper} enroot's +caps capabilities (file capabilities: the simulator needs CAP_SETFCAP and "
+                 f"a file system with extended attributes where LLMDEPLOY_SIM_CACHE is)")
 
 
 def _ensure(echo, against: SlurmBuild | None) -> Build:

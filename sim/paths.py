@@ -50,8 +50,8 @@ def host_python() -> str:
     else Debian's /usr/bin/python3 (scripts/setup.sh installs it; the
     stand-ins need only the standard library), e.g. where the simulator runs
     from a Python under /root."""
-    exe = Path(os.path.realpath(sys.executable))
-    if all(os.stat(p).st_mode & 0o001 for p in [exe, *exe.parents]):
+    exe, link = Path(os.path.realpath(sys.executable)), Path(sys.executable)
+    if all(os.stat(p).st_mode & 0o001 for p in [exe, *exe.parents, *link.parents]):
         return sys.executable
     if os.access("/usr/bin/python3", os.X_OK):
         return "/usr/bin/python3"
@@ -66,8 +66,10 @@ def node_memlock_kib() -> int | None:
     (``slurm.memlock_kib``), so that the site check still tells 64 KiB apart."""
     import resource
 
-    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
-    return None if hard == resource.RLIM_INFINITY else hard // 1024
+    # slurmd keeps the limits of sim.up's process (soft and hard), and gives the tasks its soft one
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    have = [v for v in (soft, hard) if v != resource.RLIM_INFINITY]
+    return min(have) // 1024 if have else None
 
 
 def sim_root() -> Path:

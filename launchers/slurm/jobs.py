@@ -29,6 +29,7 @@ from llmdeploy.runner import FAILED, OK, HostResult, Runner, Step
 from . import commands as slurm
 from . import pyxis, reader, site
 from . import units as units_mod
+from .steps import AllocationError
 
 if TYPE_CHECKING:
     from .steps import SlurmSteps
@@ -127,14 +128,17 @@ class SlurmJobs:
         found += self._memlock(nodes)
         pair = nodes[:2]
         what = f"PMIx in the container ({len(pair)}-task world)"
-        imported = image()
-        if imported is None:
-            return found + [(what, f"no image recorded on {nodes[0].name}: run invoke prepare")]
         try:
+            imported = image()
+            if imported is None:
+                return found + [(what, f"no image recorded on {nodes[0].name}: run invoke prepare")]
             job = self.s.allocation(pair)
+            outside = self.s.outside(job, pair)
+            if outside:
+                return found + [(what, "; ".join(outside.values()))]
             o, e, code = self.s.login_exec(site.pmix_world_command(self.c, job, [self.c.slurm_name(n) for n in pair], imported), 300)
-        except UnreachableError as exc:
-            return found + [(what, str(exc))]
+        except (UnreachableError, AllocationError) as exc:
+            return found + [(what, f"not run: {exc}")]
         return found + [(what, site.pmix_world_problem(o + e, code, len(pair)))]
 
     def _memlock(self, nodes: list[Node]) -> list[tuple[str, str | None]]:
@@ -148,7 +152,8 @@ class SlurmJobs:
         by_problem: dict[str | None, list[str]] = {}
         for n in nodes:
             r = results.get(n.name)
-            by_problem.setdefault(("no answer" if r is None else r.msg) if r is None or r.failed else None, []).append(n.name)
+            # a node the step did not run on (skipped, unreachable) is no answer, never an ok
+            by_problem.setdefault(None if r is not None and r.status == OK else ("no answer" if r is None else r.msg or r.status), []).append(n.name)
         return [(f"memlock in a job step on {', '.join(names)}", problem) for problem, names in by_problem.items()]
 
     def preflight(self, plan: ReleasePlan) -> Failure:

@@ -124,6 +124,8 @@ def pmix_world_problem(out: str, code: int, tasks: int) -> str | None:
     if code == 0 and ranks == {(str(r), str(tasks)) for r in range(tasks)}:
         return None
     said = " ".join(line.strip() for line in out.strip().splitlines()[-4:])[-400:] or f"exit {code}"
+    if "no libmpi in the image" in out:
+        return f"the cluster's image has no MPI library (libmpi.so) for the {tasks}-task PMIx world: its ranks cannot MPI_Init ({said})"
     return (f"PMIx does not work inside the container: a {tasks}-task srun --mpi=pmix world in the cluster's image failed "
             f"({said}). enroot's 50-slurm-pmi.sh hook gives a container the step's PMIx server; make install leaves it in "
             "share/enroot/hooks.d: copy it into the nodes' enroot hooks.d (ENROOT_SYSCONF_PATH/hooks.d), and the image needs an MPI built with PMIx")

@@ -302,8 +302,18 @@ def writable_script(cluster) -> str:
              '  if [ "$d" = "$2" ] && [ ! -d "$d" ]; then echo "$1: $2 is not a folder"',
              '  elif [ ! -w "$d" ] || [ ! -x "$d" ]; then',
              '    if [ "$d" = "$2" ]; then echo "$1: $2 is not writable by $me"; else echo "$1: $2 cannot be made by $me ($d is not writable by them)"; fi',
-             '  fi; }']
-    lines += [f"llw {f} {shlex.quote(getattr(cluster, f))}" for f in WRITES]
+             '  fi; }',
+             # the folders on the way that are not root's are the user's own, and nobody else's to write: in a
+             # folder anyone can write (/var/tmp), another user could make the tool's folder first, and then
+             # change what the user's steps run
+             'llo() { d=$2; while [ "$d" != / ] && [ -n "$d" ]; do',
+             '  if [ -L "$d" ]; then echo "$1: $d is a symbolic link: the tool writes only in folders of the user it runs as"; return; fi',
+             '  if [ -e "$d" ]; then o=$(stat -c %u "$d"); [ "$o" = 0 ] && return',
+             '    if [ "$o" != "$(id -u)" ]; then u=$(stat -c %U "$d"); [ "$u" != UNKNOWN ] || u="uid $o"',
+             '      echo "$1: $d belongs to $u, not to $me: another user made it"; return; fi',
+             '    case $(stat -c %A "$d") in ????????w?) echo "$1: $d can be written by every user (mode $(stat -c %a "$d")): chmod o-w it";; esac',
+             '  fi; d=$(dirname "$d"); done; }']
+    lines += [f"llw {f} {shlex.quote(getattr(cluster, f))}; llo {f} {shlex.quote(getattr(cluster, f))}" for f in WRITES]
     return "\n".join(lines + ["true"]) + "\n"
 
 

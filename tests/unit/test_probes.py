@@ -30,7 +30,7 @@ def cluster():
 
 def test_prepare_inspects_with_the_probes_of_its_later_steps(cluster):
     assert PREPARE[0] == "facts.inspect"
-    assert list(facts.probes(PREPARE)) == ["model.check", "image.ensure", "commenv.render", "record.write"]
+    assert list(facts.probes(PREPARE)) == ["files.writable", "model.check", "image.ensure", "commenv.render", "record.write"]
     script = facts.inspect_build(cluster, cluster.nodes[1], PREPARE)
     # the command's stderr kept for progress lines (the sections send theirs to stdout), then the facts script
     head = keep_progress_fd()

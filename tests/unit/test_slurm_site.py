@@ -84,3 +84,8 @@ def test_the_pmix_world_is_read_by_its_ranks():
     p = site.pmix_world_problem(bad, 1, 2)
     assert p.startswith("PMIx does not work inside the container: a 2-task srun --mpi=pmix world in the cluster's image failed")
     assert "task 0: Exited with exit code 1" in p and "50-slurm-pmi.sh" in p and "hooks.d" in p
+
+
+def test_an_image_without_mpi_is_named_as_such():
+    p = site.pmix_world_problem("0: no libmpi in the image\nsrun: error: n0: task 0: Exited with exit code 1\n", 1, 2)
+    assert p.startswith("the cluster's image has no MPI library (libmpi.so)")

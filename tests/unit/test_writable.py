@@ -62,4 +62,23 @@ def test_each_folder_the_user_cannot_write_is_named_with_its_field(tmp_path):
 
 def test_a_path_with_shell_syntax_is_quoted():
     c = SimpleNamespace(base_dir="/var/lib/llm deploy", etc_dir="/etc/x", log_dir="/var/log/x")
-    assert "llw base_dir '/var/lib/llm deploy'\n" in files.writable_script(c)
+    assert "llw base_dir '/var/lib/llm deploy'; llo base_dir '/var/lib/llm deploy'\n" in files.writable_script(c)
+
+
+def test_a_folder_another_user_made_first_is_named(tmp_path):
+    """In a folder every user can write (/var/tmp), another user may make the tool's folder first: refused."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to make a folder of another user")
+    theirs = tmp_path / "llmdeploy-ops"
+    theirs.mkdir(mode=0o777)
+    os.chmod(theirs, 0o777)
+    os.chown(theirs, 2301, 2301)
+    res = _as_a_user(files.writable_script(_cluster(tmp_path, base_dir=str(theirs / "lib"), etc_dir=str(theirs / "etc"), log_dir=str(theirs / "log"))))
+    lines = res.stdout.splitlines()
+    assert len(lines) == 3 and all(f"{theirs} belongs to uid 2301, not to 2300: another user made it" in line for line in lines), lines
+    os.chown(theirs, 2300, 2300)
+    res = _as_a_user(files.writable_script(_cluster(tmp_path, base_dir=str(theirs / "lib"), etc_dir=str(theirs / "etc"), log_dir=str(theirs / "log"))))
+    assert res.stdout.splitlines() == [f"{f}: {theirs} can be written by every user (mode 777): chmod o-w it" for f in ("base_dir", "etc_dir", "log_dir")]
+    os.chmod(theirs, 0o700)
+    res = _as_a_user(files.writable_script(_cluster(tmp_path, base_dir=str(theirs / "lib"), etc_dir=str(theirs / "etc"), log_dir=str(theirs / "log"))))
+    assert res.stdout == ""
