@@ -60,7 +60,7 @@ def host_python() -> str:
 
 def node_memlock_kib() -> int | None:
     """The memlock (KiB) a simulated Slurm node's tasks can have: slurmd's,
-    which is this machine's hard limit (None: unlimited). A real GPU node
+    the lower of sim.up's soft and hard limits (None: unlimited). A real GPU node
     gives unlimited; where this machine cannot (8 MiB in a container
     without CAP_SYS_RESOURCE), the simulated inventories ask for what it gives
     (``slurm.memlock_kib``), so that the site check still tells 64 KiB apart."""

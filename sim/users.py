@@ -54,31 +54,32 @@ def _read(path: str) -> str:
     return text if text.endswith("\n") or not text else text + "\n"
 
 
+def _others(base: str) -> list[str]:
+    """The lines of an account file (passwd, group, shadow: ``name:...``) that are not the cluster's users'."""
+    return [line + "\n" for line in base.splitlines() if line.split(":", 1)[0] not in dict(USERS)]
+
+
 def passwd(base: str) -> str:
     """This machine's passwd (its system accounts) and the cluster's users."""
-    keep = [line for line in base.splitlines(keepends=True) if line.split(":", 1)[0] not in dict(USERS)]
-    return "".join(keep) + "".join(f"{u}:x:{uid}:{uid}:llmdeploy simulated operator:/home/{u}:/bin/bash\n" for u, uid in USERS)
+    return "".join(_others(base)) + "".join(f"{u}:x:{uid}:{uid}:llmdeploy simulated operator:/home/{u}:/bin/bash\n" for u, uid in USERS)
 
 
 def group(base: str) -> str:
     """This machine's groups, the users' own, and both users in ``docker`` (the hosts' dockerd gives its socket to it)."""
     out = []
-    for line in base.splitlines():
-        parts = line.split(":")
-        if parts[0] in dict(USERS):
-            continue
+    for line in _others(base):
+        parts = line.rstrip("\n").split(":")
         if parts[0] == "docker" and len(parts) == 4:
             members = [m for m in parts[3].split(",") if m and m not in dict(USERS)] + [u for u, _ in USERS]
-            line = ":".join(parts[:3] + [",".join(members)])
-        out.append(line + "\n")
+            line = ":".join(parts[:3] + [",".join(members)]) + "\n"
+        out.append(line)
     if not any(line.startswith("docker:") for line in out):
         out.append(f"docker:x:2399:{','.join(u for u, _ in USERS)}\n")
     return "".join(out) + "".join(f"{u}:x:{uid}:\n" for u, uid in USERS)
 
 
 def shadow(base: str) -> str:
-    keep = [line for line in base.splitlines(keepends=True) if line.split(":", 1)[0] not in dict(USERS)]
-    return "".join(keep) + "".join(f"{u}:*:20000:0:99999:7:::\n" for u, _ in USERS)
+    return "".join(_others(base)) + "".join(f"{u}:*:20000:0:99999:7:::\n" for u, _ in USERS)
 
 
 def sudoers() -> str:

@@ -41,9 +41,10 @@ def pmix_listed(out: str) -> bool:
 
 
 def listed(out: str) -> str:
-    """The plug-ins ``srun --mpi=list`` names, for a message."""
-    names = [w.split("/")[-1] for line in out.splitlines() for w in line.replace(":", " ").split()
-             if re.fullmatch(r"(mpi/)?[a-z][a-z0-9_]*", w) and w not in ("srun", "mpi", "types", "are", "plugin", "specific", "versions", "available")]
+    """The plug-ins ``srun --mpi=list`` names, for a message: its lines of one name each (after 22.05's
+    ``srun: `` and an ``mpi/``), not its headings."""
+    names = [m.group(1) for line in out.splitlines()
+             if (m := re.fullmatch(r"\s*(?:srun:\s*)?(?:mpi/)?([a-z][a-z0-9_]*)\s*", line))]
     return ", ".join(dict.fromkeys(names)) or "nothing"
 
 
