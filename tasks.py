@@ -32,8 +32,9 @@ def _flow(name: str):
     return importlib.import_module(f"flows.{name}")
 
 
-def load_cluster(name: str):
-    from llmdeploy.inventory import load_cluster as load
+def deployment(name: str):
+    """The inventory ``inventory/<name>.py`` bound to its plug-ins (``flows.binding``), once for the command."""
+    from flows.binding import load
 
     return load(name)
 
@@ -171,7 +172,7 @@ def deploy(c, cluster, check=False, json=False, skip_prepare=False, force=False,
 )
 def serving_logs(c, cluster, host=None, follow=False, since=None, tail=None, service=None):
     """Serving logs of every container of the cluster on each node, in start order; each line prefixed with its host (and service)."""
-    return _flow("serving_logs").serving_logs(load_cluster(cluster), host=host, follow=follow, since=since, tail=tail, service=service)
+    return _flow("serving_logs").serving_logs(deployment(cluster), host=host, follow=follow, since=since, tail=tail, service=service)
 
 
 @command(
@@ -204,7 +205,7 @@ def verify_comm(c, cluster, json=False, full=False, report=None):
 )
 def releases(c, cluster, json=False, events=False, wide=False):
     """The release ledger from node 0: every attempt of every release, was it ever good, the gate's verdict, current, the rollback target."""
-    return _flow("releases").releases(load_cluster(cluster), _console(json), json, events=events, wide=wide)
+    return _flow("releases").releases(deployment(cluster), _console(json), json, events=events, wide=wide)
 
 
 @command(
@@ -214,7 +215,7 @@ def releases(c, cluster, json=False, events=False, wide=False):
 )
 def rollback(c, cluster, to=None, json=False, message=None, lock_wait=0, gate=False):
     """Bring back a good release from its own files on every node, in the same order, under the deploy lock."""
-    return _flow("lifecycle").rollback(load_cluster(cluster), _console(json), to, message, float(lock_wait), json, gate)
+    return _flow("lifecycle").rollback(deployment(cluster), _console(json), to, message, float(lock_wait), json, gate)
 
 
 @command(
@@ -233,7 +234,7 @@ def bench(c, cluster, concurrency="1,4", requests=32, input_tokens=128, output_t
     from flows import bench as bench_flow
 
     load = bench_flow.load_from_flags(concurrency, requests, input_tokens, output_tokens, prompts, duration)
-    return bench_flow.bench(load_cluster(cluster), _console(json), load, json, direct)
+    return bench_flow.bench(deployment(cluster), _console(json), load, json, direct)
 
 
 @command(
@@ -249,7 +250,7 @@ def top(c, cluster, interval="2", once=False, json=False):
         secs = float(interval)
     except ValueError:
         raise LlmdeployError(f"--interval {interval!r}: not a number of seconds") from None
-    return top_flow.top(load_cluster(cluster), _console(json), secs, once, json)
+    return top_flow.top(deployment(cluster), _console(json), secs, once, json)
 
 
 @command(
@@ -258,13 +259,13 @@ def top(c, cluster, interval="2", once=False, json=False):
 )
 def status(c, cluster, diff=False, json=False, wide=False):
     """Per node: the current release's containers, start rank or MPI ranks, image, uptime; and the endpoint's /health (exit 1 unless serving)."""
-    return _flow("status").status(load_cluster(cluster), _console(json), diff, json, wide=wide)
+    return _flow("status").status(deployment(cluster), _console(json), diff, json, wide=wide)
 
 
 @command()
 def stop(c, cluster, message=None, lock_wait=0):
     """Stop serving in reverse start order (vLLM: workers, then node 0), logs kept; then the current release's clean-up (stale /dev/shm/moe_* files)."""
-    return _flow("lifecycle").stop(load_cluster(cluster), _console(False), message, float(lock_wait))
+    return _flow("lifecycle").stop(deployment(cluster), _console(False), message, float(lock_wait))
 
 
 @command(
@@ -274,13 +275,13 @@ def stop(c, cluster, message=None, lock_wait=0):
 )
 def restart(c, cluster, host=None, service=None, message=None, lock_wait=0):
     """Restart the current release (or one node's or one service's part of it) from its own files; wait until healthy."""
-    return _flow("lifecycle").restart(load_cluster(cluster), _console(False), host, message, float(lock_wait), service)
+    return _flow("lifecycle").restart(deployment(cluster), _console(False), host, message, float(lock_wait), service)
 
 
 @command(last="only the last N lines", json="print as JSON")
 def audit(c, cluster, last=None, json=False):
     """The audit log on node 0: prepares, deploys, rollbacks, stops, restarts, lock breaks."""
-    return _flow("releases").audit_log(load_cluster(cluster), _console(json), int(last) if last else None, json)
+    return _flow("releases").audit_log(deployment(cluster), _console(json), int(last) if last else None, json)
 
 
 @command()
@@ -292,13 +293,13 @@ def disconnect(c, cluster):
 @command(name="status")
 def lock_status(c, cluster):
     """Who holds the deploy lock, since when, running what (exit 1 while held)."""
-    return _flow("releases").lock_status(load_cluster(cluster), _console(False))
+    return _flow("releases").lock_status(deployment(cluster), _console(False))
 
 
 @command(name="break", reason="why the holder is gone (kept in the audit log)")
 def lock_break(c, cluster, reason=None):
     """Remove a deploy lock whose holder vanished; the break and its reason are audited."""
-    return _flow("releases").lock_break(load_cluster(cluster), _console(False), reason or "")
+    return _flow("releases").lock_break(deployment(cluster), _console(False), reason or "")
 
 
 @command(counting=False, cluster="simulated cluster to bring up (an inventory named sim-*)")
@@ -310,7 +311,7 @@ def sim_up(c, cluster="sim-a3"):
 def _sim_up(name: str) -> int:
     from sim import cluster as simc
 
-    cl = load_cluster(name)
+    cl = deployment(name).cluster
     if not cl.name.startswith("sim-"):
         raise LlmdeployError(f"{cl.name} is not a simulated cluster (its name must start with sim-)")
     simc.up(cl)
@@ -341,7 +342,7 @@ def sim_shape(c, cluster, mbit):
         rate = -1.0
     if not rate >= 0:
         raise LlmdeployError(f"--mbit {mbit}: a speed is 0 (unshaped) or more")
-    simc.shape(load_cluster(cluster), rate or None)
+    simc.shape(deployment(cluster).cluster, rate or None)
     return 0
 
 

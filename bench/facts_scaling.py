@@ -17,6 +17,7 @@ from rich.console import Console  # noqa: E402
 from flows.app import run_playbook  # noqa: E402
 from llmdeploy.inventory import load_cluster  # noqa: E402
 from sim import cluster as simc  # noqa: E402
+from flows.binding import bind
 
 
 def timed(cluster, limit, con, repeat=3):
@@ -24,7 +25,7 @@ def timed(cluster, limit, con, repeat=3):
     trips = None
     for _ in range(repeat):
         t0 = time.perf_counter()
-        recap, _, trips = run_playbook(cluster, "facts", limit, con, show_progress=False)
+        recap, _, trips = run_playbook(bind(cluster), "facts", limit, con, show_progress=False)
         dt = time.perf_counter() - t0
         assert not any(c["failed"] or c["unreachable"] for c in recap.values()), recap
         best = dt if best is None else min(best, dt)

@@ -31,6 +31,7 @@ from llmdeploy import report  # noqa: E402
 from llmdeploy.inventory import load_cluster  # noqa: E402
 from llmdeploy.runner import COUNTS  # noqa: E402
 from sim import cluster as simc  # noqa: E402
+from flows.binding import bind
 
 CLUSTER = "sim-a3"
 KINDS = ["commands", "transfers", "connections", "forwards"]
@@ -71,7 +72,7 @@ def main() -> int:
         for name, fn in ops:
             results[name] = summary(cluster, counted(fn))
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            lifecycle.stop(cluster, report.console(False), None, 0)
+            lifecycle.stop(bind(cluster), report.console(False), None, 0)
     finally:
         simc.down(CLUSTER, echo=lambda *_: None)
     print(f"{'operation':18} " + " ".join(f"{k + ' (node0/workers)':>26}" for k in KINDS))

@@ -96,13 +96,14 @@ def run_both(cluster, deploy: bool = True) -> dict:
     from rich.console import Console
 
     from flows import app, lifecycle, verify
+    from flows.binding import bind
     from flows.app import run_playbook
 
     out = io.StringIO()
     con = Console(file=out, width=200)
 
     def facts():
-        recap, _, _ = run_playbook(cluster, "facts", None, con, show_progress=False)
+        recap, _, _ = run_playbook(bind(cluster), "facts", None, con, show_progress=False)
         return 1 if any(c["failed"] or c["unreachable"] for c in recap.values()) else 0
 
     def quiet(fn):
@@ -112,11 +113,11 @@ def run_both(cluster, deploy: bool = True) -> dict:
                 return fn()
         return run
 
-    cmds = [("facts", facts), ("verify-comm", lambda: verify.run(cluster, con, json_out=False, full=False))]
+    cmds = [("facts", facts), ("verify-comm", lambda: verify.run(bind(cluster), con, json_out=False, full=False))]
     if deploy:
         cmds += [("prepare", quiet(lambda: app.prepare(cluster.name))),
                  ("deploy", quiet(lambda: app.deploy(cluster.name, skip_prepare=True, gate=False, rollback_on_failure=False))),
-                 ("stop", lambda: lifecycle.stop(cluster, con, None, 0))]
+                 ("stop", lambda: lifecycle.stop(bind(cluster), con, None, 0))]
     res = {}
     for cmd, fn in cmds:
         out.seek(0)

@@ -41,6 +41,7 @@ def main() -> int:
         for i, n in enumerate(sizes):
             Path(inv, f"sim_bench{n}.py").write_text(INVENTORY.format(n=n, octet=40 + i))
         from flows import verify
+        from flows.binding import bind
         from llmdeploy.inventory import load_cluster
         from sim import cluster as simc
 
@@ -51,7 +52,7 @@ def main() -> int:
             simc.up(c, echo=lambda *_: None)
             try:
                 t0 = time.perf_counter()
-                code = verify.run(c, con, json_out=False, full=False)
+                code = verify.run(bind(c), con, json_out=False, full=False)
                 dt = time.perf_counter() - t0
                 import json
 

@@ -12,8 +12,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from flows.plan import Context, load_playbook, resolve_step, select_nodes
+from flows.binding import load
 from llmdeploy import report
-from llmdeploy.inventory import Cluster, load_cluster
+from llmdeploy.deployment import Deployment
+from llmdeploy.inventory import Cluster
 from llmdeploy.runner import SKIPPED, Runner
 
 if TYPE_CHECKING:  # pragma: no cover - types only (flows.stage is imported where prepare stages or distributes)
@@ -21,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only (flows.stage is imported wher
 
 
 def run_playbook(
-    cluster: Cluster,
+    dep: Deployment,
     name: str,
     limit: str | None,
     con: Console,
@@ -33,12 +35,12 @@ def run_playbook(
     On a terminal a bar per step, and (``host_lines``) a row per host for the
     long commands (pull, load, checksums, wheels): how far each got."""
     plays = load_playbook(name)
-    targets = select_nodes(cluster, limit)
-    ctx = ctx or Context(cluster)
+    targets = select_nodes(dep.cluster, limit)
+    ctx = ctx or Context(dep)
     # the playbook's steps, for the probes facts.inspect runs on their behalf
     ctx.options.setdefault("steps", [ref for play in plays for ref in play.steps])
     with report.host_progress(con, len(targets), enabled=show_progress) as cb:
-        with Runner(cluster, nodes=targets, progress=cb, lines=cb.line if host_lines else None) as runner:
+        with dep.runner(nodes=targets, progress=cb, lines=cb.line if host_lines else None) as runner:
             for play in plays:
                 if not _run_play(runner, ctx, play, limit):
                     break
@@ -70,8 +72,9 @@ def _exit_status(recap: dict[str, dict[str, int]]) -> int:
 
 def facts(cluster_name: str, json_out: bool = False, limit: str | None = None, wide: bool = False) -> int:
     con = report.console(json_out)
-    cluster = load_cluster(cluster_name)
-    recap, results, trips = run_playbook(cluster, "facts", limit, con)
+    dep = load(cluster_name)
+    cluster = dep.cluster
+    recap, results, trips = run_playbook(dep, "facts", limit, con)
     per_host = results["facts"]
     status = _exit_status(recap)
     if json_out:
@@ -135,19 +138,20 @@ def prepare(
     if not check and not locked:
         return _prepare_locked(cluster_name, diff, limit, json_out, run_checks, message, lock_wait)
     con = report.console(json_out)
-    cluster = load_cluster(cluster_name)
-    ctx = Context(cluster, check=check, diff=diff)
+    dep = load(cluster_name)
+    cluster = dep.cluster
+    ctx = Context(dep, check=check, diff=diff)
     mode = " (check mode: nothing is changed)" if check else ""
     if not json_out:
         con.print(f"[bold]prepare {cluster.name}[/]: {len(select_nodes(cluster, limit))} nodes{mode}")
-    staged, failed = _stage_first(cluster, con, check, json_out, limit)
+    staged, failed = _stage_first(dep, con, check, json_out, limit)
     if failed:
         return 1
-    distributed, wheels_sent, failed = _distribute(cluster, con, json_out, limit) if not check else (None, None, False)
+    distributed, wheels_sent, failed = _distribute(dep, con, json_out, limit) if not check else (None, None, False)
     if failed:
         return 1
     # --json: no host rows (the step bars on a terminal's stderr, as before)
-    recap, results, trips = run_playbook(cluster, "prepare", limit, con, ctx=ctx, host_lines=not json_out)
+    recap, results, trips = run_playbook(dep, "prepare", limit, con, ctx=ctx, host_lines=not json_out)
     status = _exit_status(recap)
     _prepare_report(con, cluster, check, diff, json_out, recap, results, trips, status,
                     stage=staged.as_json(cluster.stage.link_mbit) if staged else None,
@@ -157,19 +161,20 @@ def prepare(
 
         if not json_out:
             con.print("[bold]node acceptance tests[/] (invoke check)")
-        status = node_check.run(cluster, limit=limit, con=con, quiet=json_out)
+        status = node_check.run(dep, limit=limit, con=con, quiet=json_out)
     return status
 
 
-def _stage_first(cluster: Cluster, con: Console, check: bool, json_out: bool, limit: str | None) -> tuple[Outcome | None, bool]:
+def _stage_first(dep: Deployment, con: Console, check: bool, json_out: bool, limit: str | None) -> tuple[Outcome | None, bool]:
     """prepare's first part where the model is staged (invoke stage): what is
     missing, resumed and verified, so that the model check then passes.
     (the stage's outcome or None, whether it failed and prepare stops)."""
+    cluster = dep.cluster
     if not cluster.model.stage_from:
         return None, False
     from flows import stage as stage_flow
 
-    staged = stage_flow.run(cluster, con, check=check, quiet=json_out, limit=limit)
+    staged = stage_flow.run(dep, con, check=check, quiet=json_out, limit=limit)
     if not json_out:
         stage_flow.show(con, cluster, staged, False)
     if staged.ok or check:
@@ -182,19 +187,19 @@ def _stage_first(cluster: Cluster, con: Console, check: bool, json_out: bool, li
     return staged, True
 
 
-def _distribute(cluster: Cluster, con: Console, json_out: bool, limit: str | None) -> tuple[ImageOutcome | None, ImageOutcome | None, bool]:
+def _distribute(dep: Deployment, con: Console, json_out: bool, limit: str | None) -> tuple[ImageOutcome | None, ImageOutcome | None, bool]:
     """The image (one pull or load, then down the nodes' chain; the image step
     then compares IDs) and the image with the pinned wheels (one pip install
     for the cluster, then down the same chain). (what each sent, whether a
     node lacks one and prepare stops)."""
     from flows import stage as stage_flow
 
-    distributed = None
+    cluster, distributed = dep.cluster, None
     if cluster.image.distribute:
-        distributed = stage_flow.distribute_image(cluster, con, quiet=json_out, limit=limit)
+        distributed = stage_flow.distribute_image(dep, con, quiet=json_out, limit=limit)
         if _not_everywhere(con, cluster, json_out, "image", cluster.image.ref, distributed):
             return distributed, None, True
-    wheels_sent = stage_flow.distribute_wheels(cluster, con, quiet=json_out, limit=limit)
+    wheels_sent = stage_flow.distribute_wheels(dep, con, quiet=json_out, limit=limit)
     if wheels_sent is not None and _not_everywhere(con, cluster, json_out, "wheels", wheels_sent.ref or "", wheels_sent):
         return distributed, wheels_sent, True
     return distributed, wheels_sent, False
@@ -207,9 +212,10 @@ def _prepare_locked(cluster_name: str, diff: bool, limit: str | None, json_out: 
 
     from llmdeploy import lock
 
-    cluster = load_cluster(cluster_name)
+    dep = load(cluster_name)
+    cluster = dep.cluster
     with contextlib.ExitStack() as stack:
-        runner = stack.enter_context(Runner(cluster, nodes=[cluster.node0]))
+        runner = stack.enter_context(dep.runner(nodes=[cluster.node0]))
         holder = stack.enter_context(lock.held(runner, cluster, "prepare", message, lock_wait))
         try:
             status = prepare(cluster_name, False, diff, limit, json_out, run_checks, locked=True)
@@ -273,8 +279,7 @@ def _prepare_report(con, cluster: Cluster, check: bool, diff: bool, json_out: bo
 def check(cluster_name: str, limit: str | None = None, select: str | None = None) -> int:
     from flows import check as node_check
 
-    cluster = load_cluster(cluster_name)
-    return node_check.run(cluster, limit=limit, select=select)
+    return node_check.run(load(cluster_name), limit=limit, select=select)
 
 
 def deploy(
@@ -290,21 +295,21 @@ def deploy(
 ) -> int:
     """Prepare (unless skipped), then start serving as a new release, under the
     deploy lock; see flows.deploy."""
-    from flows import deploy as dep
+    from flows import deploy as deploy_flow
 
     con = report.console(json_out)
-    cluster = load_cluster(cluster_name)
+    dep = load(cluster_name)
 
     def prepare_fn(name: str, quiet: bool) -> int:
         # the deploy holds the lock
         return _prepare_quiet(name) if quiet else prepare(name, run_checks=False, locked=True)
 
-    def rollback_fn(cluster, runner, con, message, json_out) -> int:
+    def rollback_fn(dep, runner, con, message, json_out) -> int:
         from flows import lifecycle
 
-        return lifecycle.rollback_locked(cluster, runner, con, None, message, json_out)
+        return lifecycle.rollback_locked(dep, runner, con, None, message, json_out)
 
-    return dep.deploy(cluster, con, check, json_out, skip_prepare, force, message, lock_wait, rollback_on_failure, prepare_fn, rollback_fn, gate)
+    return deploy_flow.deploy(dep, con, check, json_out, skip_prepare, force, message, lock_wait, rollback_on_failure, prepare_fn, rollback_fn, gate)
 
 
 def _prepare_quiet(cluster_name: str) -> int:
@@ -319,7 +324,7 @@ def disconnect(cluster_name: str) -> int:
     """End the cluster's connection holders (ssh.persist_s; llmdeploy/mux.py)."""
     from llmdeploy import mux
 
-    cluster = load_cluster(cluster_name)
+    cluster = load(cluster_name).cluster
     n = mux.stop(cluster.name)
     print(f"{cluster.name}: {n} connection holder{'s' if n != 1 else ''} ended" if n else f"{cluster.name}: no connection holder runs")
     return 0
@@ -328,5 +333,4 @@ def disconnect(cluster_name: str) -> int:
 def verify_comm(cluster_name: str, json_out: bool = False, full: bool = False, report_dir: str | None = None) -> int:
     from flows import verify
 
-    cluster = load_cluster(cluster_name)
-    return verify.run(cluster, report.console(json_out), json_out, full, report_dir)
+    return verify.run(load(cluster_name), report.console(json_out), json_out, full, report_dir)

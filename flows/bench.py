@@ -27,6 +27,7 @@ from flows.probes import direct_sender, ssh_sender
 from flows.releases import read_ledger, serving_plan
 from llmdeploy import gate as judge, loadgen, report
 from llmdeploy.errors import LlmdeployError
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster
 from llmdeploy.release import who
 from llmdeploy.releaseplan import Probe, ReleasePlan
@@ -93,9 +94,10 @@ def print_errors(con: Console, levels: list[dict]) -> None:
             con.print(f"  [red]concurrency {lv['concurrency']}: {n} failed[/]: {escape(reason)}", soft_wrap=True)
 
 
-def bench(cluster: Cluster, con: Console, load: loadgen.Load, json_out: bool, direct: bool) -> int:
+def bench(dep: Deployment, con: Console, load: loadgen.Load, json_out: bool, direct: bool) -> int:
     """``invoke bench``: exit 0 when every request succeeded, 1 when any failed."""
-    with Runner(cluster) as runner:
+    cluster = dep.cluster
+    with dep.runner() as runner:
         plan, why = serving_plan(runner, cluster)
         if plan is None:
             raise LlmdeployError(f"{cluster.name}: nothing to benchmark: {why}")

@@ -43,7 +43,8 @@ from rich.markup import escape
 from flows.checkhost import CLUSTER_ENV
 from flows.checkhost import SCHEME as RUNNER
 from flows.plan import select_nodes
-from llmdeploy import interrupt, launcher, report
+from llmdeploy import interrupt, report
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.errors import UnreachableError
 from llmdeploy.runner import Runner
@@ -57,10 +58,10 @@ SSH = "ssh"
 MAX_WORKERS = 8
 
 
-def scheme(cluster: Cluster) -> str:
-    """The testinfra connection check uses on ``cluster``: ``ssh`` when its
+def scheme(dep: Deployment) -> str:
+    """The testinfra connection check uses on the cluster: ``ssh`` when its
     launcher lets an SSH client of its own log in to the nodes, else the tool's runner."""
-    return SSH if launcher.of(cluster).outside_ssh(cluster) else RUNNER
+    return SSH if dep.launcher.outside_ssh(dep.cluster) else RUNNER
 
 
 def _user_ssh_config(cluster: Cluster) -> paramiko.SSHConfig:
@@ -102,9 +103,9 @@ def ssh_config_text(cluster: Cluster, nodes: list[Node], control_dir: str) -> st
     return "\n\n".join(blocks) + "\n"
 
 
-def pytest_command(cluster: Cluster, nodes: list[Node], junit: str, ssh_config: str | None = None, select: str | None = None) -> list[str]:
+def pytest_command(dep: Deployment, nodes: list[Node], junit: str, ssh_config: str | None = None, select: str | None = None) -> list[str]:
     """pytest over ``nodes`` with the cluster's connection (``scheme``); ``ssh_config``: the one ``ssh_config_text`` wrote, for ``ssh``."""
-    connection = scheme(cluster)
+    connection = scheme(dep)
     cmd = [
         sys.executable, "-m", "pytest", str(NODE_TESTS),
         "-p", "no:cacheprovider", "-q", "--tb=line", "--no-header",
@@ -147,14 +148,14 @@ def parse_junit(path: str, hosts: list[str], connection: str = SSH) -> dict[str,
     return out
 
 
-def run(cluster: Cluster, limit: str | None = None, con: Console | None = None, quiet: bool = False, select: str | None = None) -> int:
+def run(dep: Deployment, limit: str | None = None, con: Console | None = None, quiet: bool = False, select: str | None = None) -> int:
     """Run the node tests; print pytest's summary per host; 0 only when all passed."""
     con = con or report.console()
-    nodes = select_nodes(cluster, limit)
+    nodes = select_nodes(dep.cluster, limit)
     # what the cluster's launcher holds on the nodes while the tests run (an allocation, say), handed to pytest's processes
     try:
-        with launcher.of(cluster).handoff(cluster, nodes) as handed:
-            return _run(cluster, nodes, con, quiet, select, handed)
+        with dep.launcher.handoff(dep.cluster, nodes) as handed:
+            return _run(dep, nodes, con, quiet, select, handed)
     except UnreachableError as exc:
         con.print(f"[bold red]check failed to run[/]: {escape(str(exc))}")
         return 1
@@ -179,13 +180,15 @@ def run_pytest(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProc
                 raise
 
 
-def _pytest(cluster: Cluster, nodes: list[Node], tmp: str, junit: str, select: str | None, env: dict[str, str]) -> subprocess.CompletedProcess:
+def _pytest(dep: Deployment, nodes: list[Node], tmp: str, junit: str, select: str | None, env: dict[str, str]) -> subprocess.CompletedProcess:
     """pytest in a subprocess, over the ssh_config written into ``tmp`` (its
     master connections closed after it) or through the runner."""
-    def pytest(ssh_config: str | None = None) -> subprocess.CompletedProcess:
-        return run_pytest(pytest_command(cluster, nodes, junit, ssh_config, select), env)
+    cluster = dep.cluster
 
-    if scheme(cluster) != SSH:
+    def pytest(ssh_config: str | None = None) -> subprocess.CompletedProcess:
+        return run_pytest(pytest_command(dep, nodes, junit, ssh_config, select), env)
+
+    if scheme(dep) != SSH:
         return pytest()
     control = os.path.join(tmp, "cm")
     os.mkdir(control, 0o700)
@@ -199,15 +202,16 @@ def _pytest(cluster: Cluster, nodes: list[Node], tmp: str, junit: str, select: s
             subprocess.run(["ssh", "-F", cfg, "-O", "exit", n.name], capture_output=True, stdin=subprocess.DEVNULL)
 
 
-def _run(cluster: Cluster, nodes: list[Node], con: Console, quiet: bool, select: str | None, handed: dict[str, str]) -> int:
+def _run(dep: Deployment, nodes: list[Node], con: Console, quiet: bool, select: str | None, handed: dict[str, str]) -> int:
+    cluster = dep.cluster
     with tempfile.TemporaryDirectory(prefix="llmdeploy-check-") as tmp:
         junit = os.path.join(tmp, "junit.xml")
         env = dict(os.environ, **handed, **{CLUSTER_ENV: cluster.name, "PYTHONPATH": str(REPO)})
-        proc = _pytest(cluster, nodes, tmp, junit, select, env)
+        proc = _pytest(dep, nodes, tmp, junit, select, env)
         if not os.path.exists(junit):
             con.print(f"[bold red]check failed to run[/] (pytest exit {proc.returncode}):\n{escape(proc.stdout[-2000:])}{escape(proc.stderr[-2000:])}")
             return 1
-        per_host = parse_junit(junit, [n.name for n in nodes], scheme(cluster))
+        per_host = parse_junit(junit, [n.name for n in nodes], scheme(dep))
     failed_any = proc.returncode != 0
     if not quiet:
         rows = []
@@ -221,7 +225,7 @@ def _run(cluster: Cluster, nodes: list[Node], con: Console, quiet: bool, select:
             con.print(escape(last[-1]))
     if any(not r["passed"] and not r["failed"] for r in per_host.values()):
         failed_any = True
-    failed_any = not site(cluster, nodes, con, quiet) or failed_any
+    failed_any = not site(dep, nodes, con, quiet) or failed_any
     return 1 if failed_any or any(r["failed"] for r in per_host.values()) else 0
 
 
@@ -239,12 +243,13 @@ def _serving_image(cluster: Cluster, runner: Runner, node: Node) -> str | None:
     return ref if isinstance(ref, str) and ref else None
 
 
-def site(cluster: Cluster, nodes: list[Node], con: Console, quiet: bool) -> bool:
+def site(dep: Deployment, nodes: list[Node], con: Console, quiet: bool) -> bool:
     """What the cluster's launcher asks of its site (``Launcher.site_checks``:
     a Slurm site's PMIx, memlock), a line each; True when nothing failed."""
+    cluster = dep.cluster
     # not through a connection holder: a launcher without site checks sends nothing at all
-    with Runner(cluster, nodes=nodes, persist=False) as runner:
-        units = launcher.of(cluster).launcher(cluster, runner, lambda _: None)
+    with dep.runner(nodes=nodes, persist=False) as runner:
+        units = dep.units(runner, lambda _: None)
         try:
             # the image is read from the node only when the launcher asks for it
             found = units.site_checks(nodes, lambda: _serving_image(cluster, runner, nodes[0]) if nodes else None)

@@ -29,7 +29,7 @@ import testinfra.backend
 from testinfra.backend import base
 
 from llmdeploy.errors import UnreachableError
-from llmdeploy.inventory import load_cluster
+from flows.binding import load
 from llmdeploy.runner import Runner
 
 # the scheme of testinfra's host specs (``runner://<node name>``) and the pytest ids (``test_x[runner://<node>]``)
@@ -57,7 +57,7 @@ def runner_of(cluster_name: str) -> Runner:
     with _LOCK:
         r = _RUNNERS.get(cluster_name)
         if r is None:
-            r = _RUNNERS[cluster_name] = Runner(load_cluster(cluster_name))
+            r = _RUNNERS[cluster_name] = load(cluster_name).runner()
         return r
 
 

@@ -11,18 +11,20 @@ from rich.console import Console
 from rich.markup import escape
 
 from flows import app, status, verify
-from flows import deploy as dep
+from flows import deploy as deploy_flow
+from flows.binding import load
 from flows.probes import chat_message, fetch, split_think
 from flows.releases import current_plan
 from llmdeploy.errors import LlmdeployError
-from llmdeploy.inventory import Cluster, load_cluster
-from llmdeploy.runner import Runner, Step
+from llmdeploy.deployment import Deployment
+from llmdeploy.runner import Step
 from roles.status import current_script, parse_status
 
 
-def _answer(cluster: Cluster, con: Console) -> None:
+def _answer(dep: Deployment, con: Console) -> None:
     """The chat readiness probe of the release now current (its plan.json on the nodes), asked once, with its answer shown."""
-    with Runner(cluster) as runner:
+    cluster = dep.cluster
+    with dep.runner() as runner:
         res = runner.run(Step(name="read current release", build=lambda n: current_script(cluster)))
         plan = current_plan(cluster, {h: (parse_status(r.stdout) if not r.failed else None) for h, r in res.items()})
         chat = next((p for p in (plan.ready if plan else []) if p.method == "POST" and p.body and p.body.get("messages")), None)
@@ -45,12 +47,12 @@ def demo(cluster_name: str, bring_up: Callable[[], int], take_down: str) -> int:
     """``bring_up()`` makes the cluster (its exit status); ``take_down``: the
     command that removes it again, said when the demo stops early."""
     con = Console()
-    cluster = load_cluster(cluster_name)
+    dep = load(cluster_name)
     steps = [
         ("sim.up", bring_up),
         ("prepare", lambda: app.prepare(cluster_name, run_checks=True)),
-        ("verify-comm", lambda: verify.run(cluster, con, False, False)),
-        ("deploy", lambda: dep.deploy(cluster, con, False, False, True, False, "demo", 0, False,
+        ("verify-comm", lambda: verify.run(dep, con, False, False)),
+        ("deploy", lambda: deploy_flow.deploy(dep, con, False, False, True, False, "demo", 0, False,
                                       lambda name, quiet: 0, lambda *a: 1)),
     ]
     for name, fn in steps:
@@ -60,9 +62,9 @@ def demo(cluster_name: str, bring_up: Callable[[], int], take_down: str) -> int:
             con.print(f"[bold red]the demo stopped at {name}[/] (exit {code}); the cluster is still up: {take_down}")
             return code
     con.rule("[bold]the model's answer")
-    _answer(cluster, con)
+    _answer(dep, con)
     con.rule(f"[bold]invoke status --cluster {cluster_name}")
-    code = status.status(cluster, con, False, False)
+    code = status.status(dep, con, False, False)
     con.print("\nnext steps:")
     for line in (f"invoke releases --cluster {cluster_name}", f"invoke rollback --cluster {cluster_name}    # after a second deploy",
                  f"invoke stop --cluster {cluster_name}", take_down):

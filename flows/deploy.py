@@ -33,7 +33,8 @@ import systems
 from flows import bench, verify
 from flows.releases import serving_plan
 from flows.engine import Engine, Outcome, unit_key
-from llmdeploy import interrupt, launcher, lock, report
+from llmdeploy import interrupt, lock, report
+from llmdeploy.deployment import Deployment
 from llmdeploy.errors import LlmdeployError, UnreachableError, mask
 from llmdeploy.inventory import Cluster
 from llmdeploy.release import (
@@ -50,7 +51,6 @@ from llmdeploy.release import (
 from llmdeploy.releaseplan import ReleasePlan
 from llmdeploy.runner import SKIPPED, Runner, Step
 from llmdeploy.serving import ReleaseFile
-from roles import runtime
 
 DRAFT_ID = "00000000T000000Z-00000000"
 # a part of the placeholder that no release id has (its date): left after the id is set, a system derived something from it
@@ -59,12 +59,13 @@ _DRAFT_PART = DRAFT_ID.split("-")[0]
 _SELF_NAMING = ("release.json", "plan.json")
 
 
-def plan_release(cluster: Cluster, prepared: dict[str, dict | None], image_key: str, image_id: str | None = None) -> tuple[str, str, ReleasePlan]:
+def plan_release(dep: Deployment, prepared: dict[str, dict | None], image_key: str, image_id: str | None = None) -> tuple[str, str, ReleasePlan]:
     """(release id, content hash, plan): the id is the time plus a hash of
     what every node runs and of the image (``image_key``). The plan is built
     once, with a placeholder id that the hash covers, then given its id.
     Pure."""
-    draft = systems.build(cluster, prepared, DRAFT_ID, image_id)
+    cluster = dep.cluster
+    draft = systems.build(dep, prepared, DRAFT_ID, image_id)
     parts = [image_key] + [
         f"{host}/{name}\0{content}" for host in sorted(draft.files) for name, (content, _) in sorted(draft.files[host].items()) if name not in _SELF_NAMING
     ]
@@ -88,7 +89,8 @@ def plan_release(cluster: Cluster, prepared: dict[str, dict | None], image_key: 
     return rid, chash, plan
 
 
-def check_doc(cluster: Cluster, plan: ReleasePlan, chash: str, secrets: list[str]) -> dict:
+def check_doc(dep: Deployment, plan: ReleasePlan, chash: str, secrets: list[str]) -> dict:
+    cluster = dep.cluster
     doc: dict[str, Any] = {"cluster": cluster.name, "system": plan.system, "release": plan.release, "config_hash": chash[:16]}
     doc.update(systems.check_doc(cluster, plan, secrets))
     doc["services"] = [
@@ -101,8 +103,8 @@ def check_doc(cluster: Cluster, plan: ReleasePlan, chash: str, secrets: list[str
     doc["ready"] = [f"{d} ({p.name})" if said.count(d) > 1 else d for d, p in zip(said, plan.ready)]
     # how the cluster's launcher starts them (Slurm: each step's srun line), beside each unit's own command
     rd = release_dir(cluster, plan.release)
-    rt = runtime.of(cluster)
-    steps = launcher.of(cluster).start_lines(cluster, plan, lambda u: rt.start_script(rd, u.container, u.run_file, 1) or "")
+    rt = dep.runtime
+    steps = dep.launcher.start_lines(cluster, plan, lambda u: rt.start_script(rd, u.container, u.run_file, 1) or "")
     if steps:
         doc["launch_steps"] = [{"what": what, "command": mask(line, secrets)} for what, line in steps]
     return doc
@@ -189,38 +191,39 @@ def finish(runner: Runner, cluster: Cluster, plan: ReleasePlan, out: Outcome, im
     out.ok = True
 
 
-def engine_for(cluster: Cluster, runner: Runner, con: Console, quiet: bool, plan: ReleasePlan) -> Engine:
+def engine_for(dep: Deployment, runner: Runner, con: Console, quiet: bool, plan: ReleasePlan) -> Engine:
     """The engine for one release: it reads exits with the failure signatures its plan carries."""
-    return Engine(cluster, runner, con, quiet=quiet, signatures=plan.signatures)
+    return Engine(dep, runner, con, quiet=quiet, signatures=plan.signatures)
 
 
-def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_prepare: bool, force: bool, message: str | None,
+def deploy(dep: Deployment, con: Console, check: bool, json_out: bool, skip_prepare: bool, force: bool, message: str | None,
            lock_wait: float, rollback_on_failure: bool, prepare_fn, rollback_fn, gate: bool = True) -> int:
-    """``prepare_fn(name, quiet)`` runs prepare; ``rollback_fn(cluster, runner,
+    """``prepare_fn(name, quiet)`` runs prepare; ``rollback_fn(dep, runner,
     con, message, json_out)`` brings back the last good release under the lock
     held here. ``gate``: run the quality gate after readiness (when the
-    inventory's ``deploy.gate.enabled``)."""
+    inventory's ``deploy.gate.enabled``). The binding (``dep``) refused a
+    profile no serving system of this tool starts before any node was touched."""
+    cluster = dep.cluster
     secrets = list(cluster.secret_values().values())
-    systems.module_for(cluster.profile.kind)  # refuses unsupported profiles before touching a node
     # the plan needs no node (prepare's records only repeat what the inventory
     # decides): what it refuses, an unusable EPLB map say, is refused before any connection
     try:
-        _, chash, plan = plan_release(cluster, {}, cluster.image.ref)
+        _, chash, plan = plan_release(dep, {}, cluster.image.ref)
     except (ValueError, KeyError, TypeError) as exc:
         # a value the schema let through but a builder cannot use: say which, touch nothing
         raise LlmdeployError(f"{cluster.name}: cannot build the release plan ({type(exc).__name__}: {exc}); nothing was read or changed on any node") from None
     if check:
-        doc = check_doc(cluster, plan, chash, secrets)
+        doc = check_doc(dep, plan, chash, secrets)
         if json_out:
             report.emit_json(doc)
         else:
             print_check(con, doc, plan.show_labels)
         return 0
-    with Runner(cluster) as runner:
+    with dep.runner() as runner:
         with lock.held(runner, cluster, "deploy", message, lock_wait):
             where: dict[str, Any] = {"phase": "before anything was stopped", "gate": gate and cluster.deploy.gate.enabled, "rollback": rollback_on_failure}
             try:
-                status, rid = _deploy_locked(cluster, runner, con, json_out, skip_prepare, secrets, force, prepare_fn, where)
+                status, rid = _deploy_locked(dep, runner, con, json_out, skip_prepare, secrets, force, prepare_fn, where)
             except KeyboardInterrupt:
                 with report.shielded():
                     lock.audit(runner, cluster, "deploy", "interrupted", where.get("release"), phase=where["phase"])
@@ -239,13 +242,13 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
                     return status
                 con.print("[bold]bringing back the last good release[/] (deploy --no-rollback leaves the failed state for debugging)")
                 try:
-                    back = rollback_fn(cluster, runner, con, message, json_out)
+                    back = rollback_fn(dep, runner, con, message, json_out)
                 except (LlmdeployError, UnreachableError) as exc:
                     con.print(f"[bold red]no rollback[/]: {escape(str(exc))}")
                     back = None
                 if back != 0 and where.get("gated"):
                     # a gate never makes an outage worse: the slower release serves again
-                    return _serve_again(cluster, runner, con, json_out, where["gated"], where["image_id"], where["config_hash"],
+                    return _serve_again(dep, runner, con, json_out, where["gated"], where["image_id"], where["config_hash"],
                                         "the last good release could not come back", secrets)
                 if back is None:
                     con.print("the cluster is stopped")
@@ -255,20 +258,21 @@ def deploy(cluster: Cluster, con: Console, check: bool, json_out: bool, skip_pre
             return status
 
 
-def platform_refusal(runner: Runner, cluster: Cluster) -> str | None:
+def platform_refusal(runner: Runner, dep: Deployment) -> str | None:
     """Every node's facts, one round trip each: why nothing may start (a node
     that is not what its platform declares, roles.facts.platform_mismatch), or None."""
     from roles import facts
 
-    return facts.refusal(cluster, runner.run(facts.gather_step(cluster)))
+    return facts.refusal(dep.cluster, runner.run(facts.gather_step(dep)))
 
 
-def _ready_to_deploy(cluster: Cluster, runner: Runner, con: Console, json_out: bool, skip_prepare: bool, force: bool,
+def _ready_to_deploy(dep: Deployment, runner: Runner, con: Console, json_out: bool, skip_prepare: bool, force: bool,
                      prepare_fn) -> tuple[int, dict[str, Any], str]:
     """What a deploy checks before it writes anything: the last communication
     check (kept on node 0), prepare (or, without it, the platform's refusal
     of a node), and the nodes' prepare records, which must name one image.
     (prepare's status, non-zero when it failed; the records; the image ID)."""
+    cluster = dep.cluster
     out, _, _ = runner.exec(cluster.node0, verify.last_report_script(cluster))
     go, said = verify.gate(cluster, out, force)
     if not go:
@@ -277,7 +281,7 @@ def _ready_to_deploy(cluster: Cluster, runner: Runner, con: Console, json_out: b
 
     if skip_prepare:
         # prepare refuses a node that is not what its platform declares; without prepare, deploy reads the facts itself
-        refused = platform_refusal(runner, cluster)
+        refused = platform_refusal(runner, dep)
         if refused:
             raise LlmdeployError(f"deploy refused: {refused}")
     else:
@@ -296,19 +300,20 @@ def _ready_to_deploy(cluster: Cluster, runner: Runner, con: Console, json_out: b
     return 0, prepared, image_ids.pop()
 
 
-def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: bool, skip_prepare: bool, secrets: list[str], force: bool,
+def _deploy_locked(dep: Deployment, runner: Runner, con: Console, json_out: bool, skip_prepare: bool, secrets: list[str], force: bool,
                    prepare_fn, where: dict) -> tuple[int, str | None]:
     """The deploy under the lock; ``where["phase"]`` says how far it got (for an interruption or a failure)."""
-    status, prepared, image_id = _ready_to_deploy(cluster, runner, con, json_out, skip_prepare, force, prepare_fn)
+    cluster = dep.cluster
+    status, prepared, image_id = _ready_to_deploy(dep, runner, con, json_out, skip_prepare, force, prepare_fn)
     if status:
         return status, None
-    rid, chash, plan = plan_release(cluster, prepared, image_id, image_id)
+    rid, chash, plan = plan_release(dep, prepared, image_id, image_id)
     where.update(release=rid, image_id=image_id, config_hash=chash[:16])
     con.print(f"[bold]deploy {cluster.name}[/]: release {rid} ({plan.system}: {' -> '.join(s.name for s in plan.services)})")
     previous, why = serving_plan(runner, cluster)
     if previous is None and why != "no current release":
         con.print(f"[yellow]the serving release cannot be drained: {escape(why)}[/]", soft_wrap=True)
-    eng = engine_for(cluster, runner, con, json_out, plan)
+    eng = engine_for(dep, runner, con, json_out, plan)
     t0 = time.monotonic()
     outcome = Outcome(ok=False, release=rid)
     try:
@@ -335,7 +340,7 @@ def _deploy_locked(cluster: Cluster, runner: Runner, con: Console, json_out: boo
                 stop_interrupted(eng, "stopping the new release's containers", lambda: eng.stop(None, "stop", cleanup=plan.stop_cleanup))
             last_ledger_line(runner, cluster, ledger_record(cluster, rid, "failed", image_id, chash[:16], reason="interrupted"))
         raise
-    if where.get("gated") and (keep := _cannot_return(runner, cluster, rid, where)):
+    if where.get("gated") and (keep := _cannot_return(runner, dep, rid, where)):
         where["kept"] = keep
         return keep_serving(cluster, runner, con, eng, plan, outcome, image_id, chash[:16], secrets, json_out, keep), rid
     return report_outcome(cluster, runner, con, eng, plan, outcome, image_id, chash[:16], secrets, json_out, time.monotonic() - t0,
@@ -370,19 +375,20 @@ def gate_passes(runner: Runner, cluster: Cluster, con: Console, plan: ReleasePla
     return False
 
 
-def _cannot_return(runner: Runner, cluster: Cluster, rid: str, where: dict) -> str | None:
+def _cannot_return(runner: Runner, dep: Deployment, rid: str, where: dict) -> str | None:
     """Why the release that failed the gate must keep serving (None: the last
     good one can come back): ``--no-rollback``, no release to return to, or
     one that some node no longer has whole. Checked before anything is stopped."""
     from flows.releases import plan_of, read_ledger, read_release
     from llmdeploy.release import rollback_target
 
+    cluster = dep.cluster
     if not where.get("rollback", True):
         return "--no-rollback"
     try:
         records, current = read_ledger(runner, cluster)
         target = rollback_target(records + [{"release": rid, "result": "failed"}], current, None)
-        on = read_release(runner, cluster, target, "check the rollback target")
+        on = read_release(runner, dep, target, "check the rollback target")
         problems = {**on.missing, **on.unreadable}
         if problems:
             h, p = next(iter(problems.items()))
@@ -421,15 +427,16 @@ def keep_serving(cluster: Cluster, runner: Runner, con: Console, eng: Engine, pl
     return 1
 
 
-def _serve_again(cluster: Cluster, runner: Runner, con: Console, json_out: bool, plan: ReleasePlan, image_id, config_hash: str, why: str,
+def _serve_again(dep: Deployment, runner: Runner, con: Console, json_out: bool, plan: ReleasePlan, image_id, config_hash: str, why: str,
                  secrets: list[str]) -> int:
     """The release that failed the gate, started again after the last good one could not come back."""
     from flows.releases import read_release
 
+    cluster = dep.cluster
     con.print(f"[bold]{escape(why)}: starting release {plan.release} again[/] (it failed the quality gate, but served)")
-    eng = engine_for(cluster, runner, con, json_out, plan)
+    eng = engine_for(dep, runner, con, json_out, plan)
     # its attempt numbers continue the release's (the logs of earlier attempts are kept under their own numbers)
-    on = read_release(runner, cluster, plan.release, "read release")
+    on = read_release(runner, dep, plan.release, "read release")
     out = Outcome(ok=False, release=plan.release, reason="it failed the quality gate", where=plan.entry_host,
                   earlier={unit_key(u): on.attempts.get(unit_key(u), 1) for u in plan.units()})
     if not eng.start(plan, out):

@@ -30,14 +30,14 @@ from rich.markup import escape
 
 from flows.probes import UNREADABLE, BodyProblem, fetch, http_probe, inflight
 from flows.reads import standing, watch_read
-from llmdeploy import interrupt, launcher, logs, report
+from llmdeploy import interrupt, logs, report
+from llmdeploy.deployment import Deployment
 from llmdeploy.errors import UnreachableError
-from llmdeploy.inventory import Cluster, Node
+from llmdeploy.inventory import Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Metrics, Probe, ReleasePlan, Service, Unit
 from llmdeploy.runner import SKIPPED, HostResult, Runner, Step
 from roles import containers as ctr
-from roles import runtime
 
 
 @dataclass
@@ -116,21 +116,23 @@ def poll_delay(n: int, poll_s: float) -> float:
 
 
 class Engine:
-    def __init__(self, cluster: Cluster, runner: Runner, con: Console, quiet: bool = False, signatures=None):
-        """``signatures``: the failure signatures of the release's plan (``ReleasePlan.signatures``)."""
+    def __init__(self, dep: Deployment, runner: Runner, con: Console, quiet: bool = False, signatures=None):
+        """``dep``: the cluster and its plug-ins; ``signatures``: the failure signatures of the release's plan
+        (``ReleasePlan.signatures``)."""
         # whether this engine stopped or signalled units already (a restart stops before it starts): a start the
         # launcher then refuses has changed the cluster, and says so (Outcome.refused only where it has not)
         self.touched = False
-        self.c = cluster
+        self.dep = dep
+        self.c = cluster = dep.cluster
         self.r = runner
         self.con = con
         self.quiet = quiet
         self.d = cluster.deploy
         self.signatures = signatures
-        # how the units start, are held and end: the cluster's launcher (llmdeploy/launcher.py), picked once
-        self.launcher = launcher.of(cluster).launcher(cluster, runner, self.say)
+        # how the units start, are held and end: the cluster's launcher (llmdeploy/launcher.py)
+        self.launcher = dep.units(runner, self.say)
         # the node's scripts of the units (Docker's, or the launcher's own: roles/runtime)
-        self.rt = runtime.of(cluster)
+        self.rt = dep.runtime
 
     def say(self, msg: str) -> None:
         if not self.quiet:
@@ -342,7 +344,7 @@ class Engine:
         if failed is not None:
             return self._fail(out, *failed)
         # status's, top's and the watcher's reads of this release, for the launcher to keep answering if it can
-        self.launcher.serve_reads(plan, standing(self.c, plan))
+        self.launcher.serve_reads(plan, standing(self.dep, plan))
         for svc in plan.services:
             t = time.monotonic()
             if not self.start_units(plan, svc.units, out):
@@ -371,7 +373,7 @@ class Engine:
         by_host: dict[str, list[Unit]] = {}
         for u in units:
             by_host.setdefault(u.host, []).append(u)
-        res = self.r.run(watch_read(self.c, units), [self.node(h) for h in by_host])
+        res = self.r.run(watch_read(self.dep, units), [self.node(h) for h in by_host])
         out = {}
         for h, us in by_host.items():
             r = res[h]
@@ -492,7 +494,8 @@ class Engine:
     # -- after a failure ----------------------------------------------------------------------
     def collect_bundle(self, plan: ReleasePlan, secrets: list[str], extra: dict[str, str] | None = None) -> tuple[str, str]:
         rd = release_dir(self.c, plan.release)
-        res = self.r.run(Step(name="collect logs", build=lambda n: logs.bundle_script(self.c, n, rd, self.rt.bundle_sections([u.container for u in plan.units(n.name)], logs.BUNDLE_BYTES))))
+        units = {n.name: self.rt.bundle_sections([u.container for u in plan.units(n.name)], logs.BUNDLE_BYTES) for n in self.c.nodes}
+        res = self.r.run(Step(name="collect logs", build=lambda n: logs.bundle_script(self.c, n, rd, units[n.name], self.dep.vendor.LOG_FILES)))
         per_host = {h: logs.split_bundle(r.stdout) for h, r in res.items() if not r.failed}
         for h, r in res.items():
             if r.failed:

@@ -22,10 +22,11 @@ from typing import Any, cast
 from rich.console import Console
 from rich.markup import escape
 
-from flows import deploy as dep
+from flows import deploy as deploy_flow
 from flows.engine import Engine, Outcome, unit_key
 from flows.releases import OnNodes, current_plan, plan_of, read_ledger, read_release, serving_plan
 from llmdeploy import lock, report
+from llmdeploy.deployment import Deployment
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster
 from llmdeploy.release import RELEASE_RE, ledger_record, on_cluster, rollback_target
@@ -53,20 +54,21 @@ def _plan_for_stop(runner: Runner, cluster: Cluster) -> tuple[ReleasePlan | None
     return None, "no node has a current release" + (f" ({', '.join(gone)} unreachable)" if gone else "")
 
 
-def stop(cluster: Cluster, con: Console, message: str | None, lock_wait: float) -> int:
+def stop(dep: Deployment, con: Console, message: str | None, lock_wait: float) -> int:
     """Every container of the cluster, in reverse start order, then the
     current release's own clean-up on every node. Without a readable plan of
     the current release (none yet, or refused) the containers are stopped all
     the same and no clean-up runs: clean-up text is run only from a plan this
     tool could read and check."""
-    with Runner(cluster) as runner:
+    cluster = dep.cluster
+    with dep.runner() as runner:
         with lock.held(runner, cluster, "stop", message, lock_wait) as holder:
             plan, why = _plan_for_stop(runner, cluster)
             if plan is None:
                 con.print(f"[yellow]{escape(cluster.name)}: no readable plan of a current release ({escape(why)}): stopping every container "
                           f"of {escape(cluster.name)}, with no clean-up of a serving system[/]", soft_wrap=True)
             cleanup = plan.stop_cleanup if plan is not None else ""
-            eng = Engine(cluster, runner, con)
+            eng = Engine(dep, runner, con)
             try:
                 eng.drain(plan)
                 res = eng.stop(None, "stop", cleanup=cleanup)
@@ -88,12 +90,13 @@ def stop(cluster: Cluster, con: Console, message: str | None, lock_wait: float) 
 
 
 # --- restart ----------------------------------------------------------------------------------
-def _current(runner: Runner, cluster: Cluster, host: str | None) -> tuple[ReleasePlan, OnNodes]:
+def _current(runner: Runner, dep: Deployment, host: str | None) -> tuple[ReleasePlan, OnNodes]:
     """The current release's plan and what the nodes hold of it (its units' attempt numbers)."""
+    cluster = dep.cluster
     records, current = read_ledger(runner, cluster)
     if not current or not RELEASE_RE.match(current):
         raise LlmdeployError(f"{cluster.name} has no current release to restart{' ' + host + ' into' if host else ''}")
-    on = read_release(runner, cluster, current, "read release")
+    on = read_release(runner, dep, current, "read release")
     if on.unreadable:
         h, why = next(iter(on.unreadable.items()))
         raise LlmdeployError(f"{h}: the current release {current} has no readable release.json ({why})")
@@ -169,27 +172,28 @@ def _stop_started(eng: Engine, plan: ReleasePlan, todo: list[Unit] | None, out: 
     return f"stopped again: {', '.join(u.container for u in started) or 'nothing'}; the rest of release {plan.release} is as the restart found it"
 
 
-def restart(cluster: Cluster, con: Console, host: str | None, message: str | None, lock_wait: float, service: str | None = None) -> int:
+def restart(dep: Deployment, con: Console, host: str | None, message: str | None, lock_wait: float, service: str | None = None) -> int:
     """``host``: that node's units into the current release (by their service's
     policy: a group such as an MPI world is restarted whole); ``service``: that
     service's units; neither: the whole current release, in the system's order."""
+    cluster = dep.cluster
     if host and service:
         raise LlmdeployError("restart takes --host or --service, not both")
     if host and host not in {n.name for n in cluster.nodes}:
         raise LlmdeployError(f"--host {host}: no such node in {cluster.name} (nodes: {', '.join(n.name for n in cluster.nodes)})")
     what = f"restart {host}" if host else (f"restart {service}" if service else "restart")
-    with Runner(cluster) as runner:
+    with dep.runner() as runner:
         with lock.held(runner, cluster, "restart", message, lock_wait):
-            plan, on = _current(runner, cluster, host)
+            plan, on = _current(runner, dep, host)
             todo = _units_to_restart(plan, host, service)
-            eng = dep.engine_for(cluster, runner, con, False, plan)
+            eng = deploy_flow.engine_for(dep, runner, con, False, plan)
             out = Outcome(ok=False, release=plan.release, earlier=_earlier(plan, on))
             try:
                 ok = _restart_whole(eng, plan, out) if todo is None else _restart_units(eng, plan, todo, out, host, service)
             except KeyboardInterrupt:
                 with report.shielded():
                     con.print("[bold red]interrupted[/]: stopping what the restart started")
-                    dep.stop_interrupted(eng, "stopping what the restart started", lambda: _stop_started(eng, plan, todo, out))
+                    deploy_flow.stop_interrupted(eng, "stopping what the restart started", lambda: _stop_started(eng, plan, todo, out))
                     lock.audit(runner, cluster, what, "interrupted", plan.release, message=message or "")
                 raise
             if not ok:
@@ -230,20 +234,21 @@ def waiting_for(plan: ReleasePlan) -> str:
 
 
 # --- rollback ---------------------------------------------------------------------------------
-def rollback(cluster: Cluster, con: Console, to: str | None, message: str | None, lock_wait: float, json_out: bool, gate: bool = False) -> int:
-    with Runner(cluster) as runner:
-        with lock.held(runner, cluster, "rollback", message, lock_wait):
-            return rollback_locked(cluster, runner, con, to, message, json_out, gate)
+def rollback(dep: Deployment, con: Console, to: str | None, message: str | None, lock_wait: float, json_out: bool, gate: bool = False) -> int:
+    with dep.runner() as runner:
+        with lock.held(runner, dep.cluster, "rollback", message, lock_wait):
+            return rollback_locked(dep, runner, con, to, message, json_out, gate)
 
 
-def _target(runner: Runner, cluster: Cluster, con: Console, to: str | None) -> tuple[list[dict], str | None, str, OnNodes]:
+def _target(runner: Runner, dep: Deployment, con: Console, to: str | None) -> tuple[list[dict], str | None, str, OnNodes]:
     """(ledger, the release on the cluster, the target, what the nodes hold of
     it); refused, before anything is stopped, unless every node has all of it."""
+    cluster = dep.cluster
     records, current = read_ledger(runner, cluster)
     source = on_cluster(records, current)
     target = rollback_target(records, current, to)
     con.print(f"[bold]rollback {cluster.name}[/]: {source or 'nothing'} -> {target}")
-    on = read_release(runner, cluster, target, "verify target")
+    on = read_release(runner, dep, target, "verify target")
     problems = {**on.missing, **on.unreadable}
     if problems:
         origin: dict[str, Any] = {"from": source}  # "from": a keyword
@@ -252,15 +257,16 @@ def _target(runner: Runner, cluster: Cluster, con: Console, to: str | None) -> t
     return records, source, target, on
 
 
-def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | None, message: str | None, json_out: bool, gate: bool = False) -> int:
+def rollback_locked(dep: Deployment, runner: Runner, con: Console, to: str | None, message: str | None, json_out: bool, gate: bool = False) -> int:
     """The rollback itself, for a caller that holds the deploy lock. Needs
     nothing but SSH: the target's plan, files, image and secrets are the
     release's own on the nodes (no secret, model path or serving value of
     today's inventory is read). Its attempt numbers continue the release's.
     ``gate``: the quality gate after readiness; a release that fails it keeps
     serving (it is the one that was good) and the rollback says it failed."""
+    cluster = dep.cluster
     previous, _ = serving_plan(runner, cluster)
-    records, source, target, on = _target(runner, cluster, con, to)
+    records, source, target, on = _target(runner, dep, con, to)
     plan = plan_of(cluster, target, on.plan_text, on.metas)
     meta0 = on.metas.get(cluster.node0.name) or next(iter(on.metas.values()))
     image_id = meta0.get("image_id")
@@ -268,8 +274,8 @@ def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | No
     chash = next((cast(str, r.get("config_hash")) for r in records if r["release"] == target), "")
     recorded = {"action": "rollback", "from": source, "image": meta0.get("image")}
     origin: dict[str, Any] = {"from": source}  # "from": a keyword
-    dep.ledger(runner, cluster, ledger_record(cluster, target, "started", image_id, chash, **recorded))
-    eng = dep.engine_for(cluster, runner, con, json_out, plan)
+    deploy_flow.ledger(runner, cluster, ledger_record(cluster, target, "started", image_id, chash, **recorded))
+    eng = deploy_flow.engine_for(dep, runner, con, json_out, plan)
     out = Outcome(ok=False, release=target, earlier=_earlier(plan, on))
     t0 = time.monotonic()
     try:
@@ -277,8 +283,8 @@ def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | No
     except KeyboardInterrupt:
         with report.shielded():
             con.print("[bold red]interrupted[/]: stopping what the rollback started")
-            dep.stop_interrupted(eng, "stopping what the rollback started", lambda: eng.stop(None, "stop", cleanup=plan.stop_cleanup))
-            dep.last_ledger_line(runner, cluster, ledger_record(cluster, target, "failed", image_id, chash, reason="interrupted", **recorded))
+            deploy_flow.stop_interrupted(eng, "stopping what the rollback started", lambda: eng.stop(None, "stop", cleanup=plan.stop_cleanup))
+            deploy_flow.last_ledger_line(runner, cluster, ledger_record(cluster, target, "failed", image_id, chash, reason="interrupted", **recorded))
             lock.audit(runner, cluster, "rollback", "interrupted", target, **origin, message=message or "")
             print(f"rollback interrupted; the deploy lock is released; to run it again: invoke rollback --cluster {cluster.name} --to {target}",
                   file=sys.stderr)
@@ -286,10 +292,10 @@ def rollback_locked(cluster: Cluster, runner: Runner, con: Console, to: str | No
     if started and gate:
         return _gated_rollback(cluster, runner, con, eng, plan, out, image_id, chash, recorded, source, message, json_out)
     if started:
-        dep.finish(runner, cluster, plan, out, image_id, chash, **recorded, **({"gate": {"verdict": "skipped", "why": "rollback without --gate"}}))
+        deploy_flow.finish(runner, cluster, plan, out, image_id, chash, **recorded, **({"gate": {"verdict": "skipped", "why": "rollback without --gate"}}))
         if out.ok and source and source != target:
-            dep.ledger(runner, cluster, ledger_record(cluster, source, "rolled back", None, "", to=target, image=meta0.get("image")))
-    status = dep.report_outcome(cluster, runner, con, eng, plan, out, image_id, chash, [], json_out,
+            deploy_flow.ledger(runner, cluster, ledger_record(cluster, source, "rolled back", None, "", to=target, image=meta0.get("image")))
+    status = deploy_flow.report_outcome(cluster, runner, con, eng, plan, out, image_id, chash, [], json_out,
                                 time.monotonic() - t0, verb="rollback", **origin, image=meta0.get("image"))
     lock.audit(runner, cluster, "rollback", "good" if status == 0 else "failed", target, **origin, message=message or "")
     return status
@@ -303,14 +309,14 @@ def _gated_rollback(cluster: Cluster, runner: Runner, con: Console, eng: Engine,
     where = {"gate": True}
     origin: dict[str, Any] = {"from": source}  # "from": a keyword
     t0 = time.monotonic()
-    if dep.gate_passes(runner, cluster, con, plan, out, where, json_out):
-        dep.finish(runner, cluster, plan, out, image_id, chash, **recorded, gate=out.gate)
+    if deploy_flow.gate_passes(runner, cluster, con, plan, out, where, json_out):
+        deploy_flow.finish(runner, cluster, plan, out, image_id, chash, **recorded, gate=out.gate)
         if out.ok and source and source != plan.release:
-            dep.ledger(runner, cluster, ledger_record(cluster, source, "rolled back", None, "", to=plan.release, image=recorded.get("image")))
-        status = dep.report_outcome(cluster, runner, con, eng, plan, out, image_id, chash, [], json_out, time.monotonic() - t0,
+            deploy_flow.ledger(runner, cluster, ledger_record(cluster, source, "rolled back", None, "", to=plan.release, image=recorded.get("image")))
+        status = deploy_flow.report_outcome(cluster, runner, con, eng, plan, out, image_id, chash, [], json_out, time.monotonic() - t0,
                                     verb="rollback", **origin, image=recorded.get("image"))
     else:
-        status = dep.keep_serving(cluster, runner, con, eng, plan, out, image_id, chash, [], json_out,
+        status = deploy_flow.keep_serving(cluster, runner, con, eng, plan, out, image_id, chash, [], json_out,
                                   "it is the release rolled back to; stopping it would leave nothing serving", verb="rollback", **recorded)
     lock.audit(runner, cluster, "rollback", "good" if status == 0 else "failed", plan.release, **origin, message=message or "")
     return status

@@ -26,6 +26,7 @@ from typing import Any
 from llmdeploy import playbook
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.playbook import PLAYBOOK_DIR, select_nodes  # noqa: F401 (the flows select hosts here)
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster
 from llmdeploy.runner import HostResult, Step
 
@@ -42,14 +43,19 @@ class Play:
 
 @dataclass
 class Context:
-    """What a step factory gets: the cluster, the run's options, and the
-    results of the steps that ran before it (by step name, then host)."""
+    """What a step factory gets: the cluster's deployment (the cluster and its
+    plug-ins), the run's options, and the results of the steps that ran
+    before it (by step name, then host)."""
 
-    cluster: Cluster
+    dep: Deployment
     check: bool = False
     diff: bool = False
     results: dict[str, dict[str, HostResult]] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.dep.cluster
 
     def probe(self, ref: str, host: str) -> str | None:
         """What step ``ref``'s probe printed on ``host`` in the facts script

@@ -13,10 +13,10 @@ at MaxStepCount). A launcher that keeps none runs them as any step.
 
 from __future__ import annotations
 
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan, Unit
 from llmdeploy.runner import Step
-from roles import runtime
 from roles.status import current_script
 
 
@@ -25,31 +25,31 @@ def current_read(cluster: Cluster) -> Step:
     return Step(name="current", build=lambda n: current_script(cluster), standing=True)
 
 
-def status_read(cluster: Cluster) -> Step:
+def status_read(dep: Deployment) -> Step:
     """``invoke status``'s read of each node (the runtime's ``status_script``, ``roles/runtime``)."""
-    rt = runtime.of(cluster)
+    rt = dep.runtime
     return Step(name="status", build=lambda n: rt.status_script(), standing=True)
 
 
-def top_read(cluster: Cluster, plan: ReleasePlan | None, timeout: float | None = None) -> Step:
-    """``invoke top``'s read of each node (the runtime's ``top_script``); the
-    node of the plan's metrics page reads it too."""
+def top_read(dep: Deployment, plan: ReleasePlan | None, timeout: float | None = None) -> Step:
+    """``invoke top``'s read of each node (the runtime's ``top_script``, with the
+    platform's query of its devices); the node of the plan's metrics page reads it too."""
     m = plan.metrics if plan else None
     target = (m.probe.ip, m.probe.port, m.probe.path) if m else None
-    rt = runtime.of(cluster)
-    return Step(name="top", build=lambda n: rt.top_script(target if m and n.name == m.probe.host else None),
+    rt, accel = dep.runtime, dep.vendor.TOP_QUERY
+    return Step(name="top", build=lambda n: rt.top_script(accel, target if m and n.name == m.probe.host else None),
                 timeout=timeout, standing=True)
 
 
-def watch_read(cluster: Cluster, units: list[Unit]) -> Step:
+def watch_read(dep: Deployment, units: list[Unit]) -> Step:
     """The watcher's read of its units' states on each of their nodes (the runtime's ``states_script``)."""
     by_host: dict[str, list[str]] = {}
     for u in units:
         by_host.setdefault(u.host, []).append(u.container)
-    rt = runtime.of(cluster)
+    rt = dep.runtime
     return Step(name="watch", build=lambda n: rt.states_script(by_host[n.name]) if n.name in by_host else None, standing=True)
 
 
-def standing(cluster: Cluster, plan: ReleasePlan) -> list[Step]:
+def standing(dep: Deployment, plan: ReleasePlan) -> list[Step]:
     """What a release's reader reads: the current release, status's, top's and the watcher's reads of every unit."""
-    return [current_read(cluster), status_read(cluster), top_read(cluster, plan), watch_read(cluster, plan.units())]
+    return [current_read(dep.cluster), status_read(dep), top_read(dep, plan), watch_read(dep, plan.units())]

@@ -22,6 +22,7 @@ import systems
 from flows.probes import check_named
 from llmdeploy import lock, report
 from llmdeploy.errors import LlmdeployError
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster
 from llmdeploy.release import RELEASE_RE, ledger_path, on_cluster, parse_ledger_checked, parse_lines, release_dir, release_table, rollback_target
 from llmdeploy.releaseplan import ReleasePlan
@@ -63,9 +64,10 @@ class OnNodes:
     attempts: dict[str, int] = field(default_factory=dict)  # "host/container" -> the number of its latest start
 
 
-def read_release(runner: Runner, cluster: Cluster, rid: str, step: str) -> OnNodes:
-    """Release ``rid`` as every node has it, in one round trip each."""
-    res = runner.run(Step(name=step, build=lambda n: rel.release_script(cluster, rid)))
+def read_release(runner: Runner, dep: Deployment, rid: str, step: str) -> OnNodes:
+    """Release ``rid`` as every node has it (its image as the unit runtime sees it), in one round trip each."""
+    cluster, image_id_script = dep.cluster, dep.runtime.image_id_script()
+    res = runner.run(Step(name=step, build=lambda n: rel.release_script(cluster, rid, image_id_script)))
     got = OnNodes()
     for h, r in res.items():
         doc = rel.parse_release(r.stdout)
@@ -178,12 +180,13 @@ def serving_plan(runner: Runner, cluster: Cluster) -> tuple[ReleasePlan | None, 
         return None, str(exc)
 
 
-def releases(cluster: Cluster, con: Console, json_out: bool, events: bool = False, wide: bool = False) -> int:
+def releases(dep: Deployment, con: Console, json_out: bool, events: bool = False, wide: bool = False) -> int:
     """Every release in the ledger: was it ever good, its latest attempt; with
     ``events`` every event of every release, one a line, after the table."""
+    cluster = dep.cluster
     problems: list[str] = []
     benches: dict[str, dict] = {}
-    with Runner(cluster, nodes=[cluster.node0]) as runner:
+    with dep.runner(nodes=[cluster.node0]) as runner:
         records, current = read_ledger(runner, cluster, problems, benches)
     rows = release_table(records)
     for r in rows:
@@ -296,8 +299,9 @@ def print_releases(cluster: Cluster, con: Console, rows: list[dict], current: st
             con.print(Padding(escape(line), (0, 0, 0, 2), expand=False))
 
 
-def audit_log(cluster: Cluster, con: Console, last: int | None, json_out: bool) -> int:
-    with Runner(cluster, nodes=[cluster.node0]) as runner:
+def audit_log(dep: Deployment, con: Console, last: int | None, json_out: bool) -> int:
+    cluster = dep.cluster
+    with dep.runner(nodes=[cluster.node0]) as runner:
         out, err, code = runner.exec(cluster.node0, rel.audit_script(cluster))
     recs, problems = parse_lines(out, "audit log")
     for b in problems:
@@ -313,8 +317,9 @@ def audit_log(cluster: Cluster, con: Console, last: int | None, json_out: bool) 
     return 0
 
 
-def lock_status(cluster: Cluster, con: Console) -> int:
-    with Runner(cluster, nodes=[cluster.node0]) as runner:
+def lock_status(dep: Deployment, con: Console) -> int:
+    cluster = dep.cluster
+    with dep.runner(nodes=[cluster.node0]) as runner:
         out, err, code = runner.exec(cluster.node0, lock.status_script(cluster))
     if out.startswith("free"):
         con.print(f"{cluster.name}: the deploy lock is free")
@@ -323,10 +328,11 @@ def lock_status(cluster: Cluster, con: Console) -> int:
     return 1
 
 
-def lock_break(cluster: Cluster, con: Console, reason: str) -> int:
+def lock_break(dep: Deployment, con: Console, reason: str) -> int:
     if not reason or not reason.strip():
         raise LlmdeployError("lock.break needs --reason: say why the holder is gone")
-    with Runner(cluster, nodes=[cluster.node0]) as runner:
+    cluster = dep.cluster
+    with dep.runner(nodes=[cluster.node0]) as runner:
         out, err, code = runner.exec(cluster.node0, lock.break_script(cluster))
         if out.startswith("free"):
             con.print(f"{cluster.name}: the deploy lock is not held; nothing to break")

@@ -14,7 +14,7 @@ from flows.plan import select_nodes
 from llmdeploy.errors import InventoryError, LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import Runner, Step
-from roles import runtime
+from llmdeploy.deployment import Deployment
 from roles.status import parse_logs
 
 _SINCE = re.compile(r"^(\d+[smhd]?|\d{4}-\d{2}-\d{2}(T[0-9:.]+Z?)?)$")
@@ -39,15 +39,16 @@ def _options(cluster: Cluster, host: str | None, follow: bool, since: str | None
     return nodes, (["--since", since] if since else []) + (["--tail", tail] if tail else [])
 
 
-def serving_logs(cluster: Cluster, host: str | None = None, follow: bool = False, since: str | None = None, tail: str | None = None,
+def serving_logs(dep: Deployment, host: str | None = None, follow: bool = False, since: str | None = None, tail: str | None = None,
                  service: str | None = None) -> int:
     """Print every unit's log on each node (``--service``: that service's); exit 1 if a node failed or had none."""
+    cluster = dep.cluster
     nodes, opts = _options(cluster, host, follow, since, tail, service)
-    rt = runtime.of(cluster)
+    rt = dep.runtime
     rt.logs_script(service, opts)  # what the runtime cannot read (a pyxis unit's log has no times: --since) is refused before any connection
-    with Runner(cluster, nodes=nodes) as runner:
+    with dep.runner(nodes=nodes) as runner:
         if follow:
-            return _follow(runner, cluster, nodes[0], opts, service)
+            return _follow(runner, dep, nodes[0], opts, service)
         res = runner.run(Step(name="logs", build=lambda n: rt.logs_script(service, opts)))
     status, found = 0, set()
     for h, r in res.items():
@@ -70,13 +71,13 @@ def serving_logs(cluster: Cluster, host: str | None = None, follow: bool = False
     return status
 
 
-def _follow(runner: Runner, cluster: Cluster, node: Node, opts: list[str], service: str | None) -> int:
+def _follow(runner: Runner, dep: Deployment, node: Node, opts: list[str], service: str | None) -> int:
     """Keep printing the log of the one unit on ``node`` (of ``service``)."""
-    out, err, code = runner.exec(node, runtime.of(cluster).logs_script(service, opts, with_logs=False))
+    out, err, code = runner.exec(node, dep.runtime.logs_script(service, opts, with_logs=False))
     units, _ = parse_logs(out)
     chosen = [name for name, svc in units if service is None or svc == service]
     if len(chosen) != 1:
         have = ", ".join(f"{name} ({svc})" for name, svc in units) or "none"
         why = "no such unit" if not chosen else "several units: pick one with --service"
         raise LlmdeployError(f"--follow on {node.name}: {why} (units there: {have})")
-    return 0 if runner.stream(node, runtime.of(cluster).follow_command(chosen[0], opts), f"logs {chosen[0]}") == 0 else 1
+    return 0 if runner.stream(node, dep.runtime.follow_command(chosen[0], opts), f"logs {chosen[0]}") == 0 else 1

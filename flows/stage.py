@@ -34,7 +34,9 @@ import roles.stage as st
 from flows.plan import select_nodes
 from llmdeploy import report
 from llmdeploy.errors import LlmdeployError
-from llmdeploy.inventory import Cluster, Node, load_cluster
+from flows.binding import load
+from llmdeploy.deployment import Deployment
+from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import FAILED, OK, HostResult, Runner, Step
 from roles import progress_line
 from roles.model import paths as model_paths
@@ -151,10 +153,11 @@ def _failed_files(doc: dict | None) -> str:
     return f"{first[0].split('/', 1)[-1]}: {first[1]}{more}"
 
 
-def run(cluster: Cluster, con: Console, frm: str | None = None, check: bool = False, quiet: bool = False,
+def run(dep: Deployment, con: Console, frm: str | None = None, check: bool = False, quiet: bool = False,
         limit: str | None = None) -> Outcome:
-    """Stage the checkpoint onto every node of ``cluster`` (see the module), or
+    """Stage the checkpoint onto every node of the cluster (see the module), or
     the nodes ``limit`` names (the source may be outside it)."""
+    cluster = dep.cluster
     src_node, source = resolve_source(cluster, frm)
     dirs = _dirs(cluster, source)
     chosen = {n.name for n in select_nodes(cluster, limit)}
@@ -162,7 +165,7 @@ def run(cluster: Cluster, con: Console, frm: str | None = None, check: bool = Fa
     out = Outcome(cluster.name, src_node.name, check=check)
     t0 = time.monotonic()
     with report.host_progress(con, len(targets) + 1, enabled=not quiet) as cb, \
-            Runner(cluster, nodes=[src_node, *targets], progress=cb, lines=cb.line) as runner:
+            dep.runner(nodes=[src_node, *targets], progress=cb, lines=cb.line) as runner:
         # the source: what it has, and every file's sha256 (its cache keeps them between stages)
         res = runner.run(_agent_step(cluster, "stage.scan", "scan", {src_node.name: st.scan_orders(cluster, [s for s, _ in dirs])},
                                      SCAN_TIMEOUT_S), [src_node])
@@ -295,17 +298,18 @@ def stage(cluster_name: str, frm: str | None = None, check: bool = False, json_o
           lock_wait: float = 0) -> int:
     """``invoke stage``: under the deploy lock unless ``check``."""
     con = report.console(json_out)
-    cluster = load_cluster(cluster_name)
+    dep = load(cluster_name)
+    cluster = dep.cluster
     if check:
-        out = run(cluster, con, frm, check=True, quiet=json_out)
+        out = run(dep, con, frm, check=True, quiet=json_out)
         return show(con, cluster, out, json_out)
     from llmdeploy import lock
 
     with contextlib.ExitStack() as stack:
-        holder_runner = stack.enter_context(Runner(cluster, nodes=[cluster.node0]))
+        holder_runner = stack.enter_context(dep.runner(nodes=[cluster.node0]))
         held = stack.enter_context(lock.held(holder_runner, cluster, "stage", message, lock_wait))
         try:
-            out = run(cluster, con, frm, quiet=json_out)
+            out = run(dep, con, frm, quiet=json_out)
         except KeyboardInterrupt:
             with report.shielded():
                 lock.audit(holder_runner, cluster, "stage", "interrupted", None, message=message or "")
@@ -401,7 +405,7 @@ class ImageOutcome:
         return f"{first}{len(self.got)} node(s) got it from {self.source} ({self.via or ''}){pulled}"
 
 
-def distribute_image(cluster: Cluster, con: Console, quiet: bool = False, limit: str | None = None) -> ImageOutcome:
+def distribute_image(dep: Deployment, con: Console, quiet: bool = False, limit: str | None = None) -> ImageOutcome:
     """The image onto every node that lacks it, in one chain:
 
     - from a node that has it: ``docker save`` there, down the chain;
@@ -413,12 +417,13 @@ def distribute_image(cluster: Cluster, con: Console, quiet: bool = False, limit:
 
     Every receiving node feeds ``docker load``; prepare's image step then
     finds the image present everywhere and compares the image IDs."""
+    cluster = dep.cluster
     out = ImageOutcome()
     t0 = time.monotonic()
     chosen = list(select_nodes(cluster, limit))
     with report.host_progress(con, len(chosen), enabled=not quiet) as cb, \
-            Runner(cluster, nodes=chosen, progress=cb, lines=cb.line) as runner:
-        lacking = _who_lacks(runner.run(_probe("image.distribute", cluster), chosen), chosen, out)
+            dep.runner(nodes=chosen, progress=cb, lines=cb.line) as runner:
+        lacking = _who_lacks(runner.run(_probe("image.distribute", dep), chosen), chosen, out)
         if out.failed or not lacking:
             return _done(out, t0)
         if out.had:
@@ -432,7 +437,7 @@ def distribute_image(cluster: Cluster, con: Console, quiet: bool = False, limit:
             if code != UNSUPPORTED:
                 break
             # the registry cannot be read here as docker would: one docker pull on the source, then its saved image
-            r = runner.run(_image_step("image.pull", cluster), [src])[src.name]
+            r = runner.run(_image_step("image.pull", dep), [src])[src.name]
             if r.failed:
                 out.failed[src.name] = r.msg
                 break
@@ -441,7 +446,7 @@ def distribute_image(cluster: Cluster, con: Console, quiet: bool = False, limit:
     return _done(out, t0)
 
 
-def distribute_wheels(cluster: Cluster, con: Console, quiet: bool = False, limit: str | None = None) -> ImageOutcome | None:
+def distribute_wheels(dep: Deployment, con: Console, quiet: bool = False, limit: str | None = None) -> ImageOutcome | None:
     """The image with the pinned wheels (``roles.wheels``), once for the
     cluster: built on one node (node 0, or a node that has it already, then
     no build at all) with the one pip install, and sent down the chain of the
@@ -456,19 +461,20 @@ def distribute_wheels(cluster: Cluster, con: Console, quiet: bool = False, limit
 
     None: nothing for it to do here, and the wheels step does it all (the
     profile pins no wheels; one node)."""
-    from roles import runtime, wheels
+    from roles import wheels
 
+    cluster = dep.cluster
     w = wheels.spec(cluster)
     chosen = list(select_nodes(cluster, limit))
     if w is None or len(chosen) < 2:
         return None
-    rt = runtime.of(cluster)
+    rt = dep.runtime
     own = rt.wheels_script(w, True) is not None
     out = ImageOutcome(ref=None if own else wheels.derived_ref(cluster))
     t0 = time.monotonic()
     with report.host_progress(con, len(chosen), enabled=not quiet) as cb, \
-            Runner(cluster, nodes=chosen, progress=cb, lines=cb.line) as runner:
-        probe = _wheels_step(cluster, True) if own else _probe("wheels.distribute", cluster, out.ref)
+            dep.runner(nodes=chosen, progress=cb, lines=cb.line) as runner:
+        probe = _wheels_step(dep, True) if own else _probe("wheels.distribute", dep, out.ref)
         found = runner.run(probe, chosen)
         lacking = _who_lacks(found, chosen, out)
         if out.failed or not lacking:
@@ -478,7 +484,7 @@ def distribute_wheels(cluster: Cluster, con: Console, quiet: bool = False, limit
             serving = (found[src.name].data or {}).get("serving_ref")
         else:
             src = cluster.node0 if cluster.node0 in chosen else chosen[0]
-            serving = _build_wheels_on(cluster, runner, src, out)
+            serving = _build_wheels_on(dep, runner, src, out)
             if serving is None:
                 return _done(out, t0)
             lacking = [n for n in lacking if n.name != src.name]
@@ -493,11 +499,12 @@ def distribute_wheels(cluster: Cluster, con: Console, quiet: bool = False, limit
     return _done(out, t0)
 
 
-def _wheels_step(cluster: Cluster, check: bool = False) -> Step:
+def _wheels_step(dep: Deployment, check: bool = False) -> Step:
     """prepare's wheels step on the nodes given (``check``: what a node has, read-only)."""
     from roles import wheels
 
-    return Step(name="wheels.distribute" if check else "wheels", build=lambda node: wheels.build(cluster, check),
+    cluster = dep.cluster
+    return Step(name="wheels.distribute" if check else "wheels", build=lambda node: wheels.build(dep, check),
                 parse=lambda node, o, e, c: _wheels_had(wheels.parse(cluster, node, o, e, c)) if check else wheels.parse(cluster, node, o, e, c),
                 timeout=None if check else max(cluster.ssh.command_timeout, 1800.0),
                 progress=None if check else progress_line)
@@ -514,42 +521,45 @@ def _wheels_had(r: HostResult) -> HostResult:
     return HostResult(r.host, r.status, msg=r.msg, data=data, exit_code=r.exit_code)
 
 
-def _build_wheels_on(cluster: Cluster, runner: Runner, src: Node, out: ImageOutcome) -> str | None:
+def _build_wheels_on(dep: Deployment, runner: Runner, src: Node, out: ImageOutcome) -> str | None:
     """The base image on ``src`` (prepare's image step has it everywhere
     else, after), then the wheels' one pip install there: what its units
     run (the runtime's file, or Docker's derived image), None when it failed
     (``out.failed`` names the node and why)."""
     from roles import wheels
 
-    for step in (_image_step("image", cluster), _wheels_step(cluster)):
+    for step in (_image_step("image", dep), _wheels_step(dep)):
         r = runner.run(step, [src])[src.name]
         if r.failed:
             out.failed[src.name] = r.msg
             return None
     out.built = src.name
     out.had.append(src.name)
-    return (r.data or {}).get("serving_ref") or wheels.derived_ref(cluster)
+    return (r.data or {}).get("serving_ref") or wheels.derived_ref(dep.cluster)
 
 
-def _image_step(name: str, cluster: Cluster) -> Step:
+def _image_step(name: str, dep: Deployment) -> Step:
     """The inventory's image onto one node, pulled (or loaded from its tarball), with its progress."""
     from roles import image as image_role
 
-    return Step(name=name, build=lambda node: image_role.build(cluster), parse=lambda node, o, e, c: image_role.parse(cluster, node, o, e, c),
+    cluster = dep.cluster
+    return Step(name=name, build=lambda node: image_role.build(dep), parse=lambda node, o, e, c: image_role.parse(cluster, node, o, e, c),
                 timeout=max(cluster.ssh.command_timeout, 3600.0), progress=progress_line)
 
 
-def _probe(name: str, cluster: Cluster, ref: str | None = None) -> Step:
+def _probe(name: str, dep: Deployment, ref: str | None = None) -> Step:
     """Is the image (the inventory's, or ``ref`` in Docker) on the node: its
     ID when it is; a node without it says nothing and exits 0."""
     from roles import image as image_role
+
+    cluster = dep.cluster
 
     def parse(node: Node, o: str, e: str, c: int) -> HostResult:
         if image_role.MARK in o:
             return image_role.parse_ref(ref or cluster.image.ref, node, o, e, c)
         return HostResult(node.name, OK if c == 0 else FAILED, msg="" if c == 0 else (e.strip() or f"exit {c}"), exit_code=c)
 
-    return Step(name=name, build=lambda node: image_role.probe(cluster, node, ref), parse=parse)
+    return Step(name=name, build=lambda node: image_role.probe(dep, node, ref), parse=parse)
 
 
 def _who_lacks(res: dict[str, HostResult], chosen: list[Node], out: ImageOutcome) -> list[Node]:

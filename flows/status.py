@@ -18,12 +18,12 @@ from rich.markup import escape
 from flows.probes import body_problem, fetch
 from flows.reads import status_read
 from flows.releases import current_plan
-from llmdeploy import launcher, report
+from llmdeploy import report
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster
 from llmdeploy.launcher import ReleaseView
 from llmdeploy.releaseplan import ReleasePlan, Unit
 from llmdeploy.runner import Runner
-from roles import runtime
 from roles.containers import LABEL
 from roles.status import docker_problem, parse_status, started_at
 
@@ -127,9 +127,11 @@ def _shown(plan: ReleasePlan, u: Unit, c: dict | None) -> list[str]:
 
 
 def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, show_diff: bool,
-               held: ReleaseView | None = None) -> tuple[list[list[str]], dict, bool]:
+               held: ReleaseView | None = None, own_env: tuple[str, ...] = ()) -> tuple[list[list[str]], dict, bool]:
     """(table rows, JSON document, whether it keeps the cluster from serving) of one reachable node;
-    ``held``: what the cluster's launcher says of the release (a unit's state as it runs it)."""
+    ``held``: what the cluster's launcher says of the release (a unit's state as it runs it);
+    ``own_env``: the variables the unit runtime sets itself, which are no drift (``UnitRuntime.own_env``;
+    Docker sets none)."""
     held = held or ReleaseView()
     n_cols = len(plan.show_labels) if plan is not None else 0
     units = plan.units(name) if plan is not None and st["release"] == plan.release else []
@@ -144,7 +146,6 @@ def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, 
         return [row], {"release": st["release"], "state": "missing", "drift": [], "units": {}, "reason": why}, bad
     doc = {"release": st["release"], "state": "running", "image_id": None, "uptime": "-", "drift": [], "units": {}, "reason": None}
     rows, whys, bad = [], [], False
-    own_env = runtime.of(cluster).own_env
     # docker could not list the containers (its daemon does not answer): say so, not "missing"
     docker_state, docker_why = docker_problem(name, st["docker_error"]) if st.get("docker_error") else (None, None)
     if docker_why:
@@ -168,14 +169,15 @@ def _node_view(cluster: Cluster, plan: ReleasePlan | None, name: str, st: dict, 
     return rows, doc, bad
 
 
-def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool, wide: bool = False) -> int:
-    with Runner(cluster) as runner:
-        res = runner.run(status_read(cluster))
+def status(dep: Deployment, con: Console, show_diff: bool, json_out: bool, wide: bool = False) -> int:
+    cluster = dep.cluster
+    with dep.runner() as runner:
+        res = runner.run(status_read(dep))
         sts = {h: (parse_status(r.stdout) if not r.failed else None) for h, r in res.items()}
         plan = current_plan(cluster, sts)
         health, health_problem = endpoint_health(runner, cluster, plan)
         # what the cluster's launcher says of the release (its job, say)
-        held = launcher.of(cluster).launcher(cluster, runner, con.print).view(plan)
+        held = dep.units(runner, con.print).view(plan)
     rows, doc, bad = [], {}, plan is None or held.problem is not None
     n_cols = len(plan.show_labels) if plan is not None else 0
     for n in cluster.nodes:
@@ -185,7 +187,7 @@ def status(cluster: Cluster, con: Console, show_diff: bool, json_out: bool, wide
             rows.append([n.name, "-", "-", *["-"] * n_cols, f"[red]unreachable: {escape(msg)}[/]", "-", "-", ""])
             doc[n.name], bad = {"error": msg, "state": "unreachable", "reason": f"unreachable: {msg}"}, True
             continue
-        node_rows, doc[n.name], node_bad = _node_view(cluster, plan, n.name, st, show_diff, held)
+        node_rows, doc[n.name], node_bad = _node_view(cluster, plan, n.name, st, show_diff, held, dep.runtime.own_env)
         rows += node_rows
         bad = bad or node_bad
     if plan is not None and health_problem is None and plan.ready and health != plan.ready[0].status:

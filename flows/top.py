@@ -38,18 +38,19 @@ from flows.reads import top_read
 from flows.releases import serving_plan
 from llmdeploy import interrupt, report
 from llmdeploy.errors import LlmdeployError
-from llmdeploy.inventory import Cluster
+from llmdeploy.deployment import Deployment
+from llmdeploy.platform import Vendor
 from llmdeploy.releaseplan import ReleasePlan
 from llmdeploy.runner import HostResult, Runner
 from roles.status import parse_top, started_at
 
 
-def node_doc(cluster: Cluster, host: str, r: HostResult | None, now: float) -> dict:
-    """One host's part of a snapshot, from its ``top_script`` result."""
+def node_doc(vendor: Vendor, host: str, r: HostResult | None, now: float) -> dict:
+    """One host's part of a snapshot, from its ``top_script`` result (``vendor``: the platform's, which reads its devices)."""
     if r is None or r.failed or r.status == "skipped":
         why = (r.msg if r is not None else "no answer") or "no answer"
         return {"host": host, "reachable": False, "error": why, "release": None, "units": [], "accelerators": []}
-    got = parse_top(r.stdout, cluster)
+    got = parse_top(r.stdout, vendor)
     units = []
     for u in got["units"]:
         t = started_at(u["started"])
@@ -82,8 +83,9 @@ def server_doc(plan: ReleasePlan | None, nodes: list[dict]) -> dict | None:
     return doc
 
 
-def snapshot_doc(cluster: Cluster, plan: ReleasePlan | None, results: Mapping[str, HostResult | None], now: float) -> dict:
-    nodes = [node_doc(cluster, n.name, results.get(n.name), now) for n in cluster.nodes]
+def snapshot_doc(dep: Deployment, plan: ReleasePlan | None, results: Mapping[str, HostResult | None], now: float) -> dict:
+    cluster = dep.cluster
+    nodes = [node_doc(dep.vendor, n.name, results.get(n.name), now) for n in cluster.nodes]
     server = server_doc(plan, nodes)
     for n in nodes:
         n.pop("metrics_page", None)
@@ -91,18 +93,18 @@ def snapshot_doc(cluster: Cluster, plan: ReleasePlan | None, results: Mapping[st
             "release": plan.release if plan else None, "system": plan.system if plan else None, "server": server, "nodes": nodes}
 
 
-def snapshot(runner: Runner, cluster: Cluster, plan: ReleasePlan | None, timeout: float) -> dict:
+def snapshot(runner: Runner, dep: Deployment, plan: ReleasePlan | None, timeout: float) -> dict:
     """One refresh: one round trip per host (at most ``timeout`` seconds
     each), or what the launcher's reader read of them a few seconds before
     (``flows.reads``): the snapshot's time is when the metrics page (else the
     oldest answer) was read."""
     runner.unreachable.clear()  # a node that was down is tried again
-    res = runner.run(top_read(cluster, plan, timeout), deadline=timeout + 1)
+    res = runner.run(top_read(dep, plan, timeout), deadline=timeout + 1)
     now = time.time()
     m = plan.metrics if plan else None
     read = res.get(m.probe.host) if m else None
     age = read.age if read is not None else max((r.age for r in res.values()), default=0.0)
-    return snapshot_doc(cluster, plan, res, now - age)
+    return snapshot_doc(dep, plan, res, now - age)
 
 
 def with_rate(doc: dict, before: dict | None) -> dict:
@@ -214,10 +216,10 @@ def render(doc: dict, interval: float, width: int, age_s: float = 0.0) -> Group:
 
 
 # --- running it ----------------------------------------------------------------------------------
-def once(cluster: Cluster, con: Console, json_out: bool, interval: float) -> int:
-    with Runner(cluster) as runner:
-        plan, why = serving_plan(runner, cluster)
-        doc = snapshot(runner, cluster, plan, max(interval, 5))
+def once(dep: Deployment, con: Console, json_out: bool, interval: float) -> int:
+    with dep.runner() as runner:
+        plan, why = serving_plan(runner, dep.cluster)
+        doc = snapshot(runner, dep, plan, max(interval, 5))
     if plan is None:
         doc["no_release"] = why
     if json_out:
@@ -258,10 +260,11 @@ class _Keys:
         return os.read(self.fd, 1).decode(errors="replace") if ready else ""
 
 
-def live(cluster: Cluster, con: Console, interval: float) -> int:
+def live(dep: Deployment, con: Console, interval: float) -> int:
     if not 0.2 <= interval <= 3600:
         raise LlmdeployError(f"--interval {interval:g}: expected 0.2 to 3600 seconds")
-    with Runner(cluster) as runner:
+    cluster = dep.cluster
+    with dep.runner() as runner:
         plan, why = serving_plan(runner, cluster)
         state: dict[str, Any] = {"doc": None, "at": 0.0, "plan": plan}
         stop = threading.Event()
@@ -271,7 +274,7 @@ def live(cluster: Cluster, con: Console, interval: float) -> int:
             while not stop.is_set():
                 t = time.monotonic()
                 try:
-                    doc = snapshot(runner, cluster, state["plan"], max(interval, 2))
+                    doc = snapshot(runner, dep, state["plan"], max(interval, 2))
                     if doc["nodes"][0].get("release") not in (None, state["plan"].release if state["plan"] else None):
                         state["plan"], _ = serving_plan(runner, cluster)  # another release became current
                     state["doc"], state["at"] = with_rate(doc, before), time.monotonic()
@@ -303,7 +306,7 @@ def live(cluster: Cluster, con: Console, interval: float) -> int:
     return 0
 
 
-def top(cluster: Cluster, con: Console, interval: float, once_only: bool, json_out: bool) -> int:
+def top(dep: Deployment, con: Console, interval: float, once_only: bool, json_out: bool) -> int:
     if json_out and not once_only:
         raise LlmdeployError("--json needs --once (the live view is for people)")
-    return once(cluster, con, json_out, interval) if once_only else live(cluster, con, interval)
+    return once(dep, con, json_out, interval) if once_only else live(dep, con, interval)

@@ -47,8 +47,8 @@ from rich.markup import escape
 from rich.padding import Padding
 
 from llmdeploy import report
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster, Node
-from llmdeploy.platform import vendor_of
 from llmdeploy.release import root
 from llmdeploy.runner import Runner, Step
 
@@ -76,14 +76,15 @@ def _cell(items: list[tuple[int, bool, str]], total: int) -> tuple[bool, str, li
 LINK_KEYS = ("npu", "to", "to_npu", "ip", "loss", "ok", "reason", "from")
 
 
-def device_pings(cluster: Cluster, runner: Runner, full: bool, detail: dict | None = None) -> dict:
+def device_pings(dep: Deployment, runner: Runner, full: bool, detail: dict | None = None) -> dict:
     """The ``device_pings`` method (Ascend): the platform's NIC tool's checks
     per device (hccn_tool), the TLS switch across devices, the device ping
     matrix (full or sampled) and the host network between the nodes.
     ``detail``: gets every planned ping and host pair, for the picture."""
-    nodes, ips, tls_values = _link_checks(cluster, runner)
+    cluster = dep.cluster
+    nodes, ips, tls_values = _link_checks(dep, runner)
     _tls_agreement(nodes, tls_values)
-    mode, links = _npu_pings(cluster, runner, nodes, ips, full)
+    mode, links = _npu_pings(dep, runner, nodes, ips, full)
     if detail is not None:
         detail["pings"] = [{k: x[k] for k in ("from", "npu", "to", "to_npu", "loss", "ok", "reason", "rtt_ms") if k in x} for x in links]
     host_links = host_network(cluster, runner, nodes, detail)
@@ -91,12 +92,13 @@ def device_pings(cluster: Cluster, runner: Runner, full: bool, detail: dict | No
     return {"nodes": nodes, "plan": mode, "links": {"planned": len(links), "failed": failed}, "host_links": host_links}
 
 
-def _link_checks(cluster: Cluster, runner: Runner) -> tuple[dict[str, dict], dict[str, dict[int, str]], dict[tuple[str, int], str]]:
+def _link_checks(dep: Deployment, runner: Runner) -> tuple[dict[str, dict], dict[str, dict[int, str]], dict[tuple[str, int], str]]:
     """Per node its NIC tool's checks (hccn_tool), its devices' IPs and their TLS switch values, in one round trip each."""
     from roles import comm
 
-    tool = comm.link_step_name(cluster)
-    res = runner.run(Step(name=tool, build=lambda n: comm.link_script(cluster, n), timeout=max(120.0, cluster.ssh.command_timeout)))
+    cluster = dep.cluster
+    tool = comm.link_step_name(dep)
+    res = runner.run(Step(name=tool, build=lambda n: comm.link_script(dep, n), timeout=max(120.0, cluster.ssh.command_timeout)))
     nodes: dict[str, dict] = {}
     ips: dict[str, dict[int, str]] = {}
     tls_values: dict[tuple[str, int], str] = {}
@@ -105,11 +107,11 @@ def _link_checks(cluster: Cluster, runner: Runner) -> tuple[dict[str, dict], dic
         if r.failed:
             nodes[n.name] = {"reachable": False, "error": r.msg, "checks": {}}
             continue
-        parsed = comm.parse_links(cluster, n, r.stdout)
+        parsed = comm.parse_links(dep, n, r.stdout)
         ips[n.name] = parsed["ips"]
         checks = {}
         total = len(parsed["devices"])
-        for check in comm.link_checks(cluster):
+        for check in comm.link_checks(dep):
             items = [(d, v[check][0], v[check][1]) for d, v in parsed["devices"].items()]
             ok, text, reasons = _cell(items, total)
             checks[check] = {"ok": ok, "summary": text, "failures": reasons}
@@ -141,14 +143,15 @@ def _tls_agreement(nodes: dict[str, dict], tls_values: dict[tuple[str, int], str
             c["summary"] = f"{total - bad}/{total} (switch {common})"
 
 
-def _npu_pings(cluster: Cluster, runner: Runner, nodes: dict[str, dict], ips: dict[str, dict[int, str]], full: bool) -> tuple[str, list[dict]]:
+def _npu_pings(dep: Deployment, runner: Runner, nodes: dict[str, dict], ips: dict[str, dict[int, str]], full: bool) -> tuple[str, list[dict]]:
     """(plan mode, every planned link's result): the NPU ping matrix from every
     reachable node, each node's ``pings`` check, and NPUs without an IP named."""
     from roles import comm
 
+    cluster = dep.cluster
     mode, plan = comm.ping_plan(cluster, ips, full, cluster.verify.ping_full_max)
     reachable = [n for n in cluster.nodes if nodes[n.name].get("reachable")]
-    res = runner.run(Step(name=f"NPU pings ({mode})", build=lambda n: comm.ping_script(cluster, plan[n.name]), timeout=max(300.0, cluster.ssh.command_timeout)), reachable)
+    res = runner.run(Step(name=f"NPU pings ({mode})", build=lambda n: comm.ping_script(dep, plan[n.name]), timeout=max(300.0, cluster.ssh.command_timeout)), reachable)
     links = []
     for n in reachable:
         r = res[n.name]
@@ -215,14 +218,15 @@ def host_network(cluster: Cluster, runner: Runner, nodes: dict[str, dict], detai
     return {"planned": len(pairs), "failed": [x for x in pairs if not x["ok"]]}
 
 
-def collective(cluster: Cluster, runner: Runner, detail: dict | None = None) -> dict:
+def collective(dep: Deployment, runner: Runner, detail: dict | None = None) -> dict:
     """The ``collective`` method (NVIDIA): the devices and topology of every
     node (the platform's checks of its facts), ibstat, the NCCL interface,
     the host network, then all_reduce_perf; ``detail`` gets the host pairs
     and all_reduce_perf's table, for the picture."""
     from roles import facts, nic
 
-    res = runner.run(facts.gather_step(cluster))
+    cluster = dep.cluster
+    res = runner.run(facts.gather_step(dep))
     nodes: dict[str, dict] = {}
     for n in cluster.nodes:
         r = res[n.name]
@@ -230,8 +234,8 @@ def collective(cluster: Cluster, runner: Runner, detail: dict | None = None) -> 
             nodes[n.name] = {"reachable": False, "error": r.msg, "checks": {}}
             continue
         f = r.data
-        checks = cast(_CollectiveVendor, vendor_of(cluster)).comm_device_checks(cluster, n, f)
-        ib = nic.ib_problems(cluster, f)
+        checks = cast(_CollectiveVendor, dep.vendor).comm_device_checks(cluster, n, f)
+        ib = nic.ib_problems(dep, f)
         checks["ib"] = {"ok": not ib, "summary": f"{len(f.get('ib_ports') or [])} ports" if not ib else "FAILED", "failures": ib}
         nicp = facts.nic_problems(n, f)
         checks["nccl_if"] = {"ok": not nicp, "summary": n.nic, "failures": nicp}
@@ -239,17 +243,18 @@ def collective(cluster: Cluster, runner: Runner, detail: dict | None = None) -> 
     host_links = host_network(cluster, runner, nodes, detail)
     perf = None
     if all(v.get("reachable") for v in nodes.values()):
-        perf = all_reduce(cluster, runner, {n.name: (res[n.name].data or {}).get("hostname") for n in cluster.nodes}, detail)
+        perf = all_reduce(dep, runner, {n.name: (res[n.name].data or {}).get("hostname") for n in cluster.nodes}, detail)
     return {"nodes": nodes, "all_reduce": perf, "host_links": host_links}
 
 
-def all_reduce(cluster: Cluster, runner: Runner, hostnames: dict[str, str | None], detail: dict | None = None) -> dict:
+def all_reduce(dep: Deployment, runner: Runner, hostnames: dict[str, str | None], detail: dict | None = None) -> dict:
     """``all_reduce_perf`` as one MPI world from node 0 (roles.comm), judged:
     the largest size's busbw against ``verify.nccl_min_busbw``, out-of-bounds
     values, the exit status; every failure names its node. ``detail`` gets
     its table (every size) and the floor, for the picture."""
     from roles import comm
 
+    cluster = dep.cluster
     vs = cluster.verify
     if detail is not None:
         detail["all_reduce"] = {"rows": [], "floor": vs.nccl_min_busbw, "args": vs.all_reduce_args}
@@ -263,7 +268,7 @@ def all_reduce(cluster: Cluster, runner: Runner, hostnames: dict[str, str | None
             cmd = comm.world_text(world)
             out, err, code = got
         else:
-            cmd = comm.all_reduce_command(cluster, vs.all_reduce_args)
+            cmd = comm.all_reduce_command(dep, vs.all_reduce_args)
             out, err, code = runner.exec(cluster.node0, cmd, timeout=timeout)
     except ValueError as exc:
         return {**empty, "command": None, "ok": False, "failures": [f"all_reduce_perf not run: {exc}"]}
@@ -327,17 +332,18 @@ def _save_local(files: dict, contents: dict[str, str | bytes]) -> list[str]:
     return problems
 
 
-def collect(cluster: Cluster, runner: Runner, full: bool, started: float) -> tuple[dict, dict]:
+def collect(dep: Deployment, runner: Runner, full: bool, started: float) -> tuple[dict, dict]:
     """(the verification document, its detail for the picture): every check
     of the platform, judged."""
+    cluster = dep.cluster
     info = cluster.platform_info
-    vendor = vendor_of(cluster)
+    vendor = dep.vendor
     detail: dict = {"vendor": info.vendor, "platform": info.name, "device": vendor.DEVICE,
                     "devices": {n.name: n.devices or info.devices for n in cluster.nodes}}
     if vendor.COMM_METHOD == "device_pings":
-        result = device_pings(cluster, runner, full, detail)
+        result = device_pings(dep, runner, full, detail)
     else:
-        result = collective(cluster, runner, detail)
+        result = collective(dep, runner, detail)
     ok = all(v.get("reachable") and all(c["ok"] for c in v["checks"].values()) for v in result["nodes"].values())
     if result.get("all_reduce") is not None:
         ok = ok and result["all_reduce"]["ok"]
@@ -366,10 +372,11 @@ def _draw(doc: dict, detail: dict, files: dict) -> tuple[str, bytes | None, list
     return picture.render_html({**doc, "detail": detail}, png), png, problems
 
 
-def run(cluster: Cluster, con: Console, json_out: bool, full: bool, report_dir: str | None = None) -> int:
+def run(dep: Deployment, con: Console, json_out: bool, full: bool, report_dir: str | None = None) -> int:
     started = time.time()
-    with Runner(cluster) as runner:
-        doc, detail = collect(cluster, runner, full, started)
+    cluster = dep.cluster
+    with dep.runner() as runner:
+        doc, detail = collect(dep, runner, full, started)
         files = report_files(cluster, report_dir, started)
         page, png, problems = _draw(doc, detail, files)
         # the record on node 0 for deploy (and the next engineer), the page and the picture beside it:

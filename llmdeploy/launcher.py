@@ -190,7 +190,8 @@ class UnitRuntime(Protocol):
     the cluster but ``keep_release``'s, by stop phase; or named units, each
     one's log kept in its release). ``signal_script``: a signal to each
     named unit's command. ``status_script``, ``top_script``,
-    ``logs_script``, ``follow_command``: status's, top's and logs' reads.
+    ``logs_script``, ``follow_command``: status's, top's and logs' reads
+    (``top_script``'s ``accel``: the platform's query of its devices, ``Vendor.TOP_QUERY``).
     ``bundle_sections(containers, max_bytes)``: a failure bundle's files of
     each unit, ``(file name, shell command)``.
 
@@ -255,7 +256,7 @@ class UnitRuntime(Protocol):
 
     def status_script(self) -> str: ...
 
-    def top_script(self, metrics: tuple[str, int, str] | None = None) -> str: ...
+    def top_script(self, accel: str, metrics: tuple[str, int, str] | None = None) -> str: ...
 
     def logs_script(self, service: str | None, opts: list[str], with_logs: bool = True) -> str: ...
 

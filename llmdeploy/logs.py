@@ -15,7 +15,6 @@ import tarfile
 from pathlib import Path
 
 from .inventory import Cluster, Node
-from .platform import vendor_of
 
 # (pattern, reason), most specific first. Each serving system has its own
 # (``systems.<system>.SIGNATURES``); these apply to every system.
@@ -45,11 +44,13 @@ MARK = "@@llmdeploy-bundle@@"
 BUNDLE_BYTES = 5 * 1024 * 1024
 
 
-def bundle_script(cluster: Cluster, node: Node, release_dir: str, units: list[tuple[str, str]], max_bytes: int = BUNDLE_BYTES) -> str:
+def bundle_script(cluster: Cluster, node: Node, release_dir: str, units: list[tuple[str, str]], device_files: dict[str, str],
+                  max_bytes: int = BUNDLE_BYTES) -> str:
     """One node's part of the bundle: every section behind a marker line.
     ``units``: the units' files, (name, command), from their runtime
     (``UnitRuntime.bundle_sections``: one unit's are ``container.log`` and
-    ``container.inspect.json``; with several, each is named for its unit)."""
+    ``container.inspect.json``; with several, each is named for its unit).
+    ``device_files``: the platform's own view of its devices, file -> command (``Vendor.LOG_FILES``)."""
     d = shlex.quote(release_dir)
     sections = list(units)
     sections += [
@@ -57,7 +58,7 @@ def bundle_script(cluster: Cluster, node: Node, release_dir: str, units: list[tu
         ("node.txt", "hostname; uptime; free -g 2>&1; df -h 2>&1 | head -20"),
     ]
     # the platform's own view of its devices (npu-smi, nvidia-smi, ...)
-    sections += list(vendor_of(cluster).LOG_FILES.items())
+    sections += list(device_files.items())
     out = []
     for name, cmd in sections:
         # the command may be a script of many lines (a runtime's own, which may exit): a subshell of its own,

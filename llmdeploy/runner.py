@@ -178,6 +178,7 @@ class Runner:
         persist: bool = True,
         reconnect_idle: bool = False,
         lines: Callable[[str, str, Progress], None] | None = None,
+        transport: "Callable[[Runner], launcher.Transport] | None" = None,
     ):
         """``progress(step, host, result)``: at each host's start of a step
         (result None) and with its result. ``lines(step, host, progress)``:
@@ -194,7 +195,7 @@ class Runner:
         self.reconnect_idle = reconnect_idle
         self.nodes = list(nodes if nodes is not None else cluster.nodes)
         # how a command reaches a node: the cluster's launcher's transport (llmdeploy/launcher.py), picked once
-        self.transport = launcher.of(cluster).transport(self)
+        self.transport = (transport or launcher.of(cluster).transport)(self)
         persist = persist and self.transport.holder
         ssh_hosts = self.transport.hosts(self.nodes)
         self.forks = max(1, min(forks or cluster.ssh.forks, len(self.nodes) or 1))

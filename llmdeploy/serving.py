@@ -20,6 +20,8 @@ A serving system is a folder ``systems/<name>/`` with two faces:
    ``numa(cluster, n, facts)``   the NUMA binding prepare records, or problems
    ``wheel_set()``               pinned wheels to install into the image
    ``accessory_images()``        images node 0 needs besides the serving one
+   ``operator_env()``            the variables the operator sets (``env``)
+   ``launch_ssh()``              an MPI launch agent's SSH configuration
    ============================  ===============================================
 
    Each has a default that is right for a system that needs none of it.
@@ -50,6 +52,7 @@ from .releaseplan import ReleaseFile as ReleaseFile, ReleaseFiles as ReleaseFile
 from .schema import Strict
 
 if TYPE_CHECKING:  # pragma: no cover - types only
+    from .deployment import Deployment
     from .inventory import Cluster, Node
     from .releaseplan import Drain, Metrics, Probe, ReleasePlan, Service
 
@@ -161,6 +164,15 @@ class ServingProfile(Strict):
     def accessory_images(self) -> list[str]:
         """Images node 0 needs besides the serving image."""
         return []
+
+    def operator_env(self) -> dict[str, str]:
+        """The variables the operator sets in the profile (its ``env``), which win over the tool's."""
+        env = getattr(self, "env", None)
+        return dict(env) if isinstance(env, dict) else {}
+
+    def launch_ssh(self) -> str | None:
+        """The SSH client configuration an MPI launch agent uses on node 0 (None: the container's own)."""
+        return None
 
 
 # --- what crosses the interface ------------------------------------------------------------------
@@ -276,7 +288,9 @@ class ServingSystem(Protocol):
 
     ``services`` builds the services of one entry of the system's playbook
     (:class:`PlaybookEntry`) on ``nodes``, with what prepare recorded
-    (:class:`Prepared`); ``probe`` the readiness probes one name of the
+    (:class:`Prepared`), for the cluster bound to its plug-ins (a
+    :class:`~llmdeploy.deployment.Deployment`: its vendor's devices, whether
+    its unit runtime starts a world in one launch); ``probe`` the readiness probes one name of the
     playbook's ``ready`` stands for (a list: one or several); ``files`` every
     file of the release per host (:data:`ReleaseFiles`); ``check_doc`` what
     ``deploy --check --json`` shows per node; ``metrics`` where its server
@@ -300,7 +314,7 @@ class ServingSystem(Protocol):
     DRIFT_ENV_PREFIXES: list[str]
     LABELS: dict[str, str]
 
-    def services(self, cluster: "Cluster", profile: Any, entry: PlaybookEntry, nodes: "list[Node]", prepared: Prepared,
+    def services(self, dep: "Deployment", profile: Any, entry: PlaybookEntry, nodes: "list[Node]", prepared: Prepared,
                  rid: str) -> "list[Service]": ...
 
     def entry_port(self, cluster: "Cluster", profile: Any) -> int: ...

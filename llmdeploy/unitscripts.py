@@ -28,7 +28,6 @@ import shlex
 from typing import Callable
 
 from .inventory import Cluster
-from .platform import vendor_of
 from .release import current_link, root
 from .sections import section
 
@@ -150,11 +149,11 @@ def logs_script(service: str | None, listing: str, log: str, with_logs: bool = T
     return "\n".join(lines) + "\ntrue\n"
 
 
-def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None, units: str) -> str:
+def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None, units: str, accel: str) -> str:
     """One node's units (``units``: a runtime's ``name|status|started|service|release``
     line per unit, ``roles.status.TOP_FORMAT``'s fields), the current
     release's attempt numbers, its accelerators' use and memory
-    (the platform's ``TOP_QUERY``: ``nvidia-smi --query-gpu``, ``npu-smi info``) and, with ``metrics``
+    (``accel``: the platform's ``TOP_QUERY``: ``nvidia-smi --query-gpu``, ``npu-smi info``) and, with ``metrics``
     (ip, port, path), the server's metrics page read on the node itself
     (bash's /dev/tcp: no other tool needed). Sections release, units,
     attempts, accel, metrics."""
@@ -166,7 +165,7 @@ def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None, units: st
         section("units", units),
         section("attempts", f'[ -n "$rel" ] && for f in {rel}/logs/*.attempt; do [ -f "$f" ] && printf "%s %s\\n" "${{f##*/}}" "$(head -c 12 "$f")"; done; true'),
         # the platform's query of its devices' use and memory (nvidia-smi --query-gpu, npu-smi info)
-        section("accel", vendor_of(cluster).TOP_QUERY),
+        section("accel", accel),
     ]
     if metrics:
         ip, port, path = metrics

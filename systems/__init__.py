@@ -21,7 +21,7 @@ from llmdeploy.plugin import Registry
 from llmdeploy.inventory import Cluster
 from llmdeploy.releaseplan import ReleasePlan, Service, order_services
 from llmdeploy.serving import PlaybookEntry, Prepared, System, register
-from roles import runtime
+from llmdeploy.deployment import Deployment
 from systems.common import nic_reason, NIC_PATTERN
 
 
@@ -74,15 +74,15 @@ def hosts_of(cluster: Cluster, selection: str) -> list:
     return playbooks.select_nodes(cluster, None, selection)
 
 
-def build(cluster: Cluster, prepared: dict[str, dict | None] | Prepared, rid: str, image_id: str | None) -> ReleasePlan:
-    """The release plan of ``cluster``: the playbook's services, built by the system's module
+def build(dep: Deployment, prepared: dict[str, dict | None] | Prepared, rid: str, image_id: str | None) -> ReleasePlan:
+    """The release plan of a deployment: the playbook's services, built by its system's module
     (``prepared``: each node's prepare record as read, or none)."""
-    kind = cluster.profile.kind
-    sys_ = system(kind)
+    cluster, sys_ = dep.cluster, dep.system
+    kind = sys_.kind
     mod, prof = sys_.module, sys_.profile(cluster)
     prepared = Prepared.from_records(prepared)
     pb = playbook(kind)
-    units_runtime = runtime.of(cluster)
+    units_runtime = dep.runtime
     where = f"{playbooks.PLAYBOOK_DIR}/serve-{kind}.yaml: services"
     entries = [PlaybookEntry.from_doc(e, f"{where}[{i}]") for i, e in enumerate(pb["services"])]
     present = [(e, hosts_of(cluster, e.hosts)) for e in entries]
@@ -97,7 +97,7 @@ def build(cluster: Cluster, prepared: dict[str, dict | None] | Prepared, rid: st
         after: list[str] = []
         for a in entry.after:
             after += expanded.get(a, [a])
-        made = mod.services(cluster, prof, entry, nodes, prepared, rid)
+        made = mod.services(dep, prof, entry, nodes, prepared, rid)
         for svc in made:
             for u in svc.units:
                 if u.spec is None or u.spec.name != u.container:

@@ -14,7 +14,7 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.releaseplan import Probe, ReleasePlan
 from llmdeploy.serving import Prepared, ReleaseFile
-from roles import mpi, runtime
+from roles import mpi
 from roles import render  # noqa: F401 (the systems render their files with it)
 from roles.mpi import nics  # noqa: F401 (the systems' OpenMPI *_if_include lists)
 
@@ -180,9 +180,3 @@ def container_check_node(cluster: Cluster, node: Node, unit, secrets: list[str],
             "container_command": mask(unit.show["container_command"], secrets), "serve_command": mask(unit.show["serve_command"], secrets)}
 
 
-def one_launch(cluster: Cluster) -> bool:
-    """Whether the cluster's runtime starts a world (a service whose units
-    are one, ``Service.world``) itself, one launch over its nodes with each
-    task's place from the launcher (Slurm on pyxis: one step), instead of a
-    container per node that mpirun, or the system's own ranks, join."""
-    return runtime.of(cluster).worlds

@@ -574,9 +574,9 @@ def running_script(cluster: Cluster) -> str:
     return FUNCS + f"llu_running {q(cluster.name)} {q(release.releases_dir(cluster))}"
 
 
-def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None = None) -> str:
+def top_script(cluster: Cluster, accel: str, metrics: tuple[str, int, str] | None = None) -> str:
     """``roles.status.top_script`` with the units section read from the units' records."""
-    return FUNCS + us.top_script(cluster, metrics, f"llu_top {q(cluster.name)} {q(release.releases_dir(cluster))}")
+    return FUNCS + us.top_script(cluster, metrics, f"llu_top {q(cluster.name)} {q(release.releases_dir(cluster))}", accel)
 
 
 def _lines(opts: list[str]) -> str:
@@ -657,8 +657,8 @@ class PyxisUnits:
     def status_script(self) -> str:
         return status_script(self.c)
 
-    def top_script(self, metrics: tuple[str, int, str] | None = None) -> str:
-        return top_script(self.c, metrics)
+    def top_script(self, accel: str, metrics: tuple[str, int, str] | None = None) -> str:
+        return top_script(self.c, accel, metrics)
 
     def logs_script(self, service: str | None, opts: list[str], with_logs: bool = True) -> str:
         return logs_script(self.c, service, opts, with_logs)

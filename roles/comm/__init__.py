@@ -38,9 +38,8 @@ import shlex
 from collections import Counter
 from typing import Any, Callable, Protocol, cast
 
-from llmdeploy import launcher
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster, Node
-from llmdeploy.platform import vendor_of
 from llmdeploy.schema import NIC_RE
 from roles import in_one_piece, mpi
 from llmdeploy.sections import excerpt, number, section, split_sections
@@ -63,31 +62,31 @@ class _DevicePingsVendor(Protocol):
     def ping_job(self, cluster: Cluster, device: int, ip: str) -> str: ...
 
 
-def _pings_vendor(cluster: Cluster) -> _DevicePingsVendor:
-    """``cluster``'s vendor, whose method these checks are (``device_pings``)."""
-    return cast(_DevicePingsVendor, vendor_of(cluster))
+def _pings_vendor(dep: Deployment) -> _DevicePingsVendor:
+    """The cluster's vendor, whose method these checks are (``device_pings``)."""
+    return cast(_DevicePingsVendor, dep.vendor)
 
 
-def link_checks(cluster: Cluster) -> list[str]:
+def link_checks(dep: Deployment) -> list[str]:
     """The per-device checks of the platform's ``device_pings`` method, in the table's order."""
-    return list(_pings_vendor(cluster).LINK_CHECKS)
+    return list(_pings_vendor(dep).LINK_CHECKS)
 
 
-def link_step_name(cluster: Cluster) -> str:
+def link_step_name(dep: Deployment) -> str:
     """How the runner names the per-device checks' step (``hccn_tool checks``)."""
-    return f"{_pings_vendor(cluster).LINK_TOOL} checks"
+    return f"{_pings_vendor(dep).LINK_TOOL} checks"
 
 
-def link_script(cluster: Cluster, node: Node) -> str:
+def link_script(dep: Deployment, node: Node) -> str:
     """Every per-device query of one node (the platform's NIC tool), one round trip."""
-    return _pings_vendor(cluster).link_script(cluster, node)
+    return _pings_vendor(dep).link_script(dep.cluster, node)
 
 
-def parse_links(cluster: Cluster, node: Node, out: str) -> dict:
+def parse_links(dep: Deployment, node: Node, out: str) -> dict:
     """``link_script``'s output: {"devices": {device: {check: (ok, detail)}},
     "ips": {device: its IP}, "conf": the node's device network configuration
     file (None: unreadable), "conf_name", "conf_path"}."""
-    return _pings_vendor(cluster).parse_links(cluster, node, out)
+    return _pings_vendor(dep).parse_links(dep.cluster, node, out)
 
 
 def ping_plan(cluster: Cluster, ips: dict[str, dict[int, str]], full: bool, full_max: int) -> tuple[str, dict[str, list[tuple[int, str, int, str]]]]:
@@ -160,15 +159,15 @@ def split_marked(out: str) -> dict[str, str]:
     return results
 
 
-def ping_script(cluster: Cluster, pings: list[tuple[int, str, int, str]], lanes: int = 4) -> str | None:
+def ping_script(dep: Deployment, pings: list[tuple[int, str, int, str]], lanes: int = 4) -> str | None:
     """All of a node's pings, in ``lanes`` parallel lanes (each lane runs its
     pings one after another, one NPU's pings in one lane). Bounded: a 32-node
     cluster pinging with every NPU at once starves the hosts' CPUs and the
     late replies read as loss."""
     if not pings:
         return None
-    vendor = _pings_vendor(cluster)
-    jobs = [(d, vendor.ping_job(cluster, d, ip)) for d, _, _, ip in pings]
+    vendor = _pings_vendor(dep)
+    jobs = [(d, vendor.ping_job(dep.cluster, d, ip)) for d, _, _, ip in pings]
     return lanes_script(list(vendor.PING_PRELUDE), jobs, lanes)
 
 
@@ -397,8 +396,7 @@ def nccl_ifname(cluster: Cluster, node: Node) -> str:
     """NCCL_SOCKET_IFNAME as the node's own communication environment has it
     (roles.commenv: the node's serving NIC, unless the profile's ``env``
     sets it)."""
-    env = getattr(cluster.profile, "env", None) or {}
-    value = env.get("NCCL_SOCKET_IFNAME") or _nic(cluster, node)
+    value = cluster.profile.operator_env().get("NCCL_SOCKET_IFNAME") or _nic(cluster, node)
     if not value or "\n" in value:
         raise ValueError(f"{node.name}: NCCL_SOCKET_IFNAME {value!r} is not an interface list")
     return value
@@ -436,7 +434,7 @@ def all_reduce_ranks(cluster: Cluster, args: str) -> list[tuple[Node, int, range
     return out
 
 
-def all_reduce_command(cluster: Cluster, args: str) -> str:
+def all_reduce_command(dep: Deployment, args: str) -> str:
     """``mpirun`` on node 0 over every node, one rank per GPU (nccl-tests
     README: ``mpirun -np <ranks> -N <per node> ./build/all_reduce_perf -b 8 -e 8G -f 2 -g 1``),
     each node's ranks with that node's NCCL_SOCKET_IFNAME.
@@ -446,12 +444,13 @@ def all_reduce_command(cluster: Cluster, args: str) -> str:
     which from 8 bytes up is far below what the fabric carries; the floor
     (``verify.nccl_min_busbw``) is held against the largest size's busbw,
     where the bandwidth is what counts (doc/PERFORMANCE.md)."""
+    cluster = dep.cluster
     ranks = all_reduce_ranks(cluster, args)
     program = ["all_reduce_perf", *shlex.split(args)]
     multi = len(ranks) > 1
     cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none"]
     # what mpirun needs when it runs through the cluster's launcher (inside a job step, say)
-    cmd += list(launcher.of(cluster).MPIRUN_ARGS)
+    cmd += list(dep.launcher.MPIRUN_ARGS)
     cmd += mpi.tcp_if_args(mpi.nics(cluster, [n.name for n in cluster.nodes]))
     for i, (n, k, _) in enumerate(ranks):
         if i:
@@ -462,7 +461,7 @@ def all_reduce_command(cluster: Cluster, args: str) -> str:
         cmd += program
     if not multi:
         return shlex.join(cmd)
-    agent = mpi.launch_agent(cluster, [n.name for n, _, _ in ranks], getattr(cluster.profile, "launch_ssh_config", None))
+    agent = mpi.launch_agent(cluster, [n.name for n, _, _ in ranks], cluster.profile.launch_ssh())
     if AGENT_END in agent:
         raise ValueError(f"the launch agent of {cluster.name} holds {AGENT_END}")
     # mpirun's launch options with the agent's path, which only the shell knows

@@ -82,4 +82,4 @@ def render_step(cluster: Cluster, check: bool = False, diff: bool = False, ctx=N
 
 
 STEPS = {"render": lambda ctx: render_step(ctx.cluster, check=ctx.check, diff=ctx.diff, ctx=ctx)}
-PROBES = {"render": lambda cluster, node: sum_probe(env_path(cluster, node))}
+PROBES = {"render": lambda dep, node: sum_probe(env_path(dep.cluster, node))}

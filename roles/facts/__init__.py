@@ -1,7 +1,9 @@
 """Facts: what a node is, read in one remote round trip.
 
-``build(cluster, node)`` returns one shell script that prints every section
-behind a marker line; ``parse(cluster, node, stdout)`` turns it into a dict.
+``build(dep, node)`` returns one shell script that prints every section
+behind a marker line; ``parse(dep, node, stdout)`` turns it into a dict
+(``dep``: the cluster's :class:`~llmdeploy.deployment.Deployment`, whose
+vendor and unit runtime add their sections).
 Neither opens a connection: the runner executes the script.
 """
 
@@ -12,20 +14,18 @@ import re
 import shlex
 from typing import Callable
 
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster, Node
-from llmdeploy.platform import vendor_of
 from llmdeploy.runner import FAILED, OK, HostResult, Step
 from llmdeploy.sections import MARK, MAX_CPUS, excerpt, number, parse_topo_affinity, section, split_sections  # noqa: F401 (the roles read sections here)
 from llmdeploy.sections import cpulist as _cpulist  # noqa: F401
 from roles import from_facts, in_one_piece, keep_progress_fd, progress_line
 
-def build(cluster: Cluster, node: Node) -> str:
+def build(dep: Deployment, node: Node) -> str:
     """The facts script for one node (POSIX sh, read-only). The container
     engine and this cluster's running units are the units' runtime's to
-    read (``roles.runtime``: docker, or a launcher's own)."""
-    from roles import runtime  # roles.runtime reads sections with this module's split_sections
-
-    rt = runtime.of(cluster)
+    read (``dep.runtime``: docker, or a launcher's own)."""
+    cluster, rt = dep.cluster, dep.runtime
     model = shlex.quote(cluster.model.path)
     parts = [
         section("hostname", "hostname"),
@@ -46,7 +46,7 @@ def build(cluster: Cluster, node: Node) -> str:
         section("listen", "ss -Htln"),
         section("ours", rt.running_script().rstrip()),
     ]
-    vendor = vendor_of(cluster)
+    vendor = dep.vendor
     parts += vendor.facts_lines(cluster, node)
     if vendor.IB_PORTS:
         parts.append(section("ibstat", "ibstat"))
@@ -158,18 +158,18 @@ def parse_ibstat(text: str) -> list[dict]:
     return ports
 
 
-def parse(cluster: Cluster, node: Node, stdout: str) -> dict:
+def parse(dep: Deployment, node: Node, stdout: str) -> dict:
     """Facts of one node from the script's output. Missing tools show as None."""
     s = split_sections(stdout)
     cpu_nodes = parse_lscpu(_ok_text(s, "lscpu") or "")
     facts: dict = {"host": node.name, "ip": str(node.ip), "nic_configured": node.nic}
     facts.update(_host_facts(s, node, cpu_nodes))
-    vendor = vendor_of(cluster)
+    cluster, vendor = dep.cluster, dep.vendor
     accel = vendor.devices(s, cpu_nodes)
     facts["accelerator"] = vendor.DEVICE
     if vendor.IB_PORTS:
         facts["ib_ports"] = parse_ibstat(_ok_text(s, "ibstat") or "") if _ok_text(s, "ibstat") is not None else None
-    unreadable = _unreadable(cluster, node, s, accel, facts)
+    unreadable = _unreadable(vendor.DEVICE_TOOL, node, s, accel, facts)
     if unreadable:
         facts["unreadable"] = unreadable
     for d in accel:
@@ -237,10 +237,11 @@ def engine(text: str) -> str | None:
     return " + ".join(parts) or None
 
 
-def _unreadable(cluster: Cluster, node: Node, s: dict[str, tuple[str, int | None]], accel: list[dict], facts: dict) -> dict[str, str]:
-    """What a device table or ibstat printed when it could not be read (or not all of it)."""
+def _unreadable(device_tool: tuple[str, str], node: Node, s: dict[str, tuple[str, int | None]], accel: list[dict], facts: dict) -> dict[str, str]:
+    """What a device table or ibstat printed when it could not be read (or not all of it)
+    (``device_tool``: the vendor's (section, tool) of its device table)."""
     unreadable: dict[str, str] = {}
-    table, tool = vendor_of(cluster).DEVICE_TOOL
+    table, tool = device_tool
     if node.devices and len(accel) < node.devices:
         unreadable[tool] = _printed(s, table)
     if "ib_ports" in facts and not facts["ib_ports"]:
@@ -344,9 +345,9 @@ def _problems(cluster: Cluster, node: Node, facts: dict, s: dict[str, tuple[str,
     return out
 
 
-def probes(refs: list[str]) -> dict[str, Callable[[Cluster, Node], str]]:
+def probes(refs: list[str]) -> dict[str, Callable[[Deployment, Node], str]]:
     """The read-only probes of the steps ``refs`` (a role's ``PROBES``:
-    step -> script builder), in order."""
+    step -> script builder of (deployment, node)), in order."""
     out = {}
     for ref in refs:
         role, _, step = ref.partition(".")
@@ -359,23 +360,23 @@ def probes(refs: list[str]) -> dict[str, Callable[[Cluster, Node], str]]:
     return out
 
 
-def inspect_build(cluster: Cluster, node: Node, refs: list[str]) -> str:
+def inspect_build(dep: Deployment, node: Node, refs: list[str]) -> str:
     """The facts script plus, in a section each, the probes of the later
     steps: what they would read first on the node (is the image there, what is
     in the model directory, the checksum of a file they write). A step whose
     probe answers decides the host without a round trip of its own. A probe's
     progress lines (the model's checksums) go out as they are printed, on
     the command's stderr (``keep_progress_fd``)."""
-    parts = [keep_progress_fd(), build(cluster, node)]
+    parts = [keep_progress_fd(), build(dep, node)]
     for ref, fn in probes(refs).items():
         # a subshell: a probe's exit ends only itself
-        parts.append(section(f"probe {ref}", f"(\n{fn(cluster, node).rstrip()}\n)") + "\n")
+        parts.append(section(f"probe {ref}", f"(\n{fn(dep, node).rstrip()}\n)") + "\n")
     return "".join(parts)
 
 
-def gather_step(cluster: Cluster, refs: list[str] | None = None) -> Step:
+def gather_step(dep: Deployment, refs: list[str] | None = None) -> Step:
     def _parse(node: Node, out: str, err: str, code: int) -> HostResult:
-        facts = parse(cluster, node, out)
+        facts = parse(dep, node, out)
         if refs:
             s = split_sections(out)
             facts["probes"] = {ref: s[f"probe {ref}"] for ref in probes(refs) if f"probe {ref}" in s}
@@ -389,8 +390,8 @@ def gather_step(cluster: Cluster, refs: list[str] | None = None) -> Step:
         return HostResult(node.name, status, msg=msg, data=facts, exit_code=code)
 
     if refs:
-        return Step(name="facts", build=lambda node: in_one_piece(inspect_build(cluster, node, refs)), parse=_parse, progress=progress_line)
-    return Step(name="facts", build=lambda node: in_one_piece(build(cluster, node)), parse=_parse)
+        return Step(name="facts", build=lambda node: in_one_piece(inspect_build(dep, node, refs)), parse=_parse, progress=progress_line)
+    return Step(name="facts", build=lambda node: in_one_piece(build(dep, node)), parse=_parse)
 
 
 def platform_check(node: Node, facts: dict) -> HostResult:
@@ -415,9 +416,9 @@ def refusal(cluster: Cluster, results: dict[str, HostResult]) -> str | None:
 
 
 STEPS = {
-    "gather": lambda ctx: gather_step(ctx.cluster),
+    "gather": lambda ctx: gather_step(ctx.dep),
     # every node is what its platform declares (after gather or inspect)
     "platform": platform_step,
     # gather, plus the probes of the playbook's later steps (prepare)
-    "inspect": lambda ctx: gather_step(ctx.cluster, list(ctx.options.get("steps", []))),
+    "inspect": lambda ctx: gather_step(ctx.dep, list(ctx.options.get("steps", []))),
 }

@@ -336,4 +336,4 @@ def writable_step(ctx) -> Step:
 
 
 STEPS = {"writable": writable_step}
-PROBES = {"writable": lambda cluster, node: writable_script(cluster)}
+PROBES = {"writable": lambda dep, node: writable_script(dep.cluster)}

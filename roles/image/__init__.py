@@ -31,11 +31,12 @@ import json
 import re
 import shlex
 
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
 from llmdeploy.sections import counted
 from llmdeploy.unitscripts import IMAGE_MARK
-from roles import fail_odd_ones, hosts_text, progress_echo, progress_line, runtime
+from roles import fail_odd_ones, hosts_text, progress_echo, progress_line
 from roles.facts import excerpt
 
 MARK = IMAGE_MARK
@@ -58,20 +59,20 @@ $1 ~ /^[0-9a-f]+:$/ {
 LOAD_PIECE = 16 * 1024 * 1024
 
 
-def _own(cluster: Cluster, check: bool) -> str | None:
+def _own(dep: Deployment, check: bool) -> str | None:
     """The units' runtime's own script for the image (None: Docker's, here)."""
-    return runtime.of(cluster).image_script(cluster.image.ref, check)
+    return dep.runtime.image_script(dep.cluster.image.ref, check)
 
 
-def probe(cluster: Cluster, node: Node | None = None, ref: str | None = None) -> str:
+def probe(dep: Deployment, node: Node | None = None, ref: str | None = None) -> str:
     """Is the image there (read-only): the first part of ``build`` (the
     runtime's own check, which says no more than what it would do).
     ``ref``: another image in Docker (the image with the wheels, built once
     and sent down the chain), not the inventory's."""
-    own = _own(cluster, True) if ref is None else None
+    own = _own(dep, True) if ref is None else None
     if own is not None:
         return own
-    return "\n".join(_inspect_lines(cluster, ref)) + "\n"
+    return "\n".join(_inspect_lines(dep.cluster, ref)) + "\n"
 
 
 def _inspect_lines(cluster: Cluster, ref: str | None = None) -> list[str]:
@@ -83,10 +84,11 @@ def _inspect_lines(cluster: Cluster, ref: str | None = None) -> list[str]:
     ]
 
 
-def build(cluster: Cluster, check: bool = False) -> str:
-    own = _own(cluster, check)
+def build(dep: Deployment, check: bool = False) -> str:
+    own = _own(dep, check)
     if own is not None:
         return own
+    cluster = dep.cluster
     tar = cluster.image.tarball
     lines = _inspect_lines(cluster)
     if tar:
@@ -153,7 +155,7 @@ def parse_ref(ref: str, node: Node, out: str, err: str, code: int) -> HostResult
 
 
 def ensure_step(ctx) -> Step:
-    cluster = ctx.cluster
+    dep, cluster = ctx.dep, ctx.cluster
 
     def same_id(results):
         fail_odd_ones(
@@ -168,7 +170,7 @@ def ensure_step(ctx) -> Step:
     # pulls of a multi-GB image take long: a generous deadline of their own
     return Step(
         name="image",
-        build=lambda node: build(cluster, ctx.check),
+        build=lambda node: build(dep, ctx.check),
         parse=lambda node, out, err, code: parse(cluster, node, out, err, code),
         aggregate=same_id,
         timeout=max(cluster.ssh.command_timeout, 3600.0),
@@ -191,13 +193,12 @@ def _remove(r: HostResult) -> str:
 def accessories(cluster: Cluster) -> list[str]:
     """Images node 0 needs besides the serving image (Dynamo's etcd and NATS
     when the tool starts them); none for the other profiles."""
-    fn = getattr(cluster.profile, "accessory_images", None)
-    return list(fn()) if fn else []
+    return list(cluster.profile.accessory_images())
 
 
-def _own_images(cluster: Cluster, refs: list[str]) -> bool:
+def _own_images(dep: Deployment, refs: list[str]) -> bool:
     """Whether the units' runtime has images of its own (a pyxis cluster's imported files)."""
-    return bool(refs) and runtime.of(cluster).image_script(refs[0], True) is not None
+    return bool(refs) and dep.runtime.image_script(refs[0], True) is not None
 
 
 # a pyxis node's accessories script: each image's own script (the serving
@@ -209,7 +210,7 @@ ACCESSORY_EXIT = "accessory-exit"
 ACCESSORIES_STEP = "accessory images"
 
 
-def accessories_build(cluster: Cluster, node: Node, check: bool) -> str | None:
+def accessories_build(dep: Deployment, node: Node, check: bool) -> str | None:
     """Pull (or, in check mode, say it would pull) each accessory image node
     0 lacks. A runtime with images of its own (pyxis) has each imported by
     its ``image_script`` instead, the serving image's import (one file per
@@ -217,11 +218,12 @@ def accessories_build(cluster: Cluster, node: Node, check: bool) -> str | None:
     a subshell of its own, its output after ``MARK accessory <ref>`` and
     followed by ``MARK accessory-exit <ref> <status>``; the first that fails
     ends the script with its status."""
+    cluster = dep.cluster
     refs = accessories(cluster)
     if node.name != cluster.node0.name or not refs:
         return None
-    if _own_images(cluster, refs):
-        return _own_accessories(cluster, refs, check)
+    if _own_images(dep, refs):
+        return _own_accessories(dep, refs, check)
     lines = []
     for ref in refs:
         q = shlex.quote(ref)
@@ -231,9 +233,9 @@ def accessories_build(cluster: Cluster, node: Node, check: bool) -> str | None:
     return "\n".join(lines) + "\n"
 
 
-def _own_accessories(cluster: Cluster, refs: list[str], check: bool) -> str:
+def _own_accessories(dep: Deployment, refs: list[str], check: bool) -> str:
     """``accessories_build`` on a runtime with images of its own."""
-    rt, q = runtime.of(cluster), shlex.quote
+    rt, q = dep.runtime, shlex.quote
     lines = []
     for ref in refs:
         script = rt.image_script(ref, check)
@@ -248,8 +250,9 @@ def _own_accessories(cluster: Cluster, refs: list[str], check: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def accessories_parse(cluster: Cluster, node: Node, out: str, err: str, code: int) -> HostResult:
-    if _own_images(cluster, accessories(cluster)):
+def accessories_parse(dep: Deployment, node: Node, out: str, err: str, code: int) -> HostResult:
+    cluster = dep.cluster
+    if _own_images(dep, accessories(cluster)):
         return _own_accessories_parse(cluster, node, out, err, code)
     states = re.findall(rf"^{re.escape(MARK)} (\S+) (\S+)$", out, re.M)
     if code != 0:
@@ -321,11 +324,11 @@ def accessory_files(data) -> dict[str, str]:
 
 
 def accessories_step(ctx) -> Step:
-    cluster = ctx.cluster
+    dep, cluster = ctx.dep, ctx.cluster
     return Step(
         name=ACCESSORIES_STEP,
-        build=lambda node: accessories_build(cluster, node, ctx.check),
-        parse=lambda node, out, err, code: accessories_parse(cluster, node, out, err, code),
+        build=lambda node: accessories_build(dep, node, ctx.check),
+        parse=lambda node, out, err, code: accessories_parse(dep, node, out, err, code),
         timeout=max(cluster.ssh.command_timeout, 3600.0),
         progress=progress_line,
     )

@@ -148,4 +148,4 @@ def check_step(ctx) -> Step:
 
 STEPS = {"check": check_step}
 # read in the facts script when the playbook runs facts.inspect
-PROBES = {"check": build}
+PROBES = {"check": lambda dep, node: build(dep.cluster, node)}

@@ -5,15 +5,16 @@ expected rate."""
 
 from __future__ import annotations
 
-from llmdeploy.inventory import Cluster, Node
-from llmdeploy.platform import vendor_of
+from llmdeploy.deployment import Deployment
+from llmdeploy.inventory import Node
 from llmdeploy.runner import FAILED, OK, HostResult, Step
 from roles import fail_odd_ones, from_facts, hosts_text
 from roles.facts import nic_problems
 
 
-def ib_problems(cluster: Cluster, facts: dict) -> list[str]:
-    if not vendor_of(cluster).IB_PORTS or cluster.ib_rate is None:
+def ib_problems(dep: Deployment, facts: dict) -> list[str]:
+    cluster = dep.cluster
+    if not dep.vendor.IB_PORTS or cluster.ib_rate is None:
         return []
     ports = facts.get("ib_ports")
     # what ibstat printed, when it failed or listed no port (roles.facts keeps it)
@@ -37,14 +38,15 @@ def ib_problems(cluster: Cluster, facts: dict) -> list[str]:
     return out
 
 
-def check(node: Node, facts: dict, cluster: Cluster) -> HostResult:
-    problems = nic_problems(node, facts) + ib_problems(cluster, facts)
+def check(node: Node, facts: dict, dep: Deployment) -> HostResult:
+    problems = nic_problems(node, facts) + ib_problems(dep, facts)
     nic = facts.get("nic") or {}
     data = {"nic": node.nic, "mtu": nic.get("mtu"), "problems": problems}
     if problems:
         return HostResult(node.name, FAILED, msg="; ".join(problems), data=data)
     ib = facts.get("ib_ports") or []
-    extra = f", {len(ib)} IB ports Active at {cluster.ib_rate}" if ib and cluster.ib_rate else ""
+    rate = dep.cluster.ib_rate
+    extra = f", {len(ib)} IB ports Active at {rate}" if ib and rate else ""
     return HostResult(node.name, OK, msg=f"{node.nic} up, owns {node.ip}, MTU {nic.get('mtu')}{extra}", data=data)
 
 
@@ -58,7 +60,7 @@ def check_step(ctx) -> Step:
             describe=lambda h, mine, ref, agreeing: f"MTU {mine} on {cluster.node(h).nic}, but {ref} on {hosts_text(agreeing)}: the MTU must agree across nodes",
         )
 
-    return Step(name="nic", local=from_facts(lambda n, f: check(n, f, cluster), ctx), aggregate=same_mtu)
+    return Step(name="nic", local=from_facts(lambda n, f: check(n, f, ctx.dep), ctx), aggregate=same_mtu)
 
 
 STEPS = {"check": check_step}

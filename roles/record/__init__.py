@@ -70,4 +70,4 @@ def write_step(ctx):
 
 
 STEPS = {"write": write_step}
-PROBES = {"write": lambda cluster, node: sum_probe(prepared_path(cluster))}
+PROBES = {"write": lambda dep, node: sum_probe(prepared_path(dep.cluster))}

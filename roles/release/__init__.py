@@ -15,7 +15,6 @@ import shlex
 from llmdeploy.inventory import Cluster
 from llmdeploy.lock import audit_path
 from llmdeploy.release import append_script, current_link, ledger_path, release_dir, releases_dir
-from roles import runtime
 from llmdeploy.sections import section, split_sections
 
 
@@ -93,14 +92,15 @@ def _attempts(d: str) -> str:
     )
 
 
-def release_script(cluster: Cluster, rid: str) -> str:
+def release_script(cluster: Cluster, rid: str, image_id_script: str) -> str:
     """What one node holds of release ``rid``, in one round trip. Sections:
     problems (what it needs to run and lacks), meta (release.json), plan
-    (plan.json, empty if none), attempts (how often each unit was started)."""
+    (plan.json, empty if none), attempts (how often each unit was started). ``image_id_script``:
+    the unit runtime's ``llmdeploy_image_id`` function (``UnitRuntime.image_id_script``)."""
     d = release_dir(cluster, rid)
     q = shlex.quote
     return "\n".join([
-        section("problems", _problems(d, runtime.of(cluster).image_id_script())),
+        section("problems", _problems(d, image_id_script)),
         section("meta", f"cat {q(d)}/release.json"),
         section("plan", f"cat {q(d)}/plan.json 2>/dev/null || true"),
         section("attempts", _attempts(d)),

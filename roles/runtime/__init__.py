@@ -2,7 +2,8 @@
 stop them (``llmdeploy.launcher.UnitRuntime``). Docker's is here, made of
 ``roles.containers`` and ``roles.status``; a launcher that runs units
 another way gives its own (``LauncherPlugin.runtime``: the Slurm launcher's
-pyxis steps), and every caller asks :func:`of` instead of naming one.
+pyxis steps). The binder (``flows.binding``) picks a cluster's once, into its
+:class:`~llmdeploy.deployment.Deployment`; every caller takes it from there.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import shlex
 from typing import Callable
 
-from llmdeploy import launcher
 from llmdeploy.container import ContainerSpec, docker_run
 from llmdeploy.inventory import Cluster
 from llmdeploy.launcher import UnitRuntime, Wheels
@@ -61,8 +61,8 @@ class Docker:
     def status_script(self) -> str:
         return status.status_script(self.c)
 
-    def top_script(self, metrics: tuple[str, int, str] | None = None) -> str:
-        return status.top_script(self.c, metrics)
+    def top_script(self, accel: str, metrics: tuple[str, int, str] | None = None) -> str:
+        return status.top_script(self.c, accel, metrics)
 
     def logs_script(self, service: str | None, opts: list[str], with_logs: bool = True) -> str:
         return status.logs_script(self.c, service, opts, with_logs)
@@ -95,11 +95,6 @@ class Docker:
 
     def wheels_files(self, serving: str) -> tuple[str, ...]:
         return ()  # an image of dockerd's: it travels as docker save (flows.stage.distribute_wheels)
-
-
-def of(cluster: Cluster) -> UnitRuntime:
-    """The runtime of ``cluster``'s units: its launcher's own, else Docker's."""
-    return launcher.of(cluster).runtime(cluster) or Docker(cluster)
 
 
 # Docker's runtime conforms to the interface (for the type checker)

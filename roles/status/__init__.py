@@ -18,7 +18,7 @@ import shlex
 
 from llmdeploy import unitscripts
 from llmdeploy.inventory import Cluster
-from llmdeploy.platform import vendor_of
+from llmdeploy.platform import Vendor
 from llmdeploy.unitscripts import LABEL, LOG_MARK, UNIT_MARK
 from roles.commenv import parse_env_file
 from llmdeploy.sections import split_sections
@@ -130,19 +130,21 @@ TOP_FORMAT = (f'{{{{.Name}}}}|{{{{.State.Status}}}}|{{{{.State.StartedAt}}}}|{{{
               f'{{{{index .Config.Labels "{LABEL}.release"}}}}')
 
 
-def top_script(cluster: Cluster, metrics: tuple[str, int, str] | None = None) -> str:
+def top_script(cluster: Cluster, accel: str, metrics: tuple[str, int, str] | None = None) -> str:
     """``llmdeploy.unitscripts.top_script`` with Docker's units: one
-    ``docker inspect`` line (TOP_FORMAT) per container of the cluster."""
+    ``docker inspect`` line (TOP_FORMAT) per container of the cluster
+    (``accel``: the platform's query of its devices)."""
     q = shlex.quote
     ids = f"docker ps -aq --filter label={LABEL}.cluster={q(cluster.name)}"
-    return unitscripts.top_script(cluster, metrics, f'ids=$({ids}); [ -z "$ids" ] || docker inspect --format {q(TOP_FORMAT)} $ids')
+    return unitscripts.top_script(cluster, metrics, f'ids=$({ids}); [ -z "$ids" ] || docker inspect --format {q(TOP_FORMAT)} $ids', accel)
 
 
-def parse_top(out: str, cluster: Cluster) -> dict:
+def parse_top(out: str, vendor: Vendor) -> dict:
     """``top_script``'s output: {"release", "units": [{name, state, started,
     service, release}], "attempts": {container: n}, "accel": [{id, util_pct,
     mem_used_mib, mem_total_mib}], "metrics": the page's body (None unless
-    it answered 200), "metrics_status": its HTTP status (None: no answer)}."""
+    it answered 200), "metrics_status": its HTTP status (None: no answer)};
+    ``vendor`` reads its devices' section."""
     s = split_sections(out)
 
     def text(name: str) -> str:
@@ -169,7 +171,7 @@ def parse_top(out: str, cluster: Cluster) -> dict:
         status = int(code[0]) if sep and code and code[0].isdigit() else None
         metrics = body if status == 200 else None
     return {"release": text("release").strip() or None, "units": units, "attempts": attempts,
-            "accel": vendor_of(cluster).parse_top(accel), "metrics": metrics, "metrics_status": status}
+            "accel": vendor.parse_top(accel), "metrics": metrics, "metrics_status": status}
 
 
 def started_at(started: str) -> float | None:

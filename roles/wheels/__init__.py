@@ -37,12 +37,13 @@ import re
 import shlex
 from typing import Any
 
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.launcher import Wheels
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult, Step
 from llmdeploy.sections import counted
 from llmdeploy.unitscripts import WHEELS_MARK
-from roles import fail_odd_ones, hosts_text, progress_line, runtime
+from roles import fail_odd_ones, hosts_text, progress_line
 from roles.facts import excerpt
 
 MARK = WHEELS_MARK
@@ -118,11 +119,12 @@ def spec(cluster: Cluster) -> Wheels | None:
                   mounts=mounts, verify=("python3", "-c", _verify_py(want, ws.report)))
 
 
-def build(cluster: Cluster, check: bool = False) -> str | None:
+def build(dep: Deployment, check: bool = False) -> str | None:
+    cluster = dep.cluster
     w = spec(cluster)
     if w is None:
         return None  # the profile pins no wheels: the runner skips the host
-    own = runtime.of(cluster).wheels_script(w, check)
+    own = dep.runtime.wheels_script(w, check)
     if own is not None:
         return own
     tag = shlex.quote(derived_ref(cluster))
@@ -221,7 +223,7 @@ def install_step(ctx) -> Step:
 
     return Step(
         name="wheels",
-        build=lambda node: build(cluster, ctx.check),
+        build=lambda node: build(ctx.dep, ctx.check),
         parse=lambda node, out, err, code: parse(cluster, node, out, err, code),
         aggregate=same_image,
         timeout=max(cluster.ssh.command_timeout, 1800.0),

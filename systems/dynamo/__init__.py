@@ -55,13 +55,14 @@ from urllib.parse import urlparse
 
 from llmdeploy.container import ContainerSpec, Mount
 from llmdeploy.errors import LlmdeployError
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles, ServingProfile
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
-from systems.common import accessory_image, check_files, hostfile, launch_agent, mpi_exports, nic_signature, nics, one_launch, render, serving_image
+from systems.common import accessory_image, check_files, hostfile, launch_agent, mpi_exports, nic_signature, nics, render, serving_image
 # the workers are TensorRT-LLM engines: its configuration merge and launch mounts
 from systems.trtllm import config as trtllm
 from systems.trtllm import ssh_mounts_for
@@ -247,9 +248,9 @@ def env_text(cluster: Cluster, node: Node, env: dict[str, str], what: str) -> st
 
 
 # --- the plan ------------------------------------------------------------------------------------
-def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared,
+def services(dep: Deployment, profile: DynamoProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared,
              rid: str) -> list[Service]:
-    name = entry.name
+    cluster, name = dep.cluster, entry.name
     if name == "etcd":
         return [_etcd(cluster, profile, rid, entry.stop_phase, prepared)]
     if name == "nats":
@@ -257,7 +258,8 @@ def services(cluster: Cluster, profile: DynamoProfile, entry: PlaybookEntry, nod
     if name == "frontend":
         return [_frontend(cluster, profile, rid, entry.stop_phase, prepared)]
     if name in ("prefill", "decode"):
-        return [_worker_group(cluster, profile, rid, entry.stop_phase, prepared, w) for w in dynamo.placement(cluster, profile) if w.role == name]
+        return [_worker_group(cluster, profile, rid, entry.stop_phase, prepared, w, dep.runtime.worlds)
+                for w in dynamo.placement(cluster, profile) if w.role == name]
     raise LlmdeployError(f"playbooks/serve-dynamo.yaml: dynamo has no service {name!r} (etcd, nats, frontend, prefill, decode)")
 
 
@@ -308,10 +310,10 @@ def _frontend(cluster: Cluster, prof: DynamoProfile, rid: str, phase: int, prepa
     return Service(name="frontend", units=[unit])
 
 
-def _worker_group(cluster: Cluster, prof: DynamoProfile, rid: str, phase: int, prepared: Prepared, w: dynamo.Worker) -> Service:
-    """One prefill or decode group: a unit per node it spans, one MPI world."""
+def _worker_group(cluster: Cluster, prof: DynamoProfile, rid: str, phase: int, prepared: Prepared, w: dynamo.Worker, pmix: bool) -> Service:
+    """One prefill or decode group: a unit per node it spans, one MPI world
+    (``pmix``: which the runtime starts in one launch, ``UnitRuntime.worlds``)."""
     rd = release_dir(cluster, rid)
-    pmix = one_launch(cluster)
     units = []
     # mpirun's line only where mpirun starts the group
     mpirun, tail = mpirun_args(cluster, prof, rid, w, prepared) if not pmix else ([], "")

@@ -350,6 +350,9 @@ class DynamoProfile(ServingProfile):
             out.append((f"decode{r}", DYNAMO_DECODE_PROFILES[t.decode_profile], r))
         return out
 
+    def launch_ssh(self) -> str | None:
+        return self.launch_ssh_config
+
     def accessory_images(self) -> list[str]:
         """Images node 0 needs besides the serving image: the control plane the tool starts."""
         return ([] if self.etcd_endpoints else [self.etcd_image]) + ([] if self.nats_server else [self.nats_image])

@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING
 import shlex
 
 from llmdeploy.container import ContainerSpec, Mount
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles, ServingProfile
 from roles import containers
-from systems.common import container_check_node, container_files, container_meta, nic_signature, one_launch, openai_probe, render, serving_image
+from systems.common import container_check_node, container_files, container_meta, nic_signature, openai_probe, render, serving_image
 
 from .profile import KIND, SglangProfile
 
@@ -106,12 +107,12 @@ def server_args(cluster: Cluster, prof: SglangProfile, node: Node) -> list[str]:
 SEED_FLAGS = ("--gpus", "--network", "--ipc=", "--shm-size", "--privileged")
 
 
-def container_spec(cluster: Cluster, prof: SglangProfile, node: Node, rid: str, image: str, stop_phase: int) -> ContainerSpec:
+def container_spec(cluster: Cluster, prof: SglangProfile, node: Node, rid: str, image: str, stop_phase: int, one: bool) -> ContainerSpec:
     """SGLang's multi-node container (``--gpus all --network host --ipc=host
     --shm-size 32g -v ~/.cache/huggingface:...``), named for the cluster and
     release, with the release's environment file. In one launch the spec is
-    every node's: its labels say the world, the command is ``task.sh``."""
-    one = one_launch(cluster)
+    every node's (``one``: the runtime starts the world in one launch,
+    ``UnitRuntime.worlds``): its labels say the world, the command is ``task.sh``."""
     rank = f"0-{len(cluster.nodes) - 1}" if one else cluster.nodes.index(node)
     mounts = [Mount(cluster.cache_dir, cluster.cache_dir)]
     assert cluster.model.tokenizer_path is not None  # Model._default_tokenizer: path unless set
@@ -126,17 +127,17 @@ def container_spec(cluster: Cluster, prof: SglangProfile, node: Node, rid: str, 
         mounts=tuple(mounts), env_files=(env_file(cluster, rid),), docker_flags=SEED_FLAGS)
 
 
-def services(cluster: Cluster, profile: SglangProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared, rid: str) -> list[Service]:
+def services(dep: Deployment, profile: SglangProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared, rid: str) -> list[Service]:
     """One world over ``nodes``: node 0's container first (it hosts the store), then the others;
     or, where the runtime starts a world itself (pyxis), one launch of a task per node."""
-    one = one_launch(cluster)
+    cluster, one = dep.cluster, dep.runtime.worlds
     units = []
     for n in nodes:
         # one launch: one line for every node, node 0's image (which prepare made every node's)
         image = serving_image(cluster, cluster.node0 if one else n, prepared)
         units.append(Unit(host=n.name, container=container_name(cluster, rid), role=cluster.role_of(n),
                           order=0 if n is cluster.node0 or one else 1,
-                          spec=container_spec(cluster, profile, n, rid, image, entry.stop_phase),
+                          spec=container_spec(cluster, profile, n, rid, image, entry.stop_phase, one),
                           show={"node_rank": cluster.nodes.index(n), "image": image,
                                 "serve_command": shlex.join(server_args(cluster, profile, n))}))
     # its ranks meet at node 0's torch.distributed store, not through MPI

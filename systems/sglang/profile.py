@@ -65,6 +65,9 @@ class SglangProfile(NcclEnvironment, ServingProfile):
         env_name_list(list(v))
         return env_values_one_line(v)
 
+    def launch_ssh(self) -> str | None:
+        return self.launch_ssh_config
+
     def ports(self) -> dict[str, int]:
         return {"port": self.port, "dist_port": self.dist_port}
 

@@ -28,13 +28,14 @@ import shlex
 
 from llmdeploy.container import ContainerSpec, Mount
 from llmdeploy.errors import LlmdeployError
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
 from llmdeploy.serving import PlaybookEntry, Prepared, ReleaseFile, ReleaseFiles, ServingProfile
 from roles import commenv, containers
 from roles.mpi import launch_agent_args, tcp_if_args
-from systems.common import check_files, hostfile, launch_agent, mpi_exports, nic_signature, nics, one_launch, openai_probe, render, serving_image
+from systems.common import check_files, hostfile, launch_agent, mpi_exports, nic_signature, nics, openai_probe, render, serving_image
 
 from . import config as trtllm
 from . import eplb
@@ -140,16 +141,16 @@ SEED_FLAGS = ("--ipc=", "--gpus", "-p", "--network", "--ulimit", "--hostname")
 
 
 def container_spec(cluster: Cluster, prof: TrtllmProfile, node: Node, rid: str, image: str, launcher: bool, stop_phase: int,
-                   ranks: range) -> ContainerSpec:
+                   ranks: range, pmix: bool) -> ContainerSpec:
     """The seed's container (``--ipc=host --gpus all -p 8000:8000 -v
     ~/.cache:/root/.cache:rw``), long-lived, named for the cluster and
     release. Across nodes it also gets the host network (MPI's and NCCL's
     connections between nodes; docker then ignores ``-p``) and the launch
     agent's SSH files; the release directory is mounted so the container
-    reads its files and writes the merged config."""
+    reads its files and writes the merged config. ``pmix``: the runtime
+    starts the world in one launch (``UnitRuntime.worlds``)."""
     rd = release_dir(cluster, rid)
     multi = len(placement(cluster, prof)) > 1
-    pmix = one_launch(cluster)
     # a PMIx world is one launch of the same line on every node: its labels say the world, not the node's part
     role, shown = ("world", _ranks_text(range(prof.tp * prof.pp))) if pmix else ("launcher" if launcher else "ranks", _ranks_text(ranks))
     mounts = [Mount(cluster.cache_dir, cluster.cache_dir, form="volume-mode")]
@@ -169,11 +170,11 @@ def container_spec(cluster: Cluster, prof: TrtllmProfile, node: Node, rid: str, 
         mounts=tuple(mounts), env_files=(f"{rd}/env",), docker_flags=SEED_FLAGS)
 
 
-def units(cluster: Cluster, prof: TrtllmProfile, service: str, nodes: list[Node], prepared: Prepared, rid: str, entry: PlaybookEntry):
+def units(cluster: Cluster, prof: TrtllmProfile, service: str, nodes: list[Node], prepared: Prepared, rid: str, entry: PlaybookEntry,
+          pmix: bool):
     if service != "world":
         raise LlmdeployError(f"playbooks/serve-trtllm-serve.yaml: trtllm-serve has one service, 'world', not {service!r}")
     rd = release_dir(cluster, rid)
-    pmix = one_launch(cluster)
     out = []
     for node, slots, ranks in placement(cluster, prof):
         if node not in nodes:
@@ -192,14 +193,15 @@ def units(cluster: Cluster, prof: TrtllmProfile, service: str, nodes: list[Node]
         # a PMIx world starts at once (one launch, ``slots`` tasks here); mpirun's starts the rank holders first
         out.append(Unit(host=node.name, container=container_name(cluster, rid), order=0 if pmix else 1 if launcher else 0,
                         role="launcher" if launcher else "ranks", show=show,
-                        spec=container_spec(cluster, prof, node, rid, image, launcher, entry.stop_phase, ranks), tasks=slots if pmix else 1))
+                        spec=container_spec(cluster, prof, node, rid, image, launcher, entry.stop_phase, ranks, pmix), tasks=slots if pmix else 1))
     return out, None
 
 
-def services(cluster: Cluster, profile: TrtllmProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared,
+def services(dep: Deployment, profile: TrtllmProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared,
              rid: str) -> list[Service]:
-    made, started = units(cluster, profile, entry.name, nodes, prepared, rid, entry)
-    return [Service(name=entry.name, units=made, started=started, world=one_launch(cluster))]
+    pmix = dep.runtime.worlds
+    made, started = units(dep.cluster, profile, entry.name, nodes, prepared, rid, entry, pmix)
+    return [Service(name=entry.name, units=made, started=started, world=pmix)]
 
 
 def entry_port(cluster: Cluster, profile: TrtllmProfile) -> int:

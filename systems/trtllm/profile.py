@@ -249,6 +249,9 @@ class TrtllmProfile(NcclEnvironment, ServingProfile):
                     "one srun step starts the same number of tasks on each of its nodes")
         return None
 
+    def launch_ssh(self) -> str | None:
+        return self.launch_ssh_config
+
     def ports(self) -> dict[str, int]:
         # the HTTP server runs on rank 0's host only
         return {"port": self.port}

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 
 from llmdeploy.errors import LlmdeployError
+from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import Drain, Metrics, Probe, ReleasePlan, Service, Unit
@@ -55,7 +56,8 @@ def env_file(cluster: Cluster, rid: str) -> str:
     return f"{release_dir(cluster, rid)}/env"
 
 
-def units(cluster: Cluster, prof: VllmAscendProfile, service: str, nodes: list[Node], prepared: Prepared, rid: str, entry: PlaybookEntry):
+def units(dep: Deployment, prof: VllmAscendProfile, service: str, nodes: list[Node], prepared: Prepared, rid: str, entry: PlaybookEntry):
+    cluster = dep.cluster
     out = []
     for n in nodes:
         image = serving_image(cluster, n, prepared)
@@ -63,7 +65,8 @@ def units(cluster: Cluster, prof: VllmAscendProfile, service: str, nodes: list[N
             host=n.name,
             container=serve.container_name(cluster, rid),
             role=cluster.role_of(n),
-            spec=serve.container_spec(cluster, prof, n, rid, env_file(cluster, rid), image, service, entry.stop_phase),
+            spec=serve.container_spec(cluster, prof, n, rid, env_file(cluster, rid), image, dep.vendor.container_devices(cluster, n),
+                                      service, entry.stop_phase),
             show={
                 "start_rank": n.start_rank,
                 "serve_command": serve.serve_command(cluster, prof, n),
@@ -76,9 +79,9 @@ def units(cluster: Cluster, prof: VllmAscendProfile, service: str, nodes: list[N
     return out, started
 
 
-def services(cluster: Cluster, profile: VllmAscendProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared,
+def services(dep: Deployment, profile: VllmAscendProfile, entry: PlaybookEntry, nodes: list[Node], prepared: Prepared,
              rid: str) -> list[Service]:
-    made, started = units(cluster, profile, entry.name, nodes, prepared, rid, entry)
+    made, started = units(dep, profile, entry.name, nodes, prepared, rid, entry)
     return [Service(name=entry.name, units=made, started=started)]
 
 

@@ -11,7 +11,6 @@ import shlex
 
 from llmdeploy.container import ContainerSpec, Mount
 from llmdeploy.inventory import Cluster, Node
-from llmdeploy.platform import vendor_of
 from roles import containers
 from .profile import VllmAscendProfile
 
@@ -92,9 +91,10 @@ def cache_mount(cluster: Cluster) -> Mount:
 
 
 def container_spec(cluster: Cluster, prof: VllmAscendProfile, node: Node, release: str, env_file: str, image: str,
-                   service: str = "serve", stop_phase: int = 0) -> ContainerSpec:
+                   devices: list[str], service: str = "serve", stop_phase: int = 0) -> ContainerSpec:
     """The seed's container: named for the cluster and release, with the
     release's environment file, every NPU and control device of the node
+    (``devices``: what its platform gives a container, ``Vendor.container_devices``)
     and the seed's mounts; its command ``vllm serve`` (``vllm_args``)."""
     mounts = [*ASCEND_MOUNTS, cache_mount(cluster)]
     assert cluster.model.tokenizer_path is not None  # Model._default_tokenizer: path unless set
@@ -107,5 +107,5 @@ def container_spec(cluster: Cluster, prof: VllmAscendProfile, node: Node, releas
         labels=containers.label_values(cluster.name, release, service, cluster.role_of(node), stop_phase, start_rank=node.start_rank),
         network="host", shm_size="1g",
         # every NPU of the node and the control devices (seed 001): what the platform gives a container
-        devices=tuple(vendor_of(cluster).container_devices(cluster, node)),
+        devices=tuple(devices),
         mounts=tuple(mounts), env_files=(env_file,), docker_flags=SEED_FLAGS)

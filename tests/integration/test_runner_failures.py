@@ -8,6 +8,7 @@ import time
 from sim.paths import cluster_dir, host_dir
 
 from .conftest import facts_json
+from flows.binding import bind
 
 SIM_CLUSTER = "sim-b200"
 
@@ -77,11 +78,11 @@ def test_jump_host_reaches_a_node_only_its_neighbour_can_see(sim_cluster, tmp_pa
     direct = dict(data)
     direct["ssh"] = dict(data["ssh"], jump_host=None, connect_timeout=2)
     with Runner(type(base).model_validate(direct)) as r:
-        res = r.run(facts.gather_step(cluster))
+        res = r.run(facts.gather_step(bind(cluster)))
     assert res["sim-b200-1"].status == "unreachable"
 
     with Runner(cluster) as r:
-        res = r.run(facts.gather_step(cluster))
+        res = r.run(facts.gather_step(bind(cluster)))
         conn = r.connections["sim-b200-1"]
         assert conn.is_connected and conn.gateway.is_connected
     assert res["sim-b200-1"].status == "ok", res["sim-b200-1"].msg

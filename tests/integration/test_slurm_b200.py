@@ -33,6 +33,7 @@ from sim.paths import on_host, cluster_dir, host_dir
 from sim.slurm import slurm_dir
 from tests.conftest import REPO, run_invoke, sim_pids
 from tests.integration.conftest import top_once
+from flows.binding import bind
 
 # the inventory's base_dir: on a Slurm cluster the default of the user it runs as (sim/users.py OPERATOR)
 BASE = "/var/tmp/llmdeploy-ops/lib"
@@ -281,7 +282,7 @@ def status_in_process() -> dict:
     """``invoke status --json`` as its flow, in this process (its own runner, connection and transport)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = status_flow.status(load_cluster(SIM_CLUSTER), Console(file=io.StringIO(), width=200), False, True)
+        code = status_flow.status(bind(load_cluster(SIM_CLUSTER)), Console(file=io.StringIO(), width=200), False, True)
     doc = json.loads(out.getvalue())
     assert code == 0 and doc["healthy"], doc
     return doc

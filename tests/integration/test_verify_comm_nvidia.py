@@ -15,6 +15,7 @@ from roles import comm
 from sim import hardware
 from sim.paths import cluster_dir, host_dir, netns_name
 from tests.conftest import REPO, run_invoke
+from flows.binding import bind
 
 SIM_CLUSTER = "sim-b200"
 
@@ -57,7 +58,7 @@ def test_b200_pair_passes_under_the_real_mpirun_then_a_slow_node_and_a_dead_port
     perf = doc["all_reduce"]
     assert perf["ok"] and perf["exit"] == 0 and perf["max_busbw"] > 300 and perf["oob_ok"] and perf["sizes"] == 31, perf
     c = load_cluster(SIM_CLUSTER)
-    assert perf["command"] == comm.all_reduce_command(c, c.verify.all_reduce_args)
+    assert perf["command"] == comm.all_reduce_command(bind(c), c.verify.all_reduce_args)
     words = shlex.split(perf["command"].strip().splitlines()[-1])  # the mpirun line, after the launch agent's
     assert words[:4] == ["mpirun", "--allow-run-as-root", "--bind-to", "none"]
     assert "-H 198.19.20.10:8 -x NCCL_SOCKET_IFNAME=ens1f0" in perf["command"] and "-H 198.19.20.11:8 -x NCCL_SOCKET_IFNAME=ens1f0" in perf["command"]

@@ -13,6 +13,7 @@ import os
 import pytest
 import testinfra
 
+from flows.binding import bind
 from flows import checkhost
 from llmdeploy.inventory import load_cluster
 from roles import record, runtime
@@ -60,5 +61,5 @@ def node0_prepared(node0, cluster):
 @pytest.fixture
 def serving(host, cluster):
     """Names of this cluster's serving containers running on the host."""
-    out = host.check_output(runtime.of(cluster).running_script())
+    out = host.check_output(bind(cluster).runtime.running_script())
     return out.split()

@@ -9,6 +9,7 @@ import pytest
 from roles import budget, commenv, model, runtime, wheels
 from roles.containers import parse_states
 from roles.facts import parse_listen
+from flows.binding import bind
 
 
 def test_prepared_record_is_for_this_node(prepared, node):
@@ -18,7 +19,7 @@ def test_prepared_record_is_for_this_node(prepared, node):
 
 def test_image_present_with_the_cluster_digest(host, cluster, prepared, node0_prepared):
     # the units' runtime says what the image's ID is on the node (docker's; or the squashfs enroot imported, pyxis)
-    cmd = host.run(runtime.of(cluster).image_id_script() + "llmdeploy_image_id " + shlex.quote(cluster.image.ref))
+    cmd = host.run(bind(cluster).runtime.image_id_script() + "llmdeploy_image_id " + shlex.quote(cluster.image.ref))
     assert cmd.rc == 0, f"image {cluster.image.ref} is missing: {cmd.stderr.strip()}"
     image_id = cmd.stdout.strip()
     assert image_id == prepared["image"]["id"], "the image changed since prepare recorded it"
@@ -29,7 +30,7 @@ def test_image_present_with_the_cluster_digest(host, cluster, prepared, node0_pr
 def test_serving_image_has_the_pinned_wheels(host, cluster, node):
     # prepare's own check, read-only, through the units' runtime: Docker's derived image runs the
     # version check; pyxis's squashfs has the versions its build checked in it
-    script = wheels.build(cluster, check=True)
+    script = wheels.build(bind(cluster), check=True)
     if script is None:
         return  # the profile pins no wheels
     cmd = host.run(script)
@@ -90,7 +91,7 @@ def test_current_release_container_running(host, cluster):
     if not link.exists:
         pytest.skip("nothing deployed yet")
     name = f"{cluster.name}-{link.linked_to.rsplit('/', 1)[-1]}"
-    state, code = parse_states(host.run(runtime.of(cluster).states_script([name])).stdout).get(name, ("missing", ""))
+    state, code = parse_states(host.run(bind(cluster).runtime.states_script([name])).stdout).get(name, ("missing", ""))
     if state == "missing":
         pytest.skip(f"{name} is not here: the cluster is stopped")
     assert state == "running", f"{name} is {state} {code}"

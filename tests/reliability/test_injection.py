@@ -98,6 +98,8 @@ from llmdeploy.runner import FAILED, OK, SKIPPED, HostResult, UnreachableError  
 from roles import comm, record  # noqa: E402
 from roles.comm import picture  # noqa: E402
 from roles.status import status_script  # noqa: E402
+from flows.binding import bind
+from tests.binding import runners
 
 MARK = "PWNED"
 # {m}: the marker file; each payload tries another way out of a shell word
@@ -497,10 +499,10 @@ def build_artifacts(cluster: Cluster, cli: dict[str, str], only: tuple[str, ...]
             for full in (False, True):
                 _, plan = comm.ping_plan(cluster, ips, full, cluster.verify.ping_full_max)
                 for n in cluster.nodes:
-                    text = comm.ping_script(cluster, plan[n.name])
+                    text = comm.ping_script(bind(cluster), plan[n.name])
                     if text:
                         sink[f"verify/pings{'-full' if full else ''}/{n.name}"] = ("sh", text, [])
-        sink["verify/all_reduce"] = ("sh", comm.all_reduce_command(cluster, cluster.verify.all_reduce_args), [])
+        sink["verify/all_reduce"] = ("sh", comm.all_reduce_command(bind(cluster), cluster.verify.all_reduce_args), [])
         # the host network pings of every node (the flow builds them only for nodes whose facts it read)
         host_ping = getattr(comm, "host_ping_script", None)
         for n in cluster.nodes if host_ping else []:
@@ -508,15 +510,15 @@ def build_artifacts(cluster: Cluster, cli: dict[str, str], only: tuple[str, ...]
             if text:
                 sink[f"verify/host pings/{n.name}"] = ("sh", text, [])
         # its report's local copies in a directory of their own (not the checkout's logs/)
-        with mock.patch.object(verify, "Runner", cap.factory("verify-comm")), mock.patch.object(verify, "time", VERIFY_CLOCK), \
+        with runners(cap.factory("verify-comm")), mock.patch.object(verify, "time", VERIFY_CLOCK), \
                 mock.patch.object(picture, "render_png", render_png_once), tempfile.TemporaryDirectory() as report_dir:
-            verify.run(cluster, quiet, True, False, report_dir)
+            verify.run(bind(cluster), quiet, True, False, report_dir)
 
     def plan():
         with mock.patch.object(dep, "new_id", lambda chash, now=None: FIXED_RID):
             prepared = {n.name: json.loads(prepared_record(cluster, n)) for n in cluster.nodes}
-            state["rid"], state["chash"], state["plan"] = dep.plan_release(cluster, prepared, IMAGE_ID, IMAGE_ID)
-        dep.check_doc(cluster, state["plan"], state["chash"], [])
+            state["rid"], state["chash"], state["plan"] = dep.plan_release(bind(cluster), prepared, IMAGE_ID, IMAGE_ID)
+        dep.check_doc(bind(cluster), state["plan"], state["chash"], [])
         for host, files in state["plan"].files.items():
             _files_of(sink, host, files)
             sink[f"release/{host}/write_script"] = ("sh", write_script(cluster, state["rid"], files), [])
@@ -531,7 +533,7 @@ def build_artifacts(cluster: Cluster, cli: dict[str, str], only: tuple[str, ...]
             run.exec(cluster.node0, verify.last_report_script(cluster))
             dep.write_release(run, cluster, plan)
             dep.ledger(run, cluster, ledger_record(cluster, rid, "started", IMAGE_ID, chash[:16]))
-            eng = Engine(cluster, run, quiet, quiet=True, signatures=plan.signatures)
+            eng = Engine(bind(cluster), run, quiet, quiet=True, signatures=plan.signatures)
             eng.stop(rid, "stop previous")
             out = Outcome(ok=False, release=rid)
             for svc in plan.services:
@@ -557,25 +559,25 @@ def build_artifacts(cluster: Cluster, cli: dict[str, str], only: tuple[str, ...]
         lock.audit(run, cluster, "deploy", "good", rid, message=cli["message"])
 
     def operations():
-        with mock.patch.object(lifecycle, "Runner", cap.factory("ops")), mock.patch.object(releases, "Runner", cap.factory("ops")):
+        with runners(cap.factory("ops")):
             if "rid" in state:
-                releases.read_release(cap.factory("ops")(cluster), cluster, state["rid"], "verify target")
+                releases.read_release(cap.factory("ops")(cluster), bind(cluster), state["rid"], "verify target")
             cap.factory("ops")(cluster).add("status", status_script(cluster))
-            lifecycle.stop(cluster, quiet, cli["message"], 0)
-            releases.lock_status(cluster, quiet)
-            releases.audit_log(cluster, quiet, 5, False)
+            lifecycle.stop(bind(cluster), quiet, cli["message"], 0)
+            releases.lock_status(bind(cluster), quiet)
+            releases.audit_log(bind(cluster), quiet, 5, False)
 
     def rollback():
-        with mock.patch.object(lifecycle, "Runner", cap.factory("rollback")):
-            lifecycle.rollback(cluster, quiet, None, cli["message"], 0, False)  # no ledger here: refused after the lock
+        with runners(cap.factory("rollback")):
+            lifecycle.rollback(bind(cluster), quiet, None, cli["message"], 0, False)  # no ledger here: refused after the lock
 
     def lock_break():
-        with mock.patch.object(releases, "Runner", cap.factory("lock.break")):
-            releases.lock_break(cluster, quiet, cli["reason"])
+        with runners(cap.factory("lock.break")):
+            releases.lock_break(bind(cluster), quiet, cli["reason"])
 
     def logs():
-        with mock.patch.object(serving_logs, "Runner", cap.factory("logs")):
-            serving_logs.serving_logs(cluster, since=cli["since"], tail="100")
+        with runners(cap.factory("logs")):
+            serving_logs.serving_logs(bind(cluster), since=cli["since"], tail="100")
 
     def ssh_config():
         # invoke check's ssh_config: ssh runs a ProxyCommand line, so its lines are commands too
@@ -1180,7 +1182,7 @@ def test_part_b_inventories_load_and_quote_their_payloads(which, tmp_path, monke
     c = load_cluster_file(Path(env["LLMDEPLOY_INVENTORY"]) / "sim_a3.py")
     assert c.profile.env["LLMDEPLOY_INJECT_A"].startswith("$(touch ") and c.secret_env == {"HF_TOKEN": SECRET_SRC}
     with mock.patch.object(dep, "new_id", lambda chash, now=None: FIXED_RID):
-        _, _, plan = dep.plan_release(c, {}, c.image.ref)
+        _, _, plan = dep.plan_release(bind(c), {}, c.image.ref)
     serve_sh = plan.files["sim-a3-1"]["serve.sh"][0]
     assert shlex.quote(c.profile.additional_config["llmdeploy_note"]) in serve_sh or "llmdeploy_note" in serve_sh
     if which == 2:

@@ -35,6 +35,7 @@ from llmdeploy.runner import CHANGED, FAILED, OK
 from platforms import ascend, nvidia
 from roles import comm, containers, image, model, nic, wheels
 from sim import hardware
+from flows.binding import bind
 
 REPO = Path(__file__).resolve().parents[2]
 MARK = facts.MARK
@@ -169,7 +170,7 @@ def parse_facts(name: str, **replace: tuple[str, int | str] | None) -> dict:
         else:
             s[k] = v
     o = good()[name]
-    return facts.parse(o["cluster"], o["node"], facts_output(s))
+    return facts.parse(bind(o["cluster"]), o["node"], facts_output(s))
 
 
 def test_the_real_outputs_are_read_in_full():
@@ -302,7 +303,7 @@ def test_ibstat_cut_short_or_garbled_fails_the_nic_check_showing_it():
     want = facts.parse_ibstat(full)
     for cut in cuts(full, 3):
         f = parse_facts("sim-b200", ibstat=(cut, 0))
-        problems = nic.ib_problems(c, f)
+        problems = nic.ib_problems(bind(c), f)
         ports = f["ib_ports"]
         if not ports:
             assert problems == [f"ibstat shows no InfiniBand port: ibstat printed {facts.excerpt(cut)}"]
@@ -313,7 +314,7 @@ def test_ibstat_cut_short_or_garbled_fails_the_nic_check_showing_it():
     for text in REAL_GARBAGE + ["ibpanic: [12] main: stat of IB device 'mthca0' failed: No such file or directory"]:
         for rc in (0, 255):
             f = parse_facts("sim-b200", ibstat=(text, rc))
-            problems = nic.ib_problems(c, f)
+            problems = nic.ib_problems(bind(c), f)
             assert len(problems) == 1 and shown(problems[0], text), problems
 
 
@@ -332,7 +333,7 @@ def test_the_whole_facts_output_cut_short():
     for name in ("sim-a3", "sim-b200"):
         o = good()[name]
         full = facts_output(facts_sections(name))
-        step = facts.gather_step(o["cluster"])
+        step = facts.gather_step(bind(o["cluster"]))
         for cut in cuts(full, 97) + [full[: full.index(MARK + "rc")], full[: full.index(MARK + "rc") + len(MARK) + 3]]:
             res = step.parse(o["node"], cut, "", 0)
             assert res.status in (OK, FAILED)
@@ -346,7 +347,7 @@ def test_the_whole_facts_output_cut_short():
 @given(garbage, garbage)
 def test_facts_step_on_garbage_fails_showing_what_the_node_printed(out, err):
     o = good()["sim-a3"]
-    res = facts.gather_step(o["cluster"]).parse(o["node"], out, err, 0)
+    res = facts.gather_step(bind(o["cluster"])).parse(o["node"], out, err, 0)
     assert res.status == FAILED
     if out.strip():
         assert f"unreadable facts output (no hostname): {facts.excerpt(out)}" in res.msg
@@ -378,7 +379,7 @@ def two_npu_node():
 
 def test_hccn_tool_answers_are_read():
     c, n = two_npu_node()
-    p = comm.parse_links(c, n, ascend_output(2))
+    p = comm.parse_links(bind(c), n, ascend_output(2))
     assert all(ok for d in p["devices"].values() for ok, _ in d.values()), p["devices"]
     assert p["ips"] == {0: "198.19.128.10", 1: "198.19.128.10"} and p["conf"]
 
@@ -387,7 +388,7 @@ def test_hccn_tool_answers_are_read():
 @given(garbage.filter(lambda t: ":" not in t and "[" not in t and "lldp" not in t.lower() and t.strip() != "Success"))
 def test_garbage_from_hccn_tool_fails_each_check_showing_it(text):
     c, n = two_npu_node()
-    p = comm.parse_links(c, n, ascend_output(2, {k: (text, 0) for k in ITEMS}))
+    p = comm.parse_links(bind(c), n, ascend_output(2, {k: (text, 0) for k in ITEMS}))
     t = held(text).strip()
     for d in (0, 1):
         for check, (ok, detail) in p["devices"][d].items():
@@ -405,7 +406,7 @@ def test_garbage_from_hccn_tool_fails_each_check_showing_it(text):
 
 def test_hccn_tool_in_its_own_words_keeps_its_details():
     c, n = two_npu_node()
-    p = comm.parse_links(c, n, ascend_output(2, {
+    p = comm.parse_links(bind(c), n, ascend_output(2, {
         "netdetect": ("netdetect address:", 0), "gateway": ("default gateway:, Iface:", 0), "lldp": ("Get lldp information failed", 1),
         "optical": ("present: not present", 0), "tls": ("dev_id:0, tls switch[1](0:disable, 1:enable)", 0),
     }))
@@ -419,9 +420,9 @@ def test_hccn_tool_output_cut_short_at_every_position():
     answer", never a value cut short (an NPU IP of 198.19.1 is worse than none)."""
     c, n = two_npu_node()
     full = ascend_output(2)
-    want = comm.parse_links(c, n, full)
+    want = comm.parse_links(bind(c), n, full)
     for cut in cuts(full):
-        got = comm.parse_links(c, n, cut)
+        got = comm.parse_links(bind(c), n, cut)
         for d in (0, 1):
             for check, value in got["devices"][d].items():
                 assert value in (want["devices"][d][check], (False, "no answer")), (check, value, cut[-80:])
@@ -539,9 +540,9 @@ def test_accessory_images_answer_for_every_image():
     n = c.nodes[0]
     refs = image.accessories(c)
     full = "".join(f"{image.MARK} present {ref}\n" for ref in refs)
-    assert image.accessories_parse(c, n, full, "", 0).status == OK
+    assert image.accessories_parse(bind(c), n, full, "", 0).status == OK
     for cut in cuts(full):
-        r = image.accessories_parse(c, n, cut, "", 0)
+        r = image.accessories_parse(bind(c), n, cut, "", 0)
         complete = all(f"{image.MARK} present {ref}\n" in cut or cut.endswith(f"{image.MARK} present {ref}") for ref in refs)
         assert (r.status == OK) == complete, (cut, r.msg)
         if not complete:

@@ -25,6 +25,7 @@ from llmdeploy.runner import FAILED, OK, HostResult, Runner, Step
 from roles import facts
 from tests.unit.test_interrupted_command import _Conn, host_key, sessions  # noqa: F401 (the fixtures)
 from tests.unit.test_inventory import _module
+from flows.binding import bind
 
 # a command with what quoting must carry through: quotes of both kinds, $, a backslash, a newline
 TRICKY = "printf '%s\\n' \"$HOME\" 'it'\"'\"'s' `true` $((1+1)) \\\\ ; echo done\nexit 3"
@@ -150,7 +151,7 @@ def test_without_become_the_commands_on_the_wire_are_byte_for_byte_the_builders(
     c = load_cluster("a3")
     assert c.ssh.become is False
     node = c.nodes[0]
-    built = facts.gather_step(c).build(node)
+    built = facts.gather_step(bind(c)).build(node)
     with _runner(c, sessions()) as r:
         assert r.wire(built) is built and r.wire(TRICKY, '"$PPID"') is TRICKY
         assert r.exec(node, built) == (f"ran {built}\n", "", 0)
@@ -239,9 +240,9 @@ def test_a_refusal_fails_the_step_in_words_before_its_parser_and_exec_says_it_as
 
 def test_invoke_check_goes_through_the_runner_under_become():
     c = load_cluster("a3")
-    assert launcher.of(c).outside_ssh(c) is True and check.scheme(c) == "ssh"
+    assert launcher.of(c).outside_ssh(c) is True and check.scheme(bind(c)) == "ssh"
     b = becoming(c)
-    assert launcher.of(b).outside_ssh(b) is False and check.scheme(b) == "runner"
+    assert launcher.of(b).outside_ssh(b) is False and check.scheme(bind(b)) == "runner"
 
 
 # --- the inventory --------------------------------------------------------------------------

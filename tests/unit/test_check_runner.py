@@ -32,6 +32,7 @@ from launchers.slurm import commands as slurm
 from launchers.slurm import steps
 from launchers.slurm.steps import SlurmSteps
 from llmdeploy.runner import Runner
+from flows.binding import bind
 
 REPO = Path(__file__).resolve().parent.parent.parent
 PATH = "/usr/bin:/bin"
@@ -111,22 +112,22 @@ def test_the_scheme_is_a_testinfra_connection_once_registered(b200):
 
 # -- the choice per launcher, and check's command line -------------------------------------------
 def test_each_launcher_says_whether_an_outside_ssh_client_may_log_in(a3, b200):
-    assert launcher.of(a3).outside_ssh(a3) is True and check.scheme(a3) == "ssh"
-    assert launcher.of(b200).outside_ssh(b200) is False and check.scheme(b200) == "runner" == checkhost.SCHEME
+    assert launcher.of(a3).outside_ssh(a3) is True and check.scheme(bind(a3)) == "ssh"
+    assert launcher.of(b200).outside_ssh(b200) is False and check.scheme(bind(b200)) == "runner" == checkhost.SCHEME
     with launcher.of(a3).handoff(a3, a3.nodes) as env:
         assert env == {}
 
 
 def test_check_runs_testinfra_over_ssh_or_through_the_runner(a3, b200):
-    cmd = check.pytest_command(a3, a3.nodes[:2], "/tmp/j.xml", "/tmp/cfg", select="nic")
+    cmd = check.pytest_command(bind(a3), a3.nodes[:2], "/tmp/j.xml", "/tmp/cfg", select="nic")
     assert f"--hosts=ssh://{a3.nodes[0].name},ssh://{a3.nodes[1].name}" in cmd and "--ssh-config=/tmp/cfg" in cmd
     assert cmd[-4:] == ["-n", "2", "-k", "nic"]
     with pytest.raises(ValueError):
-        check.pytest_command(a3, a3.nodes, "/tmp/j.xml")
-    cmd = check.pytest_command(b200, b200.nodes, "/tmp/j.xml")
+        check.pytest_command(bind(a3), a3.nodes, "/tmp/j.xml")
+    cmd = check.pytest_command(bind(b200), b200.nodes, "/tmp/j.xml")
     assert f"--hosts=runner://{b200.nodes[0].name},runner://{b200.nodes[1].name}" in cmd
     assert not any(a.startswith("--ssh-config") for a in cmd) and "--junitxml=/tmp/j.xml" in cmd and cmd[-2:] == ["-n", "2"]
-    assert "-n" not in check.pytest_command(b200, b200.nodes[:1], "/tmp/j.xml")
+    assert "-n" not in check.pytest_command(bind(b200), b200.nodes[:1], "/tmp/j.xml")
 
 
 def test_the_ssh_config_has_only_the_nodes(b200):
@@ -183,7 +184,7 @@ def test_check_holds_the_launchers_handoff_around_pytest_and_hands_it_on(b200, m
     monkeypatch.setattr(check, "run_pytest", fake_run)
     # the site's checks (Launcher.site_checks) run in this process while the handoff is held
     monkeypatch.setattr(check, "site", lambda cluster, nodes, con, quiet: events.append("site") or True)
-    assert check.run(b200, quiet=True) == 0
+    assert check.run(bind(b200), quiet=True) == 0
     assert events == ["held", "pytest", "site", "given back"]
     assert seen["env"]["HANDED"] == "job 5" and seen["env"][checkhost.CLUSTER_ENV] == b200.name
     assert any(a.startswith("--hosts=runner://") for a in seen["cmd"])
@@ -199,7 +200,7 @@ def test_check_names_why_the_nodes_could_not_be_had(b200, monkeypatch):
     from rich.console import Console
 
     con = Console(record=True, width=200)
-    assert check.run(b200, con=con) == 1
+    assert check.run(bind(b200), con=con) == 1
     assert "no allocation of sim-b200-slurm-0, sim-b200-slurm-1" in con.export_text()
 
 

@@ -11,6 +11,7 @@ from flows import verify
 from llmdeploy.inventory import load_cluster
 from roles import comm, commenv, mpi
 from roles.facts import MARK
+from flows.binding import bind
 
 
 def _ips(cluster):
@@ -58,7 +59,7 @@ def test_parse_hccn_tool_answers():
             sec(f"optical {d}", "present: present"),
             sec(f"npu_ip {d}", "Get ipconf failed, because no ip was preset there!" if d == 7 else f"ipaddr:10.0.{d}.1\nnetmask:255.255.255.0", 1 if d == 7 else 0),
         ]
-    p = comm.parse_links(c, n, "\n".join(parts))
+    p = comm.parse_links(bind(c), n, "\n".join(parts))
     assert p["devices"][3]["link"] == (False, "DOWN") and p["devices"][5]["health"] == (False, "Fault")
     assert p["devices"][6]["tls"] == (True, "1") and p["devices"][0]["tls"] == (True, "0")
     assert p["devices"][7]["npu_ip"] == (False, "Get ipconf failed, because no ip was preset there!")
@@ -93,7 +94,7 @@ def _mpirun_line(cmd: str) -> str:
 
 def test_all_reduce_is_one_world_over_ssh_from_node_0_each_node_with_its_own_nic():
     c = load_cluster("b200")
-    cmd = comm.all_reduce_command(c, ARGS)
+    cmd = comm.all_reduce_command(bind(c), ARGS)
     assert _mpirun_line(cmd) == (
         'mpirun --allow-run-as-root --bind-to none --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1'
         " --mca oob_tcp_if_include ens1f0 --mca btl_tcp_if_include ens1f0"
@@ -105,7 +106,7 @@ def test_all_reduce_is_one_world_over_ssh_from_node_0_each_node_with_its_own_nic
     assert "    192.0.2.41) target=b200-node-1 ;;" in cmd and 'exec ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o ServerAliveInterval=15 -o ServerAliveCountMax=3 "$target" "$@"' in cmd
     # the second node's NIC has another name: its ranks get it, OpenMPI may use either
     mixed = _with_nics(load_cluster("sim-b200"), {"sim-b200-1": "ens2f0"})
-    cmd = comm.all_reduce_command(mixed, ARGS)
+    cmd = comm.all_reduce_command(bind(mixed), ARGS)
     assert _mpirun_line(cmd) == (
         'mpirun --allow-run-as-root --bind-to none --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1'
         " --mca oob_tcp_if_include ens1f0,ens2f0 --mca btl_tcp_if_include ens1f0,ens2f0"
@@ -114,7 +115,7 @@ def test_all_reduce_is_one_world_over_ssh_from_node_0_each_node_with_its_own_nic
     assert "exec ssh -F /var/tmp/llmdeploy-sim/sim-b200/ssh_config -o BatchMode=yes -o StrictHostKeyChecking=yes" in cmd
     # one node: no launch over SSH at all
     one = load_cluster("qwen35-b200")
-    assert comm.all_reduce_command(one, ARGS) == (
+    assert comm.all_reduce_command(bind(one), ARGS) == (
         "mpirun --allow-run-as-root --bind-to none --mca oob_tcp_if_include ens1f0 --mca btl_tcp_if_include ens1f0"
         f" -np 4 -H b200-node-0:4 -x NCCL_SOCKET_IFNAME=ens1f0 -x NCCL_DEBUG=WARN {RANKS}")
 
@@ -122,7 +123,7 @@ def test_all_reduce_is_one_world_over_ssh_from_node_0_each_node_with_its_own_nic
 def test_every_app_context_carries_every_variable_and_gb200s_four_nodes_get_16_ranks():
     # OpenMPI 4.1: -x belongs to its app context, so each context repeats them all
     c = load_cluster("gb200")
-    argv = shlex.split(_mpirun_line(comm.all_reduce_command(c, ARGS)))
+    argv = shlex.split(_mpirun_line(comm.all_reduce_command(bind(c), ARGS)))
     contexts = " ".join(argv).split(" : ")
     assert len(contexts) == 4
     for i, ctx in enumerate(contexts):
@@ -135,16 +136,16 @@ def test_every_app_context_carries_every_variable_and_gb200s_four_nodes_get_16_r
     two = comm.all_reduce_ranks(c, "-b 8 -e 8G -f 2 -g 2")
     assert [(n.name, k, list(r)) for n, k, r in two] == [(f"gb200-node-{i}", 2, [2 * i, 2 * i + 1]) for i in range(4)]
     with pytest.raises(ValueError, match=r"gb200-node-0: 4 GPUs cannot be split into processes of 3 GPUs"):
-        comm.all_reduce_command(c, "-b 8 -e 8G -f 2 -g 3")
+        comm.all_reduce_command(bind(c), "-b 8 -e 8G -f 2 -g 3")
     with pytest.raises(ValueError, match=r"-g '0' is not a positive number"):
-        comm.all_reduce_command(c, "-g 0")
-    assert comm.all_reduce_command(c, "-b 8 -g2").count("-np 2 -H") == 4 and comm.all_reduce_command(c, "--ngpus=4").count("-np 1 -H") == 4
+        comm.all_reduce_command(bind(c), "-g 0")
+    assert comm.all_reduce_command(bind(c), "-b 8 -g2").count("-np 2 -H") == 4 and comm.all_reduce_command(bind(c), "--ngpus=4").count("-np 1 -H") == 4
 
 
 def test_remote_values_are_quoted_and_the_nccl_interface_is_the_nodes_environment_files():
     c = load_cluster("b200")
     odd = c.model_copy(update={"profile": c.profile.model_copy(update={"env": {"NCCL_SOCKET_IFNAME": "^docker,lo"}})})
-    cmd = _mpirun_line(comm.all_reduce_command(odd, ARGS))
+    cmd = _mpirun_line(comm.all_reduce_command(bind(odd), ARGS))
     assert "-x 'NCCL_SOCKET_IFNAME=^docker,lo'" in cmd and shlex.split(cmd).count("NCCL_SOCKET_IFNAME=^docker,lo") == 2
     mixed = _with_nics(load_cluster("sim-b200"), {"sim-b200-1": "ens2f0"})
     for cluster in (c, odd, mixed):
@@ -155,7 +156,7 @@ def test_remote_values_are_quoted_and_the_nccl_interface_is_the_nodes_environmen
 def test_mpi_hosts_are_serving_ips_whatever_the_hostnames():
     # no node name has to be its hostname or resolve on node 0: -H has the IPs, the agent the SSH hosts
     c = load_cluster("sim-b200")
-    cmd = comm.all_reduce_command(c, ARGS)
+    cmd = comm.all_reduce_command(bind(c), ARGS)
     assert [w for w in shlex.split(_mpirun_line(cmd)) if w.endswith(":8")] == ["198.19.20.10:8", "198.19.20.11:8"]
     # mpirun names a node by its -H entry: read back as the node
     said = _failure(c, "", "mpirun noticed that process rank 9 with PID 77 on node 198.19.20.11 exited on signal 9 (Killed).\n",
@@ -266,29 +267,29 @@ def test_verify_comm_judges_the_world_and_names_the_node():
     o = nt.parse_args(shlex.split(ARGS))
     good = nt.header(o) + nt.result(o, 16, 370.0, [0] * 16, None)[0]
     run = _Node0(good)
-    perf = verify.all_reduce(c, run, names)
-    assert run.sent == [("sim-b200-0", comm.all_reduce_command(c, ARGS))]
+    perf = verify.all_reduce(bind(c), run, names)
+    assert run.sent == [("sim-b200-0", comm.all_reduce_command(bind(c), ARGS))]
     assert perf["ok"] and perf["failures"] == [] and perf["max_busbw"] > 300 and "raw" not in perf
     # the slowest node's busbw under the floor
-    perf = verify.all_reduce(c, _Node0(nt.header(o) + nt.result(o, 16, 180.0, [0] * 16, None)[0]), names)
+    perf = verify.all_reduce(bind(c), _Node0(nt.header(o) + nt.result(o, 16, 180.0, [0] * 16, None)[0]), names)
     assert not perf["ok"] and perf["failures"] == ["busbw 178.6 GB/s < floor 300 GB/s (verify.nccl_min_busbw)"]
     # NCCL failed on node 1: no table, node 1 named with its interface
     out = (nt.header(o) + "sim-b200-1:77:77 [0] bootstrap.cc:126 (bootstrapNetInit) NCCL WARN Bootstrap : no socket interface found\n"
            "sim-b200-1: Test NCCL failure common.cu:217 'invalid usage (run with NCCL_DEBUG=WARN for details) / Bootstrap : no socket interface found'\n")
-    perf = verify.all_reduce(c, _Node0(out, MPI_FIRST.format(rank=8, code=3), 3), names)
+    perf = verify.all_reduce(bind(c), _Node0(out, MPI_FIRST.format(rank=8, code=3), 3), names)
     assert not perf["ok"] and perf["failures"] == [
         "all_reduce_perf did not run (exit 3): sim-b200-1: NCCL WARN Bootstrap : no socket interface found (NCCL_SOCKET_IFNAME=ens1f0)"]
     assert "Bootstrap : no socket interface found" in perf["raw"]
     # a world that says nothing we know: its last words
-    perf = verify.all_reduce(c, _Node0("", "bash: mpirun: command not found\n", 127), names)
+    perf = verify.all_reduce(bind(c), _Node0("", "bash: mpirun: command not found\n", 127), names)
     assert perf["failures"] == ["all_reduce_perf did not run (exit 127): bash: mpirun: command not found"]
     # a table, but a rank failed after it (nccl-tests' status): said, with the node
-    perf = verify.all_reduce(c, _Node0(good, MPI_FIRST.format(rank=12, code=7), 7), names)
+    perf = verify.all_reduce(bind(c), _Node0(good, MPI_FIRST.format(rank=12, code=7), 7), names)
     assert perf["failures"] == ["all_reduce_perf exited with status 7: sim-b200-1: rank 12 exited with status 7"]
     # a node whose hostname is not its inventory name: no matter (-H has IPs)
     run = _Node0(good)
-    perf = verify.all_reduce(c, run, {"sim-b200-0": "sim-b200-0", "sim-b200-1": "gpu-b17"})
-    assert run.sent == [("sim-b200-0", comm.all_reduce_command(c, ARGS))] and perf["ok"]
+    perf = verify.all_reduce(bind(c), run, {"sim-b200-0": "sim-b200-0", "sim-b200-1": "gpu-b17"})
+    assert run.sent == [("sim-b200-0", comm.all_reduce_command(bind(c), ARGS))] and perf["ok"]
 
 
 def test_a_world_the_launcher_starts_runs_without_mpirun_and_names_the_failed_tasks():
@@ -300,7 +301,7 @@ def test_a_world_the_launcher_starts_runs_without_mpirun_and_names_the_failed_ta
     said = ("srun: error: sim-b200-slurm-1: task 9: Exited with exit code 137\n"
             "srun: error: sim-b200-slurm-1: tasks 8,10-15: Killed\n")
     r = _Launched("", said, 137)
-    perf = verify.all_reduce(c, r, {n.name: n.name for n in c.nodes})
+    perf = verify.all_reduce(bind(c), r, {n.name: n.name for n in c.nodes})
     ((nodes, tasks, argv, env),) = r.sent
     assert nodes == ["sim-b200-slurm-0", "sim-b200-slurm-1"] and tasks == 8 and argv[0] == "all_reduce_perf"
     assert env["sim-b200-slurm-1"]["NCCL_SOCKET_IFNAME"] == "ens1f0" and "mpirun" not in " ".join(argv)

@@ -12,6 +12,7 @@ import pytest
 
 from llmdeploy.container import ContainerSpec, Mount, docker_run, read_docker_run
 from llmdeploy.releaseplan import ReleasePlan, unit_of
+from flows.binding import bind
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -50,7 +51,7 @@ def test_every_unit_of_a_real_plan_is_the_spec_its_line_reads_back_into(name):
     import systems
     from llmdeploy.inventory import load_cluster
 
-    plan = systems.build(load_cluster(name), {}, "20261205T101010Z-0123abcd", None)
+    plan = systems.build(bind(load_cluster(name)), {}, "20261205T101010Z-0123abcd", None)
     assert plan.units()
     for u in plan.units():
         assert u.spec is not None and read_docker_run(u.show["container_command"]) == u.spec, u.container
@@ -160,7 +161,7 @@ def test_a_system_whose_unit_has_no_spec_of_its_own_is_named(monkeypatch):
 
     monkeypatch.setattr(trtllm, "services", without)
     with pytest.raises(LlmdeployError, match=r"systems/trtllm: service world's unit b200-\S+ on b200-node-0 has no container spec"):
-        systems.build(load_cluster("b200"), {}, "20261205T101010Z-0123abcd", None)
+        systems.build(bind(load_cluster("b200")), {}, "20261205T101010Z-0123abcd", None)
 
     def renamed(*a, **k):
         out = made(*a, **k)
@@ -169,4 +170,4 @@ def test_a_system_whose_unit_has_no_spec_of_its_own_is_named(monkeypatch):
 
     monkeypatch.setattr(trtllm, "services", renamed)
     with pytest.raises(LlmdeployError, match="has a container spec named other"):
-        systems.build(load_cluster("b200"), {}, "20261205T101010Z-0123abcd", None)
+        systems.build(bind(load_cluster("b200")), {}, "20261205T101010Z-0123abcd", None)

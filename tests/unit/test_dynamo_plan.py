@@ -32,6 +32,7 @@ from roles import commenv, wheels
 from systems.dynamo import workers as dynamo
 from roles import image as image_role
 from tests.conftest import run_invoke
+from flows.binding import bind
 
 SEED = Path(__file__).resolve().parents[1] / "data" / "seeds" / "000_640ab2471bd84fcd.txt"
 SECTION = "Qwen3.5 GB300 NVL72 Agentic Disaggregated Serving#"
@@ -267,7 +268,7 @@ def node_doc(doc: dict, host: str) -> dict:
 
 
 def planned(cluster):
-    return dep.plan_release(cluster, {}, "sha256:x")
+    return dep.plan_release(bind(cluster), {}, "sha256:x")
 
 
 INVENTORY = """
@@ -380,7 +381,7 @@ def test_the_image_is_the_seeds_image_with_the_seeds_wheels():
     assert derived == wheels.derived_ref(c) != seed["image"]
     assert derived.startswith(f"llmdeploy/{CLUSTER}:{seed['image'].rsplit(':', 1)[1]}-wheels-")
     # prepare builds it from the seed's image: pip install the pins, docker commit to that tag
-    script = wheels.build(c)
+    script = wheels.build(bind(c))
     assert f"tag={shlex.quote(derived)}\n" in script
     # (read by an awk that passes its lines on and prints progress from them)
     (run,) = [ln for ln in script.splitlines() if ln.startswith("{ docker run --name ")]
@@ -816,10 +817,10 @@ def test_etcd_and_nats_run_on_node_0_with_their_data_in_the_release():
     assert (n.kind, n.host, n.ip, n.port, n.path, n.check, n.arg) == ("http", n0.name, "127.0.0.1", 8222, "/healthz", "json", "status=ok")
     # prepare pulls those two images on node 0 only
     assert image_role.accessories(c) == [c.profile.etcd_image, c.profile.nats_image]
-    script = image_role.accessories_build(c, n0, check=False)
+    script = image_role.accessories_build(bind(c), n0, check=False)
     for ref in (c.profile.etcd_image, c.profile.nats_image):
         assert f"docker pull {shlex.quote(ref)}" in script
-        assert f"would-pull {ref}" in image_role.accessories_build(c, n0, check=True)
+        assert f"would-pull {ref}" in image_role.accessories_build(bind(c), n0, check=True)
 
 
 def test_start_order_and_reverse_stop_phases():
@@ -981,14 +982,14 @@ def test_external_control_plane_is_probed_not_started(temp_cluster, inventory, n
     assert count >= 2 * len(c.nodes)
     # prepare pulls no accessory image
     assert image_role.accessories(c) == []
-    assert all(image_role.accessories_build(c, node, check) is None for node in c.nodes for check in (True, False))
+    assert all(image_role.accessories_build(bind(c), node, check) is None for node in c.nodes for check in (True, False))
 
 
 def test_accessory_images_are_node_0s_only(temp_cluster):
     c = temp_cluster("t-3p1d")
     assert image_role.accessories(c) == [c.profile.etcd_image, c.profile.nats_image]
-    assert image_role.accessories_build(c, c.node0, check=True) is not None
-    assert all(image_role.accessories_build(c, node, check=False) is None for node in c.nodes[1:])
+    assert image_role.accessories_build(bind(c), c.node0, check=True) is not None
+    assert all(image_role.accessories_build(bind(c), node, check=False) is None for node in c.nodes[1:])
 
 
 def test_check_names_the_external_etcd_address(inventory):
@@ -1014,7 +1015,7 @@ def _gates(c, monkeypatch) -> tuple[list, _Runner, list[bool]]:
     monkeypatch.setattr(engine_mod, "http_probe", lambda runner, node, p, timeout: probed.append((node.name, p.ip, p.port, p.path)))
     _, _, plan = planned(c)
     runner = _Runner()
-    eng = engine_mod.Engine(c, runner, Console(quiet=True), quiet=True)
+    eng = engine_mod.Engine(bind(c), runner, Console(quiet=True), quiet=True)
     out = engine_mod.Outcome(ok=False, release=plan.release)
     results = [eng.wait_started(plan, plan.service(name), out) for name in ("etcd", "nats")]
     return probed, runner, results

@@ -26,6 +26,7 @@ from llmdeploy.inventory import Budget, Cluster, Model, make_nodes
 from systems.dynamo import ROLE_COMPONENT
 from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
 from systems.dynamo import workers as dynamo
+from flows.binding import bind
 
 TOPOLOGIES = list(dynamo.TOPOLOGIES)  # every topology of the seed
 
@@ -108,7 +109,7 @@ def watch(fake: FakeDynamo, monkeypatch, ready_timeout_s: float = 30) -> tuple[b
     """Engine.watch over the plan of ``fake.c`` with the HTTP answered by ``fake``
     (through flows.probes.http_probe and its checks) and every container running."""
     c = fake.c
-    _, _, plan = dep.plan_release(c, {}, "sha256:x")
+    _, _, plan = dep.plan_release(bind(c), {}, "sha256:x")
 
     def http_via_ssh(runner, node, port, method, path, body, timeout, headers=None, dest="127.0.0.1"):
         return fake.answer(node.name, port, method, path, body)
@@ -119,7 +120,7 @@ def watch(fake: FakeDynamo, monkeypatch, ready_timeout_s: float = 30) -> tuple[b
         def states(self, plan, units=None):
             return {engine_mod.unit_key(u): ("running", "") for u in (units or plan.units())}
 
-    eng = Engine(c, None, Console(quiet=True), quiet=True)
+    eng = Engine(bind(c), None, Console(quiet=True), quiet=True)
     eng.d = c.deploy.model_copy(update={"poll_s": 0.01, "ready_timeout_s": ready_timeout_s})
     out = engine_mod.Outcome(ok=False, release=plan.release)
     return eng.watch(plan, out), out, plan
@@ -163,7 +164,7 @@ def test_readiness_still_waits_for_every_worker(topology, monkeypatch):
 def test_the_plan_waits_for_no_traffic_dependent_metric():
     for topology in dynamo.TOPOLOGIES:
         c = cluster_of(topology)
-        _, _, plan = dep.plan_release(c, {}, "sha256:x")
+        _, _, plan = dep.plan_release(bind(c), {}, "sha256:x")
         assert not [p.name for p in plan.ready if p.check == "metric"], topology
         metrics = [p for p in plan.ready if p.path == "/metrics"]
         assert sorted((p.host, p.port) for p in metrics) == sorted((w.rank0_node, w.system_port) for w in dynamo.placement(c, c.profile))
@@ -206,7 +207,7 @@ def test_a_dead_workers_instance_keeps_readiness_waiting():
 
 def test_the_chat_waits_out_the_frontends_500_after_a_worker_registered():
     c = cluster_of("1P1D-B8")
-    _, _, plan = dep.plan_release(c, {}, "sha256:x")
+    _, _, plan = dep.plan_release(bind(c), {}, "sha256:x")
     (chat,) = [p for p in plan.ready if p.path == "/v1/chat/completions"]
     assert chat.not_yet == [500]
     problem = f"{chat.describe()} answered 500: b'{{\"message\":\"Failed to generate completions\"}}'"
@@ -216,7 +217,7 @@ def test_the_chat_waits_out_the_frontends_500_after_a_worker_registered():
 
 def test_the_model_list_may_lag_the_workers(monkeypatch):
     c = cluster_of("1P1D-B8")
-    _, _, plan = dep.plan_release(c, {}, "sha256:x")
+    _, _, plan = dep.plan_release(bind(c), {}, "sha256:x")
     (models,) = [p for p in plan.ready if p.path == "/v1/models"]
     # the only other probe that waits on its body: the frontend's list again, last (test_a_restarted_group_...)
     assert models.wait_body and [p.name for p in plan.ready if p.wait_body and p is not models] == ["frontend /health lists exactly the workers"]

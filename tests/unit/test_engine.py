@@ -29,12 +29,13 @@ from systems.trtllm.catalogue import trtllm_qwen38_fp8
 from llmdeploy.releaseplan import Probe, ReleasePlan, Service, Unit, order_services
 from llmdeploy.runner import UnreachableError
 from roles import containers as ctr
+from flows.binding import bind
 
 CLUSTERS = ["a3", "b200"]
 
 
 def planned(name: str, image_key: str = "sha256:x", cluster=None):
-    return dep.plan_release(cluster or load_cluster(name), {}, image_key)
+    return dep.plan_release(bind(cluster or load_cluster(name)), {}, image_key)
 
 
 def _labels(command: str) -> dict[str, str]:
@@ -207,7 +208,7 @@ def test_a_misordered_playbook_is_refused(tmp_path, monkeypatch):
     """))
     monkeypatch.setattr(playbook, "PLAYBOOK_DIR", tmp_path)
     with pytest.raises(LlmdeployError, match="'workers' starts after 'node0'"):
-        systems.build(load_cluster("a3"), {}, dep.DRAFT_ID, None)
+        systems.build(bind(load_cluster("a3")), {}, dep.DRAFT_ID, None)
 
 
 @pytest.mark.parametrize("name,phases", [("a3", {"node0": 1, "workers": 0}), ("b200", {"world": 0})])
@@ -226,7 +227,7 @@ def test_single_node_vllm_plan_has_no_workers_service():
     # a3 with one node: the workers entry has no hosts and is left out; node 0 is then the only phase
     a3 = load_cluster("a3")
     one = a3.model_copy(update={"nodes": a3.nodes[:1]})
-    plan = systems.build(one, {}, dep.DRAFT_ID, None)
+    plan = systems.build(bind(one), {}, dep.DRAFT_ID, None)
     assert [s.name for s in plan.services] == ["node0"] and plan.stop_phase(plan.services[0]) == 0
     assert _labels(plan.units()[0].show["container_command"])["llmdeploy.stop_phase"] == "0"
 
@@ -547,7 +548,7 @@ def _watch(answers: dict[str, list], states=None):
             started.append([u.container for u in units])
             return True
 
-    eng = Fake(cluster, None, None, quiet=True)
+    eng = Fake(bind(cluster), None, None, quiet=True)
     eng.d = cluster.deploy.model_copy(update={"poll_s": 0.01, "ready_timeout_s": 2, "backoff_s": 0})
     out = Outcome(ok=True, release="r")
     return eng.watch(plan, out), out, seen, started

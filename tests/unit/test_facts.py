@@ -13,6 +13,7 @@ from llmdeploy.sections import numa_of
 from platforms import ascend, nvidia
 from llmdeploy.inventory import load_cluster
 from sim import hardware
+from flows.binding import bind
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,7 +34,7 @@ def a3_host(tmp_path):
 def test_script_is_one_round_trip_and_quotes_the_model_path():
     c = load_cluster("a3")
     c.model.path = "/models/with space"  # not valid in an inventory; the builder still quotes
-    script = facts.build(c, c.nodes[0])
+    script = facts.build(bind(c), c.nodes[0])
     assert shlex.quote("/models/with space") in script
     # A3 reads NPU addresses with -vnic, for all 16 devices
     assert script.count("-vnic -g") == 16 and "-ip -g" not in script
@@ -59,20 +60,20 @@ def test_in_one_piece_prints_the_output_once_the_script_ends(shell, script, out,
 
 def test_the_facts_step_sends_its_script_in_one_piece(a3_host):
     c, node, _ = a3_host
-    for step in (facts.gather_step(c), facts.gather_step(c, ["image.ensure"])):
+    for step in (facts.gather_step(bind(c)), facts.gather_step(bind(c), ["image.ensure"])):
         command = step.build(node)
-        assert command.startswith("__llmdeploy_out=$(\n") and facts.build(c, node).rstrip() in command
+        assert command.startswith("__llmdeploy_out=$(\n") and facts.build(bind(c), node).rstrip() in command
 
 
 def test_a2_reads_npu_ip_with_ip_query():
     c = load_cluster("a2")
-    script = facts.build(c, c.nodes[0])
+    script = facts.build(bind(c), c.nodes[0])
     assert script.count(" -ip -g") == 8
 
 
 def test_nvidia_script_queries_gpus_not_npus():
     c = load_cluster("b200")
-    script = facts.build(c, c.nodes[0])
+    script = facts.build(bind(c), c.nodes[0])
     assert "nvidia-smi --query-gpu=" in script and "npu-smi" not in script
 
 
@@ -144,7 +145,7 @@ def test_parse_marks_problems():
             f"{facts.MARK} docker", "sh: docker: not found", f"{facts.MARK}rc 127",
         ]
     )
-    f = facts.parse(c, node, out)
+    f = facts.parse(bind(c), node, out)
     assert "NIC enp189s0f0 is down (state DOWN)" in f["problems"]
     assert "NIC enp189s0f0 does not own 192.0.2.10 (no interface has 192.0.2.10; it has 192.0.2.99/24)" in f["problems"]
     assert "no container engine (sh: docker: not found)" in f["problems"]
@@ -163,7 +164,7 @@ def test_nic_problem_names_the_interface_that_owns_the_ip():
             "4: eth7: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc mq state UP mode DEFAULT", f"{facts.MARK}rc 0",
         ]
     )
-    f = facts.parse(c, node, out)
+    f = facts.parse(bind(c), node, out)
     assert facts.nic_problems(node, f) == ["NIC enp189s0f0 does not own 192.0.2.10 (192.0.2.10 is on eth7; it has 192.0.2.99/24)"]
 
 

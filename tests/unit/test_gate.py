@@ -15,6 +15,7 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import GateSettings, load_cluster
 from llmdeploy.releaseplan import ReleasePlan
 from roles.release import bench_append_script, ledger_script, parse_benches
+from flows.binding import bind
 
 TOL = GateSettings().tolerance.model_dump()
 
@@ -140,7 +141,7 @@ def test_every_system_plans_a_drain_and_plan_json_keeps_it():
 
     for name, refuse in (("sim-a3", []), ("sim-b200", []), ("sim-gb300-1p2d", ["frontend"]), ("sim-h200-sglang", [])):
         c = load_cluster(name)
-        _, _, plan = plan_release(c, {}, c.image.ref)
+        _, _, plan = plan_release(bind(c), {}, c.image.ref)
         assert plan.metrics is not None and plan.metrics.probe.path == "/metrics" and plan.metrics.running and plan.metrics.waiting
         assert plan.drain is not None and plan.drain.refuse_first == refuse
         assert plan.drain.note or refuse  # what cannot be drained is said
@@ -176,9 +177,9 @@ def draining(monkeypatch, readings, drain_s=10.0, refused=False, cluster="sim-gb
     monkeypatch.setattr(engine.interrupt, "sleep", clock.sleep)  # the engine sleeps in slices that look at the Ctrl-C flag
     c = load_cluster(cluster)
     c = c.model_copy(update={"deploy": c.deploy.model_copy(update={"drain_s": drain_s})})
-    _, _, plan = plan_release(c, {}, c.image.ref)
+    _, _, plan = plan_release(bind(c), {}, c.image.ref)
     said, signals = [], []
-    eng = engine.Engine(c, None, Console(), quiet=False)
+    eng = engine.Engine(bind(c), None, Console(), quiet=False)
     eng.say = said.append
     seq = list(readings)
     eng._inflight = lambda d: seq.pop(0) if len(seq) > 1 else seq[0]

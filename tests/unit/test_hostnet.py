@@ -13,6 +13,7 @@ from flows import verify
 from llmdeploy.inventory import load_cluster
 from llmdeploy.runner import FAILED, OK, SKIPPED, HostResult
 from roles import comm
+from flows.binding import bind
 
 M = comm.PING_MARK
 
@@ -237,7 +238,7 @@ def test_npu_pings_still_run_through_the_shared_lanes(tmp_path):
                     'printf "device %s PING %s\\n2 packets transmitted, 2 received, 0.00%% packet loss" "$2" "$6"\n')
     tool.chmod(0o755)
     pings = [(0, "b", 0, "10.0.0.2"), (1, "b", 1, "10.0.1.2"), (5, "c", 5, "10.0.5.3")]
-    s = comm.ping_script(c, pings)
+    s = comm.ping_script(bind(c), pings)
     out = subprocess.run(["sh", "-c", s], capture_output=True, text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"}).stdout
     r = comm.parse_pings(out, pings)
     assert [(x["ok"], x["reason"]) for x in r] == [(True, "0.00% loss"), (False, "100.00% loss"), (True, "0.00% loss")]

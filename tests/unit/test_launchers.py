@@ -9,6 +9,7 @@ import types
 
 import pytest
 
+from flows.binding import bind
 from llmdeploy import launcher
 from llmdeploy.inventory import load_cluster
 from llmdeploy.plugin import members
@@ -50,11 +51,11 @@ def test_the_units_runtime_is_the_launchers_own_or_dockers():
     b200 = load_cluster("sim-b200-slurm")
     pyxis = b200.model_copy(update={"slurm": b200.slurm.model_copy(update={"container": "pyxis"})})
     docker = b200.model_copy(update={"slurm": b200.slurm.model_copy(update={"container": "docker"})})
-    assert type(runtime.of(load_cluster("sim-b200"))) is runtime.Docker
-    assert type(runtime.of(docker)) is runtime.Docker
-    assert type(runtime.of(pyxis)) is PyxisUnits
-    assert "docker inspect" in runtime.of(docker).states_script(["x"])
-    assert "docker inspect" not in runtime.of(pyxis).states_script(["x"]) and "llu_state_of" in runtime.of(pyxis).states_script(["x"])
+    assert type(bind(load_cluster("sim-b200")).runtime) is runtime.Docker
+    assert type(bind(docker).runtime) is runtime.Docker
+    assert type(bind(pyxis).runtime) is PyxisUnits
+    assert "docker inspect" in bind(docker).runtime.states_script(["x"])
+    assert "docker inspect" not in bind(pyxis).runtime.states_script(["x"]) and "llu_state_of" in bind(pyxis).runtime.states_script(["x"])
     values, hooks = members(launcher.UnitRuntime)
     for cls in (runtime.Docker, PyxisUnits):
         for hook in hooks:

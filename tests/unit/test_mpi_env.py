@@ -23,6 +23,7 @@ from sim.standins import trtllm as standin
 from systems.common import mpi_exports
 from systems import trtllm as trtllm_sys
 from tests.conftest import run_invoke
+from flows.binding import bind
 
 NICS = ["ens1f0", "enp65s0f1"]
 
@@ -71,7 +72,7 @@ def test_commenv_declares_the_node_values_per_node():
 def test_trtllm_world_exports_no_per_node_variable_and_each_env_file_names_its_own_nic():
     shared = {"NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "WARN"}
     c = b200_two_nics(env=shared)
-    _, _, plan = dep.plan_release(c, {}, "sha256:x")
+    _, _, plan = dep.plan_release(bind(c), {}, "sha256:x")
     (launcher,) = [u for u in plan.units() if u.role == "launcher"]
     tokens = shlex.split(launcher.show["serve_command"])
     exported = _exports(tokens)
@@ -98,8 +99,8 @@ def test_trtllm_world_exports_no_per_node_variable_and_each_env_file_names_its_o
 
 def test_trtllm_check_json_names_the_exported_and_the_per_node_variables():
     c = b200_two_nics(env={"NCCL_IB_HCA": "mlx5"})
-    _, chash, plan = dep.plan_release(c, {}, "sha256:x")
-    doc = dep.check_doc(c, plan, chash, [])
+    _, chash, plan = dep.plan_release(bind(c), {}, "sha256:x")
+    doc = dep.check_doc(bind(c), plan, chash, [])
     assert doc["launch"]["exported_env"] == ["NCCL_IB_HCA"]
     assert doc["launch"]["per_node_env"] == ["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"]
     assert [n["env"]["NCCL_SOCKET_IFNAME"] for n in doc["nodes"]] == NICS
@@ -116,7 +117,7 @@ def gb300_1p2d_mixed_nics() -> Cluster:
 
 def test_dynamo_groups_across_nodes_export_no_per_node_variable():
     c = gb300_1p2d_mixed_nics()
-    _, _, plan = dep.plan_release(c, {}, "sha256:x")
+    _, _, plan = dep.plan_release(bind(c), {}, "sha256:x")
     groups = [w for w in dynamo.placement(c, c.profile) if len(w.nodes) > 1]
     assert [w.name for w in groups] == ["decode0", "decode1"]
     for w in groups:
@@ -136,7 +137,7 @@ def test_dynamo_groups_across_nodes_export_no_per_node_variable():
 
 def test_a_dynamo_group_on_one_node_still_leaves_its_nic_to_the_container():
     c = gb300_1p2d_mixed_nics()
-    _, _, plan = dep.plan_release(c, {}, "sha256:x")
+    _, _, plan = dep.plan_release(bind(c), {}, "sha256:x")
     (w,) = [w for w in dynamo.placement(c, c.profile) if w.name == "prefill0"]
     assert len(w.nodes) == 1
     exec_line = shlex.split(plan.files[w.rank0_node][f"{w.name}.serve.sh"][0].rstrip("\n").splitlines()[-1])

@@ -26,6 +26,7 @@ from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
 from roles import comm, mpi
 from sim.paths import cluster_dir
 from tests.conftest import run_invoke
+from flows.binding import bind
 
 
 def b200(ips=("192.0.2.40", "192.0.2.41"), launch_ssh_config=None) -> Cluster:
@@ -43,7 +44,7 @@ def entries(text: str) -> list[list[str]]:
 
 def test_the_hostfile_names_each_node_by_its_serving_ip():
     c = b200()
-    _, _, plan = dep.plan_release(c, {}, "sha256:x")
+    _, _, plan = dep.plan_release(bind(c), {}, "sha256:x")
     text = plan.files["hf-node-0"]["hostfile"][0]
     assert entries(text) == [["192.0.2.40", "slots=8"], ["192.0.2.41", "slots=8"]]
     # which node each IP is, for the person reading it
@@ -194,7 +195,7 @@ def test_serving_and_verify_comm_reach_the_nodes_with_the_same_agent():
     agent = json.loads(res.stdout)["nodes"][0]["files"]["mpi-agent.sh"]
     assert f'exec ssh {shlex.join(want)} "$target" "docker exec -i ' in agent
     # verify-comm: the same IP -> SSH host table and ssh, on the hosts (no container)
-    cmd = comm.all_reduce_command(c, "-b 8 -e 8G -f 2 -g 1")
+    cmd = comm.all_reduce_command(bind(c), "-b 8 -e 8G -f 2 -g 1")
     table = [ln for ln in agent.splitlines() if ") target=" in ln]
     assert table and all(ln in cmd.splitlines() for ln in table)
     assert f'exec ssh {shlex.join(want)} "$target" "$@"' in cmd

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 from flows import deploy as dep
+from flows.binding import bind
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import load_cluster
 from llmdeploy.serving import PreparedNode
@@ -84,7 +85,7 @@ def test_a_record_whose_prefix_is_not_a_membind_is_refused(cluster_with, prefix)
 
 def test_check_shows_numactl_when_the_inventory_decides(cluster_with):
     c, inv = cluster_with("0,1")
-    _, _, plan = dep.plan_release(c, {}, "sha256:x")  # no prepare record: what --check builds
+    _, _, plan = dep.plan_release(bind(c), {}, "sha256:x")  # no prepare record: what --check builds
     launchers = _launchers(plan)
     assert sorted(launchers) == ["decode0", "decode1", "prefill0"]
     for worker, (u, tokens) in launchers.items():
@@ -100,7 +101,7 @@ def test_check_shows_numactl_when_the_inventory_decides(cluster_with):
 
 def test_check_names_the_record_that_decides_when_only_prepare_knows(cluster_with):
     c, inv = cluster_with("auto")
-    _, _, plan = dep.plan_release(c, {}, "sha256:x")
+    _, _, plan = dep.plan_release(bind(c), {}, "sha256:x")
     for worker, (u, tokens) in _launchers(plan).items():
         assert "numactl" not in tokens, worker
         assert u.show["numactl"]["prefix"] is None
@@ -124,7 +125,7 @@ def test_with_prepare_records_the_command_is_what_the_records_say(cluster_with):
     gb = {"binding": {"kind": "numactl", "prefix": "numactl -m 0,1"}}
     other = {"binding": {"kind": "none", "reason": "not the Grace-Blackwell layout"}}
     records = {n.name: (gb if i != 3 else other) for i, n in enumerate(c.nodes)}
-    _, _, plan = dep.plan_release(c, records, "sha256:x")
+    _, _, plan = dep.plan_release(bind(c), records, "sha256:x")
     launchers = _launchers(plan)
     for worker, (u, tokens) in launchers.items():
         bound = records[u.host] is gb

@@ -21,6 +21,8 @@ from roles import containers as ctr
 from roles import release as rel
 from roles import status as st
 from tests.unit.test_engine import docker  # noqa: F401 (the stand-in docker fixture)
+from flows.binding import bind
+from tests.binding import runners
 
 T = 1764000000.0
 
@@ -35,9 +37,9 @@ def test_the_plan_built_once_is_the_plan_built_with_its_id(name, monkeypatch):
     builds = []
     real_build = systems.build
     monkeypatch.setattr(systems, "build", lambda *a: builds.append(a[2]) or real_build(*a))
-    rid, _, plan = dep.plan_release(cluster, {}, "sha256:x", "sha256:x")
+    rid, _, plan = dep.plan_release(bind(cluster), {}, "sha256:x", "sha256:x")
     assert builds == [dep.DRAFT_ID]
-    direct = real_build(cluster, {}, rid, "sha256:x")
+    direct = real_build(bind(cluster), {}, rid, "sha256:x")
     assert plan.to_json() == direct.to_json()
     for host, files in direct.files.items():
         mine = {k: v for k, v in plan.files[host].items() if k not in ("plan.json", "release.json")}
@@ -57,14 +59,14 @@ def test_a_system_that_derives_something_from_the_id_is_refused(monkeypatch):
 
     monkeypatch.setattr(systems, "build", build)
     with pytest.raises(ValueError, match="other than the id itself"):
-        dep.plan_release(load_cluster("a3"), {}, "sha256:x")
+        dep.plan_release(bind(load_cluster("a3")), {}, "sha256:x")
 
 
 def test_deploy_check_builds_the_plan_once(monkeypatch, capsys):
     builds = []
     real_build = systems.build
     monkeypatch.setattr(systems, "build", lambda *a: builds.append(a[2]) or real_build(*a))
-    assert dep.deploy(load_cluster("gb300-agentic"), Console(quiet=True), True, True, False, False, None, 0, True, None, None) == 0
+    assert dep.deploy(bind(load_cluster("gb300-agentic")), Console(quiet=True), True, True, False, False, None, 0, True, None, None) == 0
     assert len(builds) == 1 and json.loads(capsys.readouterr().out)["system"] == "dynamo"
 
 
@@ -97,7 +99,7 @@ def test_release_script_reads_the_attempts_of_a_release_directory(tmp_path):
     (logs / "w1.attempt-2.log").write_text("")
     (logs / "w2.attempt-1.log").write_text("")
     (logs / "w2.final.log").write_text("")
-    out = subprocess.run(["sh", "-c", rel.release_script(cluster, rid)], capture_output=True, text=True).stdout
+    out = subprocess.run(["sh", "-c", rel.release_script(cluster, rid, bind(cluster).runtime.image_id_script())], capture_output=True, text=True).stdout
     doc = rel.parse_release(out)
     assert doc["attempts"] == {"w1": 3, "w2": 2} and doc["meta"] is None and doc["plan"] == ""
     assert any(p.endswith("/release.json") for p in doc["problems"])
@@ -129,7 +131,7 @@ def _plan(cluster):
 def test_starts_continue_the_release_attempt_numbers_and_stops_name_logs_for_them():
     cluster = load_cluster("sim-a3")
     plan, sent = _plan(cluster), _Sent()
-    eng = Engine(cluster, sent, Console(quiet=True), quiet=True)
+    eng = Engine(bind(cluster), sent, Console(quiet=True), quiet=True)
     out = Outcome(ok=False, release=plan.release, earlier={unit_key(u): 4 for u in plan.units()})
     assert eng.start_units(plan, plan.units()[1:], out)
     (name, host, script), = sent.scripts
@@ -204,15 +206,15 @@ def test_logs_prefixes_each_line_with_its_host_and_service_and_picks_one_service
         def run(self, step, nodes=None, **_):
             return {n.name: HostResult(n.name, stdout=out[n.name]) for n in cluster.nodes[:2]}
 
-    with mock.patch.object(serving_logs, "Runner", Nodes):
-        assert serving_logs.serving_logs(cluster, host=f"{cluster.nodes[0].name},{cluster.nodes[1].name}") == 0
+    with runners(Nodes):
+        assert serving_logs.serving_logs(bind(cluster), host=f"{cluster.nodes[0].name},{cluster.nodes[1].name}") == 0
         printed = capsys.readouterr().out.splitlines()
         n0, n1 = cluster.nodes[0].name, cluster.nodes[1].name
         assert printed == [f"{n0}/frontend | ready", f"{n0}/prefill0 | loaded", f"{n0}/prefill0 | two", f"{n1} | up"]
         with pytest.raises(LlmdeployError, match=r"--service decode7: no container of that service .* \(services there: decode0, frontend, prefill0\)"):
-            serving_logs.serving_logs(cluster, host=f"{n0},{n1}", service="decode7")
+            serving_logs.serving_logs(bind(cluster), host=f"{n0},{n1}", service="decode7")
     with pytest.raises(InventoryError, match="--service"):
-        serving_logs.serving_logs(cluster, service="a b; reboot")
+        serving_logs.serving_logs(bind(cluster), service="a b; reboot")
 
 
 # --- readiness checks a system adds ------------------------------------------------------------------

@@ -16,6 +16,7 @@ from flows.plan import Context, load_playbook
 from llmdeploy.inventory import load_cluster
 from llmdeploy.runner import FAILED, OK, SKIPPED, HostResult
 from sim import hardware
+from flows.binding import bind
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -76,7 +77,7 @@ def edit(state, change) -> None:
 
 def test_a_node_as_its_platform_declares_passes(a3, b200):
     for c, node, state in (a3, b200):
-        f = facts.parse(c, node, node_output(c, node, state))
+        f = facts.parse(bind(c), node, node_output(c, node, state))
         assert "platform_mismatch" not in f and f["problems"] == [], f["problems"]
         assert facts.platform_check(node, f).status == OK
 
@@ -84,7 +85,7 @@ def test_a_node_as_its_platform_declares_passes(a3, b200):
 def test_an_a3_node_reporting_half_its_npus_is_named_with_both_counts(a3):
     c, node, state = a3
     edit(state, lambda hw: hw.update(npus=hw["npus"][:8]))
-    f = facts.parse(c, node, node_output(c, node, state))
+    f = facts.parse(bind(c), node, node_output(c, node, state))
     assert f["platform_mismatch"] == ["sim-a3-1 reports 8 NPUs, platform a3 declares 16"]
     assert f["problems"][0] == "sim-a3-1 reports 8 NPUs, platform a3 declares 16"
     res = facts.platform_check(node, f)
@@ -94,14 +95,14 @@ def test_an_a3_node_reporting_half_its_npus_is_named_with_both_counts(a3):
 def test_a_gpu_missing_from_nvidia_smi_is_named(b200):
     c, node, state = b200
     edit(state, lambda hw: hw["gpus"].pop(3))
-    f = facts.parse(c, node, node_output(c, node, state))
+    f = facts.parse(bind(c), node, node_output(c, node, state))
     assert f["platform_mismatch"] == ["sim-b200-0 reports 7 GPUs, platform b200 declares 8"]
 
 
 def test_another_model_is_named(b200):
     c, node, state = b200
     edit(state, lambda hw: [g.update(name="NVIDIA H100 80GB HBM3") for g in hw["gpus"]])
-    f = facts.parse(c, node, node_output(c, node, state))
+    f = facts.parse(bind(c), node, node_output(c, node, state))
     assert f["platform_mismatch"] == ["sim-b200-0 reports GPU 0,1,2,3,4,5,6,7 as 'NVIDIA H100 80GB HBM3', platform b200 declares B200 "
                                       "(GPUs named 'NVIDIA B200.*')"]
 
@@ -109,13 +110,13 @@ def test_another_model_is_named(b200):
 def test_a_sick_device_is_named(a3):
     c, node, state = a3
     edit(state, lambda hw: hw["npus"][5].update(health="Critical"))
-    f = facts.parse(c, node, node_output(c, node, state))
+    f = facts.parse(bind(c), node, node_output(c, node, state))
     assert f["platform_mismatch"] == ["sim-a3-1 reports 1 of its NPUs not healthy (NPU 5: Critical), platform a3 declares 16 healthy"]
 
 
 def test_an_absent_device_file_is_named(a3):
     c, node, state = a3
-    f = facts.parse(c, node, node_output(c, node, state, device_files="/dev/davinci3\n/dev/hisi_hdc"))
+    f = facts.parse(bind(c), node, node_output(c, node, state, device_files="/dev/davinci3\n/dev/hisi_hdc"))
     assert f["platform_mismatch"] == ["sim-a3-1 lacks /dev/davinci3, /dev/hisi_hdc: platform a3 gives each serving container these device files"]
 
 
@@ -124,7 +125,7 @@ def test_more_devices_than_the_platform_has_is_another_machine(tmp_path):
     a3c, a2c = load_cluster("sim-a3"), load_cluster("sim-a2")
     hardware.save(tmp_path, hardware.node_hardware(a3c, 0, a3c.nodes[0]))
     node = a2c.nodes[0]
-    f = facts.parse(a2c, node, node_output(a2c, node, tmp_path))
+    f = facts.parse(bind(a2c), node, node_output(a2c, node, tmp_path))
     assert f["platform_mismatch"][0] == f"{node.name} reports 16 NPUs, platform a2 declares 8"
 
 
@@ -132,16 +133,16 @@ def test_an_inventory_that_serves_with_fewer_devices_is_named_as_such(a3):
     c, node, state = a3
     node.devices = 12
     edit(state, lambda hw: hw.update(npus=hw["npus"][:8]))
-    f = facts.parse(c, node, node_output(c, node, state))
+    f = facts.parse(bind(c), node, node_output(c, node, state))
     assert f["platform_mismatch"] == ["sim-a3-1 reports 8 NPUs, its inventory entry declares 12 (devices; platform a3: 16)"]
     edit(state, lambda hw: hw.update(npus=hw["npus"][:8]))
     node.devices = 8
-    assert "platform_mismatch" not in facts.parse(c, node, node_output(c, node, state))
+    assert "platform_mismatch" not in facts.parse(bind(c), node, node_output(c, node, state))
 
 
 def test_the_facts_script_lists_the_absent_device_files_a_container_needs():
     c = load_cluster("a3")
-    script = facts.build(c, c.nodes[0])
+    script = facts.build(bind(c), c.nodes[0])
     line = next(ln for ln in script.splitlines() if "device_files" in ln)
     assert "/dev/davinci0 " in line and "/dev/davinci15 " in line and "/dev/davinci_manager /dev/devmm_svm /dev/hisi_hdc;" in line
     out = subprocess.run(["sh", "-c", line.replace("/dev/davinci_manager", "/dev/null")], capture_output=True, text=True).stdout
@@ -149,7 +150,7 @@ def test_the_facts_script_lists_the_absent_device_files_a_container_needs():
     assert sections["device_files"][1] == 0 and "/dev/null" not in sections["device_files"][0]
     # NVIDIA: the container runtime passes the GPUs, no device file is checked one by one
     b = load_cluster("b200")
-    assert "device_files" not in facts.build(b, b.nodes[0])
+    assert "device_files" not in facts.build(bind(b), b.nodes[0])
 
 
 def test_refusal_names_every_mismatched_node_and_that_nothing_started():
@@ -186,7 +187,7 @@ class FakeRunner:
 
 def test_a_mismatched_node_stops_prepare_on_every_node():
     c = load_cluster("sim-a3")
-    ctx = Context(c)
+    ctx = Context(bind(c))
     ctx.results["facts"] = {n.name: HostResult(n.name, OK, data={"hostname": n.name, "devices": [{}] * 16, "accelerator": "npu"}) for n in c.nodes}
     ctx.results["facts"]["sim-a3-2"].data.update(devices=[{}] * 8, platform_mismatch=["sim-a3-2 reports 8 NPUs, platform a3 declares 16"])
     runner = FakeRunner()
@@ -205,7 +206,7 @@ def test_deploy_without_prepare_reads_the_facts_and_refuses(monkeypatch):
             return {n.name: HostResult(n.name, OK, data={"platform_mismatch": [f"{n.name} reports 8 NPUs, platform a3 declares 16"]
                                                          if n.name == "sim-a3-3" else []}) for n in c.nodes}
 
-    assert deploy.platform_refusal(Runner(), c) == ("sim-a3: sim-a3-3 reports 8 NPUs, platform a3 declares 16; "
+    assert deploy.platform_refusal(Runner(), bind(c)) == ("sim-a3: sim-a3-3 reports 8 NPUs, platform a3 declares 16; "
                                                    "nothing was started or changed on any node")
 
 
@@ -231,6 +232,6 @@ def test_deploy_skip_prepare_refuses_before_running_anything_else():
 
     where = {"phase": "before anything was stopped"}
     with pytest.raises(LlmdeployError) as exc:
-        deploy._deploy_locked(c, Runner(), Console(file=open(os.devnull, "w")), False, True, [], True, no_prepare, where)
+        deploy._deploy_locked(bind(c), Runner(), Console(file=open(os.devnull, "w")), False, True, [], True, no_prepare, where)
     assert str(exc.value) == "deploy refused: sim-a3: sim-a3-1 reports 8 NPUs, platform a3 declares 16; nothing was started or changed on any node"
     assert steps == ["facts"] and where["phase"] == "before anything was stopped"

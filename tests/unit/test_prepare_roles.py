@@ -16,6 +16,7 @@ from llmdeploy.inventory import Budget, load_cluster
 from llmdeploy.runner import FAILED, OK, HostResult
 from roles import budget, commenv, fail_odd_ones, image, majority, model, numa, wheels
 from roles.files import parse_put, put_script
+from flows.binding import bind
 
 
 def _facts(cpus=320, devices=16, affinity=True, numa_nodes=None, mem_gib=1536, listening=(22,), ours=()):
@@ -43,11 +44,11 @@ def test_majority_prefers_node0_on_ties_and_names_the_odd_ones():
 
 def test_image_build_pull_and_load():
     c = load_cluster("a3")
-    pull = image.build(c)
+    pull = image.build(bind(c))
     assert "docker pull \"$ref\"" in pull and "ref=quay.io/ascend/vllm-ascend:qwen3.8-a3" in pull
-    assert "docker pull" not in image.build(c, check=True) and "would-pull" in image.build(c, check=True)
+    assert "docker pull" not in image.build(bind(c), check=True) and "would-pull" in image.build(bind(c), check=True)
     c2 = c.model_copy(update={"image": c.image.model_copy(update={"tarball": "/data/images/vllm-ascend.tar"})})
-    load = image.build(c2)
+    load = image.build(bind(c2))
     assert "docker load -i /data/images/vllm-ascend.tar" in load and "docker pull" not in load
 
 
@@ -63,17 +64,17 @@ def test_image_parse_states():
 def test_wheels_build_from_index_or_wheel_dir():
     c = load_cluster("gb300-agentic")
     assert wheels.pins(c) == {"ai-dynamo": "1.6.0.dev20261010", "ai-dynamo-runtime": "1.6.0.dev20261010"}
-    script = wheels.build(c)
+    script = wheels.build(bind(c))
     # the seed's install line
     assert (
         "python3 -m pip install --pre --no-cache-dir --index-url https://pypi.org/simple "
         "--extra-index-url https://pypi.nvidia.com ai-dynamo==1.6.0.dev20261010 ai-dynamo-runtime==1.6.0.dev20261010"
     ) in script
-    assert "docker commit" in script and "docker commit" not in wheels.build(c, check=True)
+    assert "docker commit" in script and "docker commit" not in wheels.build(bind(c), check=True)
     prof = c.profile.model_copy(update={"wheel_dir": "/srv/wheels"})
-    local = wheels.build(c.model_copy(update={"profile": prof}))
+    local = wheels.build(bind(c.model_copy(update={"profile": prof})))
     assert "-v /srv/wheels:/wheels:ro" in local and "--no-index --find-links /wheels" in local
-    assert wheels.build(load_cluster("a3")) is None  # no wheels: skipped
+    assert wheels.build(bind(load_cluster("a3"))) is None  # no wheels: skipped
 
 
 def test_wheels_nodes_with_another_image_id_are_named():
@@ -83,7 +84,7 @@ def test_wheels_nodes_with_another_image_id_are_named():
     from flows.plan import Context
 
     c = load_cluster("sim-gb300-1p2d")
-    step = wheels.install_step(Context(c))
+    step = wheels.install_step(Context(bind(c)))
     versions = json.dumps(wheels.pins(c))
 
     def said(image_id):
@@ -220,7 +221,7 @@ def test_testinfra_ssh_config_from_the_inventory(tmp_path):
         assert f"    {line}" in block.splitlines()
     off = c.model_copy(update={"ssh": c.ssh.model_copy(update={"keepalive_s": 0})})
     assert "    ServerAliveInterval 0" in check.ssh_config_text(off, c.nodes[:1], "/tmp/cm").splitlines()
-    cmd = check.pytest_command(c, c.nodes[:2], "/tmp/j.xml", "/tmp/cfg")
+    cmd = check.pytest_command(bind(c), c.nodes[:2], "/tmp/j.xml", "/tmp/cfg")
     assert f"--hosts=ssh://{c.nodes[0].name},ssh://{c.nodes[1].name}" in cmd and "--ssh-config=/tmp/cfg" in cmd
 
 

@@ -19,6 +19,7 @@ from flows.plan import Context, load_playbook
 from llmdeploy.inventory import load_cluster
 from llmdeploy.runner import CHANGED, OK, HostResult
 from roles import keep_progress_fd
+from flows.binding import bind
 
 PREPARE = [ref for play in load_playbook("prepare") for ref in play.steps]
 
@@ -31,14 +32,14 @@ def cluster():
 def test_prepare_inspects_with_the_probes_of_its_later_steps(cluster):
     assert PREPARE[0] == "facts.inspect"
     assert list(facts.probes(PREPARE)) == ["files.writable", "model.check", "image.ensure", "commenv.render", "record.write"]
-    script = facts.inspect_build(cluster, cluster.nodes[1], PREPARE)
+    script = facts.inspect_build(bind(cluster), cluster.nodes[1], PREPARE)
     # the command's stderr kept for progress lines (the sections send theirs to stdout), then the facts script
     head = keep_progress_fd()
-    assert script.startswith(head + facts.build(cluster, cluster.nodes[1]))
+    assert script.startswith(head + facts.build(bind(cluster), cluster.nodes[1]))
     for ref in facts.probes(PREPARE):
         assert f"@@llmdeploy@@ probe {ref}'" in script
     # a probe only reads: no pull, no write
-    probe_part = script[len(head + facts.build(cluster, cluster.nodes[1])):]
+    probe_part = script[len(head + facts.build(bind(cluster), cluster.nodes[1])):]
     for verb in ("docker pull", "docker load", "mv ", "mkdir", "base64 -d"):
         assert verb not in probe_part
 
@@ -48,7 +49,7 @@ def _run_sections(script: str, tmp_path) -> str:
 
 
 def test_a_probe_that_exits_ends_only_its_own_section(cluster, tmp_path):
-    step = facts.gather_step(cluster, ["image.ensure", "record.write"])
+    step = facts.gather_step(bind(cluster), ["image.ensure", "record.write"])
     script = step.build(cluster.nodes[0])
     out = _run_sections(script, tmp_path)
     s = facts.split_sections(out)
@@ -57,7 +58,7 @@ def test_a_probe_that_exits_ends_only_its_own_section(cluster, tmp_path):
 
 
 def _ctx_with(cluster, host: str, probes: dict) -> Context:
-    ctx = Context(cluster)
+    ctx = Context(bind(cluster))
     ctx.results["facts"] = {host: HostResult(host, OK, data={"probes": probes})}
     return ctx
 
@@ -88,7 +89,7 @@ def test_an_unchanged_file_is_decided_without_a_transfer(cluster, tmp_path):
     for other in (said.replace(said[:8], "0" * 8), said.replace(f"{mode:o}", "600" if mode != 0o600 else "644"), "absent\n"):
         step = commenv.render_step(cluster, ctx=_ctx_with(cluster, node.name, {"commenv.render": (other, 0)}))
         assert step.decide(node) is None
-    assert commenv.render_step(cluster, ctx=Context(cluster)).decide(node) is None
+    assert commenv.render_step(cluster, ctx=Context(bind(cluster))).decide(node) is None
     assert commenv.render_step(cluster).decide is None
 
 
@@ -114,7 +115,7 @@ def test_model_decides_from_its_listing(cluster, tmp_path):
     listing = f"@@llmdeploy-model@@ dir {cluster.model.path}\n@@llmdeploy-model@@ missing\n"
     res = model.check_step(_ctx_with(cluster, node.name, {"model.check": (listing, 0)})).decide(node)
     assert res.status != OK and "does not exist" in res.msg
-    assert model.check_step(Context(cluster)).decide(node) is None
+    assert model.check_step(Context(bind(cluster))).decide(node) is None
 
 
 def test_check_mode_reports_a_changed_file_as_would_change(cluster):

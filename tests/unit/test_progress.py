@@ -21,6 +21,7 @@ from llmdeploy.runner import PROGRESS_MARK, HostResult, without_progress
 from llmdeploy.sections import counted
 from roles import image, in_one_piece, keep_progress_fd, model, progress_echo, progress_line, wheels
 from roles.facts import section, split_sections
+from flows.binding import bind
 
 M = PROGRESS_MARK
 
@@ -124,8 +125,8 @@ def test_a_pull_counts_layers_done_of_layers_known_and_keeps_dockers_lines_and_s
     assert got[0] == (1.0, 1.0, "layers", "pull") and got[-1] == (3.0, 3.0, "layers", "pull")
     assert [p[:2] for p in got] == [(1, 1), (1, 2), (1, 3), (1, 3), (1, 3), (1, 3), (2, 3), (2, 3), (3, 3)]
     # the image step's command uses it, and its parser reads what the runner leaves
-    assert counted('docker pull "$ref"', image.PULL_AWK) in image.build(load_cluster("a3"))
-    assert image.ensure_step(type("Ctx", (), {"cluster": load_cluster("a3"), "check": False})()).progress is progress_line
+    assert counted('docker pull "$ref"', image.PULL_AWK) in image.build(bind(load_cluster("a3")))
+    assert image.ensure_step(type("Ctx", (), {"dep": bind(load_cluster("a3")), "cluster": load_cluster("a3"), "check": False})()).progress is progress_line
 
 
 def test_a_load_reads_the_tarball_into_docker_load_saying_the_bytes_read(tmp_path, monkeypatch):
@@ -141,8 +142,8 @@ def test_a_load_reads_the_tarball_into_docker_load_saying_the_bytes_read(tmp_pat
     fake = "docker() { head -c 10 >/dev/null; echo 'open /var/lib/docker/tmp/x: invalid tar header' >&2; return 1; }\n"
     res = sh(fake + "\n".join(image.load_lines(str(tar))) + "\necho not here")
     assert (res.returncode, res.stdout) == (1, "") and "invalid tar header" in res.stderr
-    assert "docker load" in image.build(load_cluster("a3").model_copy(
-        update={"image": load_cluster("a3").image.model_copy(update={"tarball": str(tar)})}))
+    assert "docker load" in image.build(bind(load_cluster("a3").model_copy(
+        update={"image": load_cluster("a3").image.model_copy(update={"tarball": str(tar)})})))
 
 
 PIP_OUTPUT = """Looking in indexes: https://pypi.org/simple, https://pypi.nvidia.com
@@ -163,7 +164,7 @@ def test_wheel_installs_count_wheels_collected_then_installed():
     assert res.stdout == "status 0\n" and without_progress(res.stderr) == PIP_OUTPUT
     assert readings(res.stderr) == [(1.0, None, "wheels", "collect"), (2.0, None, "wheels", "collect"), (3.0, None, "wheels", "collect"),
                                     (0.0, 3.0, "wheels", "install"), (3.0, 3.0, "wheels", "install")]
-    script = wheels.build(load_cluster("gb300-agentic"))
+    script = wheels.build(bind(load_cluster("gb300-agentic")))
     assert "env PYTHONUNBUFFERED=1 python3 -m pip install" in script and "awk -v m=" in script
 
 

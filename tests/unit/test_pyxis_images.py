@@ -36,6 +36,7 @@ from roles import release as release_role
 from systems.common import serving_image
 from tests.unit.test_pyxis_units import Node as UnitsNode
 from tests.unit.test_pyxis_units import start_time, until
+from flows.binding import bind
 
 SHELLS = ["sh", "bash"]
 RID = "20260101T000000Z-abcdef01"
@@ -147,8 +148,8 @@ def _parse(c: Cluster, res: subprocess.CompletedProcess, host: str = "sim-b200-s
 @pytest.mark.parametrize("shell", SHELLS)
 def test_the_image_is_imported_once_named_by_its_config_digest(site, shell):
     c = site.cluster()
-    assert type(runtime.of(c)).__name__ == "PyxisUnits"
-    res = site.run(image.build(c), shell)
+    assert type(bind(c).runtime).__name__ == "PyxisUnits"
+    res = site.run(image.build(bind(c)), shell)
     assert res.returncode == 0, res.stderr
     want = sha(CONFIG)
     imgs = images.images_dir(c)
@@ -167,7 +168,7 @@ def test_the_image_is_imported_once_named_by_its_config_digest(site, shell):
     assert "[INFO] Creating squashfs filesystem..." in res.stderr
 
     # the second time it is present: no import, the same answer
-    again = site.run(image.build(c), shell)
+    again = site.run(image.build(bind(c)), shell)
     assert again.returncode == 0, again.stderr
     r2 = _parse(c, again)
     assert r2.status == OK and r2.msg == f"present {want[:19]}" and r2.data["serving_ref"] == path and r2.data["id"] == want
@@ -176,12 +177,12 @@ def test_the_image_is_imported_once_named_by_its_config_digest(site, shell):
 
 def test_the_facts_probe_decides_a_present_image_without_a_step_of_its_own(site):
     c = site.cluster()
-    probe = facts.probes(["image.ensure"])["image.ensure"](c, c.nodes[0])
-    assert probe == image.build(c, check=True) and "enroot import" not in probe
-    assert site.run(image.build(c)).returncode == 0
+    probe = facts.probes(["image.ensure"])["image.ensure"](bind(c), c.nodes[0])
+    assert probe == image.build(bind(c), check=True) and "enroot import" not in probe
+    assert site.run(image.build(bind(c))).returncode == 0
     said = site.run(probe)
     assert said.returncode == 0 and said.stderr == ""
-    ctx = Context(cluster=c, results={"facts": {n.name: HostResult(n.name, OK, data={"hostname": "h", "probes": {"image.ensure": (said.stdout, 0)}})
+    ctx = Context(bind(c), results={"facts": {n.name: HostResult(n.name, OK, data={"hostname": "h", "probes": {"image.ensure": (said.stdout, 0)}})
                                                 for n in c.nodes}})
     decided = image.ensure_step(ctx).decide(c.nodes[0])
     assert decided.status == OK and decided.data["serving_ref"].endswith(".sqsh")
@@ -190,7 +191,7 @@ def test_the_facts_probe_decides_a_present_image_without_a_step_of_its_own(site)
 @pytest.mark.parametrize("shell", SHELLS)
 def test_check_says_would_import_and_changes_nothing(site, shell):
     c = site.cluster()
-    res = site.run(image.build(c, check=True), shell)
+    res = site.run(image.build(bind(c), check=True), shell)
     assert res.returncode == 0, res.stderr
     r = _parse(c, res)
     assert r.status == CHANGED and r.msg == f"would import {c.image.ref}" and "serving_ref" not in r.data
@@ -200,15 +201,15 @@ def test_check_says_would_import_and_changes_nothing(site, shell):
 @pytest.mark.parametrize("shell", SHELLS)
 def test_a_failed_import_is_named_and_leaves_no_file(site, shell):
     c = site.cluster()
-    res = site.run(image.build(c), shell, FAKE_ENROOT_FAIL="1")
+    res = site.run(image.build(bind(c)), shell, FAKE_ENROOT_FAIL="1")
     assert res.returncode != 0
     r = _parse(c, res)
     assert r.status == FAILED and r.msg == f"image {c.image.ref}: [ERROR] URL https://nvcr.io/v2/nvidia/x/manifests/1 returned error code: 401 Unauthorized"
     imgs = Path(images.images_dir(c))
     assert [p.name for p in imgs.iterdir()] == ["refs"] and list((imgs / "refs").iterdir()) == []
     # the next run imports (nothing was taken for present)
-    assert _parse(c, site.run(image.build(c, check=True), shell)).msg.startswith("would import")
-    ok = site.run(image.build(c), shell)
+    assert _parse(c, site.run(image.build(bind(c), check=True), shell)).msg.startswith("would import")
+    ok = site.run(image.build(bind(c)), shell)
     assert ok.returncode == 0 and _parse(c, ok).data["id"] == sha(CONFIG)
 
 
@@ -219,8 +220,8 @@ def test_an_import_cut_short_before_leaves_nothing_under_the_final_name(site):
     imgs = Path(images.images_dir(c))
     (imgs / ".import.abcdefgh" / "cache").mkdir(parents=True)
     (imgs / ".import.abcdefgh" / "image.sqsh").write_bytes(b"hsqs-partial")
-    assert _parse(c, site.run(image.build(c, check=True))).msg.startswith("would import")
-    res = site.run(image.build(c))
+    assert _parse(c, site.run(image.build(bind(c), check=True))).msg.startswith("would import")
+    res = site.run(image.build(bind(c)))
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in imgs.iterdir()) == [f"{sha(CONFIG)[7:]}.sqsh", "refs"]
 
@@ -229,7 +230,7 @@ def test_a_config_that_does_not_hash_to_its_name_fails(site):
     """The digest is checked again after enroot: a cached config whose
     content is not its name's is named, and nothing is imported."""
     c = site.cluster()
-    script = image.build(c).replace("enroot import", "enroot_bad import")
+    script = image.build(bind(c)).replace("enroot import", "enroot_bad import")
     bad = site.bin / "enroot_bad"
     bad.write_text('#!/bin/sh\nenroot "$@" || exit\nfor f in "$ENROOT_CACHE_PATH"/*; do\n'
                    '  [ "$(zstd -dcq "$f" | head -c 1)" = "{" ] && printf \'{"other":1}\' | zstd -q -f -o "$f"\ndone\ntrue\n')
@@ -250,11 +251,11 @@ def test_a_node_with_another_image_is_named(site):
     results = {}
     for i, (node, config) in enumerate([("n0", CONFIG), ("n1", CONFIG), ("n2", other)]):
         cn = site.cluster(node)
-        res = site.run(image.build(cn), FAKE_ENROOT_CONFIG=config)
+        res = site.run(image.build(bind(cn)), FAKE_ENROOT_CONFIG=config)
         assert res.returncode == 0, res.stderr
         host = f"h{i}"
         results[host] = image.parse(cn, c.nodes[0].model_copy(update={"name": host}), res.stdout, res.stderr, res.returncode)
-    image.ensure_step(Context(cluster=c)).aggregate(results)
+    image.ensure_step(Context(bind(c))).aggregate(results)
     assert [h for h, r in results.items() if r.status == FAILED] == ["h2"]
     odd = results["h2"]
     assert odd.msg == (f"image {c.image.ref} is {sha(other)} here but {sha(CONFIG)} on h0, h1: another build "
@@ -266,7 +267,7 @@ def test_the_record_runs_the_imported_file(site):
     """prepare's record of a pyxis node names the imported file as its
     serving_ref, which the plan's units run, and a unit's step runs that file."""
     c = site.cluster()
-    res = site.run(image.build(c))
+    res = site.run(image.build(bind(c)))
     data = _parse(c, res).data
     node = c.nodes[0]
     doc = json.loads(record.content(c, node, data, {}))
@@ -297,7 +298,7 @@ def _config(ref: str) -> str:
 
 
 def _accessories(c: Cluster, res: subprocess.CompletedProcess) -> HostResult:
-    return image.accessories_parse(c, c.node0, res.stdout, res.stderr, res.returncode)
+    return image.accessories_parse(bind(c), c.node0, res.stdout, res.stderr, res.returncode)
 
 
 def test_the_accessories_script_runs_each_images_own_import_apart(tmp_path):
@@ -306,33 +307,33 @@ def test_the_accessories_script_runs_each_images_own_import_apart(tmp_path):
     subshell (it exits early when the image is there), then a line with its
     status, which ends the script unless 0; read-only in check mode; nothing of Docker's."""
     c = dynamo_pyxis(tmp_path)
-    rt = runtime.of(c)
+    rt = bind(c).runtime
     assert image.accessories(c) == [ETCD, NATS]
     for check in (False, True):
-        script = image.accessories_build(c, c.node0, check)
+        script = image.accessories_build(bind(c), c.node0, check)
         want = "".join(f"echo '@@llmdeploy-image@@ accessory {ref}'\n(\n{rt.image_script(ref, check)})\n"
                        f"""rc=$?; echo '@@llmdeploy-image@@ accessory-exit {ref}' "$rc"; [ "$rc" -eq 0 ] || exit "$rc"\n"""
                        for ref in (ETCD, NATS))
         assert script == want
         assert "docker pull" not in script and "docker image" not in script
         assert ("enroot import" in script) is not check
-        assert all(image.accessories_build(c, n, check) is None for n in c.nodes[1:])
+        assert all(image.accessories_build(bind(c), n, check) is None for n in c.nodes[1:])
     # with the endpoints given, nothing to import
     ext = c.model_copy(update={"profile": c.profile.model_copy(update={"etcd_endpoints": "http://192.0.2.5:2379", "nats_server": "nats://192.0.2.5:4222"})})
-    assert image.accessories(ext) == [] and image.accessories_build(ext, ext.node0, False) is None
+    assert image.accessories(ext) == [] and image.accessories_build(bind(ext), ext.node0, False) is None
 
 
 def test_a_docker_cluster_pulls_its_accessory_images_as_before():
     c = load_cluster("sim-gb300-1p2d")
-    script = image.accessories_build(c, c.node0, False)
+    script = image.accessories_build(bind(c), c.node0, False)
     assert "enroot" not in script and "accessory" not in script
     assert f"docker pull {ETCD}" in script and f'echo "@@llmdeploy-image@@ pulled {NATS}"' in script
-    assert image.accessories_build(c, c.node0, True) == (
+    assert image.accessories_build(bind(c), c.node0, True) == (
         f"if docker image inspect --format '{{{{.Id}}}}' {ETCD} >/dev/null 2>&1; then echo \"@@llmdeploy-image@@ present {ETCD}\"; "
         f"else echo \"@@llmdeploy-image@@ would-pull {ETCD}\"; fi\n"
         f"if docker image inspect --format '{{{{.Id}}}}' {NATS} >/dev/null 2>&1; then echo \"@@llmdeploy-image@@ present {NATS}\"; "
         f"else echo \"@@llmdeploy-image@@ would-pull {NATS}\"; fi\n")
-    r = image.accessories_parse(c, c.node0, f"@@llmdeploy-image@@ present {ETCD}\n@@llmdeploy-image@@ pulled {NATS}\n", "", 0)
+    r = image.accessories_parse(bind(c), c.node0, f"@@llmdeploy-image@@ present {ETCD}\n@@llmdeploy-image@@ pulled {NATS}\n", "", 0)
     assert r.status == CHANGED and r.msg == f"pulled {NATS}" and r.data == {ETCD: "present", NATS: "pulled"}
     assert image.accessory_files(r.data) == {} and image.accessory_files({"files": "pulled"}) == {}
 
@@ -343,14 +344,14 @@ def test_accessory_images_are_imported_once_on_node_0(site, shell):
     imgs = Path(images.images_dir(c))
     per_uri = {"FAKE_ENROOT_PER_URI": "1"}
     # check: what it would do, nothing changed
-    res = site.run(image.accessories_build(c, c.node0, True), shell, **per_uri)
+    res = site.run(image.accessories_build(bind(c), c.node0, True), shell, **per_uri)
     assert res.returncode == 0, res.stderr
     r = _accessories(c, res)
     assert r.status == CHANGED and r.msg == f"would-import {ETCD}; would-import {NATS}"
     assert r.data == {"states": {ETCD: "would-import", NATS: "would-import"}, "files": {}}
     assert site.imports() == [] and not imgs.exists()
     # imported, each its own file named by its ID
-    res = site.run(image.accessories_build(c, c.node0, False), shell, **per_uri)
+    res = site.run(image.accessories_build(bind(c), c.node0, False), shell, **per_uri)
     assert res.returncode == 0, res.stderr
     assert site.imports() == ["docker://quay.io#coreos/etcd:v3.5.17", "docker://nats:2.10.24-alpine"]
     files = {ref: f"{imgs}/{sha(_config(ref))[7:]}.sqsh" for ref in (ETCD, NATS)}
@@ -363,7 +364,7 @@ def test_accessory_images_are_imported_once_on_node_0(site, shell):
         assert (imgs / "refs" / images.ref_key(ref)).read_text() == sha(_config(ref)) + "\n"
     # again: present, the same files, no import; and a check says so too
     for check in (False, True):
-        again = site.run(image.accessories_build(c, c.node0, check), shell, **per_uri)
+        again = site.run(image.accessories_build(bind(c), c.node0, check), shell, **per_uri)
         assert again.returncode == 0, again.stderr
         r = _accessories(c, again)
         assert r.status == OK and r.msg == f"present: {ETCD}, {NATS}" and r.data["files"] == files
@@ -375,20 +376,20 @@ def test_a_failed_accessory_import_names_its_image_and_stops_there(site, shell):
     c = dynamo_pyxis(site.tmp / "n0")
     imgs = Path(images.images_dir(c))
     # the second fails: named, with enroot's last words; the first is imported and stays
-    res = site.run(image.accessories_build(c, c.node0, False), shell, FAKE_ENROOT_PER_URI="1", FAKE_ENROOT_FAIL_URI="docker://nats:2.10.24-alpine")
+    res = site.run(image.accessories_build(bind(c), c.node0, False), shell, FAKE_ENROOT_PER_URI="1", FAKE_ENROOT_FAIL_URI="docker://nats:2.10.24-alpine")
     assert res.returncode != 0
     r = _accessories(c, res)
     assert r.status == FAILED and r.host == c.node0.name == "sim-gb300-1p2d-slurm-0"
     assert r.msg == f"image {NATS}: {FAIL_401}"
     assert (imgs / "refs" / images.ref_key(ETCD)).exists() and not (imgs / "refs" / images.ref_key(NATS)).exists()
     # the next run imports only what is missing
-    ok = site.run(image.accessories_build(c, c.node0, False), shell, FAKE_ENROOT_PER_URI="1")
+    ok = site.run(image.accessories_build(bind(c), c.node0, False), shell, FAKE_ENROOT_PER_URI="1")
     assert ok.returncode == 0, ok.stderr
     assert _accessories(c, ok).msg == f"imported {NATS}"
     assert site.imports() == ["docker://quay.io#coreos/etcd:v3.5.17", "docker://nats:2.10.24-alpine", "docker://nats:2.10.24-alpine"]
     # the first fails: named; the second is not tried
     c2 = dynamo_pyxis(site.tmp / "n1")
-    res = site.run(image.accessories_build(c2, c2.node0, False), shell, FAKE_ENROOT_FAIL="1")
+    res = site.run(image.accessories_build(bind(c2), c2.node0, False), shell, FAKE_ENROOT_FAIL="1")
     r = _accessories(c2, res)
     assert res.returncode != 0 and r.status == FAILED and r.msg == f"image {ETCD}: {FAIL_401}"
     assert site.imports()[3:] == ["docker://quay.io#coreos/etcd:v3.5.17"]
@@ -406,7 +407,7 @@ def test_the_accessories_output_is_read_whole_or_not_at_all(tmp_path):
     nats = f"{M} accessory {NATS}\n{M} imported {n} []\n{M} serving {nf}\n{M} accessory-exit {NATS} 0\n"
 
     def parse(out: str, err: str = "", code: int = 0) -> HostResult:
-        return image.accessories_parse(c, c.node0, out, err, code)
+        return image.accessories_parse(bind(c), c.node0, out, err, code)
 
     r = parse(etcd + nats)
     assert r.status == CHANGED and r.msg == f"imported {NATS}" and r.data["files"] == {ETCD: ef, NATS: nf}
@@ -443,7 +444,7 @@ def test_the_record_keeps_the_accessory_files_on_pyxis_only(tmp_path):
     files = {ETCD: f"{imgs}/{'a' * 64}.sqsh", NATS: f"{imgs}/{'b' * 64}.sqsh"}
     data = {"states": {ETCD: "present", NATS: "imported"}, "files": files}
     # the record step takes them from the accessories step's data on node 0
-    ctx = Context(cluster=c, results={"image": {c.node0.name: HostResult(c.node0.name, OK, data={"id": sha(CONFIG)})},
+    ctx = Context(bind(c), results={"image": {c.node0.name: HostResult(c.node0.name, OK, data={"id": sha(CONFIG)})},
                                       image.ACCESSORIES_STEP: {c.node0.name: HostResult(c.node0.name, CHANGED, data=data)}})
     sent = record.write_step(ctx).stdin(c.node0)
     sent = sent.decode() if isinstance(sent, bytes) else sent
@@ -470,7 +471,7 @@ def test_a_docker_record_is_as_before():
         "binding": {"membind": "0,1"}, "env_file": commenv.env_path(c, n0), "env_mode": f"{commenv.env_mode(c):o}",
         "nic": n0.nic, "ip": str(n0.ip)}, indent=1, sort_keys=True) + "\n"
     assert text == record.content(c, n0, {"id": sha(CONFIG)}, {"membind": "0,1"})
-    ctx = Context(cluster=c, results={"image": {n0.name: HostResult(n0.name, OK, data={"id": sha(CONFIG)})},
+    ctx = Context(bind(c), results={"image": {n0.name: HostResult(n0.name, OK, data={"id": sha(CONFIG)})},
                                       image.ACCESSORIES_STEP: {n0.name: HostResult(n0.name, CHANGED, data=docker_data)},
                                       "numa": {n0.name: HostResult(n0.name, OK, data={"membind": "0,1"})}})
     sent = record.write_step(ctx).stdin(n0)
@@ -479,7 +480,7 @@ def test_a_docker_record_is_as_before():
 
 # --- Dynamo's control plane runs what prepare imported ---------------------------------------
 def _control_plane(c: Cluster, records: dict) -> tuple:
-    _, _, plan = dep.plan_release(c, records, sha(CONFIG), sha(CONFIG))
+    _, _, plan = dep.plan_release(bind(c), records, sha(CONFIG), sha(CONFIG))
     return plan, plan.service("etcd").units[0], plan.service("nats").units[0]
 
 
@@ -542,7 +543,7 @@ def test_a_control_plane_unit_that_runs_its_file_shows_no_drift(tmp_path):
         assert doc["Image"] == sha(_config(ETCD)) and doc["Config"]["Image"] == files[ETCD], doc
         meta = json.loads(plan.files[c.node0.name]["release.json"][0])
         st = {"meta": meta, "release": plan.release, "env": {}}
-        assert status_flow.drift(plan, st, doc, main=etcd.prefix == "", own_env=runtime.of(c).own_env) == []
+        assert status_flow.drift(plan, st, doc, main=etcd.prefix == "", own_env=bind(c).runtime.own_env) == []
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
@@ -550,18 +551,18 @@ def test_a_control_plane_unit_that_runs_its_file_shows_no_drift(tmp_path):
 
 # --- the facts -------------------------------------------------------------------------------
 def _facts(c: Cluster, site: Site, **env: str) -> dict:
-    rt = runtime.of(c)
+    rt = bind(c).runtime
     script = "\n".join([facts.section("hostname", "echo h"), facts.section("docker", rt.engine_script()), facts.section("ours", rt.running_script())])
     res = site.run(script, **env)
     assert res.returncode == 0, res.stderr
-    return facts.parse(c, c.nodes[0], res.stdout)
+    return facts.parse(bind(c), c.nodes[0], res.stdout)
 
 
 def test_the_facts_read_enroot_and_pyxis_as_the_engine(site):
     c = site.cluster()
-    script = facts.build(c, c.nodes[0])
+    script = facts.build(bind(c), c.nodes[0])
     assert "docker --version" not in script and "docker ps" not in script.replace("(docker ps)", "")
-    assert runtime.of(c).engine_script() in script and runtime.of(c).running_script() in script
+    assert bind(c).runtime.engine_script() in script and bind(c).runtime.running_script() in script
     f = _facts(c, site)
     assert f["container_engine"] == "enroot 4.1.2 + pyxis" and f["our_containers"] == []
     assert not [p for p in f["problems"] if "container engine" in p]
@@ -576,7 +577,7 @@ def test_the_facts_read_enroot_and_pyxis_as_the_engine(site):
 
 def test_the_facts_of_a_docker_cluster_are_as_before():
     c = load_cluster("sim-b200")
-    script = facts.build(c, c.nodes[0])
+    script = facts.build(bind(c), c.nodes[0])
     assert facts.section("docker", "docker --version") in script
     assert facts.section("ours", "docker ps --filter label=llmdeploy.cluster=sim-b200 --format '{{.Names}}'") in script
     assert facts.engine("Docker version 26.1.3, build b72abbb") == "docker 26.1.3"
@@ -625,7 +626,7 @@ def test_the_running_units_and_their_image_id_are_read_from_their_records(unit_n
     me = f"{os.getpid()} {start_time(os.getpid())}"
     (other / "task.0").write_text(f"{me} {me}\n")
     for shell in SHELLS:
-        res = n.sh(runtime.of(c).running_script(), shell)
+        res = n.sh(bind(c).runtime.running_script(), shell)
         assert res.returncode == 0 and res.stdout.split() == ["r1.unit"], res
     res = n.sh(units.inspect_script(releases_dir(c), ["r1.unit"]))
     doc = json.loads(res.stdout)
@@ -647,16 +648,16 @@ def _release(c: Cluster, img: str, image_id: str) -> None:
 
 
 def _problems(c: Cluster, site: Site, shell: str = "sh") -> list[str]:
-    res = site.run(release_role.release_script(c, RID), shell)
+    res = site.run(release_role.release_script(c, RID, bind(c).runtime.image_id_script()), shell)
     return release_role.parse_release(res.stdout)["problems"]
 
 
 @pytest.mark.parametrize("shell", SHELLS)
 def test_a_release_checks_its_imported_image(site, shell):
     c = site.cluster()
-    data = _parse(c, site.run(image.build(c))).data
+    data = _parse(c, site.run(image.build(bind(c)))).data
     _release(c, data["serving_ref"], data["id"])
-    assert "docker" not in release_role.release_script(c, RID)
+    assert "docker" not in release_role.release_script(c, RID, bind(c).runtime.image_id_script())
     assert _problems(c, site, shell) == []
     # recorded with another ID: named with both
     meta = Path(release_dir(c, RID)) / "release.json"
@@ -673,7 +674,7 @@ def test_a_release_that_names_the_reference_finds_its_import(site):
     """A release.json whose image is the reference (a system that records
     the reference and the serving image apart) is looked up in the references' records."""
     c = site.cluster()
-    data = _parse(c, site.run(image.build(c))).data
+    data = _parse(c, site.run(image.build(bind(c)))).data
     _release(c, c.image.ref, data["id"])
     assert _problems(c, site) == []
     (Path(images.images_dir(c)) / "refs" / images.ref_key(c.image.ref)).unlink()
@@ -682,8 +683,8 @@ def test_a_release_that_names_the_reference_finds_its_import(site):
 
 def test_a_docker_release_is_checked_with_docker_as_before():
     c = load_cluster("sim-b200")
-    assert "have=$(llmdeploy_image_id \"$img\")" in release_role.release_script(c, RID)
-    assert "docker image inspect --format '{{.Id}}' \"$1\"" in release_role.release_script(c, RID)
+    assert "have=$(llmdeploy_image_id \"$img\")" in release_role.release_script(c, RID, bind(c).runtime.image_id_script())
+    assert "docker image inspect --format '{{.Id}}' \"$1\"" in release_role.release_script(c, RID, bind(c).runtime.image_id_script())
 
 
 # --- the builders ----------------------------------------------------------------------------
@@ -702,9 +703,9 @@ def test_the_names_of_an_import():
 
 def test_a_docker_cluster_pulls_as_before():
     c = load_cluster("sim-a3-slurm")
-    assert runtime.of(c).image_script(c.image.ref, False) is None
-    assert 'docker pull "$ref"' in image.build(c) and "enroot" not in image.build(c)
-    assert image.probe(c).startswith(f"ref={c.image.ref}")
+    assert bind(c).runtime.image_script(c.image.ref, False) is None
+    assert 'docker pull "$ref"' in image.build(bind(c)) and "enroot" not in image.build(bind(c))
+    assert image.probe(bind(c)).startswith(f"ref={c.image.ref}")
 
 
 

@@ -27,6 +27,7 @@ from launchers.slurm.commands import STARTED_MARK
 from llmdeploy.release import releases_dir
 from roles import containers as ctr
 from roles.status import parse_logs, parse_status, parse_top
+from flows.binding import bind
 
 RID = "20260101T000000Z-abcdef01"
 OLD = "20251231T000000Z-0badf00d"
@@ -405,8 +406,8 @@ def test_top_reads_the_units_as_docker_inspect(node):
     go(node, "1")
     until(lambda: (node.record("u-2") / "exit.0").exists(), what="u-2 ended")
     Path(node.cluster.base_dir, CLUSTER, "current").symlink_to(f"releases/{RID}")
-    res = node.sh(units.top_script(node.cluster))
-    got = parse_top(res.stdout, node.cluster)
+    res = node.sh(units.top_script(node.cluster, bind(node.cluster).vendor.TOP_QUERY))
+    got = parse_top(res.stdout, bind(node.cluster).vendor)
     assert got["release"] == RID and got["attempts"] == {"u-1": 1, "u-2": 3}
     by = {u["name"]: u for u in got["units"]}
     assert by["u-1"] == {"name": "u-1", "state": "running", "started": (node.record("u-1") / "started").read_text().strip(),
@@ -462,7 +463,7 @@ def test_a_failure_bundle_runs_the_pyxis_units_scripts(tmp_path):
 
     c = load_cluster("sim-b200-slurm")
     sections = units.PyxisUnits(c).bundle_sections(["a-1", "b-2"], 1000) + [("extra.txt", "echo one\necho two\n")]
-    script = logs.bundle_script(c, c.nodes[0], str(tmp_path / "rel"), sections)
+    script = logs.bundle_script(c, c.nodes[0], str(tmp_path / "rel"), sections, bind(c).vendor.LOG_FILES)
     res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     files = logs.split_bundle(res.stdout)
     assert {"a-1.log", "a-1.inspect.json", "b-2.log", "b-2.inspect.json", "extra.txt", "kernel.log", "node.txt"} <= set(files), (res.stderr, files)

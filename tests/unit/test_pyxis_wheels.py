@@ -35,6 +35,7 @@ from roles import image, progress_line, record, runtime, wheels
 from roles import release as release_role
 from systems.common import serving_image
 from tests.unit.test_pyxis_images import CONFIG, FAKE_ENROOT as FAKE_ENROOT_IMPORT, sha
+from flows.binding import bind
 
 SHELLS = ["sh", "bash"]
 RID = "20260101T000000Z-abcdef01"
@@ -219,7 +220,7 @@ class Site:
 
     def imported(self, c: Cluster, shell: str = "sh", **env: str) -> dict:
         """The image step on the node (the base the wheels go into)."""
-        res = self.run(image.build(c), shell, **env)
+        res = self.run(image.build(bind(c)), shell, **env)
         assert res.returncode == 0, res.stderr
         return image.parse(c, c.nodes[0], res.stdout, res.stderr, res.returncode).data
 
@@ -257,9 +258,9 @@ def _members(sqsh: str) -> set[str]:
 @pytest.mark.parametrize("shell", SHELLS)
 def test_the_wheels_are_built_once_into_a_file_of_their_own(site, shell):
     c = site.cluster()
-    assert c.slurm.container == "pyxis" and type(runtime.of(c)).__name__ == "PyxisUnits"
+    assert c.slurm.container == "pyxis" and type(bind(c).runtime).__name__ == "PyxisUnits"
     base = site.imported(c, shell)
-    res = site.run(wheels.build(c), shell)
+    res = site.run(wheels.build(bind(c)), shell)
     assert res.returncode == 0, res.stderr
     path = _derived(c, sha(CONFIG))
     r = _parse(c, res)
@@ -272,10 +273,10 @@ def test_the_wheels_are_built_once_into_a_file_of_their_own(site, shell):
     assert json.loads(Path(path[:-5] + ".versions").read_text().split(" ", 2)[2]) == r.data["versions"]
     assert Path(base["serving_ref"]).read_bytes() == b"hsqs" + CONFIG.encode()
     # what another node needs to find it present (flows.stage.distribute_wheels sends them): the versions, then the file
-    assert runtime.of(c).wheels_files(path) == (path[:-5] + ".versions", path)
+    assert bind(c).runtime.wheels_files(path) == (path[:-5] + ".versions", path)
     for bad in (base["serving_ref"], f"/tmp/{Path(path).name}", path[:-5] + ".versions"):
         with pytest.raises(ValueError):
-            runtime.of(c).wheels_files(bad)
+            bind(c).runtime.wheels_files(bad)
     imgs = Path(images.images_dir(c))
     assert sorted(p.name for p in imgs.iterdir()) == sorted([Path(base["serving_ref"]).name, Path(path).name, Path(path).stem + ".versions", "refs"])
     # enroot's steps, the container removed; pip as roles.wheels runs it for Docker (the profile's indexes, unbuffered)
@@ -292,7 +293,7 @@ def test_the_wheels_are_built_once_into_a_file_of_their_own(site, shell):
     assert "banner" not in res.stdout
 
     # the second time it is present: nothing is created, the same file and versions
-    again = site.run(wheels.build(c), shell)
+    again = site.run(wheels.build(bind(c)), shell)
     assert again.returncode == 0, again.stderr
     r2 = _parse(c, again)
     assert r2.status == OK and r2.msg == f"ai-dynamo=={PIN}, ai-dynamo-runtime=={PIN} in {path}"
@@ -304,21 +305,21 @@ def test_the_wheels_are_built_once_into_a_file_of_their_own(site, shell):
 def test_check_says_would_build_and_changes_nothing(site, shell):
     c = site.cluster()
     # before the image step imported the base: nothing to name yet
-    res = site.run(wheels.build(c, check=True), shell)
+    res = site.run(wheels.build(bind(c), check=True), shell)
     assert res.returncode == 0, res.stderr
     r = _parse(c, res)
     assert r.status == CHANGED and r.msg == f"would install ai-dynamo=={PIN}, ai-dynamo-runtime=={PIN}" and "serving_ref" not in r.data
     site.imported(c, shell)
     calls = site.calls.read_text()
-    res = site.run(wheels.build(c, check=True), shell)
+    res = site.run(wheels.build(bind(c), check=True), shell)
     r = _parse(c, res)
     path = _derived(c, sha(CONFIG))
     assert r.status == CHANGED and r.msg == f"would install ai-dynamo=={PIN}, ai-dynamo-runtime=={PIN} into {path}"
     assert r.data["state"] == "would-build" and r.data["serving_ref"] == path
     assert site.calls.read_text() == calls and not Path(path).exists() and site.containers() == []
     # built: present in a check too
-    assert site.run(wheels.build(c), shell).returncode == 0
-    assert _parse(c, site.run(wheels.build(c, check=True), shell)).status == OK
+    assert site.run(wheels.build(bind(c)), shell).returncode == 0
+    assert _parse(c, site.run(wheels.build(bind(c), check=True), shell)).status == OK
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -327,7 +328,7 @@ def test_a_failed_pip_leaves_no_file_and_no_container(site, shell):
     site.imported(c, shell)
     imgs = Path(images.images_dir(c))
     before = sorted(p.name for p in imgs.iterdir())
-    res = site.run(wheels.build(c), shell, FAKE_PIP_FAIL="1")
+    res = site.run(wheels.build(bind(c)), shell, FAKE_PIP_FAIL="1")
     assert res.returncode == 1
     r = _parse(c, res)
     assert r.status == FAILED and r.msg == f"wheels: ERROR: No matching distribution found for ai-dynamo=={PIN}"
@@ -335,17 +336,17 @@ def test_a_failed_pip_leaves_no_file_and_no_container(site, shell):
     assert site.containers() == [] and len(site.enroot("create")) == 1 and site.enroot("export") == []
     assert site.enroot("remove")[-1].startswith("remove -f llmdeploy-wheels-")
     # the pinned versions not installed: named with both, nothing kept
-    res = site.run(wheels.build(c), shell, FAKE_PIP_VERSION="1.5.0")
+    res = site.run(wheels.build(bind(c)), shell, FAKE_PIP_VERSION="1.5.0")
     assert res.returncode == 5
     r = _parse(c, res)
     assert r.status == FAILED and r.msg == f"wheels: ai-dynamo is 1.5.0 (pinned {PIN}); ai-dynamo-runtime is 1.5.0 (pinned {PIN})"
     assert sorted(p.name for p in imgs.iterdir()) == before and site.containers() == [] and site.enroot("export") == []
     # an export cut short (its partial output left behind): no file under the final name
-    res = site.run(wheels.build(c), shell, FAKE_EXPORT_FAIL="1")
+    res = site.run(wheels.build(bind(c)), shell, FAKE_EXPORT_FAIL="1")
     assert res.returncode == 1 and _parse(c, res).msg == "wheels: FATAL ERROR: Failed to write to output filesystem"
     assert sorted(p.name for p in imgs.iterdir()) == before and site.containers() == []
     # the next run builds (nothing was taken for present)
-    ok = site.run(wheels.build(c), shell)
+    ok = site.run(wheels.build(bind(c)), shell)
     assert ok.returncode == 0, ok.stderr
     assert _parse(c, ok).status == CHANGED and site.containers() == []
 
@@ -361,15 +362,15 @@ def test_what_a_killed_build_left_is_removed_by_the_next(site):
     (site.data / f"llmdeploy-wheels-{c.name}-{host}" / "site").mkdir(parents=True)
     (imgs / ".wheels.abcdefgh").mkdir()
     (imgs / ".wheels.abcdefgh" / "image.sqsh").write_bytes(b"hsqs-partial")
-    assert _parse(c, site.run(wheels.build(c, check=True))).msg.endswith(f"into {_derived(c, sha(CONFIG))}")
-    res = site.run(wheels.build(c))
+    assert _parse(c, site.run(wheels.build(bind(c), check=True))).msg.endswith(f"into {_derived(c, sha(CONFIG))}")
+    res = site.run(wheels.build(bind(c)))
     assert res.returncode == 0, res.stderr
     assert not list(imgs.glob(".wheels.*")) and site.containers() == []
 
 
 def test_a_base_not_imported_is_named(site):
     c = site.cluster()
-    res = site.run(wheels.build(c))
+    res = site.run(wheels.build(bind(c)))
     assert res.returncode == 3 and site.enroot("create") == []
     assert _parse(c, res).msg == f"wheels: image {c.image.ref} is not imported on this node: prepare imports it before the wheels"
 
@@ -378,12 +379,12 @@ def test_a_wheel_directory_is_mounted_read_only_and_installed_without_an_index(s
     wd = tmp_path / "wheels"
     c = site.cluster(wheel_dir=str(wd))
     site.imported(c)
-    res = site.run(wheels.build(c))
+    res = site.run(wheels.build(bind(c)))
     assert res.returncode == 3 and _parse(c, res).msg == f"wheels: wheel directory {wd} is missing"
     wd.mkdir()
     for name in ("ai_dynamo", "ai_dynamo_runtime"):
         (wd / f"{name}-{PIN}-py3-none-any.whl").write_bytes(b"PK")
-    res = site.run(wheels.build(c))
+    res = site.run(wheels.build(bind(c)))
     assert res.returncode == 0, res.stderr
     assert f"start --rw --root --mount={wd}:/wheels:none:x-create=dir,bind,ro llmdeploy-wheels-" in site.enroot("start")[0]
     assert site.pips.read_text().splitlines() == [f"/wheels||ai-dynamo=={PIN} ai-dynamo-runtime=={PIN}|1"]
@@ -404,12 +405,12 @@ def test_a_node_with_another_image_with_the_wheels_is_named(site):
         cn = site.cluster(f"n{i}")
         if config:
             site.imported(cn, FAKE_ENROOT_CONFIG=config)
-        res = site.run(wheels.build(cn))
+        res = site.run(wheels.build(bind(cn)))
         assert res.returncode == 0, res.stderr
         return wheels.parse(c, c.nodes[i], res.stdout.replace(cn.base_dir, c.base_dir), res.stderr, res.returncode)
 
     results = {c.nodes[i].name: node(i, config) for i, config in enumerate([CONFIG, CONFIG, other])}
-    wheels.install_step(Context(cluster=c)).aggregate(results)
+    wheels.install_step(Context(bind(c))).aggregate(results)
     odd, mine = results[c.nodes[2].name], _derived(c, sha(other))
     assert [h for h, r in results.items() if r.status == FAILED] == [c.nodes[2].name] and odd.data["serving_ref"] == mine
     assert odd.msg == (f"wheels: the image with the wheels is {mine} here but {_derived(c, sha(CONFIG))} "
@@ -421,7 +422,7 @@ def test_a_node_with_another_image_with_the_wheels_is_named(site):
     vers.write_text(vers.read_text().replace('"tensorrt-llm": null', '"tensorrt-llm": "1.3.0"'))
     results = {c.nodes[i].name: node(i) for i in range(2)}
     results[c.nodes[2].name] = node(0)
-    wheels.install_step(Context(cluster=c)).aggregate(results)
+    wheels.install_step(Context(bind(c))).aggregate(results)
     odd = results[c.nodes[1].name]
     assert [h for h, r in results.items() if r.status == FAILED] == [c.nodes[1].name]
     assert odd.msg == (f"wheels: {_derived(c, sha(CONFIG))} holds ai-dynamo=={PIN}, ai-dynamo-runtime=={PIN}, tensorrt-llm==1.3.0 here but "
@@ -430,7 +431,7 @@ def test_a_node_with_another_image_with_the_wheels_is_named(site):
     # a check's would-build is no image yet: nothing to compare
     results = {c.nodes[0].name: HostResult(c.nodes[0].name, CHANGED, data={"state": "would-build", "image": "x"}),
                c.nodes[1].name: HostResult(c.nodes[1].name, CHANGED, data={"state": "would-build", "image": "y"})}
-    wheels.install_step(Context(cluster=c)).aggregate(results)
+    wheels.install_step(Context(bind(c))).aggregate(results)
     assert all(r.status == CHANGED for r in results.values())
 
 
@@ -440,7 +441,7 @@ def test_the_record_runs_the_image_with_the_wheels(site, monkeypatch):
     release finds it (its ID: its base's)."""
     c = site.cluster()
     base = site.imported(c)
-    built = _parse(c, site.run(wheels.build(c))).data
+    built = _parse(c, site.run(wheels.build(bind(c)))).data
     node = c.nodes[0]
     doc = json.loads(record.content(c, node, base, {}, built))
     assert doc["image"] == {"ref": c.image.ref, "id": sha(CONFIG), "serving_ref": built["serving_ref"]}
@@ -451,7 +452,7 @@ def test_the_record_runs_the_image_with_the_wheels(site, monkeypatch):
     args = units.unit_step_args(read_docker_run(line), release_dir(c, RID), "u1", 1, "r1.u1")
     assert f"--container-image={built['serving_ref']}" in args
     # the record step writes it from the image and wheels steps' data
-    ctx = Context(cluster=c.model_copy(update={"base_dir": "/b"}), results={"image": {node.name: HostResult(node.name, OK, data=base)},
+    ctx = Context(bind(cluster=c.model_copy(update={"base_dir": "/b"})), results={"image": {node.name: HostResult(node.name, OK, data=base)},
                                       "wheels": {node.name: HostResult(node.name, CHANGED, data=built)}})
     written = []
     monkeypatch.setattr(record, "content", lambda *a: written.append(a) or _content(*a))
@@ -466,10 +467,10 @@ def test_the_record_runs_the_image_with_the_wheels(site, monkeypatch):
                                                 "files": ["env"]}, indent=1, sort_keys=True) + "\n")
 
     def problems() -> list[str]:
-        return release_role.parse_release(site.run(release_role.release_script(c, RID)).stdout)["problems"]
+        return release_role.parse_release(site.run(release_role.release_script(c, RID, bind(c).runtime.image_id_script())).stdout)["problems"]
 
     assert problems() == []
-    shell = runtime.of(c).image_id_script() + f"llmdeploy_image_id {shlex.quote(built['serving_ref'])}"
+    shell = bind(c).runtime.image_id_script() + f"llmdeploy_image_id {shlex.quote(built['serving_ref'])}"
     assert site.run(shell).stdout == sha(CONFIG) + "\n"
     Path(built["serving_ref"]).unlink()
     assert problems() == [f"missing image {built['serving_ref']}"]
@@ -478,8 +479,8 @@ def test_the_record_runs_the_image_with_the_wheels(site, monkeypatch):
 def test_a_docker_cluster_builds_its_derived_image_as_before():
     """Docker's runtime has no script of its own: roles.wheels's docker run + pip + docker commit."""
     c = load_cluster("sim-gb300-1p2d")
-    assert runtime.of(c).wheels_script(wheels.spec(c), False) is None
-    script = wheels.build(c)
+    assert bind(c).runtime.wheels_script(wheels.spec(c), False) is None
+    script = wheels.build(bind(c))
     assert "docker commit" in script and "enroot" not in script
     r = wheels.parse(c, c.nodes[0], f'{wheels.MARK} versions {{"ai-dynamo": "{PIN}", "ai-dynamo-runtime": "{PIN}"}}\n{wheels.MARK} state installed\n', "", 0)
     assert r.data["image"] == wheels.derived_ref(c) and "serving_ref" not in r.data

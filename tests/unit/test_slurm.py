@@ -13,6 +13,7 @@ from llmdeploy.container import ContainerSpec
 from llmdeploy.errors import InventoryError, LlmdeployError
 from llmdeploy.inventory import Cluster, load_cluster
 from launchers.slurm import commands as slurm
+from flows.binding import bind
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +232,7 @@ RID = "20261205T101010Z-0123abcd"
 def _pyxis_plan(cluster):
     import systems
 
-    return systems.build(cluster, {}, RID, None)
+    return systems.build(bind(cluster), {}, RID, None)
 
 
 @pytest.mark.parametrize("name", ["sim-b200-slurm", "sim-gb300-1p2d-slurm", "sim-h200-sglang-slurm"])
@@ -359,14 +360,14 @@ def test_deploy_check_prints_each_steps_srun_line(b200):
     srun line (the release's job as JOB), read from no node; SSH clusters have none."""
     from flows import deploy
 
-    _, chash, plan = deploy.plan_release(b200, {}, b200.image.ref)
-    doc = deploy.check_doc(b200, plan, chash, [])
+    _, chash, plan = deploy.plan_release(bind(b200), {}, b200.image.ref)
+    doc = deploy.check_doc(bind(b200), plan, chash, [])
     (step,) = doc["launch_steps"]
     assert step["what"] == f"world: sim-b200-slurm-{plan.release} on sim-b200-slurm-0, sim-b200-slurm-1"
     assert step["command"].startswith("srun --jobid=JOB --overlap --ntasks=16 --distribution=arbitrary ") and "--mpi=pmix" in step["command"]
     ssh = load_cluster("sim-b200")
-    _, chash, plan = deploy.plan_release(ssh, {}, ssh.image.ref)
-    assert "launch_steps" not in deploy.check_doc(ssh, plan, chash, [])
+    _, chash, plan = deploy.plan_release(bind(ssh), {}, ssh.image.ref)
+    assert "launch_steps" not in deploy.check_doc(bind(ssh), plan, chash, [])
 
 
 def test_each_unit_asks_for_the_accelerators_it_uses():

@@ -29,6 +29,7 @@ from launchers.slurm.jobs import SlurmJobs
 from launchers.slurm.steps import SlurmSteps
 from llmdeploy.releaseplan import ReleasePlan, Service, Unit
 from llmdeploy.runner import Runner, Step
+from flows.binding import bind
 
 PATH = "/usr/bin:/bin"
 JOB = "42"
@@ -612,13 +613,13 @@ def test_the_flows_reads_are_the_readers(b200):
 
     plan = _release(b200)
     plan.metrics = Metrics(probe=Probe(name="m", kind="http", host=b200.nodes[1].name, port=8000, ip="10.0.0.2", path="/metrics"))
-    reads = {s.name: s for s in standing(b200, plan)}
+    reads = {s.name: s for s in standing(bind(b200), plan)}
     assert list(reads) == ["current", "status", "top", "watch"] and all(s.standing for s in reads.values())
     n0, n1 = b200.nodes
     assert reads["current"].build(n0) == current_script(b200)
-    rt = runtime.of(b200)
-    assert reads["status"].build(n0) == status_read(b200).build(n0) == rt.status_script()
-    assert reads["top"].build(n1) == top_read(b200, plan, 5).build(n1) == rt.top_script(("10.0.0.2", 8000, "/metrics"))
-    assert reads["top"].build(n0) == rt.top_script(None)
-    assert reads["watch"].build(n1) == watch_read(b200, plan.units()).build(n1) == rt.states_script(["c-1"])
+    rt = bind(b200).runtime
+    assert reads["status"].build(n0) == status_read(bind(b200)).build(n0) == rt.status_script()
+    assert reads["top"].build(n1) == top_read(bind(b200), plan, 5).build(n1) == rt.top_script(bind(b200).vendor.TOP_QUERY, ("10.0.0.2", 8000, "/metrics"))
+    assert reads["top"].build(n0) == rt.top_script(bind(b200).vendor.TOP_QUERY, None)
+    assert reads["watch"].build(n1) == watch_read(bind(b200), plan.units()).build(n1) == rt.states_script(["c-1"])
     assert all(reader.READ_RE.match(name) for name in reads)

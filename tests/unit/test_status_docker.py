@@ -14,6 +14,7 @@ from flows import deploy as dep
 from flows import status as status_flow
 from llmdeploy.inventory import load_cluster
 from roles.status import DOCKER_FAILED, docker_problem, parse_status, status_script
+from flows.binding import bind
 
 DOWN = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
 
@@ -58,7 +59,7 @@ def test_docker_problem_names_the_host_and_what_docker_said():
 @pytest.fixture
 def plan():
     c = load_cluster("sim-a3")
-    _, _, p = dep.plan_release(c, {}, c.image.ref)
+    _, _, p = dep.plan_release(bind(c), {}, c.image.ref)
     return c, p
 
 

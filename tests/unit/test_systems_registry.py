@@ -14,6 +14,7 @@ import pytest
 import systems
 from llmdeploy import playbook, serving
 from llmdeploy.serving import PROFILE_KINDS, REQUIRED, ServingProfile, System
+from flows.binding import bind
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -133,6 +134,6 @@ def _modules_after(code: str) -> list[str]:
 
 def test_listing_the_systems_imports_none_and_a_plan_imports_only_its_own():
     assert _modules_after("import systems; assert len(list(systems.SYSTEMS)) == 4") == ["systems.common"]
-    loaded = _modules_after("import systems\nfrom llmdeploy.inventory import load_cluster\n"
-                            "systems.build(load_cluster('h200_sglang'), {}, '20260101T000000Z-00000000', None)")
+    loaded = _modules_after("import systems\nfrom flows.binding import bind\nfrom llmdeploy.inventory import load_cluster\n"
+                            "systems.build(bind(load_cluster('h200_sglang')), {}, '20260101T000000Z-00000000', None)")
     assert "systems.sglang" in loaded and not [m for m in loaded if m.split(".")[1] in ("dynamo", "trtllm", "vllm_ascend")]

@@ -188,11 +188,12 @@ def test_releases_json_is_the_same_whatever_the_width(monkeypatch, capsys):
         benches.update({rid: BENCH for rid in RIDS[:3]})
         return _ledger(), RIDS[2]
 
-    monkeypatch.setattr(history, "Runner", FakeRunner)
+    # the stand-in cluster's binding: only its runner is asked for
+    dep = NS(cluster=CLUSTER, runner=lambda **kw: FakeRunner(CLUSTER, **kw))
     monkeypatch.setattr(history, "read_ledger", read_ledger)
     docs = []
     for width in WIDTHS:
-        assert history.releases(CLUSTER, Console(width=width, file=open(os.devnull, "w")), True) == 0
+        assert history.releases(dep, Console(width=width, file=open(os.devnull, "w")), True) == 0
         docs.append(capsys.readouterr().out)
     doc = json.loads(docs[0])
     assert docs[0] == docs[1] and [r["release"] for r in doc["releases"]] == RIDS

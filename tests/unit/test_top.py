@@ -19,6 +19,7 @@ from llmdeploy.inventory import load_cluster
 from llmdeploy.runner import CHANGED, FAILED, HostResult
 from roles.facts import section
 from roles.status import parse_top, top_script
+from flows.binding import bind
 
 VLLM_PAGE = ('# HELP vllm:num_requests_running Number of requests in model execution batches.\n'
              'vllm:num_requests_running{engine="0",model_name="qwen3.8"} 3.0\n'
@@ -44,16 +45,17 @@ def run_sections(**texts) -> str:
 
 def test_the_script_reads_everything_in_one_round_trip_and_the_metrics_only_where_asked():
     c = load_cluster("sim-a3")
-    plain = top_script(c)
+    plain = top_script(c, bind(c).vendor.TOP_QUERY)
     # the platform's own query: npu-smi on Ascend, nvidia-smi on NVIDIA
     assert "docker inspect --format" in plain and "npu-smi info" in plain and "nvidia-smi" not in plain
-    gpu = top_script(load_cluster("sim-b200"))
+    b200 = load_cluster("sim-b200")
+    gpu = top_script(b200, bind(b200).vendor.TOP_QUERY)
     assert "nvidia-smi --query-gpu=index,utilization.gpu" in gpu and "npu-smi" not in gpu
     assert "/dev/tcp" not in plain
-    with_metrics = top_script(c, ("127.0.0.1", 8000, "/metrics"))
+    with_metrics = top_script(c, bind(c).vendor.TOP_QUERY, ("127.0.0.1", 8000, "/metrics"))
     assert "/dev/tcp/127.0.0.1/8000" in with_metrics and "GET /metrics HTTP/1.0" in with_metrics
     with pytest.raises(ValueError):
-        top_script(c, ("127.0.0.1; rm -rf /", 8000, "/metrics"))
+        top_script(c, "", ("127.0.0.1; rm -rf /", 8000, "/metrics"))
 
 
 def test_parse_top_reads_units_attempts_gpus_npus_and_the_page():
@@ -65,17 +67,17 @@ def test_parse_top_reads_units_attempts_gpus_npus_and_the_page():
         metrics="HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n" + VLLM_PAGE,
     )
     b200, a3 = load_cluster("sim-b200"), load_cluster("sim-a3")
-    got = parse_top(out, b200)
+    got = parse_top(out, bind(b200).vendor)
     assert got["release"] == "20261204T100000Z-abcdef12"
     assert got["units"] == [{"name": "sim-a3-r", "state": "running", "started": "2026-12-04T10:00:00.123456789Z", "service": "node0",
                              "release": "20261204T100000Z-abcdef12"}]
     assert got["attempts"] == {"sim-a3-r": 3}
     assert got["accel"][1] == {"id": 1, "util_pct": 91.0, "mem_used_mib": 121000.0, "mem_total_mib": 183359.0}
     assert got["metrics_status"] == 200 and got["metrics"].startswith("# HELP")
-    npus = parse_top(run_sections(accel=NPU_INFO), a3)["accel"]
+    npus = parse_top(run_sections(accel=NPU_INFO), bind(a3).vendor)["accel"]
     assert npus == [{"id": 0, "util_pct": 55.0, "mem_used_mib": 52000.0, "mem_total_mib": 65536.0},
                     {"id": 1, "util_pct": 45.0, "mem_used_mib": 50000.0, "mem_total_mib": 65536.0}]
-    missing = parse_top(run_sections(metrics="HTTP/1.1 404 Not Found\r\n\r\n{}"), b200)
+    missing = parse_top(run_sections(metrics="HTTP/1.1 404 Not Found\r\n\r\n{}"), bind(b200).vendor)
     assert missing["metrics"] is None and missing["metrics_status"] == 404
 
 
@@ -94,9 +96,9 @@ def _results(cluster, page=VLLM_PAGE, down=()):
 
 def test_the_snapshot_has_each_node_and_the_servers_load_from_the_plans_metrics():
     c = load_cluster("sim-a3")
-    _, _, plan = plan_release(c, {}, c.image.ref)
+    _, _, plan = plan_release(bind(c), {}, c.image.ref)
     now = 1764842460.0  # 2025-12-04T10:01:00Z + a year is not needed: only differences count
-    doc = top.snapshot_doc(c, plan, _results(c, down=("sim-a3-2",)), now)
+    doc = top.snapshot_doc(bind(c), plan, _results(c, down=("sim-a3-2",)), now)
     assert [n["host"] for n in doc["nodes"]] == [n.name for n in c.nodes]
     s = doc["server"]
     assert (s["host"], s["running"], s["waiting"], s["kv_cache"], s["generated_tokens"]) == ("sim-a3-0", 3.0, 1.0, 0.25, 1200.0)
@@ -104,16 +106,16 @@ def test_the_snapshot_has_each_node_and_the_servers_load_from_the_plans_metrics(
     assert n1["reachable"] and n1["units"][0]["service"] == "workers" and n1["units"][0]["restarts"] == 1
     assert doc["nodes"][2] == {"host": "sim-a3-2", "reachable": False, "error": "timed out after 2s at step 'top'", "release": None,
                                "units": [], "accelerators": []}
-    later = top.snapshot_doc(c, plan, _results(c, page=VLLM_PAGE.replace("1200.0", "1500.0")), now + 2)
+    later = top.snapshot_doc(bind(c), plan, _results(c, page=VLLM_PAGE.replace("1200.0", "1500.0")), now + 2)
     assert top.with_rate(later, doc)["server"]["tokens_per_s"] == 150.0
     # the same reading of the page again (a launcher's reader answered both refreshes): the rate stays
-    again = top.snapshot_doc(c, plan, _results(c, page=VLLM_PAGE.replace("1200.0", "1500.0")), now + 2)
+    again = top.snapshot_doc(bind(c), plan, _results(c, page=VLLM_PAGE.replace("1200.0", "1500.0")), now + 2)
     assert top.with_rate(again, later)["server"]["tokens_per_s"] == 150.0
 
 
 def test_a_refresh_answered_from_earlier_reads_is_dated_when_the_page_was_read():
     c = load_cluster("sim-a3")
-    _, _, plan = plan_release(c, {}, c.image.ref)
+    _, _, plan = plan_release(bind(c), {}, c.image.ref)
     results = _results(c)
     for r in results.values():
         r.age = 1.0
@@ -127,17 +129,17 @@ def test_a_refresh_answered_from_earlier_reads_is_dated_when_the_page_was_read()
             return results
 
     before = time.time()
-    doc = top.snapshot(Runner(), c, plan, 2)
+    doc = top.snapshot(Runner(), bind(c), plan, 2)
     taken = dt.datetime.strptime(doc["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
     assert before - 3 - 1 <= taken <= before - 3 + 1
 
 
 def test_trtllm_iteration_statistics_and_an_idle_server():
     c = load_cluster("sim-b200")
-    _, _, plan = plan_release(c, {}, c.image.ref)
-    doc = top.snapshot_doc(c, plan, _results(c, page='[{"numActiveRequests": 2, "numQueuedRequests": 5}]'), 1e9)
+    _, _, plan = plan_release(bind(c), {}, c.image.ref)
+    doc = top.snapshot_doc(bind(c), plan, _results(c, page='[{"numActiveRequests": 2, "numQueuedRequests": 5}]'), 1e9)
     assert (doc["server"]["running"], doc["server"]["waiting"]) == (2.0, 5.0)
-    doc = top.snapshot_doc(c, plan, _results(c, page="[]"), 1e9)
+    doc = top.snapshot_doc(bind(c), plan, _results(c, page="[]"), 1e9)
     assert (doc["server"]["running"], doc["server"]["waiting"]) == (0, 0)
 
 
@@ -150,9 +152,9 @@ def render_text(doc, width):
 @pytest.mark.parametrize("width", [80, 200])
 def test_sixteen_nodes_fit_80_columns_with_every_host_name_whole(width):
     c = load_cluster("sim-a2")
-    _, _, plan = plan_release(c, {}, c.image.ref)
+    _, _, plan = plan_release(bind(c), {}, c.image.ref)
     nodes = [f"a2-serving-node-{i:02d}" for i in range(16)]
-    doc = top.snapshot_doc(c, plan, _results(c), 1764842460.0)
+    doc = top.snapshot_doc(bind(c), plan, _results(c), 1764842460.0)
     doc["nodes"] = [dict(doc["nodes"][i % len(doc["nodes"])], host=h) for i, h in enumerate(nodes)]
     doc["nodes"][5] = {"host": nodes[5], "reachable": False, "error": "unreachable at step 'top': Connection refused", "release": None,
                        "units": [], "accelerators": []}

@@ -19,6 +19,9 @@ from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import load_cluster
 from tests.conftest import run_invoke
 from tests.unit.test_trtllm_config import map_text
+from flows.binding import bind
+from llmdeploy.deployment import Deployment
+from tests.binding import runner_method
 
 SEED = Path(__file__).resolve().parents[1] / "data" / "seeds" / "000_640ab2471bd84fcd.txt"
 CLUSTERS = ["b200", "gb200", "qwen35-b200"]
@@ -308,7 +311,7 @@ def test_eplb_map_is_the_load_balancer_of_the_overrides(tmp_path, monkeypatch):
     assert f"Layered on the curated profile /app/tensorrt_llm/examples/configs/curated/{HT}" in doc["launch"]["overrides_yaml"]
     # every node gets the map itself next to that path, and its overrides point at it
     monkeypatch.setenv("LLMDEPLOY_INVENTORY", str(inv))
-    _, _, p = dep.plan_release(load_cluster("ht-b200"), {}, "sha256:x")
+    _, _, p = dep.plan_release(bind(load_cluster("ht-b200")), {}, "sha256:x")
     for host, files in p.files.items():
         assert files["eplb.yaml"][0] == text, host
         assert f"load_balancer: /var/lib/llmdeploy/ht-b200/releases/{p.release}/eplb.yaml" in files["trtllm-overrides.yaml"][0]
@@ -332,19 +335,19 @@ class _NoConnection:
 def test_a_bad_eplb_map_is_refused_in_check_mode_without_a_runner(tmp_path, monkeypatch):
     inv = ht_inventory(tmp_path, "ht-bad", map_text(slots=lambda layer: 543 if layer == 7 else 544))
     monkeypatch.setenv("LLMDEPLOY_INVENTORY", str(inv))
-    monkeypatch.setattr(dep, "Runner", _NoConnection)
+    monkeypatch.setattr(Deployment, "runner", runner_method(_NoConnection))
     c = load_cluster("ht-bad")  # the inventory itself loads: the map is a file
     with pytest.raises(LlmdeployError, match=r"(?s)profile\.eplb_map: .*layer 7 has 543 slots, expected 544"):
-        dep.deploy(c, Console(quiet=True), True, True, False, False, None, 0, False, prepare_fn=lambda *a: 0, rollback_fn=lambda *a: 0)
+        dep.deploy(bind(c), Console(quiet=True), True, True, False, False, None, 0, False, prepare_fn=lambda *a: 0, rollback_fn=lambda *a: 0)
 
 
 def test_a_bad_eplb_map_is_refused_before_a_real_deploy_connects(tmp_path, monkeypatch):
     inv = ht_inventory(tmp_path, "ht-bad", map_text(slots=lambda layer: 543 if layer == 7 else 544))
     monkeypatch.setenv("LLMDEPLOY_INVENTORY", str(inv))
-    monkeypatch.setattr(dep, "Runner", _NoConnection)
+    monkeypatch.setattr(Deployment, "runner", runner_method(_NoConnection))
     c = load_cluster("ht-bad")
     with pytest.raises(LlmdeployError, match=r"profile\.eplb_map"):
-        dep.deploy(c, Console(quiet=True), False, True, False, False, None, 0, False, prepare_fn=lambda *a: 0, rollback_fn=lambda *a: 0)
+        dep.deploy(bind(c), Console(quiet=True), False, True, False, False, None, 0, False, prepare_fn=lambda *a: 0, rollback_fn=lambda *a: 0)
 
 
 def test_tp16_with_the_ep32_map_is_refused_before_any_connection(tmp_path):

@@ -26,6 +26,9 @@ from roles import comm
 from roles.comm import picture
 from roles.facts import MARK
 from tests.unit.test_hostnet import DF_OK, OK_OUT
+from flows.binding import bind
+from llmdeploy.deployment import Deployment
+from tests.binding import runner_method
 
 BROKEN = ("sim-a3-1", 5)
 LABEL = "sim-a3-1 npu5"
@@ -125,7 +128,7 @@ class StandInRunner:
 def a3_record(nodes=2, down=(BROKEN,)):
     """What verify-comm records on two sim-a3 nodes with npu5 of sim-a3-1 down (the document and its detail)."""
     c = _a3(nodes)
-    doc, detail = verify.collect(c, StandInRunner(c, down), full=False, started=time.time())
+    doc, detail = verify.collect(bind(c), StandInRunner(c, down), full=False, started=time.time())
     return {**doc, "detail": detail}
 
 
@@ -145,7 +148,7 @@ def nvidia_record(busbw=180.0):
             return None  # mpirun on node 0, as over SSH
 
     detail = {"vendor": "nvidia", "platform": c.platform_info.name, "device": "gpu", "devices": {n.name: n.devices for n in c.nodes}}
-    perf = verify.all_reduce(c, Node0(), {n.name: n.name for n in c.nodes}, detail)
+    perf = verify.all_reduce(bind(c), Node0(), {n.name: n.name for n in c.nodes}, detail)
     pairs = [{"from": a.name, "nic": a.nic or c.nic, "to": b.name, "ip": str(b.ip), "mtu": 9000, "reply": True, "full_mtu": True, "ok": True,
               "reason": "ok"} for a in c.nodes for b in c.nodes if a is not b]
     detail["host_pairs"] = pairs
@@ -328,12 +331,12 @@ def _run(tmp_path, monkeypatch, json_out, report_dir=None, draw=None):
     from rich.console import Console
 
     c = _a3().model_copy(update={"base_dir": str(tmp_path / "node0")})
-    monkeypatch.setattr(verify, "Runner", lambda cluster: StandInRunner(cluster))
+    monkeypatch.setattr(Deployment, "runner", runner_method(lambda cluster: StandInRunner(cluster)))
     monkeypatch.setenv("LLMDEPLOY_LOG_DIR", str(tmp_path / "logs"))
     if draw is not None:
         monkeypatch.setattr(picture, "render_png", draw)
     con = Console(record=True, width=250)
-    code = verify.run(c, con, json_out, False, report_dir)
+    code = verify.run(bind(c), con, json_out, False, report_dir)
     return c, code, con.export_text()
 
 

@@ -22,6 +22,7 @@ import systems
 from llmdeploy.inventory import load_cluster
 from systems.vllm_ascend import serve
 from sim.standins import vllm as standin
+from flows.binding import bind
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "sim" / "standins" / "vllm_serve_options.txt"
@@ -97,7 +98,7 @@ def test_a_malformed_data_file_is_refused_with_file_and_line(tmp_path, name, pro
 @pytest.mark.parametrize("inventory", ["a3", "a2"])
 def test_every_flag_of_the_a3_and_a2_plans_is_a_vllm_serve_option(inventory):
     cluster = load_cluster(inventory)
-    plan = systems.build(cluster, {}, RID, None)
+    plan = systems.build(bind(cluster), {}, RID, None)
     known = standin.load_options(DATA).option_strings()
     commands = [u.show["serve_command"] for svc in plan.services for u in svc.units]
     assert len(commands) == len(cluster.nodes)
@@ -114,7 +115,7 @@ def test_every_flag_of_the_a3_and_a2_plans_is_a_vllm_serve_option(inventory):
         assert a.served_model_name == [cluster.profile.served_model_name]
     # the container command carries the same vllm serve line
     node = cluster.nodes[1]
-    spec = serve.container_spec(cluster, cluster.profile, node, RID, "/env", "img")
+    spec = serve.container_spec(cluster, cluster.profile, node, RID, "/env", "img", bind(cluster).vendor.container_devices(cluster, node))
     assert list(spec.command) == serve.vllm_args(cluster, cluster.profile, node)
 
 
