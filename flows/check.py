@@ -47,7 +47,7 @@ from llmdeploy import interrupt, launcher, report
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.errors import UnreachableError
 from llmdeploy.runner import Runner
-from llmdeploy.sshfiles import known_hosts_files
+from transports.ssh.sshfiles import known_hosts_files
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_TESTS = REPO / "tests" / "node"
