@@ -81,7 +81,7 @@ def run(argv: list[str], env: dict, what: str, cwd: Path) -> tuple[float, str]:
 def ours_reset(name: str) -> None:
     """End our connection holders (ssh.persist_s), as Ansible's masters are
     closed before its first run; wait until none answers."""
-    from llmdeploy import mux
+    from transports.ssh import mux
 
     mux.stop(name)
     end = time.monotonic() + 10

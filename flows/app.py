@@ -321,8 +321,8 @@ def _prepare_quiet(cluster_name: str) -> int:
 
 
 def disconnect(cluster_name: str) -> int:
-    """End the cluster's connection holders (ssh.persist_s; llmdeploy/mux.py)."""
-    from llmdeploy import mux
+    """End the cluster's connection holders (ssh.persist_s; transports/ssh/mux.py)."""
+    from transports.ssh import mux
 
     cluster = load(cluster_name).cluster
     n = mux.stop(cluster.name)

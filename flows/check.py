@@ -48,7 +48,7 @@ from llmdeploy.deployment import Deployment
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.errors import UnreachableError
 from llmdeploy.runner import Runner
-from llmdeploy.sshfiles import known_hosts_files
+from transports.ssh.sshfiles import known_hosts_files
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_TESTS = REPO / "tests" / "node"

@@ -67,7 +67,7 @@ def http_via_ssh(runner: Runner, node: Node, port: int, method: str, path: str, 
             hc.close()
         raise
     except BaseException:
-        from llmdeploy.connect import left_open
+        from transports.ssh.connect import left_open
 
         if hc is not None and isinstance(hc.sock, _ChannelSocket):
             left_open(hc.sock.chan)

@@ -1,8 +1,9 @@
 """The default launcher: every node over SSH, each unit a Docker container.
 
-The transport is the runner's own SSH connections (``llmdeploy/connect.py``),
-one per node, or the cluster's connection holder (``ssh.persist_s``,
-``llmdeploy/mux.py``), which keeps them for the commands of many processes;
+The transport is the runner's own SSH connections (``transports/ssh``: its
+session, ``transports/ssh/session.py``), one per node, or the cluster's
+connection holder (``ssh.persist_s``, ``transports/ssh/mux.py``), which keeps
+them for the commands of many processes;
 a step runs as one command per node on the runner's pool. The launcher starts
 a release's units with one command per node (their containers'
 ``docker run``, ``roles.containers``), holds nothing besides the containers,
@@ -18,6 +19,7 @@ from llmdeploy.inventory import Cluster, Node
 from llmdeploy.launcher import ReleaseView
 from llmdeploy.releaseplan import ReleasePlan, Unit
 from llmdeploy.runner import SKIPPED, HostResult, Runner, Step
+from transports.ssh.session import SshSession
 
 NAME = "ssh"
 
@@ -60,6 +62,10 @@ class SshTransport:
 
     def close(self) -> None:
         """The runner closes its own connections; the transport holds nothing else."""
+
+    def connector(self, hosts: list[Node], persist: bool) -> SshSession:
+        """Every node's own SSH connection (or the connection holder's, ``persist``)."""
+        return SshSession(self.r, hosts, persist)
 
 
 class DockerUnits:

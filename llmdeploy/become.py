@@ -17,7 +17,8 @@ openEuler leave them out; Ascend's ``npu-smi`` lives there).
 The runner wraps in one place, ``Runner.wire``: every command it puts on an
 SSH session channel goes through it (each step's and ``exec``'s, on the
 runner's own connection or the connection holder's, whose runner is one too;
-a followed log; the clean-up after a command's deadline). ``invoke check``'s
+a followed log; the clean-up after a command's deadline: the runner's SSH
+session, ``transports/ssh/session.py``, calls it for each). ``invoke check``'s
 node tests then go through the runner as well (``launchers/ssh.outside_ssh``):
 testinfra's own SSH client would log in and run them as the user.
 
@@ -41,6 +42,15 @@ not enter it (the operator's key and sudo are not on node 0), so the nodes
 need root's key between them, as they do today.
 
 Pure: values in, text out.
+
+Why it is the core's and not the SSH transport's (``transports/ssh``): it
+says what a node's command runs as and how sudo's refusal reads, not how a
+command reaches the node. The runner reads sudo's refusal in every step's
+result and every ``exec`` (``Runner.after``, ``Runner.exec``), whatever
+carried the command, and the core imports no transport (import-linter's
+layers); the SSH session, above the core, wraps what it puts on the wire
+through the runner's one place for it, ``Runner.wire``, which calls this
+module.
 """
 
 from __future__ import annotations

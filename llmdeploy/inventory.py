@@ -72,7 +72,7 @@ class Ssh(Strict):
     forks: int = Field(default=32, ge=1, le=512)
     # Keep the SSH connections open this many idle seconds after a command,
     # in a background process of this user, and send the next commands
-    # through them (like OpenSSH's ControlPersist; llmdeploy/mux.py). 0: off,
+    # through them (like OpenSSH's ControlPersist; transports/ssh/mux.py). 0: off,
     # every command connects on its own.
     persist_s: float = Field(default=0, ge=0, le=86400)
     # Dead-peer detection, like OpenSSH's ServerAliveInterval/ServerAliveCountMax:

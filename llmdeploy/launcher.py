@@ -14,9 +14,15 @@ is loaded on first use (:func:`plugin`) and checked against
 :class:`LauncherPlugin` (``llmdeploy.plugin``, as the serving systems and the
 hardware vendors are).
 
+The SSH connections the runner's commands go over are a transport's too
+(:class:`Connector`, ``Transport.connector``): ``transports/ssh``, the SSH
+connector both launchers use (the SSH launcher to every node, the Slurm
+launcher to its login host), declared here and never imported by the core.
+
 Core: imports nothing above ``llmdeploy``; nothing outside
-``launchers/`` imports a launcher (import-linter's ``launchers``
-contract).
+``launchers/`` imports a launcher, and only the launchers and the flows
+import ``transports/`` (import-linter's ``launchers`` and ``transports``
+contracts).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from .errors import LlmdeployError
 from .plugin import Registry, check
 
 if TYPE_CHECKING:  # pragma: no cover - types only
+    from fabric import Connection
     from rich.console import Console
 
     from .container import ContainerSpec
@@ -39,6 +46,42 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 
 # the package that holds the launchers and their registry (``LAUNCHERS``)
 PLUGINS = "launchers"
+
+
+class Connector(Protocol):
+    """The SSH connections a runner's commands go over (``Runner.ssh``; one
+    per runner): the one its transport gives it (``Transport.connector``;
+    ``transports/ssh``'s ``SshSession``, which the core never imports), to
+    the hosts the transport sends the commands to (``Transport.hosts``).
+
+    ``exec(node, command, timeout, stdin, on_line)``: one command on host
+    ``node`` over its connection, opened on first use and reused (or
+    through the cluster's connection holder, ``ssh.persist_s``), put on the
+    wire by ``Runner.wire``: ``(stdout, stderr, exit code, fired)``,
+    ``fired`` (deadline, what became of the command) when its deadline
+    (``timeout``, else ``ssh.command_timeout``) fired, else None; an
+    :class:`~llmdeploy.errors.UnreachableError` (``ConnectionLost``: it
+    died under the command) when the host cannot be reached.
+    ``stream(host, command)``: a command whose output goes straight to this
+    terminal (a log followed), its exit code. ``connection(node)``: the
+    open Fabric connection that carries ``node``'s commands and port
+    forwards (its transport's ``carrier``), ``connection_name(node)``: that
+    host's name. ``abandon(host)``: ``host``'s connection given up after an
+    interrupt ended a command on it (the commands after get a new one).
+    ``close()``: every connection closed."""
+
+    def exec(self, node: "Node", command: str, timeout: float | None, stdin: str | bytes | None,
+             on_line: Callable[[str, str], None] | None) -> tuple[str, str, int, tuple[float, str] | None]: ...
+
+    def stream(self, node: "Node", command: str) -> int: ...
+
+    def connection(self, node: "Node") -> "Connection": ...
+
+    def connection_name(self, node: "Node") -> str: ...
+
+    def abandon(self, node: "Node") -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Transport(Protocol):
@@ -61,7 +104,11 @@ class Transport(Protocol):
     node name -> variables for that node's processes), output and exit
     code; None when the transport has no such launch (the caller runs
     mpirun on the first node instead). ``holder``: whether commands may go through the
-    cluster's connection holder (``ssh.persist_s``, ``llmdeploy/mux.py``)."""
+    cluster's connection holder (``ssh.persist_s``, ``transports/ssh/mux.py``).
+    ``connector(hosts, persist)``: the runner's SSH connections to ``hosts``
+    (``hosts(runner.nodes)``), a :class:`Connector` (``transports/ssh``;
+    ``persist``: through the connection holder when the cluster has one),
+    made once by the runner's constructor, after the transport."""
 
     holder: bool
 
@@ -83,6 +130,8 @@ class Transport(Protocol):
               timeout: float | None) -> tuple[str, str, int] | None: ...
 
     def close(self) -> None: ...
+
+    def connector(self, hosts: "list[Node]", persist: bool) -> Connector: ...
 
 
 @dataclass

@@ -1,26 +1,28 @@
-"""The one runner: a Fabric connection per host, opened once, reused by every step.
+"""The one runner: every step on a cluster's hosts, each command over the host's reused connection.
 
 A step is built by pure functions (see :class:`Step`); the runner only
 executes: all selected hosts in parallel on a bounded pool, a deadline on
 every remote command and on the whole step, and one :class:`HostResult` per
-host. Host keys are checked against known_hosts with paramiko's RejectPolicy.
-The SSH side is ``llmdeploy/connect.py``; with ``ssh.persist_s`` the commands
-go through a connection holder instead (``llmdeploy/mux.py``). Which host a
-command goes to, and as what, is the cluster's transport's
+host. Which host a command goes to, and as what, is the cluster's transport's
 (``llmdeploy/launcher.py``): the node itself over SSH, or another
-launcher's way of reaching it (``launchers/``). With
+launcher's way of reaching it (``launchers/``). The SSH connections are the
+transport's connector's (``Transport.connector``, a :class:`~llmdeploy.launcher.Connector`:
+``transports/ssh``, one Fabric connection per host, opened once, host keys
+checked against known_hosts with paramiko's RejectPolicy; with
+``ssh.persist_s`` the commands go through a connection holder instead); the
+runner talks to it through that interface only and never imports it. With
 ``ssh.become`` every command goes on the wire under ``sudo -n`` as root
 (:meth:`Runner.wire`, ``llmdeploy/become.py``), and sudo's refusal reads as
 one failure naming the node (:meth:`Runner.sudo_refusal`).
 
 Every SSH failure reads as what happened, where and how to fix it (refused,
 no banner, unknown or changed host key, authentication, connection lost,
-deadline) and names the step it happened in; see ``connect._unreachable_reason``.
+deadline) and names the step it happened in; see
+``transports/ssh/connect.py``'s ``_unreachable_reason``.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,10 +32,11 @@ from typing import TYPE_CHECKING, Any, Callable
 from . import become, interrupt, launcher
 from .errors import ConnectionLost, UnreachableError
 from .inventory import Cluster, Node
-from .sshfiles import check_ssh_config
 
 if TYPE_CHECKING:
     from fabric import Connection
+
+    from .launcher import Connector
 
 OK, CHANGED, FAILED, UNREACHABLE, SKIPPED = "ok", "changed", "failed", "unreachable", "skipped"
 
@@ -46,32 +49,6 @@ PROGRESS_MARK = "@@llmdeploy-progress@@"
 # (done, total or None, unit, label): a step's ``progress`` parser's answer
 # for one line ("B": bytes; any other unit is a count of it, "s" seconds)
 Progress = tuple[float, "float | None", str, str]
-
-# the SSH side (llmdeploy/connect.py), imported when a runner connects itself;
-# its names are also readable here (from llmdeploy.runner import make_connection)
-_CONNECT_NAMES = {
-    "UnknownHostKey", "RejectUnknownHosts", "StoppingRemote", "make_connection", "fingerprint", "run_channel",
-    "REAP_SCRIPT", "_unreachable_reason", "_lost_detail", "_harden", "KeepaliveTimeout", "KeepaliveTransport", "keep_alive",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _CONNECT_NAMES:
-        from . import connect
-
-        return getattr(connect, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _close_connection(conn: Connection) -> None:
-    """Close a Fabric connection and its jump host's (Fabric's close leaves that one open)."""
-    for c in (conn, conn.gateway):
-        if c is not None and not isinstance(c, str):
-            try:
-                c.close()
-            except Exception:
-                pass
-
 
 @dataclass
 class HostResult:
@@ -201,79 +178,15 @@ class Runner:
         self.forks = max(1, min(forks or cluster.ssh.forks, len(self.nodes) or 1))
         self.progress = progress
         self.lines = lines
-        check_ssh_config(cluster)
-        self._conns: dict[str, Connection] | None = None
-        self._shared: dict[str | tuple[str, ...], Any] = {}  # what every connection's make_connection shares (its Config, the known_hosts)
-        self._build_lock = threading.Lock()
         self.unreachable: dict[str, str] = {}
         # hosts left out of later steps (failed earlier), with the reason
         self.excluded: dict[str, str] = {}
         self.recap: dict[str, dict[str, int]] = {n.name: {OK: 0, CHANGED: 0, FAILED: 0, UNREACHABLE: 0, SKIPPED: 0} for n in self.nodes}
         self.round_trips: dict[str, int] = {n.name: 0 for n in [*self.nodes, *ssh_hosts]}
-        # commands running per host (a timed-out command is only reaped when it was alone)
-        self._inflight: dict[str, int] = {n.name: 0 for n in ssh_hosts}
         self._lock = threading.Lock()
-        self._opening = {n.name: threading.Lock() for n in ssh_hosts}
-        self._ssh_hosts = ssh_hosts
         self._pool = ThreadPoolExecutor(max_workers=self.forks, thread_name_prefix="llmdeploy-host")
-        # ssh.persist_s: the commands go through the cluster's connection holder
-        self.mux = None
-        if persist and cluster.ssh.persist_s > 0:
-            from . import mux
-
-            try:
-                self.mux = mux.Client(cluster, lambda c: Runner(c, persist=False, reconnect_idle=True))
-                self.mux.ensure()
-            except OSError as exc:
-                self._no_holder(exc)
-        if self.mux is None:
-            self.connections  # built here, in the main thread (see connect.make_connection)
-
-    @property
-    def connections(self) -> dict[str, Connection]:
-        """One Fabric connection per node, built (not opened) on first use:
-        not at all when every command goes through a connection holder."""
-        with self._build_lock:
-            if self._conns is None:
-                from . import connect as cx
-
-                self._conns = {n.name: cx.make_connection(self.cluster, n, self._shared) for n in self._ssh_hosts}
-            return self._conns
-
-    def abandon(self, node: Node) -> None:
-        """Give ``node``'s SSH connection up after an interrupt (Ctrl-C, or
-        SIGTERM: a KeyboardInterrupt) ended this thread's use of it. The
-        interrupt may have landed inside paramiko right after it took a lock
-        of the connection and before its ``try`` (the transport's send lock,
-        say: an interrupt is raised at the first check after the lock's
-        acquire returns): every later command on that connection, the
-        interrupted flow's stop, ledger line and lock release among them,
-        would wait for that lock forever. The commands after this get a new
-        connection; the old one is closed on a thread of its own that nothing
-        waits for (its close may wait for such a lock too)."""
-        with self._build_lock:
-            conns = self._conns
-            if conns is None:
-                return
-            old = conns.get(node.name)
-            if old is None:
-                return
-            try:
-                from . import connect
-
-                conns[node.name] = connect.make_connection(self.cluster, node, self._shared)
-            except Exception:  # it was built before: never, but the interrupt must go on being raised
-                return
-        threading.Thread(target=_close_connection, args=(old,), name=f"llmdeploy-abandon-{node.name}", daemon=True).start()
-
-    def _no_holder(self, exc: BaseException) -> None:
-        """Without a holder the commands connect directly: said once."""
-        with self._lock:
-            if getattr(self, "_warned", False):
-                return
-            self._warned = True
-            self.mux = None
-        print(f"warning: ssh.persist_s: no connection holder ({exc}); connecting directly", file=sys.stderr)
+        # the SSH connections to ssh_hosts (or the cluster's connection holder, ssh.persist_s): the transport's connector
+        self.ssh: Connector = self.transport.connector(ssh_hosts, persist)
 
     def __enter__(self) -> "Runner":
         return self
@@ -284,56 +197,23 @@ class Runner:
     def close(self) -> None:
         self.transport.close()  # what the transport holds for this command (an allocation of its own, say)
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for conn in (self._conns or {}).values():
-            _close_connection(conn)
+        self.ssh.close()
 
     # -- execution -------------------------------------------------------------
     def connection_name(self, node: Node) -> str:
         """Whose SSH connection ``connection(node)`` is: the node's, or the host the transport reaches it through."""
-        return self.transport.carrier(node).name
+        return self.ssh.connection_name(node)
 
     def connection(self, node: Node) -> Connection:
         """The open connection to ``node`` (for port forwarding); UnreachableError if it cannot be.
         The transport's carrier's (a host the nodes are reached through reaches their serving addresses)."""
-        return self._open(self.transport.carrier(node))
+        return self.ssh.connection(node)
 
-    def _open(self, node: Node) -> Connection:
-        conn = self.connections[node.name]
-        if conn.is_connected:
-            return conn
-        # one opening at a time per host (a connection holder serves
-        # several commands of a host at once)
-        with self._opening[node.name]:
-            return self._open_locked(node, conn)
-
-    def _open_locked(self, node: Node, conn: Connection) -> Connection:
-        from fabric import Connection
-
-        from . import connect as cx
-
-        if conn.is_connected:
-            return conn
-        gateway = conn.gateway
-        if isinstance(gateway, Connection) and not gateway.is_connected:
-            try:
-                gateway.open()
-            except Exception as exc:  # every way a connection can fail
-                reason = cx._unreachable_reason(exc, gateway)
-                cx._close_quietly(gateway)
-                raise UnreachableError(f"jump host {gateway.user}@{gateway.host}:{gateway.port}: {reason}") from exc
-        try:
-            conn.open()
-        except Exception as exc:  # every way a connection can fail
-            reason = cx._unreachable_reason(exc, conn)
-            # a failed connect can leave paramiko's transport thread running
-            # (waiting for a banner, or after a refused host key)
-            cx._close_quietly(conn)
-            raise UnreachableError(reason) from exc
-        # dead-peer detection once authenticated (ssh.keepalive_s): a cut
-        # network fails the command within the keepalive window
-        cx.keep_alive(conn, self.cluster.ssh.keepalive_s, self.cluster.ssh.keepalive_count)
-        COUNTS.add(node.name, "connections")
-        return conn
+    def abandon(self, node: Node) -> None:
+        """Give ``node``'s SSH connection up after an interrupt ended this
+        thread's use of it: the commands after this get a new one
+        (``Connector.abandon``)."""
+        self.ssh.abandon(node)
 
     def exec(
         self, node: Node, command: str, timeout: float | None = None, stdin: str | bytes | None = None,
@@ -364,19 +244,17 @@ class Runner:
         """Run a command that prints until it is stopped (a log followed), its
         output straight to this terminal; its exit code."""
         node, command = self.transport.follow(node, command, name)
-        conn = self._open(node)
-        with interrupt.native():  # Invoke's runner ends the follow on Ctrl-C itself (its wait loop catches it)
-            code: int = conn.run(self.wire(command), warn=True, pty=False, in_stream=False).exited
-            return code
+        return self.ssh.stream(node, command)
 
     def wire(self, command: str, login_args: str = "") -> str:
         """What goes on the SSH session channel for ``command``: the command
         itself, or with ``ssh.become`` the command under ``sudo -n`` as root
         (:func:`llmdeploy.become.command`; ``login_args``: its words the login
         shell expands). The one place a node's command is wrapped: every
-        command this runner sends over SSH passes here (``_exec_ssh``: each
-        step's and exec's, and the connection holder's, whose runner is one of
-        these and is sent the command unwrapped; ``stream``; ``_reap``)."""
+        command this runner sends over SSH passes here (its connector's, the SSH
+        session's ``_exec_ssh``: each step's and exec's, and the connection
+        holder's, whose runner is one of these and is sent the command
+        unwrapped; ``stream``; ``_reap``)."""
         if not self.cluster.ssh.become:
             return command
         return become.command(command, login_args)
@@ -403,117 +281,17 @@ class Runner:
         self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None = None,
         on_line: Callable[[str, str], None] | None = None,
     ) -> tuple[str, str, int, tuple[float, str] | None]:
-        """exec, plus (deadline, what became of the command) when its deadline fired."""
-        deadline = timeout or self.cluster.ssh.command_timeout
-        if self.mux is not None:
-            held = self._exec_held(node, command, deadline, stdin, on_line)
-            if held is not None:
-                return held
-        try:
-            return self._exec_ssh(node, command, deadline, stdin, on_line)
-        except interrupt.Interrupted:
-            raise  # raised between two reads, where no lock is held (llmdeploy/interrupt.py)
-        except KeyboardInterrupt:
-            # Python's own handler's: it may have landed inside paramiko holding a lock of this connection: see abandon
-            self.abandon(node)
-            raise
+        """exec, plus (deadline, what became of the command) when its deadline fired:
+        over the transport's SSH connector (directly or through the connection holder)."""
+        return self.ssh.exec(node, command, timeout, stdin, on_line)
 
-    def _exec_ssh(
-        self, node: Node, command: str, deadline: float, stdin: str | bytes | None, on_line: Callable[[str, str], None] | None,
-    ) -> tuple[str, str, int, tuple[float, str] | None]:
-        """``_exec`` over this runner's own SSH connection to ``node``."""
-        was_open = self.connections[node.name].is_connected
-        import paramiko
-
-        from . import connect as cx
-
-        conn = self._open(node)
-        self._count(node, stdin)
-        with self._lock:
-            self._inflight[node.name] += 1
-        start = time.monotonic()
-        data = stdin.encode() if isinstance(stdin, str) else stdin
-        command = self.wire(command)
-        try:
-            try:
-                try:
-                    out, err, code = cx.run_channel(conn.client.get_transport(), command, deadline, data, on_line)
-                except cx._NotOpened as exc:
-                    if not (was_open and self.reconnect_idle):
-                        raise exc.cause from exc
-                    # a holder's connection that died while it waited (the
-                    # host rebooted or went silent): the command never started,
-                    # so once more on a new connection, and a host that is down
-                    # reads unreachable, as on a first one
-                    cx._close_quietly(conn)
-                    conn = self._open(node)
-                    COUNTS.add(node.name, "commands")
-                    start = time.monotonic()
-                    out, err, code = cx.run_channel(conn.client.get_transport(), command, deadline, data, on_line)
-            except cx._TimedOut as exc:
-                with self._lock:
-                    alone = self._inflight[node.name] == 1
-                if alone:
-                    COUNTS.add(node.name, "commands")
-                fate = self._reap(conn) if alone else "other commands run on this connection: the timed-out one was left alone"
-                return exc.stdout, (exc.stderr + f"\ncommand timed out after {deadline:g}s").lstrip(), 124, (deadline, fate)
-            except (paramiko.SSHException, OSError, EOFError, AttributeError) as exc:
-                # AttributeError: the transport is gone (closed under us)
-                exc = exc.cause if isinstance(exc, cx._NotOpened) else exc
-                detail = cx._lost_detail(conn, None if isinstance(exc, AttributeError) else exc)
-                cx._close_quietly(conn)
-                raise ConnectionLost(detail, time.monotonic() - start) from exc
-        finally:
-            with self._lock:
-                self._inflight[node.name] -= 1
-        # A channel closed with no exit status (-1): the command was killed by a
-        # signal, or the connection died; the transport tells which.
-        if code == -1 and cx._dropped(conn):
-            detail = cx._lost_detail(conn, None)
-            cx._close_quietly(conn)
-            raise ConnectionLost(detail, time.monotonic() - start)
-        return out, err, code, None
-
-    def _count(self, node: Node, stdin: str | bytes | None) -> None:
-        """One command sent to ``node`` (a transfer when it has stdin)."""
+    def count(self, node: Node, stdin: str | bytes | None) -> None:
+        """One command sent to ``node`` (a transfer when it has stdin): the SSH connector says so."""
         with self._lock:
             self.round_trips[node.name] += 1
         COUNTS.add(node.name, "commands")
         if stdin:
             COUNTS.add(node.name, "transfers")
-
-    def _exec_held(
-        self, node: Node, command: str, deadline: float, stdin: str | bytes | None, on_line: Callable[[str, str], None] | None = None
-    ) -> tuple[str, str, int, tuple[float, str] | None] | None:
-        """``_exec`` through the connection holder (llmdeploy/mux.py); None
-        when there is none to be had (then this runner connects directly).
-        ``on_line``: the holder sends each line as the command prints it."""
-        from . import mux
-
-        start = time.monotonic()
-        ssh = self.cluster.ssh
-        client = self.mux
-        if client is None:
-            return None
-        try:
-            ans = client.exec(node.name, command, deadline, stdin.encode() if isinstance(stdin, str) else stdin,
-                              wait=deadline + 3 * ssh.connect_timeout + 60, on_line=on_line)
-        except mux.Unavailable as exc:
-            self._no_holder(exc)
-            return None
-        except (OSError, EOFError, ValueError) as exc:
-            self._count(node, stdin)
-            raise ConnectionLost(f"the connection holder ended under the command ({type(exc).__name__}: {exc}); "
-                                 f"see {client.path}.log", time.monotonic() - start) from exc
-        self._count(node, stdin)
-        if "unreachable" in ans:
-            raise UnreachableError(ans["unreachable"])
-        if "lost" in ans:
-            raise ConnectionLost(ans["lost"], float(ans.get("elapsed") or 0))
-        if "error" in ans:
-            raise RuntimeError(f"connection holder: {ans['error']}")
-        fired = tuple(ans["fired"]) if ans.get("fired") else None
-        return ans["out"], ans["err"], int(ans["code"]), fired
 
     def _progress_lines(self, step: Step) -> Callable[[str, str, str], None] | None:
         """The per-line callback that feeds ``step``'s progress parser's
@@ -532,33 +310,6 @@ class Runner:
                 sink(step.name, host, got)
 
         return on_line
-
-    def _reap(self, conn: Connection) -> str:
-        """Stop what a timed-out command left on the host; say what happened.
-
-        Closing the channel does not stop a command without a terminal, and sshd
-        refuses the SSH "signal" request for root logins (no privilege-separated
-        child). So: one more command on the same connection sends SIGTERM to the
-        process groups of its sibling sessions (the sshd process serving this
-        connection started one per command; each leads its own process group).
-        Only called when no other command of ours runs on this connection."""
-        from . import connect as cx
-
-        if not conn.is_connected:
-            return "the connection is gone: the command may still run on the host"
-        # with ssh.become the sessions' processes are root's: the reaper runs under sudo, told by the
-        # login shell which sshd process serves the connection and which session is its own
-        reap = self.wire(cx.REAP_AS_ROOT, '"$PPID" "$$"') if self.cluster.ssh.become else cx.REAP_SCRIPT
-        try:
-            out, _, code = cx.run_channel(conn.client.get_transport(), reap, max(5.0, self.cluster.ssh.connect_timeout))
-        except Exception as exc:  # best effort
-            return f"could not stop it on the host ({type(exc).__name__}): it may still run there"
-        count = out.strip().splitlines()[-1:] if code == 0 else []
-        if count and count[0].isdigit() and int(count[0]) > 0:
-            return "sent SIGTERM to its processes on the host"
-        if count == ["0"]:
-            return "it had already ended on the host"
-        return f"could not stop it on the host (exit {code}): it may still run there"
 
     def before(self, step: Step, node: Node) -> "HostResult | str | None":
         """What ``step`` does on ``node`` before any round trip: a result

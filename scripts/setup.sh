@@ -97,7 +97,7 @@ fi
 # changed since is compiled again. Only a speed-up: a file that does not
 # compile is printed and left to Python, which names it where it is imported
 # (pytest as a collection error), and setup goes on.
-if ! .venv/bin/python -m compileall -q -j 0 tasks.py llmdeploy launchers flows roles systems platforms inventory sim tests bench; then
+if ! .venv/bin/python -m compileall -q -j 0 tasks.py llmdeploy transports launchers flows roles systems platforms inventory sim tests bench; then
     echo "setup: the files above do not compile; they are compiled again where they are imported" >&2
 fi
 

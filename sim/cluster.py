@@ -634,7 +634,7 @@ def down(name: str, echo=print) -> bool:
     cdir = cluster_dir(name)
     removed = False
     # the connection holders of this cluster (ssh.persist_s): their hosts go away
-    from llmdeploy import mux
+    from transports.ssh import mux
 
     removed = mux.stop(name) > 0
     state = {}

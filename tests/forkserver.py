@@ -64,7 +64,7 @@ import time
 from pathlib import Path
 
 # what a command imports, done once here; never an inventory, a playbook or the simulator
-PRELOAD = ("invoke.main", "tasks", "llmdeploy.connect", "paramiko", "rich.console", "rich.progress", "rich.table")
+PRELOAD = ("invoke.main", "tasks", "transports.ssh.connect", "paramiko", "rich.console", "rich.progress", "rich.table")
 PRELOAD_PACKAGES = ("flows",)
 SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD)
 

@@ -2,7 +2,8 @@
 over many nodes as one ``srun`` from the login host, in the cluster's release
 job or in an allocation of the command's own (``commands.py`` builds the
 command lines and reads their output; this module runs them over the
-runner's one SSH connection, to the login host).
+runner's one SSH connection, to the login host: ``transports/ssh``, the SSH
+connector the launchers share).
 
 A ``standing`` step (status's, top's, the watcher's read) is first asked of
 the release's reader (``reader.py``): one command on the login host, no
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Callable
 
 from llmdeploy.errors import UnreachableError
 from llmdeploy.inventory import Node, Slurm
+from transports.ssh.session import SshSession
 from . import commands as slurm
 from . import reader
 
@@ -357,6 +359,10 @@ class SlurmSteps:
 
     def close(self) -> None:
         self.release_own()
+
+    def connector(self, hosts: list[Node], persist: bool) -> SshSession:
+        """The login host's SSH connection (never through the connection holder: ``holder`` is False)."""
+        return SshSession(self.r, hosts, persist)
 
     # -- steps ---------------------------------------------------------------------------
     def dispatch(self, step_name: str, per_node: dict[str, tuple[str, bytes | None]], timeout: float,

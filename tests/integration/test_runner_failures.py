@@ -83,7 +83,7 @@ def test_jump_host_reaches_a_node_only_its_neighbour_can_see(sim_cluster, tmp_pa
 
     with Runner(cluster) as r:
         res = r.run(facts.gather_step(bind(cluster)))
-        conn = r.connections["sim-b200-1"]
+        conn = r.ssh.connections["sim-b200-1"]
         assert conn.is_connected and conn.gateway.is_connected
     assert res["sim-b200-1"].status == "ok", res["sim-b200-1"].msg
     assert res["sim-b200-1"].data["hostname"] == "sim-b200-1"
@@ -178,7 +178,7 @@ def test_connection_holder_reuses_connections_and_reads_failures_the_same(sim_cl
     the holder ends when idle, and at stop()."""
     import hashlib
 
-    from llmdeploy import mux
+    from transports.ssh import mux
     from llmdeploy.inventory import load_cluster
     from llmdeploy.runner import Runner, Step
 
@@ -270,7 +270,7 @@ def test_a_held_connection_whose_host_went_silent_reads_unreachable_then_comes_b
     again."""
     import subprocess
 
-    from llmdeploy import mux
+    from transports.ssh import mux
     from llmdeploy.inventory import load_cluster
     from llmdeploy.runner import Runner, Step
     from sim.paths import netns_name
@@ -289,7 +289,7 @@ def test_a_held_connection_whose_host_went_silent_reads_unreachable_then_comes_b
             with Runner(held, nodes=[node]) as r:
                 res = r.run(step)[node.name]
             assert res.status == "unreachable", res.msg
-            assert r.mux is not None  # through the holder, not a fallback
+            assert r.ssh.mux is not None  # through the holder, not a fallback
             assert "unreachable at step 't': TCP connect to" in res.msg and "timed out after 2s (nothing answered" in res.msg, res.msg
         finally:
             subprocess.run(["ip", "-n", ns, "link", "set", "mgmt0", "up"], check=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from llmdeploy.connect import make_connection
+from transports.ssh.connect import make_connection
 from llmdeploy.inventory import load_cluster
 from launchers.slurm import pyxis
 from sim import slurm as sim_slurm

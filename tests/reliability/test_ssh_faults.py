@@ -25,7 +25,8 @@ import pytest
 
 from llmdeploy.inventory import Cluster, Model, Node, Ssh
 from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8
-from llmdeploy.runner import FAILED, OK, SKIPPED, UNREACHABLE, Runner, Step, _unreachable_reason, make_connection
+from llmdeploy.runner import FAILED, OK, SKIPPED, UNREACHABLE, Runner, Step
+from transports.ssh.connect import _unreachable_reason, make_connection
 
 SSHD = "/usr/sbin/sshd"
 ADDRS = ("127.0.0.1", "127.0.0.2")
@@ -487,7 +488,7 @@ def test_a_hanging_command_hits_its_deadline_and_the_runner_goes_on(loopback_ssh
     cluster = loopback_sshd.cluster(nodes=2)
     with loopback_sshd.runner(cluster) as r:
         assert all(x.status == OK for x in r.run(_echo()).values())
-        conns = {name: c.transport for name, c in r.connections.items()}
+        conns = {name: c.transport for name, c in r.ssh.connections.items()}
         res = r.run(Step(name="wait for rpc", build=lambda n: "sleep 587" if n.name == "lb0" else "echo quick", timeout=2))
         assert res["lb0"].status == FAILED
         assert res["lb0"].msg == "timed out after 2s at step 'wait for rpc' (the command's deadline); sent SIGTERM to its processes on the host"
@@ -498,7 +499,7 @@ def test_a_hanging_command_hits_its_deadline_and_the_runner_goes_on(loopback_ssh
         # both hosts keep working, over the same connections
         after = r.run(_echo("after the deadline"))
         assert all(x.status == OK for x in after.values()), after
-        assert {name: c.transport for name, c in r.connections.items()} == conns
+        assert {name: c.transport for name, c in r.ssh.connections.items()} == conns
         # exec (used directly by flows) keeps its contract: exit 124 and the deadline in stderr
         out, err, code = r.exec(cluster.nodes[1], "sleep 588", timeout=1)
         assert code == 124 and err.endswith("command timed out after 1s")
@@ -677,7 +678,7 @@ def test_keepalives_answered_keep_a_silent_command_alive(loopback_sshd):
         cluster = _through(loopback_sshd, proxy, keepalive_s=0.5, keepalive_count=3, command_timeout=60)
         with loopback_sshd.runner(cluster) as r:
             res = r.run(Step(name="quiet", build=lambda n: "sleep 4; echo still here"))["lb0"]
-            transport = r.connections["lb0"].client.get_transport()
+            transport = r.ssh.connections["lb0"].client.get_transport()
             sent, answered = transport.keepalives_sent, transport.keepalives_answered
     assert res.status == OK, res.msg
     assert res.stdout == "still here\n"

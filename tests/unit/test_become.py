@@ -18,7 +18,7 @@ import threading
 import pytest
 
 from flows import check
-from llmdeploy import become, connect, launcher, mux
+from llmdeploy import become, launcher
 from llmdeploy.errors import InventoryError
 from llmdeploy.inventory import Cluster, load_cluster, load_cluster_file
 from llmdeploy.runner import FAILED, OK, HostResult, Runner, Step
@@ -26,6 +26,7 @@ from roles import facts
 from tests.unit.test_interrupted_command import _Conn, host_key, sessions  # noqa: F401 (the fixtures)
 from tests.unit.test_inventory import _module
 from flows.binding import bind
+from transports.ssh import connect, mux
 
 # a command with what quoting must carry through: quotes of both kinds, $, a backslash, a newline
 TRICKY = "printf '%s\\n' \"$HOME\" 'it'\"'\"'s' `true` $((1+1)) \\\\ ; echo done\nexit 3"
@@ -70,7 +71,7 @@ def test_the_wrapped_command_keeps_its_words_its_standard_input_and_its_exit_sta
 
 
 def test_the_reaper_under_sudo_stops_the_other_sessions_of_its_connection_and_not_its_own(fake_sudo):
-    """REAP_AS_ROOT as the runner sends it (``Runner._reap``): a stand-in
+    """REAP_AS_ROOT as the runner sends it (``SshSession._reap``): a stand-in
     sshd with two sessions, a command that runs on and the reaper, each the
     leader of its own process group as sshd makes them."""
     reap = become.command(connect.REAP_AS_ROOT, '"$PPID" "$$"')
@@ -143,7 +144,7 @@ def test_anything_but_sudos_own_refusal_is_the_commands_own_result(out, err, cod
 def _runner(c: Cluster, session) -> Runner:
     """A runner of ``c``'s first node over ``session`` (an in-process SSH server that answers ``ran <command>``)."""
     r = Runner(c, nodes=c.nodes[:1], persist=False)
-    r.connections[c.nodes[0].name] = _Conn(session)
+    r.ssh.connections[c.nodes[0].name] = _Conn(session)
     return r
 
 
@@ -184,7 +185,7 @@ def test_through_the_connection_holder_the_command_is_wrapped_once_by_the_holder
     t.start()
     try:
         with Runner(c, nodes=c.nodes[:1]) as r:
-            assert r.mux is not None
+            assert r.ssh.mux is not None
             assert r.exec(c.nodes[0], "docker ps") == (f"ran {become.command('docker ps')}\n", "", 0)
     finally:
         mux._request(path, "exit")
@@ -208,15 +209,15 @@ def test_a_followed_log_and_the_reaper_are_wrapped_too(monkeypatch):
     monkeypatch.setattr(connect, "run_channel", lambda transport, command, timeout, *a: sent.append(command) or ("1\n", "", 0))
     with Runner(c, nodes=[node], persist=False) as r:
         conn = Conn()
-        r.connections[node.name] = conn
+        r.ssh.connections[node.name] = conn
         assert r.stream(node, "docker logs -f x") == 0
         assert conn.ran == [become.command("docker logs -f x")]
         conn.client = type("Client", (), {"get_transport": lambda self: None})()
-        assert r._reap(conn) == "sent SIGTERM to its processes on the host"
+        assert r.ssh._reap(conn) == "sent SIGTERM to its processes on the host"
         assert sent == [become.command(connect.REAP_AS_ROOT, '"$PPID" "$$"')]
     with Runner(becoming(c, on=False), nodes=[node], persist=False) as r:
-        r.connections[node.name] = conn
-        r._reap(conn)
+        r.ssh.connections[node.name] = conn
+        r.ssh._reap(conn)
         assert sent[-1] == connect.REAP_SCRIPT
 
 

@@ -1,4 +1,4 @@
-"""llmdeploy.connect: IndexedSSHConfig gives paramiko's SSHConfig.lookup
+"""transports.ssh.connect: IndexedSSHConfig gives paramiko's SSHConfig.lookup
 answers from the blocks that can apply only; the transport's TCP socket sends
 and acknowledges small packets at once; its keepalives count the intervals
 without a packet from the peer and route the replies (the whole path over a
@@ -13,8 +13,8 @@ import socket
 import paramiko
 import pytest
 
-from llmdeploy.connect import IndexedSSHConfig, KeepaliveTimeout, KeepaliveTransport, _lost_detail, _nodelay_transport
 from llmdeploy.inventory import Ssh
+from transports.ssh.connect import IndexedSSHConfig, KeepaliveTimeout, KeepaliveTransport, _lost_detail, _nodelay_transport
 
 CONFIG = """\
 IdentityFile ~/.ssh/first

@@ -261,14 +261,14 @@ def test_the_serving_system_page_names_the_interface_as_declared():
 
 def test_the_launchers_page_names_the_interface_as_declared():
     """docs/launchers.md shows every value and hook of llmdeploy.launcher's
-    Transport, Launcher, LauncherPlugin and UnitRuntime, each hook with its parameters."""
+    Transport, Connector, Launcher, LauncherPlugin and UnitRuntime, each hook with its parameters."""
     import inspect
 
     from llmdeploy import launcher
     from llmdeploy.plugin import members
 
     flat = " ".join((DOCS / "launchers.md").read_text().split())
-    for proto in (launcher.Transport, launcher.Launcher, launcher.LauncherPlugin, launcher.UnitRuntime):
+    for proto in (launcher.Transport, launcher.Connector, launcher.Launcher, launcher.LauncherPlugin, launcher.UnitRuntime):
         values, hooks = members(proto)
         for name in values:
             assert f"`{name}`" in flat, f"{proto.__name__}.{name} is not on the page"

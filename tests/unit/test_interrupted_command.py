@@ -26,9 +26,9 @@ import paramiko
 import pytest
 
 from flows import probes
-from llmdeploy import connect
 from llmdeploy.inventory import load_cluster
 from llmdeploy.runner import Runner
+from transports.ssh import connect
 
 GUARD_S = 20  # a guard against a hang, never a measure
 
@@ -173,7 +173,7 @@ def _runner_on(monkeypatch, first: paramiko.Transport, new_session):
     c = load_cluster("a3")
     node = c.nodes[0]
     r = Runner(c, nodes=[node], persist=False)
-    r.connections[node.name] = _Conn(first)
+    r.ssh.connections[node.name] = _Conn(first)
     made: list[_Conn] = []
 
     def make_connection(cluster, n, shared=None):
@@ -187,7 +187,7 @@ def _runner_on(monkeypatch, first: paramiko.Transport, new_session):
 def test_commands_after_an_interrupted_one_do_not_wait_for_the_lock_it_left_held(monkeypatch, sessions):
     first = sessions()
     r, node, made = _runner_on(monkeypatch, first, sessions)
-    old = r.connections[node.name]
+    old = r.ssh.connections[node.name]
     with r:
         # the interrupt lands as the command's channel is asked for
         first.clear_to_send_lock = lock = _InterruptedOnce(first.clear_to_send_lock)
@@ -197,7 +197,7 @@ def test_commands_after_an_interrupted_one_do_not_wait_for_the_lock_it_left_held
         # the interrupted deploy's cleanup on the same node: the stop, the ledger line
         assert _on_thread(lambda: r.exec(node, "docker stop")) == ("ran docker stop\n", "", 0)
         assert _on_thread(lambda: r.exec(node, "append the ledger line")) == ("ran append the ledger line\n", "", 0)
-        assert len(made) == 1 and r.connections[node.name] is made[0]  # one new connection, kept for the commands after
+        assert len(made) == 1 and r.ssh.connections[node.name] is made[0]  # one new connection, kept for the commands after
         assert old.closed.wait(GUARD_S)  # the old one is closed, on a thread nothing waits for
 
 
@@ -221,7 +221,7 @@ def test_an_interrupted_probe_gives_its_connection_up(monkeypatch, sessions):
         got = _on_thread(lambda: probes.http_via_ssh(r, node, 8000, "GET", "/health", None, 10))
         assert isinstance(got, KeyboardInterrupt)
         assert "open_channel" in lock.stack and lock.locked()
-        assert len(made) == 1 and r.connections[node.name] is made[0]
+        assert len(made) == 1 and r.ssh.connections[node.name] is made[0]
         assert _on_thread(lambda: r.exec(node, "docker stop")) == ("ran docker stop\n", "", 0)
 
 

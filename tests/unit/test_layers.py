@@ -1,10 +1,11 @@
 """The layers of issue 20, checked on every run of the suite.
 
 1. ``lint-imports`` (import-linter, the contracts in pyproject.toml's
-   ``[tool.importlinter]``): tasks.py > flows > systems > roles > llmdeploy,
-   no import upwards; sim, bench and tests outside the product.
+   ``[tool.importlinter]``): tasks.py > flows > systems > roles >
+   platforms | launchers > transports > llmdeploy, no import upwards; sim,
+   bench and tests outside the product.
 2. No serving system is named in the code of the generic packages
-   (llmdeploy/, roles/, flows/): not in a name, attribute, function, class,
+   (llmdeploy/, transports/, roles/, flows/): not in a name, attribute, function, class,
    argument, keyword or import, and not in a string constant (f-string parts
    included). Docstrings and comments may name systems: they explain, they do
    not decide. A system's name belongs in systems/<name>/ (and templates/,
@@ -42,7 +43,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent.parent
 
 # the packages that must not know any serving system by name
-GENERIC = ("llmdeploy", "roles", "flows")
+GENERIC = ("llmdeploy", "transports", "roles", "flows")
 
 # Always checked, whatever systems/ holds today: every system the project
 # serves or is about to, in the spellings the code uses (kinds, module names,

@@ -13,9 +13,9 @@ import threading
 import paramiko
 import pytest
 
-from llmdeploy import connect
 from llmdeploy.inventory import load_cluster
 from llmdeploy.runner import PROGRESS_MARK, HostResult, Runner, Step, without_progress
+from transports.ssh import connect
 
 M = PROGRESS_MARK
 

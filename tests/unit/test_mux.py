@@ -1,4 +1,4 @@
-"""The connection holder (llmdeploy/mux.py) without a node: its wire format,
+"""The connection holder (transports/ssh/mux.py) without a node: its wire format,
 its identity, and how a Runner reads its answers (a holder whose runner is a
 stand-in serves a Unix socket in this process)."""
 
@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from llmdeploy import mux
 from llmdeploy.inventory import load_cluster
 from llmdeploy.runner import ConnectionLost, Runner, Step, UnreachableError
+from transports.ssh import mux
 
 
 def test_a_socket_path_longer_than_a_unix_socket_takes_is_refused_at_once(short_tmp, monkeypatch):
@@ -130,7 +130,7 @@ def test_a_command_s_lines_come_through_the_holder_as_it_prints_them(holder):
     c = holder
     got, lines = [], []
     with Runner(c, lines=lambda step, host, p: got.append((step, host, p))) as r:
-        assert r.mux is not None
+        assert r.ssh.mux is not None
         res = r.run(Step(name="pull", build=lambda n: "talk", progress=progress_line), c.nodes[:1])[c.nodes[0].name]
         assert got == [("pull", c.nodes[0].name, (1.0, 2.0, "files", "first")), ("pull", c.nodes[0].name, (2.0, 2.0, "files", "second"))]
         # the step's parser reads no progress line
@@ -149,18 +149,18 @@ def test_no_holder_to_be_had_means_direct_connections_said_once(short_tmp, monke
     c = load_cluster("a3")
     c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"persist_s": 60})})
     with Runner(c) as r:
-        assert r.mux is not None
+        assert r.ssh.mux is not None
 
         def unavailable(*a, **k):
             raise mux.Unavailable("the connection holder did not start within 15s")
 
-        r.mux.exec = unavailable
+        r.ssh.mux.exec = unavailable
         direct = []
-        r._open = lambda node: direct.append(node.name) or (_ for _ in ()).throw(UnreachableError("no route"))
+        r.ssh._open = lambda node: direct.append(node.name) or (_ for _ in ()).throw(UnreachableError("no route"))
         for n in c.nodes[:2]:
             with pytest.raises(UnreachableError):
                 r.exec(n, "true")
-        assert r.mux is None and direct == [n.name for n in c.nodes[:2]]
+        assert r.ssh.mux is None and direct == [n.name for n in c.nodes[:2]]
     assert capsys.readouterr().err.count("no connection holder") == 1
     # the Runner forked a holder at its start when this process had no other
     # thread (alone, yes; in the whole suite, not always): end it
@@ -179,7 +179,7 @@ def test_a_holder_that_cannot_start_says_why_at_once(short_tmp, monkeypatch):
     # not a valid cluster any more (TP 16 on one node of 8 GPUs): the holder validates it again
     bad = c.model_copy(update={"nodes": c.nodes[:1], "ssh": c.ssh.model_copy(update={"persist_s": 60})})
     # its own message, not the start deadline's
-    with pytest.raises(OSError, match=r"ended at its start \(exit 2\): llmdeploy.mux: not a valid cluster: .*TP 16 x PP 1 = 16"):
+    with pytest.raises(OSError, match=r"ended at its start \(exit 2\): transports.ssh.mux: not a valid cluster: .*TP 16 x PP 1 = 16"):
         mux.Client(bad, None).connect()
     assert not mux.holders("b200")
 
@@ -192,8 +192,8 @@ def test_a_process_without_threads_forks_its_holder_and_starts_no_other(short_tm
 
     code = """
 import sys
-from llmdeploy import mux
 from llmdeploy.inventory import load_cluster
+from transports.ssh import mux
 
 class Stand:
     def _exec(self, node, command, timeout, stdin):

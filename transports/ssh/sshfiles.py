@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .errors import InventoryError
-from .inventory import Cluster
+from llmdeploy.errors import InventoryError
+from llmdeploy.inventory import Cluster
 
 
 def known_hosts_files(cluster: Cluster, ssh_config: dict[str, Any]) -> list[str]:

@@ -3,10 +3,10 @@ sends and acknowledges small packets at once, and paramiko's Transport with
 dead-peer detection (keepalives that want an answer, as OpenSSH's
 ServerAliveInterval/ServerAliveCountMax).
 
-:func:`llmdeploy.connect.make_connection` hands :func:`_nodelay_transport` to
-paramiko as its ``transport_factory``; the runner turns the keepalives on with
-:func:`keep_alive` once a connection is open. Its names are also readable from
-:mod:`llmdeploy.connect`.
+:func:`transports.ssh.connect.make_connection` hands :func:`_nodelay_transport` to
+paramiko as its ``transport_factory``; the runner's SSH session turns the
+keepalives on with :func:`keep_alive` once a connection is open. Its names are
+also readable from :mod:`transports.ssh.connect`.
 """
 
 from __future__ import annotations

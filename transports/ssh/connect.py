@@ -1,11 +1,12 @@
 """The SSH side of the runner: Fabric/paramiko connections with host keys
 checked, one command on its own channel, and every failure in words.
 
-Imported by :class:`llmdeploy.runner.Runner` when it connects itself (not when
-its commands go through a connection holder, ``ssh.persist_s``): a command
-that only talks to a holder does not load paramiko. The transport under the
-connections (no Nagle, keepalives that notice a dead peer) is
-:mod:`llmdeploy.sshtransport`; its names are readable here too.
+Imported by the runner's SSH session (:class:`transports.ssh.session.SshSession`)
+when it connects itself (not when its commands go through a connection holder,
+``ssh.persist_s``): a command that only talks to a holder does not load
+paramiko. The transport under the connections (no Nagle, keepalives that
+notice a dead peer) is :mod:`transports.ssh.sshtransport`; its names are
+readable here too.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import paramiko
 from fabric import Config, Connection
 from fabric.runners import Remote
 
-from . import interrupt
-from .inventory import Cluster, Node
-from .errors import ConnectionLost, UnreachableError  # noqa: F401 (read by the runner's callers)
-from .sshfiles import check_ssh_config, known_hosts_files
-from .sshtransport import (  # noqa: F401 (keep_alive, KeepaliveTransport: read by the runner and the tests)
+from llmdeploy import interrupt
+from llmdeploy.errors import ConnectionLost, UnreachableError  # noqa: F401 (read by the runner's callers)
+from llmdeploy.inventory import Cluster, Node
+from transports.ssh.sshfiles import check_ssh_config, known_hosts_files
+from transports.ssh.sshtransport import (  # noqa: F401 (keep_alive, KeepaliveTransport: read by the runner and the tests)
     KeepaliveTimeout, KeepaliveTransport as KeepaliveTransport, _nodelay_transport, keep_alive as keep_alive,
 )
 
@@ -508,7 +509,7 @@ def left_open(chan: paramiko.Channel) -> None:
     the lock's acquire returns), and a close would wait for that lock
     forever, here or when the channel is collected (paramiko's ``__del__``
     closes it). The caller gives the whole connection up instead
-    (``Runner.abandon``)."""
+    (``SshSession.abandon``)."""
     chan.close = lambda: None
 
 

@@ -1,7 +1,7 @@
 """SSH connections kept open between commands (``ssh.persist_s``, off by default).
 
 OpenSSH's ControlPersist for this tool: the first command of a cluster starts
-a *holder*, a background process of the same user (``llmdeploy.hold``) that opens the SSH
+a *holder*, a background process of the same user (``transports.ssh.hold``) that opens the SSH
 connections (the same code, the same host key checks) and keeps them; the
 commands after it send their remote commands to it over a Unix socket and get
 stdout, stderr and the exit code back, with no key exchange, no
@@ -53,13 +53,13 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
-from . import interrupt
-from .errors import ConnectionLost, UnreachableError
-from .inventory import Cluster
-from .sshfiles import known_hosts_files
+from llmdeploy import interrupt
+from llmdeploy.errors import ConnectionLost, UnreachableError
+from llmdeploy.inventory import Cluster
+from transports.ssh.sshfiles import known_hosts_files
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from llmdeploy.runner import Runner
 
 MAX_FRAME = 1 << 30
 
@@ -247,14 +247,14 @@ class Holder:
 
 
 def hold(cluster_json: str, path: Path, idle_s: float, make_runner: Callable[[Cluster], Runner]) -> int:
-    """``python -m llmdeploy.hold``: ``cluster_json`` is the cluster as the
+    """``python -m transports.ssh.hold``: ``cluster_json`` is the cluster as the
     starting command has it (the inventory, with whatever it changed),
     validated again here."""
     try:
         cluster = Cluster.model_validate_json(cluster_json)
     except ValueError as exc:  # pydantic's ValidationError: the last line is what the client shows
         errors = exc.errors() if hasattr(exc, "errors") else [{"msg": str(exc)}]
-        print("llmdeploy.mux: not a valid cluster: " + "; ".join(str(e.get("msg")) for e in errors), file=sys.stderr)
+        print("transports.ssh.mux: not a valid cluster: " + "; ".join(str(e.get("msg")) for e in errors), file=sys.stderr)
         return 2
     return serve_cluster(cluster, path, idle_s, make_runner)
 
@@ -367,9 +367,9 @@ class Client:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         log = open(str(self.path) + ".log", "ab")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "llmdeploy.hold", "--socket", str(self.path), "--idle", f"{self.cluster.ssh.persist_s:g}",
+            [sys.executable, "-m", "transports.ssh.hold", "--socket", str(self.path), "--idle", f"{self.cluster.ssh.persist_s:g}",
              # the serving system's profile class, to validate the cluster again there
              "--profile-module", type(self.cluster.profile).__module__],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True, close_fds=True,
