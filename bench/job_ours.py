@@ -29,6 +29,7 @@ import jinja2  # noqa: E402
 from llmdeploy.inventory import load_cluster  # noqa: E402
 from llmdeploy.runner import FAILED, OK, HostResult, Runner, Step  # noqa: E402
 from roles.files import parse_then, puts_step, then_script  # noqa: E402
+from flows.binding import bind
 
 COMMANDS = ["hostname", "uname -r", "sha256sum {d}/payload.bin", "grep -c = {d}/job.env", "df -Pk {d}"]
 
@@ -63,7 +64,7 @@ def main() -> int:
     check = Step(name="check, and run where nothing differs", build=lambda node: then_script([spec(node) for spec in files.values()], script),
                  parse=checked)
 
-    with Runner(cluster) as runner:
+    with bind(cluster).runner() as runner:
         said = runner.run(check)
         todo = [n for n in cluster.nodes if not said[n.name].failed and not said[n.name].data["ran"]]
         results = [said]

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peers_tools  # noqa: E402
 import simhosts  # noqa: E402
+from flows.binding import bind
 
 WORK = simhosts.REPO / "bench" / "work"
 # the peers' working directories: short (ssh's ControlPath must fit 108 bytes)
@@ -62,7 +63,7 @@ def clean(cluster) -> None:
     """Remove the job's directory on every host (between rounds, not timed)."""
     from llmdeploy.runner import Runner, Step
 
-    with Runner(cluster) as r:
+    with bind(cluster).runner() as r:
         res = r.run(Step(name="clean", build=lambda node: f"rm -rf {REMOTE_DIR}"))
     bad = {h: x.msg for h, x in res.items() if x.failed}
     if bad:

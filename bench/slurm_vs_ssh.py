@@ -32,7 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-INVENTORY = '''from llmdeploy.inventory import Cluster, Model, Slurm
+INVENTORY = '''from llmdeploy.inventory import Cluster, Model
+from launchers.slurm.schema import Slurm
 from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8
 from sim.paths import sim_nodes, sim_ssh
 

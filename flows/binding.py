@@ -1,8 +1,9 @@
 """The binder: a cluster's inventory -> its :class:`~llmdeploy.deployment.Deployment`,
 once per command. The one place that looks a cluster's plug-ins up (its
 serving system, its platform's vendor, its launcher and the launcher's unit
-runtime, else Docker's) and the one place that asks whether they fit together
-(:func:`problems`). Everything below takes the Deployment it builds.
+runtime, else Docker's). Whether they fit together the inventory's
+validation has said already (``llmdeploy.deployment``). Everything below
+takes the Deployment it builds.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from pathlib import Path
 
 from llmdeploy import launcher, platform
 from llmdeploy.deployment import Deployment
-from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, load_cluster
 from roles.runtime import Docker
 import systems
@@ -30,5 +30,3 @@ def load(name: str, directory: Path | None = None) -> Deployment:
     """``inventory/<name>.py`` loaded, validated and bound (InventoryError, LlmdeployError)."""
     return bind(load_cluster(name, directory))
 
-
-__all__ = ["bind", "load", "Deployment", "LlmdeployError"]

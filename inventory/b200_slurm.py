@@ -11,7 +11,8 @@ user (ssh.user, cache_dir and the model path under it); node names and IPs
 NIC used for NCCL/GLOO/UCX; the curated profile if not low latency.
 """
 
-from llmdeploy.inventory import Cluster, Model, Slurm, Ssh, make_nodes
+from llmdeploy.inventory import Cluster, Model, Ssh, make_nodes
+from launchers.slurm.schema import Slurm
 from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
 
 cluster = Cluster(

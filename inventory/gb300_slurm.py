@@ -15,7 +15,8 @@ NIC; the model directory (the exact V2 checkpoint) and the TensorRT-LLM
 checkout the base role files come from (mounted at /opt/trtllm-recipes).
 """
 
-from llmdeploy.inventory import Budget, Cluster, Model, Slurm, Ssh, make_nodes
+from llmdeploy.inventory import Budget, Cluster, Model, Ssh, make_nodes
+from launchers.slurm.schema import Slurm
 from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
 
 cluster = Cluster(

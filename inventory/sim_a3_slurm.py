@@ -3,7 +3,8 @@ as a Slurm job. `invoke sim.up --cluster sim-a3-slurm` starts munged and
 slurmd on every host and slurmctld on a login host (sim-a3-slurm-login); the
 tool reaches the nodes only as job steps (srun) from that login host."""
 
-from llmdeploy.inventory import Cluster, Model, Slurm
+from llmdeploy.inventory import Cluster, Model
+from launchers.slurm.schema import Slurm
 from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8
 from sim.paths import sim_deploy, sim_nodes, sim_ssh
 from sim.users import OPERATOR

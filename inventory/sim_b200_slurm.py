@@ -5,7 +5,8 @@ reaches the nodes only as job steps (srun) from that login host. Units run
 as pyxis + enroot steps (NVIDIA's default): the world is one `srun
 --mpi=pmix` step of 16 tasks, `trtllm-llmapi-launch trtllm-serve` in each."""
 
-from llmdeploy.inventory import Cluster, Model, Slurm, VerifySettings
+from llmdeploy.inventory import Cluster, Model, VerifySettings
+from launchers.slurm.schema import Slurm
 from systems.trtllm.catalogue import IMAGE_TRTLLM, image, trtllm_qwen38_fp8
 from sim.paths import sim_deploy, sim_nodes, sim_ssh, node_memlock_kib
 from sim.users import OPERATOR

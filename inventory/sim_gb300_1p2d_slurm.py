@@ -10,7 +10,8 @@ for); prefill0 (P4-TEP, node 0) and the TP8 decode groups decode0 (nodes
 GPU, `trtllm-llmapi-launch python3 -m dynamo.trtllm` in each: no mpirun, no
 launch agent, no hostfile."""
 
-from llmdeploy.inventory import Budget, Cluster, Model, Slurm
+from llmdeploy.inventory import Budget, Cluster, Model
+from launchers.slurm.schema import Slurm
 from systems.dynamo.catalogue import IMAGE_DYNAMO, dynamo_gb300, image
 from sim.paths import sim_deploy, sim_nodes, sim_ssh, node_memlock_kib
 from sim.users import OPERATOR

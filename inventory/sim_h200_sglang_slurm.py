@@ -8,7 +8,8 @@ The world is one step with a task per node and `--mpi=none`: SGLang's nodes
 meet at node rank 0's torch.distributed store (--dist-init-addr), not through
 MPI; each node's task runs its own line, with its own --node-rank."""
 
-from llmdeploy.inventory import Cluster, Model, Slurm, VerifySettings
+from llmdeploy.inventory import Cluster, Model, VerifySettings
+from launchers.slurm.schema import Slurm
 from sim.paths import sim_deploy, sim_nodes, sim_ssh, node_memlock_kib
 from sim.users import OPERATOR
 from systems.sglang.catalogue import IMAGE_SGLANG, image, sglang_qwen38_fp8

@@ -19,53 +19,12 @@ from llmdeploy.inventory import Cluster, Node
 from llmdeploy.launcher import ReleaseView
 from llmdeploy.releaseplan import ReleasePlan, Unit
 from llmdeploy.runner import SKIPPED, HostResult, Runner, Step
-from transports.ssh.session import SshSession
+from transports.ssh.session import SshTransport
 
 NAME = "ssh"
 
 # mpirun starts its daemons over SSH from the first node, as it does by default
 MPIRUN_ARGS: tuple[str, ...] = ()
-
-
-class SshTransport:
-    """Each node's commands over its own SSH connection (directly or through the holder)."""
-
-    holder = True
-
-    def __init__(self, runner: Runner):
-        self.r = runner
-
-    def hosts(self, nodes: list[Node]) -> list[Node]:
-        return nodes
-
-    def carrier(self, node: Node) -> Node:
-        return node
-
-    def exec(self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None,
-             on_line: Callable[[str, str], None] | None) -> tuple[str, str, int]:
-        return self.r.exec_direct(node, command, timeout, stdin, on_line)
-
-    def run(self, step: Step, targets: list[Node], deadline: float | None,
-            on_line: Callable[[str, str, str], None] | None) -> dict[str, HostResult]:
-        return self.r.run_each(step, targets, deadline, on_line)
-
-    def follow(self, node: Node, command: str, name: str) -> tuple[Node, str]:
-        return node, command
-
-    def forward_dest(self, node: Node, dest: str) -> str:
-        return dest
-
-    def world(self, nodes: list[Node], tasks: int, argv: list[str], env: dict[str, dict[str, str]],
-              timeout: float | None) -> tuple[str, str, int] | None:
-        """No launcher wires a world over SSH: mpirun on the first node starts it (its daemons over SSH)."""
-        return None
-
-    def close(self) -> None:
-        """The runner closes its own connections; the transport holds nothing else."""
-
-    def connector(self, hosts: list[Node], persist: bool) -> SshSession:
-        """Every node's own SSH connection (or the connection holder's, ``persist``)."""
-        return SshSession(self.r, hosts, persist)
 
 
 class DockerUnits:
@@ -116,6 +75,7 @@ class DockerUnits:
 
 
 def transport(runner: Runner) -> SshTransport:
+    """Every node over its own SSH connection (``transports.ssh.session.SshTransport``)."""
     return SshTransport(runner)
 
 

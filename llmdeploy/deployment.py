@@ -8,8 +8,13 @@ launcher, the container runtime its units run in (Docker's, ``roles/runtime``,
 or the launcher's own: pyxis steps). The flows, the engine and the roles take
 the Deployment (or the one plug-in a pure builder needs, given by its caller)
 instead of looking a plug-in up again at every use; the binder is the one
-place that looks them up, and the one function that says whether they fit
-together (``flows.binding.problems``).
+place that looks them up. Whether they fit together is said once, by the
+inventory's validation when the cluster loads, before anything is bound
+(``Cluster._derive_and_check``: the serving system's own checks of the
+cluster and its platform, ``ServingProfile.problems``, and its launcher
+section's rules, ``LauncherSection.settle``: the Slurm launcher's container
+runtime for this platform and this system's worlds), each problem named with
+its field.
 
 Core: holds the interfaces only (imports nothing above ``llmdeploy``).
 """

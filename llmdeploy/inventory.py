@@ -8,14 +8,13 @@ Every problem names the file, the field and, for per-node values, the node.
 
 from __future__ import annotations
 
-import getpass
 import importlib.util
 import ipaddress
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -23,11 +22,13 @@ from pydantic import (
     ModelWrapValidatorHandler,
     SerializeAsAny,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from .errors import SECRETS, InventoryError, LlmdeployError
+from .launcher import SECTIONS, LauncherSection
 from .schema import (  # noqa: F401 (the names every schema module has always imported from here)
     CLUSTER_RE,
     ENV_NAME_RE,
@@ -266,82 +267,6 @@ class VerifySettings(Strict):
 
 
 
-# --- Slurm ------------------------------------------------------------------------
-# partition, account and reservation names as Slurm takes them (no spaces, no shell syntax)
-SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
-# days-hours:minutes, days-hours:minutes:seconds, or UNLIMITED (sbatch(1))
-SLURM_TIME_RE = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|infinite)$")
-
-
-class Slurm(Strict):
-    """The cluster's nodes belong to a Slurm controller: commands reach them as
-    job steps (srun) from the login host, and a release is a job whose steps
-    are its units (the Slurm launcher, launchers/slurm/)."""
-
-    # the login host: reached over SSH like a node (an ssh_config name or an address)
-    login: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]*$")
-    login_port: Port | None = None
-    partition: str = Field(pattern=SLURM_NAME_RE.pattern)
-    account: str | None = Field(default=None, pattern=SLURM_NAME_RE.pattern)
-    reservation: str | None = Field(default=None, pattern=SLURM_NAME_RE.pattern)
-    # Slurm's names of the inventory's nodes, in the same order; default: the nodes' names
-    nodelist: list[str] | None = None
-    # the release's job time limit (sbatch --time); None: the partition's default
-    time_limit: str | None = Field(default=None, pattern=SLURM_TIME_RE.pattern)
-    # how a unit's container starts on its node: "pyxis" (each unit a step
-    # with srun --container-image, enroot) or "docker" (srun runs the unit's
-    # docker run there); None: the platform's vendor's default (NVIDIA:
-    # pyxis, or docker for a cluster that needs what only docker does: an
-    # image tarball or chain; Ascend: docker)
-    container: Literal["docker", "pyxis"] | None = None
-    # the nodes' accelerators as Slurm's generic resources (gres.conf Name=):
-    # every job and step asks for ``--gres=<gres>:<per node>``; None: the
-    # vendor's word for one accelerator ("gpu", "npu"; where a site names them otherwise, say so)
-    gres: str | None = Field(default=None, pattern=SLURM_NAME_RE.pattern)
-    # how many per node; None: the platform's devices; 0: the site has no GRES for them (nothing is asked for)
-    gres_per_node: int | None = Field(default=None, ge=0, le=64)
-    # seconds to wait for an allocation (salloc/sbatch) before giving up
-    alloc_timeout_s: float = Field(default=120, gt=0)
-    # the time limit of a command's own allocation (facts, prepare, verify-comm,
-    # status when no release job runs): what a tool killed mid-command leaves
-    # allocated ends by then
-    command_time_limit: str = Field(default="4:00:00", pattern=SLURM_TIME_RE.pattern)
-    # seconds between two rounds of the release's reader: one step of its job
-    # that reads every node for status, top and the engine's watcher, so that
-    # their reads are not a new job step each (Slurm ends a job at
-    # MaxStepCount). A read is answered from it when its record is at most
-    # 3 periods and 2 s old, else it runs as a step. Each round runs status's,
-    # top's and the watcher's scripts on every node: docker inspect, the
-    # accelerators' query, the metrics page on its node
-    reader_period_s: float = Field(default=1.0, ge=0.2, le=10)
-    # Slurm gives a step's tasks srun's own soft limits, i.e. the login
-    # shell's (slurm.conf PropagateResourceLimits=ALL, the default): often a
-    # memlock of 64 KiB to 8 MiB, under which NCCL, UCX and NIXL cannot
-    # register memory. Where the site does not set
-    # PropagateResourceLimitsExcept=MEMLOCK, False makes every srun and
-    # sbatch of the tool run with --propagate=NONE (salloc has no such
-    # option): the tasks then get slurmd's limits. prepare and invoke check read the memlock in a step.
-    propagate_limits: bool = True
-    # the memlock (KiB) a pyxis unit's tasks need at least; None: unlimited
-    # (RDMA registration, as the seeds' docker run --ulimit memlock=-1)
-    memlock_kib: int | None = Field(default=None, ge=1)
-
-    @field_validator("nodelist")
-    @classmethod
-    def _slurm_names(cls, v: list[str] | None) -> list[str] | None:
-        """Each name is one Slurm and a shell can take (letters, digits, '-')."""
-        for name in v or []:
-            if not NAME_RE.match(name):
-                raise ValueError(f"{name!r} is not a node name Slurm and a shell can take (letters, digits, '-')")
-        return v
-
-    def login_node(self) -> Node:
-        """The login host as a node of the runner's (its name: the host's first label)."""
-        name = re.sub(r"[^A-Za-z0-9-]", "-", self.login.split(".")[0]).strip("-")[:63] or "login"
-        return Node(name=name, ip=ipaddress.IPv4Address("0.0.0.0"), ssh_host=self.login, ssh_port=self.login_port)
-
-
 class StageSource(Strict):
     """A host that holds the model and is not a node (an NFS server, a staging
     box): ``invoke stage`` reads the checkpoint there and sends it down the chain."""
@@ -387,8 +312,6 @@ class StageSettings(Strict):
 
 
 # --- the cluster ------------------------------------------------------------------
-# a Slurm cluster's per-user defaults of base_dir, etc_dir and log_dir: /var/tmp/llmdeploy-<user>/<this>
-USER_DIRS = {"base_dir": "lib", "etc_dir": "etc", "log_dir": "log"}
 class Cluster(Strict):
     name: str = Field(pattern=CLUSTER_RE.pattern)
     # one of the registered platforms (platforms/__init__.py)
@@ -427,8 +350,9 @@ class Cluster(Strict):
     # model outside it gets a mount of its own. On a site run as an ordinary
     # user, a folder of theirs (their ~/.cache): a user cannot read /root.
     cache_dir: SafePath = "/root/.cache"
-    # the nodes belong to a Slurm controller (None: the tool reaches every node over SSH)
-    slurm: Slurm | None = None
+    # the nodes belong to a Slurm controller (None: the tool reaches every node over SSH): the Slurm
+    # launcher's section, its schema and rules its own (launchers/slurm/schema.py: ``Slurm``)
+    slurm: SerializeAsAny[LauncherSection] | None = None
     stage: StageSettings = Field(default_factory=StageSettings)
 
     _check_dirs = field_validator("base_dir", "etc_dir", "log_dir", "cache_dir")(
@@ -503,14 +427,31 @@ class Cluster(Strict):
             raise ValueError(f"{type(v).__name__} is no serving system's profile: build it with its system's catalogue (systems/<name>/catalogue.py)")
         return v
 
+    @field_validator("slurm", mode="before")
+    @classmethod
+    def _launcher_section(cls, v: object, info: ValidationInfo) -> LauncherSection | None:
+        """A launcher's section, built with the class its launcher declares (``LauncherSection``); read back
+        as data (a cluster read back as JSON), the class of a loaded launcher that declares the field."""
+        field = info.field_name or ""
+        declared = SECTIONS.get(field)
+        if isinstance(v, dict):
+            if declared is None:
+                raise ClusterProblems([("", f"no launcher this tool has loaded declares the section {field!r} (loaded: "
+                                            f"{', '.join(sorted(SECTIONS)) or 'none'}); build it with its launcher's class "
+                                            "(launchers/<name>/schema.py)")])
+            return declared.model_validate(v)
+        if v is not None and (not isinstance(v, LauncherSection) or (declared is not None and not isinstance(v, declared))):
+            raise ValueError(f"{type(v).__name__} is not the {field} section: build it with its launcher's class (launchers/<name>/schema.py)")
+        return v
+
     @model_validator(mode="after")
     def _derive_and_check(self) -> "Cluster":
         """Each node gets what it leaves to the cluster (NIC, devices, first DP rank) and must have a NIC; node
         names, IPs and SSH endpoints are unique; the serving system's own checks pass (``profile.problems``);
-        no two profile ports are the same; ``slurm`` does not contradict the nodes (one ``nodelist`` name
-        per node, no name twice, the login host not a node, a ``container`` the platform's units run with);
+        no two profile ports are the same; a launcher's section passes its launcher's rules (``settle``: the
+        Slurm launcher's, launchers/slurm/schema.py, which also fill what the section leaves to the platform);
         ``model.stage_from`` names a node, or 'source' with a ``stage.source`` host that is not a node."""
-        problems = self._derive_nodes() + self._unique_nodes() + self.profile.problems(self) + self._unique_ports() + self._slurm_problems() + self._stage_problems()
+        problems = self._derive_nodes() + self._unique_nodes() + self.profile.problems(self) + self._unique_ports() + self._launcher_problems() + self._stage_problems()
         if problems:
             raise ClusterProblems(problems)
         return self
@@ -565,80 +506,22 @@ class Cluster(Strict):
                     seen[key][value] = i
         return problems
 
-    def _user_dirs(self) -> list[tuple[str, str]]:
-        """On a Slurm cluster, what the tool writes on a node defaults to the user's own folder (``base_dir``)."""
-        unset = [f for f in USER_DIRS if f not in self.model_fields_set]
-        if self.slurm is None or not unset:
+    def _launcher_problems(self) -> list[tuple[str, str]]:
+        """Its launcher's section's rules (``LauncherSection.settle``), with the platform's vendor."""
+        section = self.slurm
+        if section is None:
             return []
         try:
-            user = self.ssh.user or getpass.getuser()
-        except (KeyError, OSError):  # a uid without a passwd entry here
-            return [("ssh.user", "unset, and your own user has no name here: set ssh.user, or base_dir, etc_dir and log_dir")]
-        if not re.match(USER_RE, user):
-            return [("ssh.user", f"unset, and your own name {user!r} is no user name a path can hold: set ssh.user, or base_dir, etc_dir and log_dir")]
-        for f in unset:
-            setattr(self, f, f"/var/tmp/llmdeploy-{user}/{USER_DIRS[f]}")
-        return []
-
-    def _slurm_problems(self) -> list[tuple[str, str]]:
-        """What contradicts in ``slurm`` (named before any connection)."""
-        s = self.slurm
-        if s is None:
-            return []
-        problems = self._user_dirs()
-        if self.ssh.become:
-            # sudo on the login host would submit every job step as root: srun runs as the user who calls it
-            problems.append(("ssh.become", "not with slurm: a Slurm job runs as the user who submits it, and under sudo "
-                                           "srun would run every step as root; log in as the user the jobs should run as"))
-        names = [n.name for n in self.nodes]
-        if s.nodelist is not None:
-            if len(s.nodelist) != len(self.nodes):
-                problems.append(("slurm.nodelist", f"names {len(s.nodelist)} Slurm nodes for the inventory's {len(self.nodes)} (one per node, in the nodes' order)"))
-            dup = sorted({x for x in s.nodelist if s.nodelist.count(x) > 1})
-            if dup:
-                problems.append(("slurm.nodelist", f"names {', '.join(dup)} more than once"))
-        login = s.login_node().name
-        if login in names or s.login in names or login in (s.nodelist or []):
-            problems.append(("slurm.login", f"{s.login} is one of the cluster's nodes: the login host submits jobs, it does not serve"))
-        try:
-            allowed = _vendor(_vendor_name(self.platform)).SCHEDULED_CONTAINERS
+            vendor = _vendor(_vendor_name(self.platform))
         except LlmdeployError:
-            return problems  # the platform's own problem is named where it is checked
-        if s.container is None:
-            # the vendor's first that can run the cluster as planned (what only docker does keeps it on docker)
-            # (a vendor's SCHEDULED_CONTAINERS are values of this field: the Vendor protocol types them as str)
-            s.container = cast(Literal["docker", "pyxis"], next((c for c in allowed if not self._pyxis_problems(c)), allowed[-1]))
-        elif s.container not in allowed:
-            problems.append(("slurm.container", f"{s.container!r}: {self.platform}'s units run under Slurm with {' or '.join(map(repr, allowed))} "
-                                                "(the README, \"Clusters run by Slurm\")"))
-        return problems + self._pyxis_problems(s.container)
-
-    def _pyxis_problems(self, container: str) -> list[tuple[str, str]]:
-        """What a cluster on ``container`` asks for that a pyxis step cannot give (nothing for docker)."""
-        if container != "pyxis":
-            return []
-        if self.image.tarball:
-            return [("slurm.container", "pyxis imports images from a registry (enroot): image.tarball is loaded by docker on each node; "
-                                        "use container 'docker' or drop image.tarball")]
-        problems = []
-        why = self.profile.launched_worlds(self)
-        if why:
-            problems.append(("slurm.container", f"'pyxis': {why}; use container 'docker'"))
-        if self.image.distribute:
-            problems.append(("image.distribute", "sends the image down the nodes' chain with docker save and docker load; pyxis imports it "
-                                                 "on each node from the registry (enroot): drop image.distribute or use container 'docker'"))
-        wheels = self.profile.wheel_set()
-        if wheels and wheels.pins and wheels.wheel_dir and not re.fullmatch(r"/[^\s:]*", wheels.wheel_dir):
-            # enroot mounts it (start --mount SRC:DST:...): a path with no space or colon
-            problems.append(("profile.wheel_dir", f"{wheels.wheel_dir!r}: with pyxis, enroot mounts the wheel directory while pip installs "
-                                                  "the wheels, which takes an absolute path without spaces or colons"))
-        return problems
+            vendor = None  # the platform's own problem is named where it is checked
+        return section.settle(self, vendor)
 
     def slurm_name(self, node: Node) -> str:
-        """Slurm's name of one of the inventory's nodes."""
-        if self.slurm is None or self.slurm.nodelist is None:
+        """The scheduler's name of one of the inventory's nodes (its launcher section's ``node_name``; else its own)."""
+        if self.slurm is None:
             return node.name
-        return self.slurm.nodelist[[n.name for n in self.nodes].index(node.name)]
+        return self.slurm.node_name(self, node)
 
     def _unique_ports(self) -> list[tuple[str, str]]:
         problems = []

@@ -30,10 +30,11 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Protocol
 
 from .errors import LlmdeployError
 from .plugin import Registry, check
+from .schema import Strict
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from fabric import Connection
@@ -46,6 +47,39 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 
 # the package that holds the launchers and their registry (``LAUNCHERS``)
 PLUGINS = "launchers"
+
+
+# each launcher's inventory section class, by its field name (``cluster.slurm``), as its package declares it
+SECTIONS: dict[str, type["LauncherSection"]] = {}
+
+
+class LauncherSection(Strict):
+    """The base of a launcher's inventory section (``cluster.slurm``): its
+    schema is the launcher's own (``launchers/slurm/schema.py``), as a serving
+    system's profile is the system's, and so are its rules.
+
+    ``SECTION``: the inventory field it is (a class that sets it is
+    registered in :data:`SECTIONS` when its module loads). ``settle(cluster,
+    vendor)``: run by the inventory's validation, before any connection;
+    fills what the section leaves to the cluster and its platform (``vendor``:
+    the platform's :class:`~llmdeploy.platform.Vendor`, None when the
+    platform is unknown, which the inventory names itself) and returns what
+    contradicts, as (field, message) pairs. ``node_name(cluster, node)``: the
+    launcher's own name of one of the inventory's nodes."""
+
+    SECTION: ClassVar[str] = ""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if cls.SECTION:
+            SECTIONS[cls.SECTION] = cls
+
+    def settle(self, cluster: "Cluster", vendor: Any) -> list[tuple[str, str]]:
+        return []
+
+    def node_name(self, cluster: "Cluster", node: "Node") -> str:
+        return node.name
 
 
 class Connector(Protocol):
@@ -396,8 +430,3 @@ LAUNCHERS: Registry[LauncherPlugin] = Registry("launcher", PLUGINS, lambda: {nam
 def plugin(name: str) -> LauncherPlugin:
     """The module ``launchers/<name>``, loaded on first use and checked against :class:`LauncherPlugin`."""
     return LAUNCHERS.load(name)
-
-
-def of(cluster: "Cluster") -> LauncherPlugin:
-    """``cluster``'s launcher module."""
-    return plugin(name_of(cluster))

@@ -186,11 +186,6 @@ def platform(platform_name: str) -> Platform:
     return vendor(vendor_name(platform_name)).PLATFORMS[platform_name]
 
 
-def vendor_of(cluster: "Cluster") -> Vendor:
-    """The vendor of ``cluster``'s platform."""
-    return vendor(vendor_name(cluster.platform))
-
-
 def device_word(vendor_name_: str | None, default: str = "npu") -> str:
     """How the vendor ``vendor_name_`` names one accelerator (``default`` for a
     document that names no vendor, or one this tool does not have)."""

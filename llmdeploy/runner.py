@@ -29,14 +29,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import become, interrupt, launcher
+from . import become, interrupt
 from .errors import ConnectionLost, UnreachableError
 from .inventory import Cluster, Node
 
 if TYPE_CHECKING:
     from fabric import Connection
 
-    from .launcher import Connector
+    from .launcher import Connector, Transport
 
 OK, CHANGED, FAILED, UNREACHABLE, SKIPPED = "ok", "changed", "failed", "unreachable", "skipped"
 
@@ -155,13 +155,17 @@ class Runner:
         persist: bool = True,
         reconnect_idle: bool = False,
         lines: Callable[[str, str, Progress], None] | None = None,
-        transport: "Callable[[Runner], launcher.Transport] | None" = None,
+        *,
+        transport: Callable[[Runner], Transport],
     ):
         """``progress(step, host, result)``: at each host's start of a step
         (result None) and with its result. ``lines(step, host, progress)``:
         how far a host got in a step whose ``progress`` parser read it from
         the command's output while it runs (None: the output is not read
         before the command ends).
+
+        ``transport(runner)``: how its commands reach a node, the cluster's
+        launcher's (``Deployment.runner`` gives it; ``LauncherPlugin.transport``).
 
         ``persist=False``: never through a connection holder. ``reconnect_idle``
         (the holder's own runner, whose connections wait between commands for
@@ -171,8 +175,8 @@ class Runner:
         self.cluster = cluster
         self.reconnect_idle = reconnect_idle
         self.nodes = list(nodes if nodes is not None else cluster.nodes)
-        # how a command reaches a node: the cluster's launcher's transport (llmdeploy/launcher.py), picked once
-        self.transport = (transport or launcher.of(cluster).transport)(self)
+        # how a command reaches a node: the cluster's launcher's transport (llmdeploy/launcher.py), given by the binding
+        self.transport = transport(self)
         persist = persist and self.transport.holder
         ssh_hosts = self.transport.hosts(self.nodes)
         self.forks = max(1, min(forks or cluster.ssh.forks, len(self.nodes) or 1))

@@ -187,7 +187,7 @@ def gres_of(cluster: Cluster) -> str | None:
 
     if not cluster.slurm or cluster.slurm.gres_per_node == 0:
         return None
-    return cluster.slurm.gres or platform.vendor_of(cluster).DEVICE
+    return cluster.slurm.gres or platform.vendor(platform.vendor_name(cluster.platform)).DEVICE
 
 
 def node_gres(hw: dict) -> tuple[int, str]:

@@ -34,6 +34,7 @@ from llmdeploy.errors import UnreachableError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.releaseplan import ReleasePlan, Unit
 from llmdeploy.runner import Runner
+from .schema import section
 from . import steps
 from .commands import unit_srun_args
 from .jobs import SlurmJobs, plan_steps
@@ -67,7 +68,7 @@ def outside_ssh(cluster: Cluster) -> bool:
 
 @contextmanager
 def _handed(cluster: Cluster, nodes: list[Node]) -> Iterator[dict[str, str]]:
-    with Runner(cluster, nodes=nodes) as runner:
+    with Runner(cluster, nodes=nodes, transport=transport) as runner:
         t = cast(SlurmSteps, runner.transport)  # this launcher's runners carry its transport (``transport``)
         try:
             job = t.allocation(nodes)
@@ -89,8 +90,7 @@ def handoff(cluster: Cluster, nodes: list[Node]) -> ContextManager[dict[str, str
 
 def runtime(cluster: Cluster) -> PyxisUnits | None:
     """A pyxis cluster's units are steps' processes (``units.py``); Docker's units are Docker's (None)."""
-    assert cluster.slurm is not None  # a cluster of this launcher sets it
-    return PyxisUnits(cluster) if cluster.slurm.container == "pyxis" else None
+    return PyxisUnits(cluster) if section(cluster).container == "pyxis" else None
 
 
 def start_lines(cluster: Cluster, plan: ReleasePlan, script: Callable[[Unit], str]) -> list[tuple[str, str]]:

@@ -32,7 +32,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from llmdeploy import platform
+from .schema import section
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.hostlist import expand as expand_hostlist
 from llmdeploy.hostlist import join as hostlist
@@ -78,8 +78,7 @@ def scancel_name_command(job_name: str) -> str:
 
 def where_args(cluster: Cluster) -> list[str]:
     """Partition, account, reservation: where every job of the cluster goes."""
-    s = cluster.slurm
-    assert s is not None
+    s = section(cluster)
     args = [f"--partition={s.partition}"]
     if s.account:
         args.append(f"--account={s.account}")
@@ -97,16 +96,17 @@ def gres_args(cluster: Cluster, devices: int | None = None) -> list[str]:
     the inventory says the site has none (``slurm.gres_per_node = 0``).
     ``devices``: a unit's own count (``Unit.devices``: 0 for one that uses
     none, an etcd say), at most the nodes'."""
-    s = cluster.slurm
-    assert s is not None
+    s = section(cluster)
     # one count for every job and step (srun's --gres is per node): the fewest any node has
     count = min(n.devices or cluster.platform_info.devices for n in cluster.nodes) if s.gres_per_node is None else s.gres_per_node
     if devices is not None:
         count = min(count, devices)
     if not count:
         return []
-    # by default the vendor's word for one accelerator ("gpu", "npu"), as sites name their GRES (gres.conf Name=)
-    return [f"--gres={s.gres or platform.vendor_of(cluster).DEVICE}:{count}"]
+    # by default the vendor's word for one accelerator ("gpu", "npu"), as sites name their GRES (gres.conf Name=):
+    # the section's rules filled it (Slurm.settle)
+    assert s.gres is not None, f"{cluster.name}: slurm.gres was never settled"
+    return [f"--gres={s.gres}:{count}"]
 
 
 # -- node states ------------------------------------------------------------------------
@@ -178,8 +178,7 @@ def propagate_args(cluster: Cluster) -> list[str]:
     the tasks then get slurmd's own (a site's 64 KiB login memlock stays on
     the login host). salloc has no such option (salloc(1)): a command's
     allocation runs nothing but the tool's sruns, which pass it."""
-    s = cluster.slurm
-    assert s is not None
+    s = section(cluster)
     return [] if s.propagate_limits else ["--propagate=NONE"]
 
 
@@ -189,8 +188,7 @@ def salloc_command(cluster: Cluster, names: list[str], job_name: str, time_limit
     whole (--exclusive: verify-comm's world runs a task per GPU in it, as the
     release's job does; with all their memory: ``EXCLUSIVE``). Prints
     ``salloc: Granted job allocation <id>`` on stderr."""
-    s = cluster.slurm
-    assert s is not None
+    s = section(cluster)
     args = ["salloc", "--no-shell", f"--job-name={job_name}", f"--nodes={len(names)}", f"--nodelist={hostlist(names)}",
             "--ntasks-per-node=1", *EXCLUSIVE, f"--immediate={max(1, int(s.alloc_timeout_s))}", *gres_args(cluster), *where_args(cluster)]
     args.append(f"--time={time_limit or s.command_time_limit}")
@@ -208,8 +206,7 @@ def parse_job_id(text: str) -> str | None:
 def sbatch_command(cluster: Cluster, names: list[str], release: str) -> str:
     """The release's job: it holds the nodes (a batch step that sleeps until
     cancelled); the units are its other steps. ``--parsable`` prints the id."""
-    s = cluster.slurm
-    assert s is not None
+    s = section(cluster)
     # the serving release has its nodes whole (every CPU, GPU and all the
     # memory: EXCLUSIVE); the tool's own steps in it share them (srun --overlap)
     args = ["sbatch", "--parsable", f"--job-name={release_job_name(cluster.name, release)}", f"--nodes={len(names)}",

@@ -21,7 +21,8 @@ from rich.markup import escape
 
 from llmdeploy.container import read_docker_run
 from llmdeploy.errors import LlmdeployError, UnreachableError
-from llmdeploy.inventory import Cluster, Node, Slurm
+from llmdeploy.inventory import Cluster, Node
+from .schema import Slurm, section
 from llmdeploy.launcher import ReleaseView
 from llmdeploy.release import release_dir
 from llmdeploy.releaseplan import ReleasePlan, Unit
@@ -48,8 +49,7 @@ def plan_steps(cluster: Cluster, plan: ReleasePlan, units: list[Unit], script: C
     each, wired by PMIx (``--mpi=none`` when ``Service.mpi`` is off: the
     system's own rendezvous, SGLang's). LlmdeployError: a unit pyxis cannot run as planned. Pure."""
     logdir = slurm.login_log_dir(cluster, plan.release)
-    assert cluster.slurm is not None  # a cluster of this launcher sets it
-    if cluster.slurm.container != "pyxis":
+    if section(cluster).container != "pyxis":
         return [(slurm.UnitStep(node=cluster.slurm_name(cluster.node(u.host)), name=u.container,
                                 script=slurm.unit_step_body(script(u), u.container, cluster.deploy.stop_timeout_s),
                                 log=f"{logdir}/{u.host}.{u.container}.attempt-{number(u)}.step.log", devices=u.devices), [u]) for u in units]
@@ -107,8 +107,7 @@ class SlurmJobs:
     @property
     def conf(self) -> Slurm:
         """The cluster's ``slurm`` section: this launcher runs only the clusters that set it (``launcher.name_of``)."""
-        s = self.c.slurm
-        assert s is not None
+        s = section(self.c)
         return s
 
     def nodes_of(self, plan: ReleasePlan) -> list[str]:

@@ -55,6 +55,7 @@ import shlex
 from dataclasses import dataclass
 
 from llmdeploy.inventory import Cluster
+from .schema import section
 from .commands import blob_lines, gres_args, hostlist, login_log_dir
 
 q = shlex.quote
@@ -212,8 +213,7 @@ def run_script(cluster: Cluster, names: list[str]) -> str:
     """``run.sh <job>``, in the reader's directory: the reader of job
     ``<job>`` on ``names`` while it holds the lock (a second start while one
     runs ends at once); the records of an earlier reader go first."""
-    s = cluster.slurm
-    assert s is not None
+    s = section(cluster)
     return "\n".join([
         "# the release's reader (launchers/slurm/reader.py): started by deploy, started again by a read that finds it gone",
         "umask 077",

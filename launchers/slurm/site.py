@@ -28,6 +28,7 @@ import re
 import shlex
 
 from llmdeploy.inventory import Cluster
+from .schema import section
 from . import commands as slurm
 
 MPI_LIST = "srun --mpi=list 2>&1"
@@ -70,8 +71,7 @@ def memlock_of(out: str) -> int | None:
 
 def memlock_problem(cluster: Cluster, have: int | None) -> str | None:
     """Why ``have`` (KiB, -1 unlimited) in a step is not what the units need (``slurm.memlock_kib``, None: unlimited)."""
-    s = cluster.slurm
-    assert s is not None
+    s = section(cluster)
     need = s.memlock_kib
     if have == -1 or (have is not None and need is not None and have >= need):
         return None

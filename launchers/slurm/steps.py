@@ -29,7 +29,8 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from llmdeploy.errors import UnreachableError
-from llmdeploy.inventory import Node, Slurm
+from llmdeploy.inventory import Node
+from .schema import Slurm, section
 from transports.ssh.session import SshSession
 from . import commands as slurm
 from . import reader
@@ -104,8 +105,7 @@ class SlurmSteps:
     @property
     def conf(self) -> Slurm:
         """The cluster's ``slurm`` section: this launcher runs only the clusters that set it (``launcher.name_of``)."""
-        s = self.c.slurm
-        assert s is not None
+        s = section(self.c)
         return s
 
     # -- the transport (llmdeploy.launcher.Transport) ----------------------------------------

@@ -6,6 +6,7 @@ import roles.commenv as commenv
 from llmdeploy.inventory import load_cluster
 from llmdeploy.runner import Runner
 from sim.paths import host_dir
+from flows.binding import bind
 
 SIM_CLUSTER = "sim-a3"
 
@@ -16,7 +17,7 @@ def _env_file(cluster, node):
 
 def test_render_check_then_write_then_unchanged(sim_cluster):
     c = load_cluster(sim_cluster)
-    with Runner(c) as r:
+    with bind(c).runner() as r:
         res = r.run(commenv.render_step(c, check=True, diff=True))
         assert {h: x.status for h, x in res.items()} == {n.name: "changed" for n in c.nodes}
         assert "+HCCL_IF_IP=198.19.3.12" in res["sim-a3-2"].data["diff"]

@@ -77,11 +77,11 @@ def test_jump_host_reaches_a_node_only_its_neighbour_can_see(sim_cluster, tmp_pa
 
     direct = dict(data)
     direct["ssh"] = dict(data["ssh"], jump_host=None, connect_timeout=2)
-    with Runner(type(base).model_validate(direct)) as r:
+    with bind(type(base).model_validate(direct)).runner() as r:
         res = r.run(facts.gather_step(bind(cluster)))
     assert res["sim-b200-1"].status == "unreachable"
 
-    with Runner(cluster) as r:
+    with bind(cluster).runner() as r:
         res = r.run(facts.gather_step(bind(cluster)))
         conn = r.ssh.connections["sim-b200-1"]
         assert conn.is_connected and conn.gateway.is_connected
@@ -124,7 +124,7 @@ def test_runner_commands_stdin_output_exit_and_deadline(sim_cluster):
     cluster = load_cluster(sim_cluster)
     node = cluster.nodes[0]
     data = os.urandom(3 << 20)
-    with Runner(cluster, nodes=[node]) as r:
+    with bind(cluster).runner(nodes=[node]) as r:
         # 4 MiB out and 1 MiB on stderr before a byte of stdin is read
         out, err, code = r.exec(node, "head -c 4194304 /dev/zero | tr '\\0' x; head -c 1048576 /dev/zero | tr '\\0' y >&2; "
                                       "sha256sum | cut -d' ' -f1", stdin=data, timeout=60)
@@ -195,9 +195,9 @@ def test_connection_holder_reuses_connections_and_reads_failures_the_same(sim_cl
         return ans["pid"]
 
     try:
-        with Runner(held, nodes=[node]) as r:
+        with bind(held).runner(nodes=[node]) as r:
             first = r.exec(node, 'echo "$SSH_CONNECTION"')[0]
-        with Runner(held, nodes=[node]) as r:
+        with bind(held).runner(nodes=[node]) as r:
             out, err, code = r.exec(node, 'echo "$SSH_CONNECTION"; echo e >&2; exit 4')
         assert (code, err) == (4, "e\n")
         assert out == first and first.count(" ") == 3  # one TCP connection: the same client port
@@ -205,7 +205,7 @@ def test_connection_holder_reuses_connections_and_reads_failures_the_same(sim_cl
         assert sock.stat().st_mode & 0o777 == 0o600 and sock.parent.stat().st_mode & 0o777 == 0o700
         pid = holder_pid(held)
 
-        with Runner(held, nodes=[node]) as r:
+        with bind(held).runner(nodes=[node]) as r:
             data = os.urandom(1 << 20)
             assert r.exec(node, "sha256sum | cut -c1-64", stdin=data)[0].strip() == hashlib.sha256(data).hexdigest()
             out, err, code = r.exec(node, "echo started; exec sleep 38.5", timeout=1)
@@ -218,7 +218,7 @@ def test_connection_holder_reuses_connections_and_reads_failures_the_same(sim_cl
 
         said = []
         for c in (closed(held), closed(cluster)):
-            with Runner(c, nodes=[c.nodes[0]]) as r:
+            with bind(c).runner(nodes=[c.nodes[0]]) as r:
                 said.append(r.run(Step(name="t", build=lambda n: "true"))[node.name])
         assert said[0].status == said[1].status == "unreachable" and said[0].msg == said[1].msg, said
         holder_pid(closed(held))
@@ -230,7 +230,7 @@ def test_connection_holder_reuses_connections_and_reads_failures_the_same(sim_cl
         lines[0] = lines[0].split(" ", 1)[0] + " " + lines[1].split(" ", 1)[1]
         kh.write_text("\n".join(lines) + "\n")
         try:
-            with Runner(held, nodes=[node]) as r:
+            with bind(held).runner(nodes=[node]) as r:
                 res = r.run(Step(name="t", build=lambda n: "true"))[node.name]
             assert res.status == "unreachable" and "host key" in res.msg.lower(), res.msg
             holder_pid(held)
@@ -240,7 +240,7 @@ def test_connection_holder_reuses_connections_and_reads_failures_the_same(sim_cl
 
         # idle: a holder of 1 s ends by itself
         brief = cluster.model_copy(update={"ssh": cluster.ssh.model_copy(update={"persist_s": 1})})
-        with Runner(brief, nodes=[node]) as r:
+        with bind(brief).runner(nodes=[node]) as r:
             assert r.exec(node, "true")[2] == 0
         bpid = holder_pid(brief)
         for _ in range(100):
@@ -282,18 +282,18 @@ def test_a_held_connection_whose_host_went_silent_reads_unreachable_then_comes_b
     ns = netns_name(sim_cluster, node.name)
     step = Step(name="t", build=lambda n: "echo here")
     try:
-        with Runner(held, nodes=[node]) as r:
+        with bind(held).runner(nodes=[node]) as r:
             assert r.run(step)[node.name].stdout == "here\n"
         subprocess.run(["ip", "-n", ns, "link", "set", "mgmt0", "down"], check=True)
         try:
-            with Runner(held, nodes=[node]) as r:
+            with bind(held).runner(nodes=[node]) as r:
                 res = r.run(step)[node.name]
             assert res.status == "unreachable", res.msg
             assert r.ssh.mux is not None  # through the holder, not a fallback
             assert "unreachable at step 't': TCP connect to" in res.msg and "timed out after 2s (nothing answered" in res.msg, res.msg
         finally:
             subprocess.run(["ip", "-n", ns, "link", "set", "mgmt0", "up"], check=True)
-        with Runner(held, nodes=[node]) as r:
+        with bind(held).runner(nodes=[node]) as r:
             assert r.run(step)[node.name].stdout == "here\n"
     finally:
         mux.stop(held.name)

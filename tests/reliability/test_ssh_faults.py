@@ -27,6 +27,7 @@ from llmdeploy.inventory import Cluster, Model, Node, Ssh
 from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8
 from llmdeploy.runner import FAILED, OK, SKIPPED, UNREACHABLE, Runner, Step
 from transports.ssh.connect import _unreachable_reason, make_connection
+from flows.binding import bind
 
 SSHD = "/usr/sbin/sshd"
 ADDRS = ("127.0.0.1", "127.0.0.2")
@@ -159,7 +160,7 @@ class LoopbackSshd:
     def runner(self, cluster: Cluster):
         """A Runner whose remote commands are killed at teardown even when a test
         fails: closing the Runner's connections would orphan them from sshd."""
-        r = Runner(cluster)
+        r = bind(cluster).runner()
         try:
             yield r
         finally:
@@ -262,7 +263,7 @@ def _echo(name="gather facts", text="hello") -> Step:
 
 
 def _run_timed(cluster: Cluster, step: Step, **kw):
-    with Runner(cluster) as r:
+    with bind(cluster).runner() as r:
         t0 = time.monotonic()
         res = r.run(step, **kw)
         return res, time.monotonic() - t0
@@ -279,7 +280,7 @@ def test_the_loopback_sshd_serves_both_addresses(loopback_sshd):
 # --- before any SSH: TCP --------------------------------------------------------------------------
 def test_connection_refused_names_the_address_and_the_step(loopback_sshd):
     port = _free_port()  # nothing listens there
-    with Runner(loopback_sshd.cluster(port=port)) as r:
+    with bind(loopback_sshd.cluster(port=port)).runner() as r:
         first = r.run(_echo())["lb0"]
         later = r.run(_echo("read release"))["lb0"]
     assert first.status == UNREACHABLE

@@ -143,7 +143,7 @@ def test_anything_but_sudos_own_refusal_is_the_commands_own_result(out, err, cod
 # --- the runner: one wrapping point, one reading of refusals --------------------------------
 def _runner(c: Cluster, session) -> Runner:
     """A runner of ``c``'s first node over ``session`` (an in-process SSH server that answers ``ran <command>``)."""
-    r = Runner(c, nodes=c.nodes[:1], persist=False)
+    r = bind(c).runner(nodes=c.nodes[:1], persist=False)
     r.ssh.connections[c.nodes[0].name] = _Conn(session)
     return r
 
@@ -184,7 +184,7 @@ def test_through_the_connection_holder_the_command_is_wrapped_once_by_the_holder
     t = threading.Thread(target=h.serve, args=(server,), daemon=True)
     t.start()
     try:
-        with Runner(c, nodes=c.nodes[:1]) as r:
+        with bind(c).runner(nodes=c.nodes[:1]) as r:
             assert r.ssh.mux is not None
             assert r.exec(c.nodes[0], "docker ps") == (f"ran {become.command('docker ps')}\n", "", 0)
     finally:
@@ -207,7 +207,7 @@ def test_a_followed_log_and_the_reaper_are_wrapped_too(monkeypatch):
 
     sent = []
     monkeypatch.setattr(connect, "run_channel", lambda transport, command, timeout, *a: sent.append(command) or ("1\n", "", 0))
-    with Runner(c, nodes=[node], persist=False) as r:
+    with bind(c).runner(nodes=[node], persist=False) as r:
         conn = Conn()
         r.ssh.connections[node.name] = conn
         assert r.stream(node, "docker logs -f x") == 0
@@ -215,7 +215,7 @@ def test_a_followed_log_and_the_reaper_are_wrapped_too(monkeypatch):
         conn.client = type("Client", (), {"get_transport": lambda self: None})()
         assert r.ssh._reap(conn) == "sent SIGTERM to its processes on the host"
         assert sent == [become.command(connect.REAP_AS_ROOT, '"$PPID" "$$"')]
-    with Runner(becoming(c, on=False), nodes=[node], persist=False) as r:
+    with bind(becoming(c, on=False)).runner(nodes=[node], persist=False) as r:
         r.ssh.connections[node.name] = conn
         r.ssh._reap(conn)
         assert sent[-1] == connect.REAP_SCRIPT
@@ -225,7 +225,7 @@ def test_a_refusal_fails_the_step_in_words_before_its_parser_and_exec_says_it_as
     c = becoming(load_cluster("a3"), user=None)
     node = c.nodes[1]
     parsed = []
-    with Runner(c, nodes=c.nodes[:2], persist=False) as r:
+    with bind(c).runner(nodes=c.nodes[:2], persist=False) as r:
         monkeypatch.setattr(r, "_exec", lambda n, *a, **k: ("", "sudo: a password is required\n", 1, None) if n is node else ("x", "", 0, None))
         res = r.run(Step(name="facts", build=lambda n: "x", parse=lambda n, o, e, code: parsed.append(n.name) or HostResult(n.name)))
         assert res[node.name].status == FAILED and res[node.name].exit_code == 1
@@ -233,7 +233,7 @@ def test_a_refusal_fails_the_step_in_words_before_its_parser_and_exec_says_it_as
         assert parsed == [c.nodes[0].name]  # the parser read the node where the command ran, and only it
         assert r.exec(node, "x") == ("", res[node.name].msg, 1)
     # without become the same output is the command's own, read by the step's parser
-    with Runner(becoming(c, on=False), nodes=[node], persist=False) as r:
+    with bind(becoming(c, on=False)).runner(nodes=[node], persist=False) as r:
         monkeypatch.setattr(r, "_exec", lambda n, *a, **k: ("", "sudo: a password is required\n", 1, None))
         assert r.run(Step(name="s", build=lambda n: "x"))[node.name].msg == "sudo: a password is required"
         assert r.exec(node, "x") == ("", "sudo: a password is required\n", 1)
@@ -241,9 +241,9 @@ def test_a_refusal_fails_the_step_in_words_before_its_parser_and_exec_says_it_as
 
 def test_invoke_check_goes_through_the_runner_under_become():
     c = load_cluster("a3")
-    assert launcher.of(c).outside_ssh(c) is True and check.scheme(bind(c)) == "ssh"
+    assert bind(c).launcher.outside_ssh(c) is True and check.scheme(bind(c)) == "ssh"
     b = becoming(c)
-    assert launcher.of(b).outside_ssh(b) is False and check.scheme(bind(b)) == "runner"
+    assert bind(b).launcher.outside_ssh(b) is False and check.scheme(bind(b)) == "runner"
 
 
 # --- the inventory --------------------------------------------------------------------------
@@ -255,7 +255,7 @@ def test_become_is_off_by_default_and_survives_the_holders_round_trip():
 
 
 def test_a_slurm_cluster_with_become_is_refused_naming_the_field(tmp_path):
-    code = ('from llmdeploy.inventory import Slurm\n'
+    code = ('from launchers.slurm.schema import Slurm\n'
             'extra = {"ssh": Ssh(user="alice", become=True), "slurm": Slurm(login="login0", partition="npu")}')
     with pytest.raises(InventoryError) as exc:
         load_cluster_file(_module(tmp_path, "slurm_become", code))

@@ -112,9 +112,9 @@ def test_the_scheme_is_a_testinfra_connection_once_registered(b200):
 
 # -- the choice per launcher, and check's command line -------------------------------------------
 def test_each_launcher_says_whether_an_outside_ssh_client_may_log_in(a3, b200):
-    assert launcher.of(a3).outside_ssh(a3) is True and check.scheme(bind(a3)) == "ssh"
-    assert launcher.of(b200).outside_ssh(b200) is False and check.scheme(bind(b200)) == "runner" == checkhost.SCHEME
-    with launcher.of(a3).handoff(a3, a3.nodes) as env:
+    assert bind(a3).launcher.outside_ssh(a3) is True and check.scheme(bind(a3)) == "ssh"
+    assert bind(b200).launcher.outside_ssh(b200) is False and check.scheme(bind(b200)) == "runner" == checkhost.SCHEME
+    with bind(a3).launcher.handoff(a3, a3.nodes) as env:
         assert env == {}
 
 
@@ -179,7 +179,7 @@ def test_check_holds_the_launchers_handoff_around_pytest_and_hands_it_on(b200, m
         _junit(Path(junit), [(f"test_a[runner://{n.name}]", None) for n in b200.nodes])
         return subprocess.CompletedProcess(cmd, 0, "2 passed\n", "")
 
-    plug = launcher.of(b200)
+    plug = bind(b200).launcher
     monkeypatch.setattr(plug, "handoff", handoff)
     monkeypatch.setattr(check, "run_pytest", fake_run)
     # the site's checks (Launcher.site_checks) run in this process while the handoff is held
@@ -196,7 +196,7 @@ def test_check_names_why_the_nodes_could_not_be_had(b200, monkeypatch):
         raise UnreachableError("no allocation of sim-b200-slurm-0, sim-b200-slurm-1 in partition gpu: busy")
         yield {}
 
-    monkeypatch.setattr(launcher.of(b200), "handoff", handoff)
+    monkeypatch.setattr(bind(b200).launcher, "handoff", handoff)
     from rich.console import Console
 
     con = Console(record=True, width=200)
@@ -265,7 +265,7 @@ def _handed(monkeypatch, b200, login: _Login) -> dict[str, str]:
     """What the Slurm launcher's handoff yields, its runner ``login``; the login host's commands after it was given back."""
     from launchers import slurm as plugin
 
-    monkeypatch.setattr(plugin, "Runner", lambda cluster, nodes: login)
+    monkeypatch.setattr(plugin, "Runner", lambda cluster, nodes, transport: login)
     with plugin.handoff(b200, b200.nodes) as env:
         # held while the tests run: nothing cancelled yet
         assert not any(s.startswith("scancel") for s in login.sent)

@@ -29,6 +29,7 @@ from flows import probes
 from llmdeploy.inventory import load_cluster
 from llmdeploy.runner import Runner
 from transports.ssh import connect
+from flows.binding import bind
 
 GUARD_S = 20  # a guard against a hang, never a measure
 
@@ -172,7 +173,7 @@ def _runner_on(monkeypatch, first: paramiko.Transport, new_session):
     list returned."""
     c = load_cluster("a3")
     node = c.nodes[0]
-    r = Runner(c, nodes=[node], persist=False)
+    r = bind(c).runner(nodes=[node], persist=False)
     r.ssh.connections[node.name] = _Conn(first)
     made: list[_Conn] = []
 

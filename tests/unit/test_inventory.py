@@ -61,6 +61,7 @@ def test_list_clusters_names_the_modules():
 BASE = """
 from llmdeploy.inventory import Cluster, Model, Node, Ssh, make_nodes
 from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8
+from flows.binding import bind
 nodes = make_nodes("n", 4, "192.0.2.10")
 model = Model(path="/models/x")
 profile = vllm_a3_w8a8()
@@ -162,9 +163,9 @@ def test_unknown_limit_host_exits_2(invoke):
 
 
 def test_a_missing_ssh_config_file_is_named_before_any_connection(tmp_path):
-    from llmdeploy.runner import Runner
+    from flows.binding import bind
 
     c = load_cluster("sim-a3")
     c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"config_file": str(tmp_path / "gone" / "ssh_config")})})
     with pytest.raises(InventoryError, match=r"ssh\.config_file: .*/gone/ssh_config does not exist \(is the simulated cluster up\? invoke sim\.up"):
-        Runner(c)
+        bind(c).runner()

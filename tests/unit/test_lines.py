@@ -16,6 +16,7 @@ import pytest
 from llmdeploy.inventory import load_cluster
 from llmdeploy.runner import PROGRESS_MARK, HostResult, Runner, Step, without_progress
 from transports.ssh import connect
+from flows.binding import bind
 
 M = PROGRESS_MARK
 
@@ -149,7 +150,7 @@ def test_lines_too_long_for_progress_are_skipped_whole():
 def test_the_runner_feeds_a_steps_progress_to_its_sink_and_its_parser_sees_no_progress_line(monkeypatch):
     c = load_cluster("a3")
     got, parsed = [], {}
-    with Runner(c, nodes=c.nodes[:2], persist=False, lines=lambda step, host, p: got.append((step, host, p))) as r:
+    with bind(c).runner(nodes=c.nodes[:2], persist=False, lines=lambda step, host, p: got.append((step, host, p))) as r:
         def fake_exec(node, command, timeout, stdin=None, on_line=None):
             assert on_line is not None
             on_line("err", f"{M} 1 2 files {node.name}")

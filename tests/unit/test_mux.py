@@ -12,6 +12,7 @@ import pytest
 from llmdeploy.inventory import load_cluster
 from llmdeploy.runner import ConnectionLost, Runner, Step, UnreachableError
 from transports.ssh import mux
+from flows.binding import bind
 
 
 def test_a_socket_path_longer_than_a_unix_socket_takes_is_refused_at_once(short_tmp, monkeypatch):
@@ -108,7 +109,7 @@ def holder(short_tmp, monkeypatch):
 
 def test_a_runner_reads_the_holders_answers_as_its_own(holder):
     c = holder
-    with Runner(c) as r:
+    with bind(c).runner() as r:
         assert r.exec(c.nodes[1], "cmd", stdin=b"abc") == (f"{c.nodes[1].name} cmd 3", "err", 3)
         assert r.round_trips[c.nodes[1].name] == 1
         with pytest.raises(UnreachableError, match="connection refused by 10.0.0.1:22"):
@@ -129,7 +130,7 @@ def test_a_command_s_lines_come_through_the_holder_as_it_prints_them(holder):
 
     c = holder
     got, lines = [], []
-    with Runner(c, lines=lambda step, host, p: got.append((step, host, p))) as r:
+    with bind(c).runner(lines=lambda step, host, p: got.append((step, host, p))) as r:
         assert r.ssh.mux is not None
         res = r.run(Step(name="pull", build=lambda n: "talk", progress=progress_line), c.nodes[:1])[c.nodes[0].name]
         assert got == [("pull", c.nodes[0].name, (1.0, 2.0, "files", "first")), ("pull", c.nodes[0].name, (2.0, 2.0, "files", "second"))]
@@ -148,7 +149,7 @@ def test_no_holder_to_be_had_means_direct_connections_said_once(short_tmp, monke
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp))
     c = load_cluster("a3")
     c = c.model_copy(update={"ssh": c.ssh.model_copy(update={"persist_s": 60})})
-    with Runner(c) as r:
+    with bind(c).runner() as r:
         assert r.ssh.mux is not None
 
         def unavailable(*a, **k):

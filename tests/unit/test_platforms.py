@@ -15,6 +15,7 @@ import platforms
 from llmdeploy import platform
 from llmdeploy.errors import InventoryError
 from llmdeploy.inventory import load_cluster, load_cluster_file
+from flows.binding import bind
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -130,5 +131,5 @@ def test_documents_without_a_vendor_keep_their_old_reading():
 
 
 def test_a_cluster_asks_its_vendor():
-    assert platform.vendor_of(load_cluster("a3")).DEVICE == "npu"
-    assert platform.vendor_of(load_cluster("gb200")).IB_PORTS is True
+    assert bind(load_cluster("a3")).vendor.DEVICE == "npu"
+    assert bind(load_cluster("gb200")).vendor.IB_PORTS is True

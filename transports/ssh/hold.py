@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-from llmdeploy.runner import Runner
+from transports.ssh.session import holders_runner
 from transports.ssh.mux import hold
 
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"transports.ssh.hold: --profile-module {a.profile_module!r} is not a module name", file=sys.stderr)
             return 2
         importlib.import_module(a.profile_module)
-    return hold(sys.stdin.read(), a.socket, a.idle, lambda c: Runner(c, persist=False, reconnect_idle=True))
+    return hold(sys.stdin.read(), a.socket, a.idle, holders_runner)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from llmdeploy import interrupt
 from llmdeploy.errors import ConnectionLost, UnreachableError
 from llmdeploy.inventory import Cluster, Node
-from llmdeploy.runner import COUNTS, Runner
+from llmdeploy.runner import COUNTS, HostResult, Runner, Step
 from transports.ssh.sshfiles import check_ssh_config
 
 if TYPE_CHECKING:
@@ -47,9 +47,11 @@ def _close_connection(conn: Connection) -> None:
                 pass
 
 
-def _holders_runner(cluster: Cluster) -> Runner:
-    """The connection holder's runner: one that connects itself, and replaces a reused connection that died while it waited."""
-    return Runner(cluster, persist=False, reconnect_idle=True)
+def holders_runner(cluster: Cluster) -> Runner:
+    """The connection holder's runner: one that connects to each node itself
+    (:class:`SshTransport`, never through a holder), and replaces a reused
+    connection that died while it waited."""
+    return Runner(cluster, persist=False, reconnect_idle=True, transport=SshTransport)
 
 
 class SshSession:
@@ -76,7 +78,7 @@ class SshSession:
             from transports.ssh import mux
 
             try:
-                self.mux = mux.Client(self.cluster, _holders_runner)
+                self.mux = mux.Client(self.cluster, holders_runner)
                 self.mux.ensure()
             except OSError as exc:
                 self._no_holder(exc)
@@ -326,8 +328,52 @@ class SshSession:
         return f"could not stop it on the host (exit {code}): it may still run there"
 
 
-# this connector's conformance, for the type checker
+class SshTransport:
+    """Each node's commands over its own SSH connection (directly or through
+    the holder): the SSH launcher's transport, and the connection holder's
+    runner's."""
+
+    holder = True
+
+    def __init__(self, runner: Runner):
+        self.r = runner
+
+    def hosts(self, nodes: list[Node]) -> list[Node]:
+        return nodes
+
+    def carrier(self, node: Node) -> Node:
+        return node
+
+    def exec(self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None,
+             on_line: Callable[[str, str], None] | None) -> tuple[str, str, int]:
+        return self.r.exec_direct(node, command, timeout, stdin, on_line)
+
+    def run(self, step: Step, targets: list[Node], deadline: float | None,
+            on_line: Callable[[str, str, str], None] | None) -> dict[str, HostResult]:
+        return self.r.run_each(step, targets, deadline, on_line)
+
+    def follow(self, node: Node, command: str, name: str) -> tuple[Node, str]:
+        return node, command
+
+    def forward_dest(self, node: Node, dest: str) -> str:
+        return dest
+
+    def world(self, nodes: list[Node], tasks: int, argv: list[str], env: dict[str, dict[str, str]],
+              timeout: float | None) -> tuple[str, str, int] | None:
+        """No launcher wires a world over SSH: mpirun on the first node starts it (its daemons over SSH)."""
+        return None
+
+    def close(self) -> None:
+        """The runner closes its own connections; the transport holds nothing else."""
+
+    def connector(self, hosts: list[Node], persist: bool) -> SshSession:
+        """Every node's own SSH connection (or the connection holder's, ``persist``)."""
+        return SshSession(self.r, hosts, persist)
+
+
+# the connector's and the transport's conformance, for the type checker
 if TYPE_CHECKING:  # pragma: no cover - types only
-    from llmdeploy.launcher import Connector
+    from llmdeploy.launcher import Connector, Transport
 
     _conforms: Callable[[Runner, list[Node], bool], Connector] = SshSession
+    _transport_conforms: Callable[[Runner], Transport] = SshTransport
