@@ -32,6 +32,13 @@ def _flow(name: str):
     return importlib.import_module(f"flows.{name}")
 
 
+def _inventory(name: str):
+    """The inventory ``inventory/<name>.py``, loaded and validated (the simulator's tasks need no binding)."""
+    from llmdeploy.inventory import load_cluster
+
+    return load_cluster(name)
+
+
 def deployment(name: str):
     """The inventory ``inventory/<name>.py`` bound to its plug-ins (``flows.binding``), once for the command."""
     from flows.binding import load
@@ -311,7 +318,7 @@ def sim_up(c, cluster="sim-a3"):
 def _sim_up(name: str) -> int:
     from sim import cluster as simc
 
-    cl = deployment(name).cluster
+    cl = _inventory(name)
     if not cl.name.startswith("sim-"):
         raise LlmdeployError(f"{cl.name} is not a simulated cluster (its name must start with sim-)")
     simc.up(cl)
@@ -342,7 +349,7 @@ def sim_shape(c, cluster, mbit):
         rate = -1.0
     if not rate >= 0:
         raise LlmdeployError(f"--mbit {mbit}: a speed is 0 (unshaped) or more")
-    simc.shape(deployment(cluster).cluster, rate or None)
+    simc.shape(_inventory(cluster), rate or None)
     return 0
 
 

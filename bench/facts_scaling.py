@@ -17,7 +17,7 @@ from rich.console import Console  # noqa: E402
 from flows.app import run_playbook  # noqa: E402
 from llmdeploy.inventory import load_cluster  # noqa: E402
 from sim import cluster as simc  # noqa: E402
-from flows.binding import bind
+from flows.binding import bind  # noqa: E402
 
 
 def timed(cluster, limit, con, repeat=3):

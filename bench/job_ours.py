@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jinja2  # noqa: E402
 
 from llmdeploy.inventory import load_cluster  # noqa: E402
-from llmdeploy.runner import FAILED, OK, HostResult, Runner, Step  # noqa: E402
+from llmdeploy.runner import FAILED, OK, HostResult, Step  # noqa: E402
 from roles.files import parse_then, puts_step, then_script  # noqa: E402
-from flows.binding import bind
+from flows.binding import bind  # noqa: E402
 
 COMMANDS = ["hostname", "uname -r", "sha256sum {d}/payload.bin", "grep -c = {d}/job.env", "df -Pk {d}"]
 

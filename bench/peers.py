@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peers_tools  # noqa: E402
 import simhosts  # noqa: E402
-from flows.binding import bind
+from flows.binding import bind  # noqa: E402
 
 WORK = simhosts.REPO / "bench" / "work"
 # the peers' working directories: short (ssh's ControlPath must fit 108 bytes)
@@ -61,7 +61,7 @@ def jobdir() -> Path:
 
 def clean(cluster) -> None:
     """Remove the job's directory on every host (between rounds, not timed)."""
-    from llmdeploy.runner import Runner, Step
+    from llmdeploy.runner import Step
 
     with bind(cluster).runner() as r:
         res = r.run(Step(name="clean", build=lambda node: f"rm -rf {REMOTE_DIR}"))

@@ -31,7 +31,7 @@ from llmdeploy import report  # noqa: E402
 from llmdeploy.inventory import load_cluster  # noqa: E402
 from llmdeploy.runner import COUNTS  # noqa: E402
 from sim import cluster as simc  # noqa: E402
-from flows.binding import bind
+from flows.binding import bind  # noqa: E402
 
 CLUSTER = "sim-a3"
 KINDS = ["commands", "transfers", "connections", "forwards"]

@@ -221,8 +221,8 @@ def image_bench(cluster, name: str, n_pulls: bool = True) -> dict:
         many = pull(cluster.nodes)
         row.update(n_pulls_s=round(many, 2), n_pulls_over_one=round(many / one, 2))
     rmi(cluster.nodes)
-    code = ("import json, sys; from llmdeploy.inventory import load_cluster; from llmdeploy import report; from flows.stage import distribute_image; "
-            f"o = distribute_image(load_cluster({name!r}), report.console(True), quiet=True); print(json.dumps(o.as_json())); "
+    code = ("import json, sys; from flows.binding import load; from llmdeploy import report; from flows.stage import distribute_image; "
+            f"o = distribute_image(load({name!r}), report.console(True), quiet=True); print(json.dumps(o.as_json())); "
             f"sys.exit(1 if o.failed or o.pulled or len(o.got) != {len(cluster.nodes)} else 0)")
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-c", code], cwd=simhosts.REPO, env=simhosts.env(), stdout=subprocess.PIPE, text=True)

@@ -15,7 +15,7 @@ from flows.plan import Context, load_playbook, resolve_step, select_nodes
 from flows.binding import load
 from llmdeploy import report
 from llmdeploy.deployment import Deployment
-from llmdeploy.inventory import Cluster
+from llmdeploy.inventory import Cluster, load_cluster
 from llmdeploy.runner import SKIPPED, Runner
 
 if TYPE_CHECKING:  # pragma: no cover - types only (flows.stage is imported where prepare stages or distributes)
@@ -324,7 +324,7 @@ def disconnect(cluster_name: str) -> int:
     """End the cluster's connection holders (ssh.persist_s; transports/ssh/mux.py)."""
     from transports.ssh import mux
 
-    cluster = load(cluster_name).cluster
+    cluster = load_cluster(cluster_name)  # its holders go by its name: nothing to bind
     n = mux.stop(cluster.name)
     print(f"{cluster.name}: {n} connection holder{'s' if n != 1 else ''} ended" if n else f"{cluster.name}: no connection holder runs")
     return 0

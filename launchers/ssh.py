@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, ContextManager
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.launcher import ReleaseView
 from llmdeploy.releaseplan import ReleasePlan, Unit
-from llmdeploy.runner import SKIPPED, HostResult, Runner, Step
+from llmdeploy.runner import SKIPPED, Runner, Step
 from transports.ssh.session import SshTransport
 
 NAME = "ssh"

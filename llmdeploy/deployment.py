@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from .launcher import Launcher, LauncherPlugin, UnitRuntime
     from .platform import Vendor
     from .runner import HostResult, Progress, Runner
-    from .serving import ServingProfile, System
+    from .serving import System
 
 
 @dataclass(frozen=True)
@@ -42,15 +42,6 @@ class Deployment:
     vendor: Vendor
     launcher: LauncherPlugin
     runtime: UnitRuntime
-
-    @property
-    def name(self) -> str:
-        return self.cluster.name
-
-    @property
-    def profile(self) -> ServingProfile:
-        """The cluster's profile, its system's own."""
-        return self.cluster.profile
 
     def runner(
         self,

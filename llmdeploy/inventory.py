@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from .errors import SECRETS, InventoryError, LlmdeployError
-from .launcher import SECTIONS, LauncherSection
+from .launcher import SECTIONS, LauncherSection, section_class
 from .schema import (  # noqa: F401 (the names every schema module has always imported from here)
     CLUSTER_RE,
     ENV_NAME_RE,
@@ -431,14 +431,13 @@ class Cluster(Strict):
     @classmethod
     def _launcher_section(cls, v: object, info: ValidationInfo) -> LauncherSection | None:
         """A launcher's section, built with the class its launcher declares (``LauncherSection``); read back
-        as data (a cluster read back as JSON), the class of a loaded launcher that declares the field."""
+        as data (a cluster read back as JSON), the class of the registered launcher that declares the field."""
         field = info.field_name or ""
         declared = SECTIONS.get(field)
         if isinstance(v, dict):
+            declared = section_class(field)
             if declared is None:
-                raise ClusterProblems([("", f"no launcher this tool has loaded declares the section {field!r} (loaded: "
-                                            f"{', '.join(sorted(SECTIONS)) or 'none'}); build it with its launcher's class "
-                                            "(launchers/<name>/schema.py)")])
+                raise ValueError(f"no registered launcher declares the section {field!r} (launchers/__init__.py)")
             return declared.model_validate(v)
         if v is not None and (not isinstance(v, LauncherSection) or (declared is not None and not isinstance(v, declared))):
             raise ValueError(f"{type(v).__name__} is not the {field} section: build it with its launcher's class (launchers/<name>/schema.py)")

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 
     from .container import ContainerSpec
     from .inventory import Cluster, Node
+    from .platform import Vendor
     from .releaseplan import ReleasePlan, Unit
     from .runner import HostResult, Runner, Step
 
@@ -75,7 +76,7 @@ class LauncherSection(Strict):
         if cls.SECTION:
             SECTIONS[cls.SECTION] = cls
 
-    def settle(self, cluster: "Cluster", vendor: Any) -> list[tuple[str, str]]:
+    def settle(self, cluster: "Cluster", vendor: "Vendor | None") -> list[tuple[str, str]]:
         return []
 
     def node_name(self, cluster: "Cluster", node: "Node") -> str:
@@ -404,6 +405,18 @@ class LauncherPlugin(Protocol):
 def _registry() -> ModuleType:
     """The registry (``launchers/__init__.py``: ``LAUNCHERS``)."""
     return importlib.import_module(PLUGINS)
+
+
+def section_class(field: str) -> "type[LauncherSection] | None":
+    """The section class of the inventory field ``field`` (``slurm``): its
+    launcher (the registry's line that names the field) loaded, which
+    declares it; None when no registered launcher has that section."""
+    if field not in SECTIONS:
+        registered: dict[str, str | None] = _registry().LAUNCHERS
+        for name, section in registered.items():
+            if section == field:
+                plugin(name)
+    return SECTIONS.get(field)
 
 
 def name_of(cluster: "Cluster") -> str:

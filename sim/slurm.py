@@ -183,11 +183,9 @@ def gres_of(cluster: Cluster) -> str | None:
     for one (gpu, npu); None when the inventory says the site has none
     (``gres_per_node = 0``). How many: each node's simulated hardware
     (:func:`node_gres`), whatever the tool asks for."""
-    from llmdeploy import platform
-
     if not cluster.slurm or cluster.slurm.gres_per_node == 0:
         return None
-    return cluster.slurm.gres or platform.vendor(platform.vendor_name(cluster.platform)).DEVICE
+    return cluster.slurm.gres  # the vendor's word unless the inventory names it (Slurm.settle)
 
 
 def node_gres(hw: dict) -> tuple[int, str]:

@@ -57,14 +57,15 @@ def on_files(files, config):
 
 # --- the inventory ---------------------------------------------------------------
 def inventory_models() -> list[type]:
-    """Cluster and every model its fields hold, then each serving profile and
-    the models its fields hold; in the order they are first met."""
+    """Cluster and every model its fields hold, then each launcher's section
+    and each serving profile and the models their fields hold; in the order
+    they are first met."""
     from llmdeploy.inventory import Cluster
 
     order: list[type] = []
 
     def walk(model: type) -> None:
-        if model in order or model is _serving_profile():
+        if model in order or model in (_serving_profile(), _launcher_section()):
             return
         order.append(model)
         for field in model.model_fields.values():
@@ -73,9 +74,31 @@ def inventory_models() -> list[type]:
                     walk(t)
 
     walk(Cluster)
+    for cls in sections().values():
+        walk(cls)
     for cls in profiles().values():
         walk(cls)
     return order
+
+
+def sections() -> dict[str, type]:
+    """field -> the section class its launcher declares (``cluster.slurm``:
+    launchers/slurm/schema.py's ``Slurm``), every launcher that registers a
+    section loaded here (a class registers itself when its module loads)."""
+    import launchers
+    from llmdeploy import launcher
+    from llmdeploy.launcher import SECTIONS
+
+    for name, section in launchers.LAUNCHERS.items():
+        if section is not None:
+            launcher.plugin(name)
+    return {field: SECTIONS[field] for field in sorted(SECTIONS)}
+
+
+def _launcher_section() -> type:
+    from llmdeploy.launcher import LauncherSection
+
+    return LauncherSection
 
 
 def profiles() -> dict[str, type]:
@@ -131,6 +154,8 @@ def type_words(annotation) -> str:
         return "IPv4 address"
     if annotation is _serving_profile():
         return "[a serving profile](#profiles)"
+    if annotation is _launcher_section():
+        return " | ".join(f"[{cls.__name__}](#{anchor(cls)})" for cls in sections().values())
     if _is_model(annotation):
         return f"[{annotation.__name__}](#{anchor(annotation)})"
     if origin is not None:  # SerializeAsAny[...] and the like
@@ -297,13 +322,16 @@ def model_rules(model: type) -> tuple[list[tuple[str, str]], list[str]]:
         else:
             missing.append(f"{model.__module__}.{model.__qualname__}.{name} validates {where} but says nowhere what it checks "
                            "(give it a docstring)")
-    problems = model.__dict__.get("problems")
-    if problems is not None:
-        words = rule_words(problems, model)
+    # a profile's checks of the whole cluster (problems), a launcher section's (settle)
+    for hook in ("problems", "settle"):
+        fn = model.__dict__.get(hook)
+        if fn is None:
+            continue
+        words = rule_words(fn, model)
         if words:
-            rules.append(("the whole cluster (`problems`)", " ".join(words)))
+            rules.append((f"the whole cluster (`{hook}`)", " ".join(words)))
         else:
-            missing.append(f"{model.__module__}.{model.__qualname__}.problems says nowhere what it checks (give it a docstring)")
+            missing.append(f"{model.__module__}.{model.__qualname__}.{hook} says nowhere what it checks (give it a docstring)")
     return rules, missing
 
 
@@ -317,7 +345,7 @@ def _cell(text: str) -> str:
 def model_section(model: type) -> tuple[str, list[str]]:
     comments: dict[str, str] = {}
     for klass in reversed(model.__mro__):
-        if _is_model(klass) and klass.__module__.split(".")[0] in ("llmdeploy", "systems"):
+        if _is_model(klass) and klass.__module__.split(".")[0] in ("llmdeploy", "systems", "launchers"):
             comments.update(source_comments(klass))
     doc = _first_paragraph(model.__doc__) if model.__doc__ and "__doc__" in model.__dict__ else ""
     lines = [f"## {model.__name__} {{#{anchor(model)}}}", "", f"`{model.__module__}.{model.__qualname__}`" + (f": {doc}" if doc else ""), ""]

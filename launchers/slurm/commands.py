@@ -33,6 +33,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from .schema import section
+from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.hostlist import expand as expand_hostlist
 from llmdeploy.hostlist import join as hostlist
@@ -105,7 +106,8 @@ def gres_args(cluster: Cluster, devices: int | None = None) -> list[str]:
         return []
     # by default the vendor's word for one accelerator ("gpu", "npu"), as sites name their GRES (gres.conf Name=):
     # the section's rules filled it (Slurm.settle)
-    assert s.gres is not None, f"{cluster.name}: slurm.gres was never settled"
+    if s.gres is None:  # never: the inventory's validation settles it (an unknown platform is refused there)
+        raise LlmdeployError(f"{cluster.name}: slurm.gres is unset and its platform names no accelerator")
     return [f"--gres={s.gres}:{count}"]
 
 

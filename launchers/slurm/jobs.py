@@ -107,8 +107,7 @@ class SlurmJobs:
     @property
     def conf(self) -> Slurm:
         """The cluster's ``slurm`` section: this launcher runs only the clusters that set it (``launcher.name_of``)."""
-        s = section(self.c)
-        return s
+        return section(self.c)
 
     def nodes_of(self, plan: ReleasePlan) -> list[str]:
         """Slurm's names of the nodes the plan's units run on, in the inventory's order."""

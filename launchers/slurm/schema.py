@@ -16,7 +16,7 @@ from __future__ import annotations
 import getpass
 import ipaddress
 import re
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 from pydantic import Field, field_validator
 
@@ -26,6 +26,7 @@ from llmdeploy.launcher import LauncherSection
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from llmdeploy.inventory import Cluster
+    from llmdeploy.platform import Vendor
 
 # partition, account and reservation names as Slurm takes them (no spaces, no shell syntax)
 SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -112,7 +113,7 @@ class Slurm(LauncherSection):
         return self.nodelist[[n.name for n in cluster.nodes].index(node.name)]
 
     # --- the rules (the inventory's validation runs them, before any connection) ---------------
-    def settle(self, cluster: Cluster, vendor: Any) -> list[tuple[str, str]]:
+    def settle(self, cluster: Cluster, vendor: Vendor | None) -> list[tuple[str, str]]:
         """What contradicts in ``slurm``, named; and what it leaves to the
         cluster filled: the per-user folders, the container runtime, the GRES
         name (``vendor``: the platform's; None when it is unknown)."""

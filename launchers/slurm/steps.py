@@ -105,8 +105,7 @@ class SlurmSteps:
     @property
     def conf(self) -> Slurm:
         """The cluster's ``slurm`` section: this launcher runs only the clusters that set it (``launcher.name_of``)."""
-        s = section(self.c)
-        return s
+        return section(self.c)
 
     # -- the transport (llmdeploy.launcher.Transport) ----------------------------------------
     def hosts(self, nodes: list[Node]) -> list[Node]:

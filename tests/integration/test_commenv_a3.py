@@ -4,7 +4,6 @@ check mode writes nothing."""
 
 import roles.commenv as commenv
 from llmdeploy.inventory import load_cluster
-from llmdeploy.runner import Runner
 from sim.paths import host_dir
 from flows.binding import bind
 

@@ -57,7 +57,6 @@ def test_jump_host_reaches_a_node_only_its_neighbour_can_see(sim_cluster, tmp_pa
     node 0 as a jump host (like ssh -J) it is."""
     import roles.facts as facts
     from llmdeploy.inventory import load_cluster
-    from llmdeploy.runner import Runner
 
     base = load_cluster(sim_cluster)
     cdir = cluster_dir(sim_cluster)
@@ -119,7 +118,6 @@ def test_runner_commands_stdin_output_exit_and_deadline(sim_cluster):
     import hashlib
 
     from llmdeploy.inventory import load_cluster
-    from llmdeploy.runner import Runner
 
     cluster = load_cluster(sim_cluster)
     node = cluster.nodes[0]
@@ -180,7 +178,7 @@ def test_connection_holder_reuses_connections_and_reads_failures_the_same(sim_cl
 
     from transports.ssh import mux
     from llmdeploy.inventory import load_cluster
-    from llmdeploy.runner import Runner, Step
+    from llmdeploy.runner import Step
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp))
     cluster = load_cluster(sim_cluster)
@@ -272,7 +270,7 @@ def test_a_held_connection_whose_host_went_silent_reads_unreachable_then_comes_b
 
     from transports.ssh import mux
     from llmdeploy.inventory import load_cluster
-    from llmdeploy.runner import Runner, Step
+    from llmdeploy.runner import Step
     from sim.paths import netns_name
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp))

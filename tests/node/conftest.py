@@ -16,7 +16,7 @@ import testinfra
 from flows.binding import bind
 from flows import checkhost
 from llmdeploy.inventory import load_cluster
-from roles import record, runtime
+from roles import record
 
 checkhost.register()
 

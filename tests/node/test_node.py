@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from roles import budget, commenv, model, runtime, wheels
+from roles import budget, commenv, model, wheels
 from roles.containers import parse_states
 from roles.facts import parse_listen
 from flows.binding import bind

@@ -88,17 +88,18 @@ from flows import deploy as dep  # noqa: E402
 from flows import lifecycle, releases, serving_logs, verify  # noqa: E402
 from flows import plan as flows_plan  # noqa: E402
 from flows.engine import Engine, Outcome  # noqa: E402
-from roles.runtime import Docker  # noqa: E402
 from llmdeploy import lock  # noqa: E402
 from llmdeploy import logs as llm_logs  # noqa: E402
 from llmdeploy.errors import LlmdeployError  # noqa: E402
 from llmdeploy.inventory import ENV_NAME_RE, Cluster, load_cluster, problems_from_validation  # noqa: E402
+from llmdeploy.launcher import SECTIONS, LauncherSection  # noqa: E402
+import launchers.slurm.schema  # noqa: E402,F401 (the Slurm section, which the inventory fields below walk)
 from llmdeploy.release import ledger_record, release_dir, set_current_script, write_script  # noqa: E402
 from llmdeploy.runner import FAILED, OK, SKIPPED, HostResult, UnreachableError  # noqa: E402
 from roles import comm, record  # noqa: E402
 from roles.comm import picture  # noqa: E402
 from roles.status import status_script  # noqa: E402
-from flows.binding import bind
+from flows.binding import bind  # noqa: E402
 from tests.binding import runners
 
 MARK = "PWNED"
@@ -198,8 +199,10 @@ def _walk(cluster_name: str, cluster: Cluster, inst, cls, path: tuple, label: st
         if shape == "str":
             out.append(FieldRef(cluster_name, lab, p, "value"))
         elif shape == "model":
-            # a field typed by a base class (cluster.profile: ServingProfile) holds a subclass: walk what it holds
-            _walk(cluster_name, cluster, value, type(value) if isinstance(value, arg) else arg, p, lab, out)
+            # a field typed by a base class (cluster.profile: ServingProfile) holds a subclass: walk what it holds;
+            # an unset launcher section (cluster.slurm: LauncherSection), the class its launcher declares
+            held = type(value) if isinstance(value, arg) else SECTIONS[name] if issubclass(arg, LauncherSection) else arg
+            _walk(cluster_name, cluster, value, held, p, lab, out)
         elif shape == "union" and value is not None:
             _walk(cluster_name, cluster, value, type(value), p, lab, out)
         elif shape == "list":
@@ -487,7 +490,7 @@ def build_artifacts(cluster: Cluster, cli: dict[str, str], only: tuple[str, ...]
         # read earlier steps' results get none (what prepare does after a failure)
         for check in (False, True):
             run = cap.factory("prepare-check" if check else "prepare")(cluster)
-            ctx = flows_plan.Context(cluster, check=check, diff=check)
+            ctx = flows_plan.Context(bind(cluster), check=check, diff=check)
             for play in flows_plan.load_playbook("prepare"):
                 for ref in play.steps:
                     run.run(flows_plan.resolve_step(ref, ctx))
@@ -552,7 +555,8 @@ def build_artifacts(cluster: Cluster, cli: dict[str, str], only: tuple[str, ...]
             for u in plan.units():
                 eng.exit_reason(u)
             for n in cluster.nodes:
-                run.add(f"bundle/{n.name}", llm_logs.bundle_script(cluster, n, release_dir(cluster, rid), Docker(cluster).bundle_sections([u.container for u in plan.units(n.name)], llm_logs.BUNDLE_BYTES)))
+                run.add(f"bundle/{n.name}", llm_logs.bundle_script(cluster, n, release_dir(cluster, rid), bind(cluster).runtime.bundle_sections([u.container for u in plan.units(n.name)], llm_logs.BUNDLE_BYTES),
+                                                                  bind(cluster).vendor.LOG_FILES))
             eng.stop(None, "stop", cleanup=plan.stop_cleanup)
             run.add("set current", set_current_script(cluster, rid))
             dep.ledger(run, cluster, ledger_record(cluster, rid, "good", IMAGE_ID, chash[:16]))

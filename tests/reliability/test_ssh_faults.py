@@ -25,7 +25,7 @@ import pytest
 
 from llmdeploy.inventory import Cluster, Model, Node, Ssh
 from systems.vllm_ascend.catalogue import IMAGE_A3, image, vllm_a3_w8a8
-from llmdeploy.runner import FAILED, OK, SKIPPED, UNREACHABLE, Runner, Step
+from llmdeploy.runner import FAILED, OK, SKIPPED, UNREACHABLE, Step
 from transports.ssh.connect import _unreachable_reason, make_connection
 from flows.binding import bind
 

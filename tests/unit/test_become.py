@@ -18,7 +18,7 @@ import threading
 import pytest
 
 from flows import check
-from llmdeploy import become, launcher
+from llmdeploy import become
 from llmdeploy.errors import InventoryError
 from llmdeploy.inventory import Cluster, load_cluster, load_cluster_file
 from llmdeploy.runner import FAILED, OK, HostResult, Runner, Step

@@ -25,7 +25,6 @@ import testinfra
 from testinfra.host import Host
 
 from flows import check, checkhost
-from llmdeploy import launcher
 from llmdeploy.errors import UnreachableError
 from llmdeploy.inventory import load_cluster
 from launchers.slurm import commands as slurm

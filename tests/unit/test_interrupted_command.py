@@ -27,7 +27,6 @@ import pytest
 
 from flows import probes
 from llmdeploy.inventory import load_cluster
-from llmdeploy.runner import Runner
 from transports.ssh import connect
 from flows.binding import bind
 

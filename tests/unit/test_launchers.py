@@ -42,7 +42,7 @@ def test_every_registered_launcher_implements_the_interface(name):
 
 
 def test_the_units_runtime_is_the_launchers_own_or_dockers():
-    """roles.runtime.of: Docker's over SSH and on Slurm with container="docker";
+    """the cluster's binding (bind(cluster).runtime): Docker's over SSH and on Slurm with container="docker";
     the Slurm launcher's pyxis units with container="pyxis". Each runtime
     has every member of UnitRuntime with the interface's parameters."""
     from launchers.slurm.units import PyxisUnits

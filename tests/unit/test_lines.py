@@ -14,7 +14,7 @@ import paramiko
 import pytest
 
 from llmdeploy.inventory import load_cluster
-from llmdeploy.runner import PROGRESS_MARK, HostResult, Runner, Step, without_progress
+from llmdeploy.runner import PROGRESS_MARK, HostResult, Step, without_progress
 from transports.ssh import connect
 from flows.binding import bind
 

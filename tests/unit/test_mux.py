@@ -10,7 +10,7 @@ import time
 import pytest
 
 from llmdeploy.inventory import load_cluster
-from llmdeploy.runner import ConnectionLost, Runner, Step, UnreachableError
+from llmdeploy.runner import ConnectionLost, Step, UnreachableError
 from transports.ssh import mux
 from flows.binding import bind
 

@@ -30,7 +30,7 @@ from launchers.slurm import images, jobs, units
 from llmdeploy.release import release_dir, releases_dir
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult
 from llmdeploy.serving import Prepared, PreparedNode
-from roles import commenv, facts, image, progress_line, record, runtime
+from roles import commenv, facts, image, progress_line, record
 from roles import wheels as wheels_role
 from roles import release as release_role
 from systems.common import serving_image

@@ -31,7 +31,7 @@ from launchers.slurm import wheels as pyxis_wheels
 from llmdeploy.release import release_dir
 from llmdeploy.runner import CHANGED, FAILED, OK, HostResult
 from llmdeploy.serving import Prepared
-from roles import image, progress_line, record, runtime, wheels
+from roles import image, progress_line, record, wheels
 from roles import release as release_role
 from systems.common import serving_image
 from tests.unit.test_pyxis_images import CONFIG, FAKE_ENROOT as FAKE_ENROOT_IMPORT, sha

@@ -21,7 +21,6 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 from rich.console import Console

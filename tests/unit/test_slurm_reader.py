@@ -608,7 +608,6 @@ def test_the_flows_reads_are_the_readers(b200):
     """status, top, deploy's first read and the watcher build their reads in one place (flows/reads.py), each a standing step the reader runs as is."""
     from flows.reads import standing, status_read, top_read, watch_read
     from llmdeploy.releaseplan import Metrics, Probe
-    from roles import runtime
     from roles.status import current_script
 
     plan = _release(b200)

@@ -14,7 +14,6 @@ import pytest
 import systems
 from llmdeploy import playbook, serving
 from llmdeploy.serving import PROFILE_KINDS, REQUIRED, ServingProfile, System
-from flows.binding import bind
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
