@@ -165,6 +165,22 @@ def _accel(n: dict) -> tuple[str, str, str]:
     return (str(len(a)), f"{sum(util) / len(util):.0f}%" if util else "-", f"{100 * used / total:.0f}%" if total else "-")
 
 
+def ends(dep: Deployment, runner: Runner, plan: ReleasePlan | None) -> tuple[str, float] | None:
+    """What ends the release by itself and when, as monotonic seconds (the
+    launcher's hold: a Slurm job's time limit), read once; None when nothing does."""
+    if plan is None:
+        return None
+    said = dep.units(runner, lambda _: None).view(plan).ends
+    return (said[0], time.monotonic() + said[1]) if said else None
+
+
+def with_ends(doc: dict, until: tuple[str, float] | None) -> dict:
+    """``doc`` with ``ends``: {what, in_s} counted down on this host's clock from when it was read."""
+    if until is not None:
+        doc["ends"] = {"what": until[0], "in_s": round(max(0.0, until[1] - time.monotonic()), 1)}
+    return doc
+
+
 def render(doc: dict, interval: float, width: int, age_s: float = 0.0) -> Group:
     """The view of one snapshot for a terminal ``width`` columns wide: a
     header (release, endpoint, the server's load), then a row per node. At
@@ -191,6 +207,9 @@ def render(doc: dict, interval: float, width: int, age_s: float = 0.0) -> Group:
             if s.get("tokens_per_s") is not None:
                 load.append(f"  {s['tokens_per_s']:g} tok/s")
         lines.append(load)
+    if doc.get("ends"):
+        e = doc["ends"]
+        lines.append(Text(f"{e['what']} ends in {report.clock(e['in_s'])}", style="yellow" if e["in_s"] < 3600 else ""))
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, expand=False)
     columns: tuple[tuple[str, JustifyMethod], ...] = (("node", "left"), ("units", "left"), ("up", "right"), ("restarts", "right"),
                                                       ("acc", "right"), ("use", "right"), ("mem", "right"))
@@ -219,7 +238,7 @@ def render(doc: dict, interval: float, width: int, age_s: float = 0.0) -> Group:
 def once(dep: Deployment, con: Console, json_out: bool, interval: float) -> int:
     with dep.runner() as runner:
         plan, why = serving_plan(runner, dep.cluster)
-        doc = snapshot(runner, dep, plan, max(interval, 5))
+        doc = with_ends(snapshot(runner, dep, plan, max(interval, 5)), ends(dep, runner, plan))
     if plan is None:
         doc["no_release"] = why
     if json_out:
@@ -266,7 +285,7 @@ def live(dep: Deployment, con: Console, interval: float) -> int:
     cluster = dep.cluster
     with dep.runner() as runner:
         plan, why = serving_plan(runner, cluster)
-        state: dict[str, Any] = {"doc": None, "at": 0.0, "plan": plan}
+        state: dict[str, Any] = {"doc": None, "at": 0.0, "plan": plan, "ends": ends(dep, runner, plan)}
         stop = threading.Event()
 
         def refresh():
@@ -277,6 +296,8 @@ def live(dep: Deployment, con: Console, interval: float) -> int:
                     doc = snapshot(runner, dep, state["plan"], max(interval, 2))
                     if doc["nodes"][0].get("release") not in (None, state["plan"].release if state["plan"] else None):
                         state["plan"], _ = serving_plan(runner, cluster)  # another release became current
+                        state["ends"] = ends(dep, runner, state["plan"])
+                    with_ends(doc, state["ends"])
                     state["doc"], state["at"] = with_rate(doc, before), time.monotonic()
                     before = doc
                 except Exception as exc:  # the view goes on; the next refresh tries again

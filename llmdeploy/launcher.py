@@ -175,9 +175,13 @@ class ReleaseView:
     not serving as the launcher runs it (``problem``), a unit's state as the
     launcher sees it (``unit_state(state, unit)``) and the keys it adds to
     the unit's entry (``unit_doc(unit)``), the keys it adds to the document
-    (``doc``), and what it prints after the table (``show(console)``)."""
+    (``doc``), and what it prints after the table (``show(console)``).
+    ``ends``: when the launcher's hold of the release ends by itself (what
+    ends, seconds left when read: a Slurm job's time limit), None when it
+    does not (``top`` counts it down)."""
 
     problem: str | None = None
+    ends: tuple[str, float] | None = None
     doc: dict[str, Any] = field(default_factory=dict)
     unit_state: Callable[[str, "Unit"], str] = lambda state, unit: state
     unit_doc: Callable[["Unit"], dict[str, Any]] = lambda unit: {}

@@ -33,6 +33,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from .schema import section
+from llmdeploy import lock
 from llmdeploy.errors import LlmdeployError
 from llmdeploy.inventory import Cluster, Node
 from llmdeploy.hostlist import expand as expand_hostlist
@@ -207,7 +208,9 @@ def parse_job_id(text: str) -> str | None:
 
 def sbatch_command(cluster: Cluster, names: list[str], release: str) -> str:
     """The release's job: it holds the nodes (a batch step that sleeps until
-    cancelled); the units are its other steps. ``--parsable`` prints the id."""
+    cancelled, and says in node 0's audit log when its time limit is near:
+    ``batch_script``); the units are its other steps.
+    ``--parsable`` prints the id."""
     s = section(cluster)
     # the serving release has its nodes whole (every CPU, GPU and all the
     # memory: EXCLUSIVE); the tool's own steps in it share them (srun --overlap)
@@ -218,15 +221,92 @@ def sbatch_command(cluster: Cluster, names: list[str], release: str) -> str:
             "--output=/dev/null", "--chdir=/", f"--comment=llmdeploy release {release} of {cluster.name}"]
     if s.time_limit:
         args.append(f"--time={s.time_limit}")
-    # the batch step: sleep in the background so that SIGTERM (scancel) ends it at once
-    args.append("--wrap=exec sleep infinity")
+    args.append(f"--wrap={batch_script(cluster, release)}")
     return " ".join(q(a) for a in args)
 
 
+# the audit line the release's job writes at slurm.end_warning_s before its time limit (its keys in sorted order,
+# "sum" the sha256 of the rest as llmdeploy.release.line_sum computes it: json.dumps(sort_keys, no spaces))
+WARNING_COMMAND = "slurm.time-limit"
+
+
+def batch_script(cluster: Cluster, release: str) -> str:
+    """The release's batch step (POSIX sh, on the job's first node): it holds
+    the job, sleeping until cancelled (SIGTERM ends it at once). With
+    ``slurm.end_warning_s``, at that many seconds before the job's time limit
+    (``SLURM_JOB_END_TIME``, else squeue's ``%e``) it writes one line into node
+    0's audit log (``llmdeploy.lock.audit_path``), as a step of the job there: {command
+    ``slurm.time-limit``, ends, job, release, result ``warning``, time,
+    time_left_s, who, sum}. Nothing before it prints or reads anything."""
+    s = section(cluster)
+    hold = "trap 'exit 0' TERM; sleep infinity & wait $!"
+    if s.end_warning_s is None:
+        return hold
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", release):
+        raise ValueError(f"not a release id: {release!r}")
+    node0, audit = cluster.slurm_name(cluster.node0), lock.audit_path(cluster)
+    append = 'mkdir -p "$(dirname "$2")" && flock "$2.lock" sh -c \'printf "%s\\n" "$1" >> "$2"\' _ "$1" "$2"'
+    body = ('{"command":"' + WARNING_COMMAND + '","ends":"\'$ends\'","job":"\'$SLURM_JOB_ID\'","release":"' + release + '",'
+            '"result":"warning","time":"\'$now\'","time_left_s":\'$left\',"who":"slurm job \'$SLURM_JOB_ID\'"}')
+    line = body.replace('"result":"warning",', '"result":"warning","sum":"\'$sum\'",')
+    lines = [
+        "trap 'exit 0' TERM",
+        f"w={int(s.end_warning_s)}",
+        'e=${SLURM_JOB_END_TIME:-}',
+        # an older Slurm sets no SLURM_JOB_END_TIME: squeue's end time (N/A, or nothing, for none)
+        '[ -n "$e" ] || { t=$(squeue --noheader --jobs="$SLURM_JOB_ID" --format=%e 2>/dev/null); '
+        'case "$t" in ""|N/A|Unknown|NONE) ;; *) e=$(date -d "$t" +%s 2>/dev/null);; esac; }',
+        'case "$e" in ""|*[!0-9]*) e="";; esac',
+        'if [ -n "$e" ]; then',
+        '  d=$((e - w - $(date +%s))); [ "$d" -le 0 ] || { sleep "$d" & wait $!; }',
+        '  left=$((e - $(date +%s))); [ "$left" -ge 0 ] || left=0',
+        '  now=$(date -u +%Y-%m-%dT%H:%M:%SZ); ends=$(date -u -d "@$e" +%Y-%m-%dT%H:%M:%SZ)',
+        f"  sum=$(printf %s '{body}' | sha256sum | cut -c1-16)",
+        f"  srun --overlap --nodes=1 --ntasks=1 --nodelist={node0} --job-name=llmdeploy.time-warning --output=/dev/null "
+        f"sh -c {q(append)} _ '{line}' {q(audit)}",
+        'fi',
+        "sleep infinity & wait $!",
+    ]
+    return "\n".join(lines)
+
+
+def slurm_seconds(text: str) -> int | None:
+    """A Slurm time (sbatch --time, squeue %l and %L, sinfo %l: minutes,
+    minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
+    days-hours:minutes:seconds) in seconds; None for no limit or none known
+    (UNLIMITED, infinite, NOT_SET, INVALID, N/A, or what is none of these)."""
+    t = text.strip()
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+    if not m:
+        return None
+    days, a, b, c = (int(x) if x else None for x in m.groups())
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        return days * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
+    if c is not None:  # hours:minutes:seconds
+        return (a or 0) * 3600 + (b or 0) * 60 + c
+    if b is not None:  # minutes:seconds
+        return (a or 0) * 60 + b
+    return (a or 0) * 60  # minutes
+
+
+def partition_limit_command(partition: str) -> str:
+    """The partition's time limit (its MaxTime), one line per node state: ``sinfo --format=%l``."""
+    return f"sinfo --noheader --partition={q(partition)} --format=%l"
+
+
+def partition_limit(out: str) -> tuple[str, int | None] | None:
+    """``partition_limit_command``'s answer: (as Slurm wrote it, in seconds or None for none), or None when unreadable."""
+    said = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    if not said:
+        return None
+    return said[0], slurm_seconds(said[0])
+
+
 def squeue_command(cluster: str) -> str:
-    """The cluster's jobs: ``<id>|<name>|<state>|<reason>|<nodes>``, steps after them as ``step <id>|<name>|<nodes>``."""
+    """The cluster's jobs: ``<id>|<name>|<state>|<reason>|<nodes>|<time limit>|<end>|<time left>``, steps after them as
+    ``step <id>|<name>|<nodes>``."""
     # --me: this user's jobs only (another team's cluster of the same name is not ours to use or cancel)
-    return (f"squeue --me --noheader --all --format='%i|%j|%T|%r|%N|%l|%e' | grep -F {q('|' + JOB_PREFIX + '.' + cluster + '.')} || true; "
+    return (f"squeue --me --noheader --all --format='%i|%j|%T|%r|%N|%l|%e|%L' | grep -F {q('|' + JOB_PREFIX + '.' + cluster + '.')} || true; "
             f"squeue --me --noheader --steps --all --format='step %i|%j|%N' | grep -v '^step [0-9]*\\.\\(batch\\|extern\\)' || true")
 
 
@@ -259,6 +339,7 @@ class Job:
     steps: dict[str, tuple[str, str]]  # step id (J.S) -> (step name, node list)
     time_limit: str = ""  # squeue %l: "UNLIMITED", "1-00:00:00", ...
     end: str = ""  # squeue %e: when the limit ends it ("N/A", an ISO time)
+    time_left: str = ""  # squeue %L: the limit less the time used ("UNLIMITED", "NOT_SET", "23:59:12", ...)
 
     def step_named(self, name: str, node: str | None = None) -> str | None:
         """The id of the step called ``name`` (on ``node``: units of one world share their container's name)."""
@@ -278,8 +359,8 @@ def parse_squeue(out: str, cluster: str) -> list[Job]:
                 steps.append((parts[0], parts[1], parts[2]))
             continue
         parts = line.split("|")
-        if len(parts) in (5, 7) and parts[1].startswith(f"{JOB_PREFIX}.{cluster}."):
-            jobs[parts[0]] = Job(parts[0], parts[1], parts[2], parts[3], parts[4], {}, *parts[5:7])
+        if len(parts) in (5, 7, 8) and parts[1].startswith(f"{JOB_PREFIX}.{cluster}."):
+            jobs[parts[0]] = Job(parts[0], parts[1], parts[2], parts[3], parts[4], {}, *parts[5:8])
     for sid, name, nodes in steps:
         job = jobs.get(sid.split(".", 1)[0])
         if job is not None:

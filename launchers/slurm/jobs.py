@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from llmdeploy.container import read_docker_run
+from llmdeploy import report
 from llmdeploy.errors import LlmdeployError, UnreachableError
 from llmdeploy.inventory import Cluster, Node
 from .schema import Slurm, section
@@ -170,6 +171,28 @@ class SlurmJobs:
         bad = [st for st in states.values() if not st.schedulable]
         if bad:
             return bad[0].name, "; ".join(st.describe() for st in bad) + f": release {plan.release} cannot have its nodes (nothing was stopped)"
+        return self._time_limit_fits(plan)
+
+    def _time_limit_fits(self, plan: ReleasePlan) -> Failure:
+        """The inventory's ``slurm.time_limit`` is no longer than the
+        partition's: sbatch would leave such a job pending, possibly
+        indefinitely (sbatch(1) ``--time``), after the serving release stopped."""
+        s = self.conf
+        want = slurm.slurm_seconds(s.time_limit) if s.time_limit else None
+        if want is None:
+            return None  # the partition's default, or no limit asked for: the partition's own
+        try:
+            o, e, code = self.s.login_exec(slurm.partition_limit_command(s.partition), 30)
+        except UnreachableError as exc:
+            return s.login, f"cannot read partition {s.partition}'s time limit: {exc}"
+        got = slurm.partition_limit(o) if code == 0 else None
+        if got is None:
+            return s.login, f"cannot read partition {s.partition}'s time limit: {(e or o).strip()[-200:] or f'sinfo exit {code}'}"
+        said, limit = got
+        if limit is not None and want > limit:
+            return s.login, (f"slurm.time_limit {s.time_limit} is longer than partition {s.partition}'s time limit {said}: "
+                             f"Slurm would leave release {plan.release}'s job pending (nothing was stopped); "
+                             f"set slurm.time_limit to {said} or less")
         return None
 
     def hold(self, plan: ReleasePlan) -> Failure:
@@ -404,9 +427,12 @@ class SlurmJobs:
         hosts = set(plan.hosts()) if plan is not None else set()
         odd = {n.name: st for n in c.nodes if n.name in hosts and (st := self.s.states.get(n.name)) is not None and not st.plain}
 
+        left = slurm.slurm_seconds(job.time_left) if job is not None and job.state == "RUNNING" else None
+
         def show(con: Console) -> None:
             if job:
                 ends = f", time limit {job.time_limit}" + (f" (ends {job.end})" if job.end not in ("", "N/A", "Unknown", "NONE") else "") if job.time_limit else ""
+                ends += f", time left {report.clock(left)}" if left is not None else ""
                 con.print(f"slurm: job {job.id} {job.state}, {len(job.steps)} steps{ends}")
             for st in odd.values():
                 con.print(f"[yellow]slurm: {escape(st.describe())}[/]", soft_wrap=True)
@@ -414,6 +440,8 @@ class SlurmJobs:
                 con.print(f"[bold red]not serving[/] slurm: {escape(problem)}", soft_wrap=True)
 
         doc = {"job": job.id if job else None, "state": job.state if job else None, "problem": problem,
-               "time_limit": job.time_limit if job else None, "ends": job.end if job else None, "steps": dict(sorted(job.steps.items())) if job else {},
+               "time_limit": job.time_limit if job else None, "ends": job.end if job else None, "time_left_s": left,
+               "steps": dict(sorted(job.steps.items())) if job else {},
                "nodes": {h: {"state": st.state, "reason": st.reason, "said": st.describe()} for h, st in odd.items()}}
-        return ReleaseView(problem=problem, doc={"slurm": doc}, unit_state=unit_state, unit_doc=unit_doc, show=show)
+        return ReleaseView(problem=problem, doc={"slurm": doc}, unit_state=unit_state, unit_doc=unit_doc, show=show,
+                           ends=(f"Slurm job {job.id}'s time limit", float(left)) if job is not None and left is not None else None)

@@ -52,8 +52,12 @@ class Slurm(LauncherSection):
     reservation: str | None = Field(default=None, pattern=SLURM_NAME_RE.pattern)
     # Slurm's names of the inventory's nodes, in the same order; default: the nodes' names
     nodelist: list[str] | None = None
-    # the release's job time limit (sbatch --time); None: the partition's default
+    # the release's job time limit (sbatch --time); None: the partition's default. deploy refuses one longer
+    # than the partition's own (Slurm would leave the job pending); status and top show the time left
     time_limit: str | None = Field(default=None, pattern=SLURM_TIME_RE.pattern)
+    # this many seconds before its time limit the release's job writes a warning into node 0's audit log
+    # (command slurm.time-limit, result warning); None: no warning
+    end_warning_s: float | None = Field(default=3600, gt=0)
     # how a unit's container starts on its node: "pyxis" (each unit a step
     # with srun --container-image, enroot) or "docker" (srun runs the unit's
     # docker run there); None: the platform's vendor's default (NVIDIA:

@@ -4,8 +4,12 @@ lines (launchers/slurm/commands.py)."""
 
 import dataclasses
 import json
+import os
 import shlex
+import signal
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +18,7 @@ from llmdeploy.errors import InventoryError, LlmdeployError
 from llmdeploy.inventory import Cluster, load_cluster
 from launchers.slurm import commands as slurm
 from flows.binding import bind
+from tests.unit.test_pyxis_units import until
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +145,9 @@ def test_squeue_finds_the_release_job_and_its_steps():
     job = slurm.release_job(jobs, "sim-b200-slurm")
     assert job.id == "42" and slurm.release_of_job("sim-b200-slurm", job.name) == "r20261204-1"
     assert job.step_named("trtllm-serve") == "42.1" and job.step_named("trtllm-serve", "sim-b200-slurm-1") is None
-    assert job.time_limit == "1-00:00:00" and job.end == "2026-12-05T15:00:00"
+    assert job.time_limit == "1-00:00:00" and job.end == "2026-12-05T15:00:00" and job.time_left == ""
+    (left,) = slurm.parse_squeue("42|llmdeploy.c.r1|RUNNING|None|n1|1-00:00:00|2026-12-05T15:00:00|23:59:12\n", "c")
+    assert left.time_left == "23:59:12" and slurm.slurm_seconds(left.time_left) == 86352
     assert slurm.release_of_job("sim-b200-slurm", "llmdeploy.sim-b200-slurm.cmd-9f8e") is None
     assert slurm.release_job(jobs, "sim-b200-slurm", "r-other") is None
 
@@ -153,7 +160,7 @@ def test_command_lines_quote_and_carry_the_sites_choices(b200):
     assert {"--partition=gpu", "--account=llm", "--reservation=maint-1", "--time=4:00:00",
             "--nodelist=sim-b200-slurm-0,sim-b200-slurm-1", "--nodes=2"} <= set(args)
     sb = shlex.split(slurm.sbatch_command(c, ["sim-b200-slurm-0", "sim-b200-slurm-1"], "r1"))
-    assert "--job-name=llmdeploy.sim-b200-slurm.r1" in sb and sb[-1] == "--wrap=exec sleep infinity"
+    assert "--job-name=llmdeploy.sim-b200-slurm.r1" in sb and sb[-1] == f"--wrap={slurm.batch_script(c, 'r1')}"
     # nodes whole, with all their memory: a site that counts memory gives --exclusive only what is asked for
     for allocation in (args, sb):
         assert "--exclusive" in allocation and "--mem=0" in allocation, allocation
@@ -589,7 +596,7 @@ def test_a_start_after_the_jobs_step_found_it_gone_holds_the_job_again(b200):
     steps.jobs, steps.job, steps.sent = [], None, []
     failed = jobs.start_units(plan, plan.units(), lambda u: "", lambda u: 1)
     assert failed is not None and "sbatch refused release" in failed[1] and "Requested node configuration" in failed[1], failed
-    assert not any("srun" in c for c in steps.sent), steps.sent
+    assert not [c for c in steps.sent if "srun" in c and not c.startswith("sbatch ")], steps.sent  # no step (the batch script's own is the job's)
 
 
 def test_sruns_only_allocated_is_said_in_words():
@@ -605,3 +612,122 @@ def test_a_node_plainly_a_jobs_and_one_status_names():
     assert all(st.plain for st in plain) and not any(st.plain for st in odd)
     assert odd[0].describe() == "Slurm reports n draining (reason: fan swap)"
     assert odd[1].describe() == "Slurm reports n allocated, not responding"
+
+
+def _batch(c, tmp_path, env: dict[str, str]) -> subprocess.Popen:
+    """The release's batch script run here as sh would run it, ``srun`` a stand-in that runs its command (its options dropped)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    (bin_dir / "srun").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42", **env}
+    return subprocess.Popen(["sh", "-c", slurm.batch_script(c, "20261207T000000Z-abcdef12")], env=env, start_new_session=True)
+
+
+def _ended_by_sigterm(p: subprocess.Popen) -> int:
+    p.terminate()
+    try:
+        return p.wait(timeout=10)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_the_release_job_warns_in_node0s_audit_log_before_its_time_limit(b200, tmp_path):
+    """sbatch(1) --time: at the limit each step gets SIGTERM. The batch step writes one audit line
+    (with the sum the audit log's reader checks) end_warning_s before SLURM_JOB_END_TIME, then holds the
+    job until scancel's SIGTERM ends it at once."""
+    from llmdeploy import lock, release
+
+    c = b200.model_copy(update={"base_dir": str(tmp_path / "base"), "slurm": b200.slurm.model_copy(update={"end_warning_s": 2})})
+    end = int(time.time()) + 4
+    p = _batch(c, tmp_path, {"SLURM_JOB_END_TIME": str(end)})
+    audit = Path(lock.audit_path(c))
+    try:
+        until(lambda: audit.exists() and audit.read_text().strip(), what="the warning in the audit log", timeout=20)
+    finally:
+        code = _ended_by_sigterm(p)
+    assert code == 0
+    recs, problems = release.parse_lines(audit.read_text(), "audit log")
+    assert problems == [] and len(recs) == 1, (recs, problems)
+    r = recs[0]
+    assert (r["command"], r["result"], r["release"], r["job"], r["who"]) == ("slurm.time-limit", "warning", "20261207T000000Z-abcdef12", "42",
+                                                                               "slurm job 42")
+    assert 0 <= r["time_left_s"] <= 3 and r["ends"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end))
+
+
+def test_a_release_job_without_a_known_limit_only_holds(b200, tmp_path):
+    """No SLURM_JOB_END_TIME and no squeue answer (an unlimited job): nothing is written; SIGTERM ends it."""
+    from llmdeploy import lock
+
+    c = b200.model_copy(update={"base_dir": str(tmp_path / "base")})
+    p = _batch(c, tmp_path, {})
+    time.sleep(1)
+    assert p.poll() is None and _ended_by_sigterm(p) == 0
+    assert not Path(lock.audit_path(c)).exists()
+    off = b200.model_copy(update={"slurm": b200.slurm.model_copy(update={"end_warning_s": None})})
+    assert slurm.batch_script(off, "r1") == "trap 'exit 0' TERM; sleep infinity & wait $!"
+
+
+@pytest.mark.parametrize("text,seconds", [("10", 600), ("10:30", 630), ("1:00:00", 3600), ("1-0", 86400), ("1-2:03", 93780),
+                                          ("1-02:03:04", 93784), ("59:12", 3552), ("UNLIMITED", None), ("infinite", None),
+                                          ("NOT_SET", None), ("INVALID", None), ("", None)])
+def test_slurm_times_in_seconds(text, seconds):
+    """sbatch(1) --time's forms, and squeue's %L and sinfo's %l (days-hours:minutes:seconds, UNLIMITED, infinite)."""
+    assert slurm.slurm_seconds(text) == seconds
+
+
+class _Partition:
+    """A login host whose sinfo says the partition's limit; it records what it was asked."""
+
+    def __init__(self, limit: str, nodes_ok: bool = True):
+        self.limit, self.sent = limit, []
+
+    def node_states(self, names):
+        return {}
+
+    def login_exec(self, command, timeout=None):
+        self.sent.append(command)
+        return (f"{self.limit}\n{self.limit}\n", "", 0) if command.startswith("sinfo") else ("", "", 0)
+
+
+def test_deploy_refuses_a_time_limit_longer_than_the_partitions_before_anything_stops(b200):
+    """sbatch(1) --time: a limit over the partition's leaves the job pending (possibly indefinitely): the
+    preflight (before the serving release stops) names both limits; within it, or unlimited, it passes."""
+    from launchers.slurm.jobs import SlurmJobs
+
+    plan = _pyxis_plan(b200)
+
+    def preflight(time_limit, partition):
+        c = b200.model_copy(update={"slurm": b200.slurm.model_copy(update={"time_limit": time_limit})})
+        steps = _Partition(partition)
+        return SlurmJobs(c, type("R", (), {"transport": steps})(), print).preflight(plan), steps.sent
+
+    (where, why), sent = preflight("7-00:00:00", "2-00:00:00")
+    assert where == b200.slurm.login and "slurm.time_limit 7-00:00:00 is longer than partition gpu's time limit 2-00:00:00" in why
+    assert "nothing was stopped" in why and sent == [slurm.partition_limit_command("gpu")]
+    assert preflight("1-00:00:00", "2-00:00:00")[0] is None and preflight("1-00:00:00", "infinite")[0] is None
+    # the partition's default (no --time): nothing to compare, nothing read
+    assert preflight(None, "1:00:00") == (None, [])
+
+
+def test_status_and_top_have_the_jobs_time_left(b200):
+    """squeue's %L in status (line and JSON) and, as the launcher's ends, counted down by top."""
+    from launchers.slurm.jobs import SlurmJobs
+    from rich.console import Console
+
+    plan = _pyxis_plan(b200)
+
+    class Queue:
+        states: dict = {}
+
+        def squeue(self, recent=False):
+            return slurm.parse_squeue(f"42|{slurm.release_job_name(b200.name, plan.release)}|RUNNING|None|sim-b200-slurm-[0-1]|"
+                                      "1-00:00:00|2026-12-05T15:00:00|2:03:04\n", b200.name)
+
+    view = SlurmJobs(b200, type("R", (), {"transport": Queue()})(), print).view(plan)
+    assert view.ends == ("Slurm job 42's time limit", 7384.0) and view.doc["slurm"]["time_left_s"] == 7384
+    con = Console(record=True, width=200)
+    view.show(con)
+    assert "time left 2:03:04" in con.export_text()

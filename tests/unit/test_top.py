@@ -143,6 +143,22 @@ def test_trtllm_iteration_statistics_and_an_idle_server():
     assert (doc["server"]["running"], doc["server"]["waiting"]) == (0, 0)
 
 
+def test_the_launchers_hold_is_counted_down_from_when_it_was_read(monkeypatch):
+    """A release that ends by itself (a Slurm job's time limit, ``ReleaseView.ends``): read once, counted
+    down on this host's clock in every refresh, and shown above the nodes."""
+    c = load_cluster("sim-a3")
+    _, _, plan = plan_release(bind(c), {}, c.image.ref)
+    clock = [1000.0]
+    monkeypatch.setattr(top.time, "monotonic", lambda: clock[0])
+    until = ("Slurm job 42's time limit", clock[0] + 7384)
+    doc = top.with_ends(top.snapshot_doc(bind(c), plan, _results(c), 1764842460.0), until)
+    assert doc["ends"] == {"what": "Slurm job 42's time limit", "in_s": 7384.0}
+    clock[0] += 4
+    assert top.with_ends({}, until)["ends"]["in_s"] == 7380.0
+    assert "Slurm job 42's time limit ends in 2:03:04" in render_text(doc, 80)
+    assert "ends" not in top.with_ends({}, None)
+
+
 def render_text(doc, width):
     buf = io.StringIO()
     Console(file=buf, width=width, no_color=True, highlight=False).print(top.render(doc, 2, width))
