@@ -8,6 +8,7 @@ import contextlib
 import os
 import json
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -107,6 +108,37 @@ def test_steps_overlap_in_a_held_job(sim_cluster):
                 if os.path.exists(f):
                     os.remove(f)
         assert out.split() == [NODES[0], NODES[0]]
+
+
+def test_the_release_job_warns_in_node0s_audit_log_before_its_time_limit(sim_cluster):
+    """The release's job as the tool submits it (sbatch_command), with a 3-minute limit: its batch step
+    writes the warning into node 0's audit log end_warning_s (170 s) before the job's end (Slurm 25.11 sets
+    SLURM_JOB_END_TIME, sbatch(1)), as a step of the job there; scancel ends it at once."""
+    from launchers.slurm import commands as slurm
+    from llmdeploy import lock, release
+    from sim.paths import on_host
+
+    c = load_cluster(SIM_CLUSTER)
+    c = c.model_copy(update={"base_dir": f"/var/lib/llmdeploy/lds-warn-{os.getpid()}",
+                             "slurm": c.slurm.model_copy(update={"time_limit": "3", "end_warning_s": 170})})
+    rid = "20261207T000000Z-abcdef12"
+    job = ok(slurm.sbatch_command(c, NODES, rid)).strip().split(";")[0]
+    audit = on_host(SIM_CLUSTER, NODES[0], lock.audit_path(c))
+    try:
+        end = time.monotonic() + 60
+        while not (audit.exists() and audit.read_text().strip()):
+            assert time.monotonic() < end, ok("squeue --steps")
+            time.sleep(0.5)
+        ends = ok(f"squeue -h -j {job} -o %e").strip()
+    finally:
+        ok(slurm.scancel_job_command(job, 30), timeout=90)
+    (rec,), problems = release.parse_lines(audit.read_text(), "audit log")
+    assert problems == [] and (rec["command"], rec["result"], rec["job"], rec["release"]) == ("slurm.time-limit", "warning", job, rid), rec
+    # the job's own end (squeue %e, local time here) and the line's, 170 s before it
+    assert rec["ends"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.mktime(time.strptime(ends, "%Y-%m-%dT%H:%M:%S"))))
+    assert 165 <= rec["time_left_s"] <= 171, rec
+    assert ok(f"squeue -h -j {job} -o %T").strip() == ""
+    shutil.rmtree(audit.parent.parent)
 
 
 def test_a_world_s_tasks_follow_the_plan_s_node_order(sim_cluster):
