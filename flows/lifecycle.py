@@ -83,6 +83,11 @@ def stop(dep: Deployment, con: Console, message: str | None, lock_wait: float) -
                 if r.failed:
                     con.print(f"[red]{h}: {escape(r.msg)}[/]")
                     failed = True
+            # a node no step reached (lost: the launcher says it is gone) was stopped nowhere: it is named, and stop fails
+            for h, why in sorted(runner.unreachable.items()):
+                if h in {n.name for n in cluster.nodes} and not (h in res and res[h].failed):
+                    con.print(f"[red]{h}: not reached, nothing was stopped there: {escape(why)}[/]", soft_wrap=True)
+                    failed = True
             lock.audit(runner, cluster, "stop", "failed" if failed else "stopped", plan.release if plan else None, held=holder, message=message or "")
             tail = f"; the clean-up of release {plan.release} ran on every node" if cleanup and plan is not None else ""
             con.print(f"{cluster.name}: stopped (in reverse start order){'; some nodes failed, see above' if failed else ''}{tail}")

@@ -141,12 +141,18 @@ class NodeState:
         base = self.state.lower()
         return base in ("allocated", "alloc", "mixed", "mix", "completing", "comp")
 
+    @property
+    def lost(self) -> bool:
+        """Whether Slurm has lost the node: its slurmd does not answer (``*``) or Slurm set it down."""
+        return self.state.endswith("*") or self.state.lower().startswith("down")
+
     def describe(self) -> str:
         flag = STATE_FLAGS.get(self.state[-1:], "")
         state = self.state.rstrip("".join(STATE_FLAGS)).lower()
         words = f"{state}{', ' + flag if flag else ''}"
         reason = self.reason.strip()
-        return f"Slurm reports {self.name} {words}" + (f" (reason: {reason})" if reason and reason.lower() != "none" else "")
+        said = f"Slurm reports {self.name} {words}" + (f" (reason: {reason})" if reason and reason.lower() != "none" else "")
+        return f"lost: {said}" if self.lost else said
 
 
 def parse_sinfo(out: str, names: list[str]) -> dict[str, NodeState]:

@@ -395,6 +395,33 @@ class SlurmSteps:
                 res[n.name] = f"job {job}: no answer from {name}'s task: {slurm.srun_problem(out, err, code)}"
             else:
                 res[n.name] = (o.stdout, o.stderr, 124 if o.code == 124 else o.code)
+        unanswered = [n.name for n in nodes if isinstance(res[n.name], str)]
+        if unanswered and len(nodes) > 1:
+            res.update(self._each_alone(step_name, {h: per_node[h] for h in unanswered}, timeout, read))
+        return res
+
+    def _each_alone(self, step_name: str, per_node: dict[str, tuple[str, bytes | None]], timeout: float,
+                    read: bool) -> dict[str, tuple[str, str, int] | str]:
+        """The nodes a step over several left without an answer, each in a step
+        of its own: one node srun cannot reach (a node that lost power, its
+        slurmd gone) aborts the whole step ("Job step aborted"), and must not
+        cost the others their answer. The tool's node commands can run again
+        (a task that was cut never printed its record). A node still without
+        an answer that Slurm now says is not responding or down reads as lost."""
+        res: dict[str, tuple[str, str, int] | str] = {}
+        for h, one in per_node.items():
+            res.update(self.dispatch(step_name, {h: one}, timeout, read=read))
+        lost = [self.c.node(h) for h, ans in res.items() if isinstance(ans, str)]
+        if lost:
+            try:
+                states = self.node_states(slurm.node_names(self.c, lost))
+            except UnreachableError:
+                return res
+            for n in lost:
+                st = states.get(self.c.slurm_name(n))
+                if st is not None and not st.usable:
+                    self.states[n.name] = st
+                    res[n.name] = f"{st.describe()} ({res[n.name]})"
         return res
 
     def step_exec(self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None) -> tuple[str, str, int]:

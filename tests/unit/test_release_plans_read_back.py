@@ -56,6 +56,7 @@ class LocalNodes:
 
     def __init__(self, cluster, env):
         self.cluster, self.env, self.sent = cluster, env, []
+        self.unreachable: dict[str, str] = {}
 
     def __call__(self, cluster, nodes=None, **_):
         return self

@@ -611,7 +611,8 @@ def test_a_node_plainly_a_jobs_and_one_status_names():
                                                    ("idle", "none"))]
     assert all(st.plain for st in plain) and not any(st.plain for st in odd)
     assert odd[0].describe() == "Slurm reports n draining (reason: fan swap)"
-    assert odd[1].describe() == "Slurm reports n allocated, not responding"
+    assert odd[1].describe() == "lost: Slurm reports n allocated, not responding" and odd[3].describe() == "lost: Slurm reports n down (reason: x)"
+    assert not odd[0].lost and odd[1].lost and odd[3].lost
 
 
 def _batch(c, tmp_path, env: dict[str, str]) -> subprocess.Popen:
