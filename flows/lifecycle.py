@@ -83,9 +83,10 @@ def stop(dep: Deployment, con: Console, message: str | None, lock_wait: float) -
                 if r.failed:
                     con.print(f"[red]{h}: {escape(r.msg)}[/]")
                     failed = True
-            # a node no step reached (lost: the launcher says it is gone) was stopped nowhere: it is named, and stop fails
+            # a node of the release no step reached (lost: the launcher says it is gone) had nothing stopped: it is named,
+            # and stop fails (a node the release never ran on is none of its business)
             for h, why in sorted(runner.unreachable.items()):
-                if h in {n.name for n in cluster.nodes} and not (h in res and res[h].failed):
+                if plan is not None and h in plan.hosts() and not (h in res and res[h].failed):
                     con.print(f"[red]{h}: not reached, nothing was stopped there: {escape(why)}[/]", soft_wrap=True)
                     failed = True
             lock.audit(runner, cluster, "stop", "failed" if failed else "stopped", plan.release if plan else None, held=holder, message=message or "")

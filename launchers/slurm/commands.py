@@ -151,8 +151,7 @@ class NodeState:
         state = self.state.rstrip("".join(STATE_FLAGS)).lower()
         words = f"{state}{', ' + flag if flag else ''}"
         reason = self.reason.strip()
-        said = f"Slurm reports {self.name} {words}" + (f" (reason: {reason})" if reason and reason.lower() != "none" else "")
-        return f"lost: {said}" if self.lost else said
+        return f"Slurm reports {self.name} {words}" + (f" (reason: {reason})" if reason and reason.lower() != "none" else "")
 
 
 def parse_sinfo(out: str, names: list[str]) -> dict[str, NodeState]:
@@ -259,8 +258,11 @@ def batch_script(cluster: Cluster, release: str) -> str:
         "trap 'exit 0' TERM",
         f"w={int(s.end_warning_s)}",
         'e=${SLURM_JOB_END_TIME:-}',
-        # an older Slurm sets no SLURM_JOB_END_TIME: squeue's end time (N/A, or nothing, for none)
-        '[ -n "$e" ] || { t=$(squeue --noheader --jobs="$SLURM_JOB_ID" --format=%e 2>/dev/null); '
+        # an unlimited job's "end" is a year after its start (slurmctld job_end_time_reset): none
+        '[ -z "$e" ] || [ -z "${SLURM_JOB_START_TIME:-}" ] || [ $((e - SLURM_JOB_START_TIME)) -lt 31536000 ] || e=none',
+        # an older Slurm sets no SLURM_JOB_END_TIME: squeue's end time, in its standard format whatever the
+        # user's SLURM_TIME_FORMAT (N/A, or nothing, for none)
+        '[ -n "$e" ] || { t=$(SLURM_TIME_FORMAT=standard squeue --noheader --jobs="$SLURM_JOB_ID" --format=%e 2>/dev/null); '
         'case "$t" in ""|N/A|Unknown|NONE) ;; *) e=$(date -d "$t" +%s 2>/dev/null);; esac; }',
         'case "$e" in ""|*[!0-9]*) e="";; esac',
         'if [ -n "$e" ]; then',

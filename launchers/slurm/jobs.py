@@ -178,18 +178,19 @@ class SlurmJobs:
         partition's: sbatch would leave such a job pending, possibly
         indefinitely (sbatch(1) ``--time``), after the serving release stopped."""
         s = self.conf
-        want = slurm.slurm_seconds(s.time_limit) if s.time_limit else None
-        if want is None:
-            return None  # the partition's default, or no limit asked for: the partition's own
+        if not s.time_limit:
+            return None  # the partition's default: within its limit
+        # 0, UNLIMITED, infinite: no limit (sbatch(1) --time: "A time limit of zero requests that no time limit be imposed")
+        want = slurm.slurm_seconds(s.time_limit) or None
         try:
             o, e, code = self.s.login_exec(slurm.partition_limit_command(s.partition), 30)
         except UnreachableError as exc:
             return s.login, f"cannot read partition {s.partition}'s time limit: {exc}"
         got = slurm.partition_limit(o) if code == 0 else None
         if got is None:
-            return s.login, f"cannot read partition {s.partition}'s time limit: {(e or o).strip()[-200:] or f'sinfo exit {code}'}"
+            return s.login, f"cannot read partition {s.partition}'s time limit: {(e or o).strip()[-200:] or f'sinfo lists no partition {s.partition}'}"
         said, limit = got
-        if limit is not None and want > limit:
+        if limit is not None and (want is None or want > limit):
             return s.login, (f"slurm.time_limit {s.time_limit} is longer than partition {s.partition}'s time limit {said}: "
                              f"Slurm would leave release {plan.release}'s job pending (nothing was stopped); "
                              f"set slurm.time_limit to {said} or less")

@@ -56,8 +56,8 @@ class Slurm(LauncherSection):
     # than the partition's own (Slurm would leave the job pending); status and top show the time left
     time_limit: str | None = Field(default=None, pattern=SLURM_TIME_RE.pattern)
     # this many seconds before its time limit the release's job writes a warning into node 0's audit log
-    # (command slurm.time-limit, result warning); None: no warning
-    end_warning_s: float | None = Field(default=3600, gt=0)
+    # (command slurm.time-limit, result warning); None: no warning. A job whose whole limit is shorter warns when it starts
+    end_warning_s: int | None = Field(default=3600, ge=60)
     # how a unit's container starts on its node: "pyxis" (each unit a step
     # with srun --container-image, enroot) or "docker" (srun runs the unit's
     # docker run there); None: the platform's vendor's default (NVIDIA:

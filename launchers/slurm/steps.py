@@ -74,6 +74,15 @@ def handed(cluster: str) -> tuple[str, str | None] | None:
     return str(doc["job"]), doc.get("release")
 
 
+# at most this long for each node's read of its own after a read over several left it without an answer
+READ_ALONE_S = 30.0
+
+
+def lost_words(st: slurm.NodeState) -> str:
+    """Why no step starts on a node, as status and stop name it: ``lost: ...`` where Slurm has lost it."""
+    return f"lost: {st.describe()}" if st.lost else st.describe()
+
+
 class SlurmSteps:
     """The runner's commands as job steps: every one goes to the login host
     over the runner's SSH connection to it (never through the connection
@@ -210,7 +219,7 @@ class SlurmSteps:
             self.checked.add(n.name)
             st = self.states[n.name] = states[name]
             if not st.usable:
-                bad[n.name] = st.describe()
+                bad[n.name] = lost_words(st)
         return bad
 
     def refuse_unusable(self, node: Node) -> None:
@@ -396,21 +405,21 @@ class SlurmSteps:
             else:
                 res[n.name] = (o.stdout, o.stderr, 124 if o.code == 124 else o.code)
         unanswered = [n.name for n in nodes if isinstance(res[n.name], str)]
-        if unanswered and len(nodes) > 1:
-            res.update(self._each_alone(step_name, {h: per_node[h] for h in unanswered}, timeout, read))
+        if unanswered and len(nodes) > 1 and read and code != 124 and not slurm.job_gone(err + out):
+            res.update(self._each_alone(step_name, {h: per_node[h] for h in unanswered}, min(timeout, READ_ALONE_S)))
         return res
 
-    def _each_alone(self, step_name: str, per_node: dict[str, tuple[str, bytes | None]], timeout: float,
-                    read: bool) -> dict[str, tuple[str, str, int] | str]:
-        """The nodes a step over several left without an answer, each in a step
-        of its own: one node srun cannot reach (a node that lost power, its
-        slurmd gone) aborts the whole step ("Job step aborted"), and must not
-        cost the others their answer. The tool's node commands can run again
-        (a task that was cut never printed its record). A node still without
+    def _each_alone(self, step_name: str, per_node: dict[str, tuple[str, bytes | None]], timeout: float) -> dict[str, tuple[str, str, int] | str]:
+        """The nodes a read over several left without an answer, each in a
+        read of its own: one node srun cannot reach (a node that lost power,
+        its slurmd gone) aborts the whole step ("Job step aborted"), and must
+        not cost the others their answer. Reads only (status's, top's, the
+        watcher's: they change nothing, so running one again is safe); never
+        after the step's deadline or with its job gone. A node still without
         an answer that Slurm now says is not responding or down reads as lost."""
         res: dict[str, tuple[str, str, int] | str] = {}
         for h, one in per_node.items():
-            res.update(self.dispatch(step_name, {h: one}, timeout, read=read))
+            res.update(self.dispatch(step_name, {h: one}, timeout, retry=False, read=True))
         lost = [self.c.node(h) for h, ans in res.items() if isinstance(ans, str)]
         if lost:
             try:
@@ -421,7 +430,7 @@ class SlurmSteps:
                 st = states.get(self.c.slurm_name(n))
                 if st is not None and not st.usable:
                     self.states[n.name] = st
-                    res[n.name] = f"{st.describe()} ({res[n.name]})"
+                    res[n.name] = f"{lost_words(st)} ({res[n.name]})"
         return res
 
     def step_exec(self, node: Node, command: str, timeout: float | None, stdin: str | bytes | None) -> tuple[str, str, int]:

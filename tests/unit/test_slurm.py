@@ -2,6 +2,7 @@
 as each task of a step would run it), sinfo and squeue readers, the command
 lines (launchers/slurm/commands.py)."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -611,8 +612,12 @@ def test_a_node_plainly_a_jobs_and_one_status_names():
                                                    ("idle", "none"))]
     assert all(st.plain for st in plain) and not any(st.plain for st in odd)
     assert odd[0].describe() == "Slurm reports n draining (reason: fan swap)"
-    assert odd[1].describe() == "lost: Slurm reports n allocated, not responding" and odd[3].describe() == "lost: Slurm reports n down (reason: x)"
+    assert odd[1].describe() == "Slurm reports n allocated, not responding"
+    # where no step can go, a node Slurm has lost is said to be lost (its slurmd does not answer, or it is down)
+    from launchers.slurm.steps import lost_words
+
     assert not odd[0].lost and odd[1].lost and odd[3].lost
+    assert lost_words(odd[1]) == "lost: Slurm reports n allocated, not responding" and lost_words(odd[2]) == "Slurm reports n reserved (reason: maint)"
 
 
 def _batch(c, tmp_path, env: dict[str, str]) -> subprocess.Popen:
@@ -621,18 +626,21 @@ def _batch(c, tmp_path, env: dict[str, str]) -> subprocess.Popen:
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
     (bin_dir / "srun").chmod(0o755)
+    (bin_dir / "squeue").write_text("#!/bin/sh\necho N/A\n")  # an unlimited job's end (squeue(1) %e)
+    (bin_dir / "squeue").chmod(0o755)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42", **env}
     return subprocess.Popen(["sh", "-c", slurm.batch_script(c, "20261207T000000Z-abcdef12")], env=env, start_new_session=True)
 
 
 def _ended_by_sigterm(p: subprocess.Popen) -> int:
+    """SIGTERM to the batch script (as scancel sends it), its exit status; then whatever it left (its sleep) killed."""
     p.terminate()
     try:
         return p.wait(timeout=10)
     finally:
-        if p.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        p.wait()
 
 
 def test_the_release_job_warns_in_node0s_audit_log_before_its_time_limit(b200, tmp_path):
@@ -659,14 +667,17 @@ def test_the_release_job_warns_in_node0s_audit_log_before_its_time_limit(b200, t
 
 
 def test_a_release_job_without_a_known_limit_only_holds(b200, tmp_path):
-    """No SLURM_JOB_END_TIME and no squeue answer (an unlimited job): nothing is written; SIGTERM ends it."""
+    """An unlimited job: Slurm's end a year after its start (slurmctld's job_end_time_reset), or, without
+    SLURM_JOB_END_TIME, squeue's N/A: nothing is written; SIGTERM ends it."""
     from llmdeploy import lock
 
     c = b200.model_copy(update={"base_dir": str(tmp_path / "base")})
-    p = _batch(c, tmp_path, {})
-    time.sleep(1)
-    assert p.poll() is None and _ended_by_sigterm(p) == 0
-    assert not Path(lock.audit_path(c)).exists()
+    now = int(time.time())
+    for env in ({}, {"SLURM_JOB_START_TIME": str(now), "SLURM_JOB_END_TIME": str(now + 365 * 86400)}):
+        p = _batch(c, tmp_path, env)
+        time.sleep(1)
+        assert p.poll() is None and _ended_by_sigterm(p) == 0
+        assert not Path(lock.audit_path(c)).exists()
     off = b200.model_copy(update={"slurm": b200.slurm.model_copy(update={"end_warning_s": None})})
     assert slurm.batch_script(off, "r1") == "trap 'exit 0' TERM; sleep infinity & wait $!"
 
@@ -682,7 +693,7 @@ def test_slurm_times_in_seconds(text, seconds):
 class _Partition:
     """A login host whose sinfo says the partition's limit; it records what it was asked."""
 
-    def __init__(self, limit: str, nodes_ok: bool = True):
+    def __init__(self, limit: str):
         self.limit, self.sent = limit, []
 
     def node_states(self, names):
@@ -709,6 +720,11 @@ def test_deploy_refuses_a_time_limit_longer_than_the_partitions_before_anything_
     assert where == b200.slurm.login and "slurm.time_limit 7-00:00:00 is longer than partition gpu's time limit 2-00:00:00" in why
     assert "nothing was stopped" in why and sent == [slurm.partition_limit_command("gpu")]
     assert preflight("1-00:00:00", "2-00:00:00")[0] is None and preflight("1-00:00:00", "infinite")[0] is None
+    # no limit asked for (UNLIMITED, 0: sbatch(1)) is longer than any finite one
+    for unlimited in ("UNLIMITED", "0"):
+        (_, why), _ = preflight(unlimited, "2-00:00:00")
+        assert f"slurm.time_limit {unlimited} is longer than partition gpu's time limit 2-00:00:00" in why
+    assert preflight("UNLIMITED", "infinite")[0] is None
     # the partition's default (no --time): nothing to compare, nothing read
     assert preflight(None, "1:00:00") == (None, [])
 
@@ -732,3 +748,53 @@ def test_status_and_top_have_the_jobs_time_left(b200):
     con = Console(record=True, width=200)
     view.show(con)
     assert "time left 2:03:04" in con.export_text()
+
+
+def _record(node: str, out: str) -> str:
+    """One task's record as DISPATCH prints it (srun --label)."""
+    import base64
+
+    return (f"0: @@lds-rc {node} 0\n0: @@lds-o {node} {base64.b64encode(out.encode()).decode()}\n0: @@lds-end {node}\n")
+
+
+class _LostNode1:
+    """A login host whose srun cannot launch on node 1 (its slurmd gone): a step over both nodes aborts
+    whole ("Job step aborted"), one on node 0 alone answers; sinfo then says node 1 is not responding."""
+
+    def __init__(self):
+        self.sent: list[str] = []
+
+    def __call__(self, command, timeout=None, data=None, read=False):
+        self.sent.append(command)
+        if command.startswith("sinfo"):
+            return "sim-b200-slurm-1|allocated*|none\n", "", 0
+        if "--nodes=2" in command:
+            return "", "srun: error: Application launch failed: Communication connection failure\nsrun: Job step aborted\n", 1
+        if "sim-b200-slurm-0" in command:
+            return _record("sim-b200-slurm-0", "read on node 0"), "", 0
+        return "", "srun: error: Application launch failed: Communication connection failure\n", 1
+
+
+def _steps_on(b200, login):
+    from launchers.slurm.steps import SlurmSteps
+
+    runner = type("R", (), {"cluster": b200, "unreachable": {}})()
+    steps = SlurmSteps(runner)
+    steps.allocation = lambda nodes: "7"
+    steps.outside = lambda job, nodes: {}
+    steps.login_exec = login
+    return steps
+
+
+def test_a_read_that_one_lost_node_aborted_reads_the_others_alone_and_names_it_lost(b200):
+    """srun aborts a step over several nodes when it cannot launch on one: a read (status's, top's: nothing
+    changes) runs again on each node alone, so node 0 still answers; node 1, still without one, is named lost
+    as Slurm now says. A step that changes something is never run twice."""
+    login = _LostNode1()
+    got = _steps_on(b200, login).dispatch("status", {n.name: ("read", None) for n in b200.nodes}, 30, read=True)
+    assert got["sim-b200-slurm-0"] == ("read on node 0", "", 0)
+    assert got["sim-b200-slurm-1"].startswith("lost: Slurm reports sim-b200-slurm-1 allocated, not responding (job 7: no answer"), got
+    assert [c.split()[0] for c in login.sent] == ["srun", "srun", "srun", "sinfo"], login.sent
+    login = _LostNode1()
+    got = _steps_on(b200, login).dispatch("stop", {n.name: ("change", None) for n in b200.nodes}, 30)
+    assert all(isinstance(v, str) and "no answer" in v for v in got.values()) and len(login.sent) == 1, login.sent
